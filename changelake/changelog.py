@@ -1,0 +1,126 @@
+"""The changelog contract shared by decoders, operators and sinks.
+
+A changelog batch is a ``pyarrow.Table`` holding the user columns followed by
+reserved columns whose names start with ``_``:
+
+==============  ==========  ==========================================================
+column          Arrow type  meaning
+==============  ==========  ==========================================================
+``_kind``       int8        row kind code, see :class:`RowKind`
+``_seq``        string      ordering token of the change for its key; larger is newer
+``_topic``      string      Kafka topic the change came from
+``_partition``  int32       Kafka partition
+``_offset``     int64       Kafka offset
+``_source_ts``  timestamp   when the change happened in the source database (ms, UTC)
+``_db``         string      source database (or ``None``)
+``_table``      string      source table (or ``None``)
+==============  ==========  ==========================================================
+
+``_seq`` is built by :func:`seq_from_log_position` or :func:`seq_from_kafka` so
+that plain string comparison orders changes of one key correctly.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import pyarrow as pa
+
+
+class RowKind(enum.IntEnum):
+    """Flink's four row kinds with their byte codes."""
+
+    INSERT = 0          # +I
+    UPDATE_BEFORE = 1   # -U
+    UPDATE_AFTER = 2    # +U
+    DELETE = 3          # -D
+
+    @property
+    def short(self) -> str:
+        return _SHORT[self]
+
+    @classmethod
+    def from_short(cls, text: str) -> "RowKind":
+        try:
+            return _FROM_SHORT[text]
+        except KeyError:
+            raise ValueError(f"unknown row kind {text!r}; expected one of +I, -U, +U, -D") from None
+
+    @property
+    def is_accumulate(self) -> bool:
+        """+I and +U add a row; -U and -D retract one."""
+        return self in (RowKind.INSERT, RowKind.UPDATE_AFTER)
+
+
+_SHORT = {RowKind.INSERT: "+I", RowKind.UPDATE_BEFORE: "-U",
+          RowKind.UPDATE_AFTER: "+U", RowKind.DELETE: "-D"}
+_FROM_SHORT = {v: k for k, v in _SHORT.items()}
+
+KIND = "_kind"
+SEQ = "_seq"
+TOPIC = "_topic"
+PARTITION = "_partition"
+OFFSET = "_offset"
+SOURCE_TS = "_source_ts"
+DATABASE = "_db"
+TABLE = "_table"
+
+#: Reserved columns every decoder appends after the user columns, in this order.
+METADATA_FIELDS: tuple[pa.Field, ...] = (
+    pa.field(KIND, pa.int8(), nullable=False),
+    pa.field(SEQ, pa.string(), nullable=False),
+    pa.field(TOPIC, pa.string()),
+    pa.field(PARTITION, pa.int32()),
+    pa.field(OFFSET, pa.int64()),
+    pa.field(SOURCE_TS, pa.timestamp("ms", tz="UTC")),
+    pa.field(DATABASE, pa.string()),
+    pa.field(TABLE, pa.string()),
+)
+METADATA_NAMES: tuple[str, ...] = tuple(f.name for f in METADATA_FIELDS)
+
+#: Raw Kafka records as the source hands them to decoders (one Arrow row per message).
+RAW_SCHEMA = pa.schema([
+    pa.field("topic", pa.string(), nullable=False),
+    pa.field("partition", pa.int32(), nullable=False),
+    pa.field("offset", pa.int64(), nullable=False),
+    pa.field("timestamp", pa.timestamp("ms", tz="UTC")),
+    pa.field("key", pa.binary()),
+    pa.field("value", pa.binary()),
+])
+
+#: Dead letters: the raw bytes and position of a message that could not be decoded.
+DEAD_LETTER_SCHEMA = pa.schema([
+    pa.field("topic", pa.string(), nullable=False),
+    pa.field("partition", pa.int32(), nullable=False),
+    pa.field("offset", pa.int64(), nullable=False),
+    pa.field("timestamp", pa.timestamp("ms", tz="UTC")),
+    pa.field("key", pa.binary()),
+    pa.field("value", pa.binary()),
+    pa.field("reason", pa.string(), nullable=False),
+    pa.field("error", pa.string(), nullable=False),
+])
+
+_SEQ_WIDTH = 20
+
+
+def seq_from_kafka(partition: int, offset: int) -> str:
+    """Ordering token from the Kafka position (used when the format carries no log position).
+
+    Only changes of one key are compared, and one key lives in one partition.
+    """
+    return f"k{partition:05d}{offset:0{_SEQ_WIDTH}d}"
+
+
+def seq_from_log_position(*parts: int, offset: int) -> str:
+    """Ordering token from a database log position, e.g. (binlog file index, pos, row).
+
+    The Kafka offset breaks ties between changes that share a log position
+    (snapshot rows, re-deliveries).
+    """
+    body = "".join(f"{p:0{_SEQ_WIDTH}d}" for p in parts)
+    return f"l{body}{offset:0{_SEQ_WIDTH}d}"
+
+
+def user_columns(table: pa.Table) -> list[str]:
+    """The user's columns of a changelog batch (everything not reserved)."""
+    return [n for n in table.column_names if not n.startswith("_")]

@@ -1,0 +1,1 @@
+"""Connectors: the Kafka source (a Spark Python streaming data source) and the Delta sink."""

@@ -1,0 +1,1 @@
+"""Decoders: raw Kafka records -> changelog rows. One module per format."""

@@ -1,0 +1,1 @@
+"""Stateful changelog operators: pure batch-at-a-time kernels plus thin Spark bindings."""

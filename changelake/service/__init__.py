@@ -1,0 +1,1 @@
+"""The service: configuration, CLI, pipeline assembly, metrics, health, demo."""

@@ -1,0 +1,98 @@
+"""Prometheus metrics, one registry per process.
+
+Names follow Prometheus conventions: ``changelake_`` prefix, ``_total`` for
+counters, units in the name. Label values are bounded: topic, partition,
+table, format, kind, reason, operator, engine. Never keys or offsets.
+
+The driver serves these on ``/metrics``. Counts made in executor Python
+workers travel back to the driver with the batch (see the pipeline), so every
+figure here is the driver's view of the whole job.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+_BATCH_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+# --- source -------------------------------------------------------------------
+RECORDS_IN = Counter(
+    "changelake_records_in_total", "Kafka records read, by topic and format.",
+    ["topic", "format"], registry=REGISTRY)
+CHANGES_IN = Counter(
+    "changelake_changes_in_total", "Changelog rows decoded, by table and row kind (+I, -U, +U, -D).",
+    ["table", "kind"], registry=REGISTRY)
+CONSUMER_LAG = Gauge(
+    "changelake_consumer_lag_records",
+    "End offset minus the last committed offset, per topic-partition.",
+    ["topic", "partition"], registry=REGISTRY)
+EXPIRED_OFFSETS = Counter(
+    "changelake_expired_offsets_skipped_total",
+    "Offsets that had expired from Kafka (below the low watermark) before they were read: data lost upstream.",
+    ["topic", "partition"], registry=REGISTRY)
+
+# --- bad input ------------------------------------------------------------------
+DECODE_ERRORS = Counter(
+    "changelake_decode_errors_total", "Messages that could not be decoded, by topic and reason.",
+    ["topic", "reason"], registry=REGISTRY)
+DEAD_LETTERS = Counter(
+    "changelake_dead_letters_total", "Messages written to the dead-letter path, by topic and reason.",
+    ["topic", "reason"], registry=REGISTRY)
+SKIPPED_BAD = Counter(
+    "changelake_bad_records_skipped_total", "Bad messages dropped because the source says on_error: skip.",
+    ["topic", "reason"], registry=REGISTRY)
+
+# --- sink -------------------------------------------------------------------------
+ROWS_OUT = Counter(
+    "changelake_rows_out_total", "Changes applied to a Delta table, by table and row kind.",
+    ["table", "kind"], registry=REGISTRY)
+STALE_CHANGES = Counter(
+    "changelake_out_of_order_changes_total",
+    "Changes ignored because the table already holds a newer change for the key (out-of-order delivery).",
+    ["table"], registry=REGISTRY)
+RESURRECTIONS_PREVENTED = Counter(
+    "changelake_resurrections_prevented_total",
+    "Late updates older than a delete, kept out of the table by its tombstone.",
+    ["table"], registry=REGISTRY)
+COMMIT_SECONDS = Histogram(
+    "changelake_delta_commit_duration_seconds", "Time to merge one batch into one Delta table.",
+    ["table", "engine"], buckets=_BATCH_BUCKETS, registry=REGISTRY)
+COMMIT_FAILURES = Counter(
+    "changelake_delta_commit_failures_total", "Delta commits that failed (after retries).",
+    ["table"], registry=REGISTRY)
+COMMIT_RETRIES = Counter(
+    "changelake_delta_commit_retries_total", "Delta commits retried after a concurrent-write conflict.",
+    ["table"], registry=REGISTRY)
+REPLAYED_BATCHES = Counter(
+    "changelake_replayed_batches_skipped_total",
+    "Batches already committed to a table (found by transaction id after a restart) and not written again.",
+    ["table"], registry=REGISTRY)
+TABLE_VERSION = Gauge(
+    "changelake_delta_table_version", "Latest Delta table version written.", ["table"], registry=REGISTRY)
+
+# --- batches ----------------------------------------------------------------------
+BATCH_SECONDS = Histogram(
+    "changelake_batch_duration_seconds", "Wall time of one micro-batch, from Spark's progress report.",
+    buckets=_BATCH_BUCKETS, registry=REGISTRY)
+BATCH_ROWS = Gauge(
+    "changelake_batch_input_rows", "Input rows of the last micro-batch.", registry=REGISTRY)
+BATCHES = Counter(
+    "changelake_batches_total", "Micro-batches completed.", registry=REGISTRY)
+LAST_BATCH_TS = Gauge(
+    "changelake_last_batch_timestamp_seconds", "Unix time the last micro-batch finished successfully.",
+    registry=REGISTRY)
+
+# --- operators --------------------------------------------------------------------
+STATE_ROWS = Gauge(
+    "changelake_state_rows", "Rows held in operator state.", ["operator"], registry=REGISTRY)
+STATE_BYTES = Gauge(
+    "changelake_state_bytes", "Bytes held in operator state.", ["operator"], registry=REGISTRY)
+STALE_RETRACTIONS = Counter(
+    "changelake_stale_retractions_total",
+    "Retractions that found no matching state (expired by TTL or never seen).",
+    ["operator"], registry=REGISTRY)
+MATERIALIZER_CORRECTIONS = Counter(
+    "changelake_materializer_corrections_total",
+    "Out-of-order retractions undone by the sink upsert materializer.", ["table"], registry=REGISTRY)
