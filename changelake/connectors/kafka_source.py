@@ -1,0 +1,456 @@
+"""The Kafka source: a Spark Python streaming data source over confluent-kafka.
+
+Spark owns the offsets. Each micro-batch is a range ``{topic: {partition: [start, end)}}``
+planned on the driver and written to Spark's checkpoint before it runs; the
+reads run in executor Python workers, one Spark partition per Kafka partition,
+and yield Arrow record batches. A restart resumes exactly at the end of the
+last committed batch, and a replayed batch reads exactly the same records, so
+with an idempotent sink every change lands once. No consumer group is joined
+(partitions are assigned explicitly), so a restarted pipeline never waits for a
+group rebalance.
+
+Options (all strings, as Spark passes them):
+
+=========================  ===============================================================
+``bootstrap.servers``      Kafka bootstrap servers (required)
+``topics``                 comma-separated topic names, or
+``topicPattern``           a regular expression matched against all topic names
+``startingOffsets``        ``earliest`` (default), ``latest`` or JSON
+                           ``{"topic": {"0": 42}}`` (unlisted partitions start at earliest)
+``maxRecordsPerTrigger``   admission control: at most this many records per micro-batch
+``readTimeoutMs``          give up reading a planned range after this long without progress
+``kafka.<property>``       passed to the consumer (``kafka.security.protocol``, ``kafka.sasl.*``,
+                           ``kafka.ssl.*``)
+=========================  ===============================================================
+
+The output has the raw record columns of :data:`changelake.changelog.RAW_SCHEMA`
+plus ``expired`` (int64): the number of offsets before this record that had
+already been deleted from Kafka when the read started (data lost upstream).
+When a whole planned range has expired, the reader emits one marker row with
+``offset = -1`` carrying only that count. :func:`split_markers` separates them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+
+from changelake.changelog import RAW_SCHEMA
+from changelake.errors import SourceError
+
+log = logging.getLogger(__name__)
+
+SOURCE_NAME = "changelake-kafka"
+EXPIRED = "expired"
+# The Kafka timestamp travels as epoch milliseconds (a Spark TIMESTAMP's Arrow form
+# depends on the session time zone, which the executors cannot know).
+SPARK_SCHEMA = ("topic string, partition int, offset bigint, timestamp bigint, "
+                "key binary, value binary, expired bigint")
+ARROW_SCHEMA = pa.schema([
+    pa.field("topic", pa.string()), pa.field("partition", pa.int32()), pa.field("offset", pa.int64()),
+    pa.field("timestamp", pa.int64()), pa.field("key", pa.binary()), pa.field("value", pa.binary()),
+    pa.field(EXPIRED, pa.int64()),
+])
+
+_ARROW_BATCH_ROWS = 50_000
+_CONSUME_BATCH = 10_000
+_METADATA_TIMEOUT_S = 30.0
+
+Offsets = dict[str, dict[str, int]]     # {topic: {partition (as str): next offset to read}}
+
+
+@dataclass(frozen=True)
+class KafkaOptions:
+    bootstrap_servers: str
+    topics: tuple[str, ...]
+    topic_pattern: str | None
+    starting_offsets: str
+    max_records_per_trigger: int | None
+    read_timeout_ms: int
+    consumer_properties: Mapping[str, str]
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> "KafkaOptions":
+        opts = {k: v for k, v in options.items()}
+        servers = opts.get("bootstrap.servers") or opts.get("kafka.bootstrap.servers")
+        if not servers:
+            raise SourceError("the Kafka source needs option 'bootstrap.servers' (host:port,...)")
+        topics = tuple(t.strip() for t in opts.get("topics", "").split(",") if t.strip())
+        pattern = opts.get("topicPattern") or None
+        if bool(topics) == bool(pattern):
+            raise SourceError("give the Kafka source exactly one of 'topics' (a comma-separated list) "
+                              "or 'topicPattern' (a regular expression)")
+        if pattern is not None:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise SourceError(f"topicPattern {pattern!r} is not a valid regular expression: {exc}") from None
+        limit = opts.get("maxRecordsPerTrigger")
+        max_records = int(limit) if limit else None
+        if max_records is not None and max_records <= 0:
+            raise SourceError(f"maxRecordsPerTrigger must be a positive number, got {limit!r}")
+        props = {k[len("kafka."):]: v for k, v in opts.items()
+                 if k.startswith("kafka.") and k != "kafka.bootstrap.servers"}
+        return cls(
+            bootstrap_servers=servers,
+            topics=topics,
+            topic_pattern=pattern,
+            starting_offsets=opts.get("startingOffsets", "earliest").strip(),
+            max_records_per_trigger=max_records,
+            read_timeout_ms=int(opts.get("readTimeoutMs", "120000")),
+            consumer_properties=props,
+        )
+
+    def consumer_config(self) -> dict[str, Any]:
+        conf: dict[str, Any] = {
+            "bootstrap.servers": self.bootstrap_servers,
+            # Never joined (partitions are assigned explicitly); librdkafka wants a group id anyway.
+            "group.id": f"changelake-{uuid.uuid4().hex[:12]}",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "enable.partition.eof": True,
+            "isolation.level": "read_committed",
+            "fetch.max.bytes": 64 * 1024 * 1024,
+            "max.partition.fetch.bytes": 16 * 1024 * 1024,
+            "queued.max.messages.kbytes": 256 * 1024,
+            "log_level": 3,
+        }
+        conf.update(self.consumer_properties)
+        return conf
+
+
+class KafkaSource(DataSource):
+    """``spark.readStream.format("changelake-kafka")``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return SOURCE_NAME
+
+    def schema(self) -> str:
+        return SPARK_SCHEMA
+
+    def streamReader(self, schema: Any) -> "KafkaStreamReader":
+        return KafkaStreamReader(KafkaOptions.parse(self.options))
+
+
+class KafkaRange(InputPartition):
+    """One Kafka partition's offsets ``[start, end)`` for one micro-batch: one Spark task."""
+
+    def __init__(self, topic: str, partition: int, start: int, end: int) -> None:
+        super().__init__((topic, partition, start, end))
+        self.topic = topic
+        self.partition = partition
+        self.start = start
+        self.end = end
+
+
+class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Plans offset ranges on the driver; :meth:`read` runs in executors."""
+
+    def __init__(self, options: KafkaOptions) -> None:
+        self.options = options
+        self._admin_consumer: Any = None
+        self._latest: Offsets | None = None
+        self._available_now_target: Offsets | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_admin_consumer"] = None      # a live client never travels to executors
+        return state
+
+    # --- driver side -------------------------------------------------------
+    def _metadata_client(self) -> Any:
+        if self._admin_consumer is None:
+            from confluent_kafka import Consumer
+            self._admin_consumer = Consumer(self.options.consumer_config())
+        return self._admin_consumer
+
+    def _partitions(self) -> list[tuple[str, int]]:
+        client = self._metadata_client()
+        try:
+            md = client.list_topics(timeout=_METADATA_TIMEOUT_S)
+        except Exception as exc:  # KafkaException
+            raise SourceError(f"cannot list topics on {self.options.bootstrap_servers}: {exc}; "
+                              "check bootstrap.servers and the kafka.* security settings") from exc
+        if self.options.topic_pattern is not None:
+            rx = re.compile(self.options.topic_pattern)
+            names = sorted(t for t in md.topics if rx.fullmatch(t) and not t.startswith("__"))
+        else:
+            names = list(self.options.topics)
+        out: list[tuple[str, int]] = []
+        for name in names:
+            topic = md.topics.get(name)
+            if topic is None or topic.error is not None or not topic.partitions:
+                # A listed topic that does not exist yet (auto-creation may be off): ask for it directly.
+                topic = client.list_topics(name, timeout=_METADATA_TIMEOUT_S).topics.get(name)
+                if topic is None or not topic.partitions:
+                    log.warning("topic %s has no partitions yet; it will be read once it exists", name)
+                    continue
+            out.extend((name, p) for p in sorted(topic.partitions))
+        return out
+
+    def _watermarks(self, parts: list[tuple[str, int]]) -> dict[tuple[str, int], tuple[int, int]]:
+        from confluent_kafka import TopicPartition
+        client = self._metadata_client()
+        marks: dict[tuple[str, int], tuple[int, int]] = {}
+        for topic, p in parts:
+            try:
+                low, high = client.get_watermark_offsets(TopicPartition(topic, p),
+                                                         timeout=_METADATA_TIMEOUT_S, cached=False)
+            except Exception as exc:
+                raise SourceError(f"cannot read the offsets of {topic}[{p}] from "
+                                  f"{self.options.bootstrap_servers}: {exc}") from exc
+            marks[(topic, p)] = (low, high)
+        return marks
+
+    def initialOffset(self) -> Offsets:
+        parts = self._partitions()
+        marks = self._watermarks(parts)
+        spec = self.options.starting_offsets
+        explicit: Mapping[str, Mapping[str, int]] = {}
+        if spec not in ("earliest", "latest"):
+            try:
+                explicit = json.loads(spec)
+            except ValueError:
+                raise SourceError(f"startingOffsets must be 'earliest', 'latest' or JSON like "
+                                  f'{{"topic": {{"0": 42}}}}, got {spec!r}') from None
+        offsets: Offsets = {}
+        for (topic, p), (low, high) in marks.items():
+            if str(p) in explicit.get(topic, {}):
+                start = int(explicit[topic][str(p)])
+            else:
+                start = high if spec == "latest" else low
+            offsets.setdefault(topic, {})[str(p)] = start
+        return offsets
+
+    def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
+        parts = self._partitions()
+        marks = self._watermarks(parts)
+        latest: Offsets = {}
+        for (topic, p), (low, high) in marks.items():
+            latest.setdefault(topic, {})[str(p)] = high
+        self._latest = latest
+        target = self._available_now_target
+        if target is not None:
+            latest = {t: {p: min(o, target.get(t, {}).get(p, o)) for p, o in ps.items()}
+                      for t, ps in latest.items()}
+        end = _carry_forward(start, latest)
+        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        if target is not None and max_rows is None:
+            # Trigger.AvailableNow: Spark 4.2 asks Python sources for everything, but a
+            # catch-up must still run in bounded batches, as Spark's own Kafka source does.
+            max_rows = self.options.max_records_per_trigger
+        if max_rows:
+            end = _admit(start, end, max_rows, marks)
+        return end
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.options.max_records_per_trigger:
+            return ReadMaxRows(self.options.max_records_per_trigger)
+        return ReadAllAvailable()
+
+    def reportLatestOffset(self) -> Offsets | None:
+        return self._latest
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        parts = self._partitions()
+        self._available_now_target = {}
+        for (topic, p), (_, high) in self._watermarks(parts).items():
+            self._available_now_target.setdefault(topic, {})[str(p)] = high
+
+    def partitions(self, start: Offsets, end: Offsets) -> list[KafkaRange]:
+        ranges = []
+        for topic, ends in sorted(end.items()):
+            for p, e in sorted(ends.items(), key=lambda kv: int(kv[0])):
+                s = start.get(topic, {}).get(p, 0)
+                if e > s:
+                    ranges.append(KafkaRange(topic, int(p), s, e))
+        return ranges
+
+    def commit(self, end: Offsets) -> None:
+        pass    # offsets live in Spark's checkpoint; nothing is committed to Kafka
+
+    def stop(self) -> None:
+        if self._admin_consumer is not None:
+            self._admin_consumer.close()
+            self._admin_consumer = None
+
+    # --- executor side -----------------------------------------------------
+    def read(self, partition: KafkaRange) -> Iterator[pa.RecordBatch]:
+        yield from read_range(self.options, partition)
+
+
+def _carry_forward(start: Offsets, latest: Offsets) -> Offsets:
+    """End offsets per partition, never behind the start.
+
+    A partition that appears after the query started is read from offset 0, so
+    anything already deleted from it is reported as expired, not silently skipped.
+    """
+    end: Offsets = {}
+    for topic, ps in latest.items():
+        for p, high in ps.items():
+            s = start.get(topic, {}).get(p, 0)
+            end.setdefault(topic, {})[p] = max(s, high)
+    for topic, ps in start.items():      # partitions that vanished from metadata keep their position
+        for p, s in ps.items():
+            end.setdefault(topic, {}).setdefault(p, s)
+    return end
+
+
+def _admit(start: Offsets, end: Offsets, max_rows: int,
+           marks: Mapping[tuple[str, int], tuple[int, int]]) -> Offsets:
+    """Cut the range to at most ``max_rows`` records, shared fairly between partitions."""
+    pending = {}
+    for topic, ps in end.items():
+        for p, e in ps.items():
+            s = max(start.get(topic, {}).get(p, 0), marks.get((topic, int(p)), (0, 0))[0])
+            if e > s:
+                pending[(topic, p)] = (s, e)
+    out = {t: dict(ps) for t, ps in end.items()}
+    budget = max_rows
+    take: dict[tuple[str, str], int] = {k: 0 for k in pending}
+    while budget > 0:
+        open_parts = [k for k, (s, e) in pending.items() if s + take[k] < e]
+        if not open_parts:
+            break
+        share = max(1, budget // len(open_parts))
+        for k in open_parts:
+            s, e = pending[k]
+            n = min(share, e - s - take[k], budget)
+            take[k] += n
+            budget -= n
+            if budget == 0:
+                break
+    for (topic, p), (s, _e) in pending.items():
+        out[topic][p] = s + take[(topic, p)]
+    return out
+
+
+def read_range(options: KafkaOptions, rng: KafkaRange) -> Iterator[pa.RecordBatch]:
+    """Read ``[rng.start, rng.end)`` of one partition as Arrow record batches."""
+    import time
+
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+    consumer = Consumer(options.consumer_config())
+    try:
+        tp = TopicPartition(rng.topic, rng.partition)
+        low, _high = consumer.get_watermark_offsets(tp, timeout=_METADATA_TIMEOUT_S, cached=False)
+        start, expired = rng.start, 0
+        if low > start:
+            expired = min(low, rng.end) - start
+            log.warning("%s[%d]: offsets %d..%d expired from Kafka before they were read; "
+                        "%d changes were lost upstream (raise the topic's retention)",
+                        rng.topic, rng.partition, start, min(low, rng.end) - 1, expired)
+            start = low
+        if start >= rng.end:
+            yield _marker_batch(rng, expired)
+            return
+        consumer.assign([TopicPartition(rng.topic, rng.partition, start)])
+        cols = _Columns()
+        pending_expired = expired
+        position = start
+        last_progress = time.monotonic()
+        while position < rng.end:
+            msgs = consumer.consume(_CONSUME_BATCH, timeout=0.2)
+            if not msgs:
+                if (time.monotonic() - last_progress) * 1000 > options.read_timeout_ms:
+                    raise SourceError(
+                        f"{rng.topic}[{rng.partition}]: no data for offsets {position}..{rng.end - 1} after "
+                        f"{options.read_timeout_ms} ms; is the broker reachable from the executors?")
+                continue
+            for m in msgs:
+                err = m.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        # Everything up to the end of the log was read; offsets beyond are
+                        # transaction markers or aborted records.
+                        position = max(position, m.offset())
+                        continue
+                    raise SourceError(f"{rng.topic}[{rng.partition}]: Kafka error while reading: {err}")
+                off = m.offset()
+                if off >= rng.end:
+                    position = rng.end
+                    break
+                ts_type, ts = m.timestamp()
+                cols.add(m.topic(), rng.partition, off, ts if ts_type != 0 else None,
+                         m.key(), m.value(), pending_expired)
+                pending_expired = 0
+                position = off + 1
+            last_progress = time.monotonic()
+            if len(cols) >= _ARROW_BATCH_ROWS:
+                yield cols.flush()
+        if len(cols):
+            yield cols.flush()
+        elif pending_expired:
+            yield _marker_batch(rng, pending_expired)
+    finally:
+        consumer.close()
+
+
+class _Columns:
+    __slots__ = ("topic", "partition", "offset", "timestamp", "key", "value", "expired")
+
+    def __init__(self) -> None:
+        for name in self.__slots__:
+            setattr(self, name, [])
+
+    def __len__(self) -> int:
+        return len(self.offset)
+
+    def add(self, topic: str, partition: int, offset: int, ts: int | None,
+            key: bytes | None, value: bytes | None, expired: int) -> None:
+        self.topic.append(topic)
+        self.partition.append(partition)
+        self.offset.append(offset)
+        self.timestamp.append(ts)
+        self.key.append(key)
+        self.value.append(value)
+        self.expired.append(expired)
+
+    def flush(self) -> pa.RecordBatch:
+        batch = pa.RecordBatch.from_arrays(
+            [pa.array(getattr(self, f.name), type=f.type) for f in ARROW_SCHEMA], schema=ARROW_SCHEMA)
+        self.__init__()
+        return batch
+
+
+def _marker_batch(rng: KafkaRange, expired: int) -> pa.RecordBatch:
+    cols = _Columns()
+    cols.add(rng.topic, rng.partition, -1, None, None, None, expired)
+    return cols.flush()
+
+
+def split_markers(records: pa.Table) -> tuple[pa.Table, dict[tuple[str, int], int]]:
+    """Separate real records from expiry markers; return (records with RAW_SCHEMA, expired per partition)."""
+    import pyarrow.compute as pc
+
+    records = records.combine_chunks() if records.num_rows else ARROW_SCHEMA.empty_table()
+    expired: dict[tuple[str, int], int] = {}
+    if records.num_rows and pc.max(records[EXPIRED]).as_py():
+        hit = records.filter(pc.greater(records[EXPIRED], 0))
+        for t, p, n in zip(hit["topic"].to_pylist(), hit["partition"].to_pylist(), hit[EXPIRED].to_pylist()):
+            expired[(t, p)] = expired.get((t, p), 0) + n
+        records = records.filter(pc.greater_equal(records["offset"], 0))
+    records = records.drop_columns([EXPIRED])
+    ts = records["timestamp"].cast(pa.int64()).cast(pa.timestamp("ms", tz="UTC"))
+    records = records.set_column(records.column_names.index("timestamp"), "timestamp", ts)
+    return records.cast(RAW_SCHEMA), expired
+
+
+def offsets_json(offsets: Mapping[str, Mapping[int | str, int]]) -> str:
+    """Explicit startingOffsets in the form the source accepts."""
+    return json.dumps({t: {str(p): int(o) for p, o in ps.items()} for t, ps in offsets.items()})

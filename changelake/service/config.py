@@ -1,0 +1,252 @@
+"""Pipeline configuration: YAML, environment overrides and secrets.
+
+Precedence, lowest first: the YAML file; ``${VAR}`` references inside it; environment
+variables ``CHANGELAKE_<SECTION>__<KEY>[__<KEY>...]`` (e.g.
+``CHANGELAKE_KAFKA__BOOTSTRAP_SERVERS``; ``CHANGELAKE_KAFKA__PROPERTIES__SASL_PASSWORD``
+sets ``kafka.properties["sasl.password"]``); and, for any string value, a sibling key
+ending in ``_file`` whose file content replaces it (Kubernetes secret mounts).
+
+Errors are reported all at once, each with its path in the YAML.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+
+from changelake.errors import ConfigError
+
+ENV_PREFIX = "CHANGELAKE_"
+FORMATS = ("debezium-json", "debezium-avro-confluent", "canal-json", "maxwell-json", "ogg-json")
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|milliseconds?|s|seconds?|m|minutes?|h|hours?|d|days?)\s*$")
+_UNIT_S = {"ms": 0.001, "millisecond": 0.001, "milliseconds": 0.001, "s": 1, "second": 1, "seconds": 1,
+           "m": 60, "minute": 60, "minutes": 60, "h": 3600, "hour": 3600, "hours": 3600,
+           "d": 86400, "day": 86400, "days": 86400}
+
+
+def parse_duration(text: str) -> float:
+    """'10 seconds', '500ms', '7 days' -> seconds."""
+    m = _DURATION.match(str(text))
+    if not m:
+        raise ValueError(f"{text!r} is not a duration; write e.g. '10 seconds', '500 ms', '7 days'")
+    return float(m.group(1)) * _UNIT_S[m.group(2)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class PipelineSettings(_Model):
+    id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="stable pipeline id; part of the Delta transaction ids")
+    checkpoint: str = Field(description="Spark checkpoint directory (one writer per checkpoint)")
+    trigger_interval: str = "10 seconds"
+    available_now: bool = Field(False, description="read what is there, then stop (batch-style catch-up)")
+    max_records_per_batch: int | None = Field(200_000, gt=0)
+    master: str = "local[2]"
+    spark_conf: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("trigger_interval")
+    @classmethod
+    def _interval(cls, v: str) -> str:
+        parse_duration(v)
+        return v
+
+
+class KafkaSettings(_Model):
+    bootstrap_servers: str
+    properties: dict[str, SecretStr] = Field(default_factory=dict,
+                                             description="librdkafka consumer properties (security.protocol, sasl.*, ssl.*)")
+
+    def plain_properties(self) -> dict[str, str]:
+        return {k: v.get_secret_value() for k, v in self.properties.items()}
+
+
+class SourceSpec(_Model):
+    name: str
+    topics: list[str] | None = None
+    topic_pattern: str | None = None
+    format: Literal["debezium-json", "debezium-avro-confluent", "canal-json", "maxwell-json", "ogg-json"] = "debezium-json"
+    options: dict[str, Any] = Field(default_factory=dict)
+    columns: dict[str, str] | None = Field(None, description="column name -> type (int, bigint, double, string, boolean, timestamp, date, decimal(p,s))")
+    starting_offsets: Literal["earliest", "latest"] | dict[str, dict[str, int]] = "earliest"
+    on_error: Literal["fail", "skip", "dlq"] = "dlq"
+    table: str
+
+    @model_validator(mode="after")
+    def _one_topic_selector(self) -> "SourceSpec":
+        if bool(self.topics) == bool(self.topic_pattern):
+            raise ValueError("give exactly one of 'topics' (a list) or 'topic_pattern' (a regular expression)")
+        if self.topic_pattern is not None:
+            try:
+                re.compile(self.topic_pattern)
+            except re.error as exc:
+                raise ValueError(f"topic_pattern is not a valid regular expression: {exc}") from None
+        return self
+
+
+class TableSpecModel(_Model):
+    name: str
+    path: str | None = Field(None, description="table URI; default <storage.root>/<name>")
+    primary_key: list[str] = Field(min_length=1)
+    partition_by: list[str] = Field(default_factory=list)
+    tombstone_retention: str = "7 days"
+
+    @field_validator("tombstone_retention")
+    @classmethod
+    def _retention(cls, v: str) -> str:
+        parse_duration(v)
+        return v
+
+
+class StorageSettings(_Model):
+    root: str = "./lake"
+    options: dict[str, SecretStr] = Field(default_factory=dict, description="object-store options for delta-rs / Hadoop")
+    engine: Literal["auto", "delta-rs", "delta-spark"] = "auto"
+
+    def plain_options(self) -> dict[str, str]:
+        return {k: v.get_secret_value() for k, v in self.options.items()}
+
+
+class DeadLetterSettings(_Model):
+    path: str | None = Field(None, description="Delta quarantine table; default <storage.root>/_dead_letters")
+
+
+class MetricsSettings(_Model):
+    host: str = "0.0.0.0"
+    port: int = Field(9108, ge=0, le=65535)
+    ready_after_intervals: int = Field(3, gt=0, description="/readyz fails when no batch finished within this many trigger intervals")
+
+
+class ChangelakeConfig(_Model):
+    pipeline: PipelineSettings
+    kafka: KafkaSettings
+    sources: list[SourceSpec] = Field(min_length=1)
+    tables: list[TableSpecModel] = Field(min_length=1)
+    storage: StorageSettings = StorageSettings()
+    dead_letter: DeadLetterSettings = DeadLetterSettings()
+    metrics: MetricsSettings = MetricsSettings()
+
+    @model_validator(mode="after")
+    def _references(self) -> "ChangelakeConfig":
+        names = [t.name for t in self.tables]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"table names must be unique; repeated: {sorted(dup)}")
+        for s in self.sources:
+            if s.table not in names:
+                raise ValueError(f"source {s.name!r} writes to table {s.table!r}, which is not under 'tables' "
+                                 f"(known: {names})")
+        return self
+
+    def table(self, name: str) -> TableSpecModel:
+        return next(t for t in self.tables if t.name == name)
+
+    def table_path(self, name: str) -> str:
+        t = self.table(name)
+        return t.path if t.path else _join(self.storage.root, name)
+
+    def dead_letter_path(self) -> str:
+        return self.dead_letter.path or _join(self.storage.root, "_dead_letters")
+
+    def redacted(self) -> dict[str, Any]:
+        """A log-safe dump: secrets shown as '**********'."""
+        return self.model_dump(mode="json")
+
+
+def _join(root: str, name: str) -> str:
+    if "://" in root:
+        return root.rstrip("/") + "/" + name
+    return str(Path(root).absolute() / name)
+
+
+# ----------------------------------------------------------------------------
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def _expand_env(node: Any, path: str, errors: list[str]) -> Any:
+    if isinstance(node, dict):
+        out: dict[str, Any] = {}
+        for k, v in node.items():
+            key = str(k)
+            if key.endswith("_file") and isinstance(v, str):
+                try:
+                    out[key[: -len("_file")]] = Path(v).read_text().strip()
+                except OSError as exc:
+                    errors.append(f"{path}{key}: cannot read secret file {v!r}: {exc.strerror}")
+                continue
+            out[key] = _expand_env(v, f"{path}{key}.", errors)
+        return out
+    if isinstance(node, list):
+        return [_expand_env(v, f"{path}{i}.", errors) for i, v in enumerate(node)]
+    if isinstance(node, str):
+        def sub(m: re.Match[str]) -> str:
+            val = os.environ.get(m.group(1), m.group(2))
+            if val is None:
+                errors.append(f"{path.rstrip('.')}: environment variable {m.group(1)} is not set")
+                return ""
+            return val
+        return _ENV_REF.sub(sub, node)
+    return node
+
+
+def _apply_env_overrides(data: dict[str, Any], environ: Mapping[str, str]) -> None:
+    """CHANGELAKE_<SECTION>__<KEY>[__<KEY>] = value.
+
+    Under ``kafka.properties`` the last part names a librdkafka property with
+    ``_`` for ``.`` (``..._SASL_PASSWORD`` -> ``sasl.password``); under
+    ``storage.options`` it is lower-cased as is (``AWS_ACCESS_KEY_ID`` -> ``aws_access_key_id``).
+    """
+    for name, value in sorted(environ.items()):
+        if not name.startswith(ENV_PREFIX) or "__" not in name:
+            continue
+        keys = [p.lower() for p in name[len(ENV_PREFIX):].split("__")]
+        if keys[0] not in ChangelakeConfig.model_fields or keys[0] in ("sources", "tables"):
+            continue
+        if keys[:2] == ["kafka", "properties"] and len(keys) == 3:
+            keys[2] = keys[2].replace("_", ".")
+        node = data
+        for key in keys[:-1]:
+            child = node.get(key)
+            if not isinstance(child, dict):
+                child = node[key] = {}
+            node = child
+        node[keys[-1]] = value
+
+
+def load_config(path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None) -> ChangelakeConfig:
+    """Read and validate a pipeline YAML; raise ConfigError listing every problem with its path."""
+    environ = os.environ if environ is None else environ
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read the pipeline file {str(path)!r}: {exc.strerror}") from None
+    return parse_config(text, environ=environ, origin=str(path))
+
+
+def parse_config(text: str, *, environ: Mapping[str, str] | None = None, origin: str = "<config>") -> ChangelakeConfig:
+    environ = os.environ if environ is None else environ
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{origin} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{origin}: the top level must be a mapping with pipeline, kafka, sources, tables")
+    errors: list[str] = []
+    data = _expand_env(data, "", errors)
+    _apply_env_overrides(data, environ)
+    try:
+        config = ChangelakeConfig.model_validate(data)
+    except ValidationError as exc:
+        for err in exc.errors():
+            loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+            errors.append(f"{loc}: {err['msg']}")
+        config = None
+    if errors:
+        raise ConfigError(f"{origin} has {len(errors)} error(s):\n" + "\n".join(f"  - {e}" for e in errors))
+    assert config is not None
+    return config
