@@ -317,3 +317,8 @@ readinessProbe:
 - sourceLabels: [__meta_kubernetes_pod_name]
   targetLabel: pod
 {{- end }}
+
+{{/* Marks the metrics Service, so a ServiceMonitor never also scrapes the headless Service. */}}
+{{- define "changelake.metricsServiceLabel" -}}
+changelake.io/scrape: "true"
+{{- end }}
