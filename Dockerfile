@@ -30,6 +30,7 @@ ARG HADOOP_VERSION=3.5.0
 ARG AWS_SDK_BUNDLE_VERSION=auto
 ARG MAVEN_REPO=https://repo1.maven.org/maven2
 
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 RUN apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates curl \
  && rm -rf /var/lib/apt/lists/*
@@ -58,12 +59,8 @@ ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /src
 # Dependencies first (pinned in pyproject.toml) so code edits reuse this layer.
 COPY pyproject.toml README.md ./
-RUN python - <<'PY' > /tmp/requirements.txt
-import tomllib
-with open("pyproject.toml", "rb") as f:
-    print("\n".join(tomllib.load(f)["project"]["dependencies"]))
-PY
-RUN pip install -r /tmp/requirements.txt
+RUN python -c 'import tomllib; f = open("pyproject.toml", "rb"); print("\n".join(tomllib.load(f)["project"]["dependencies"]))' > /tmp/requirements.txt \
+ && pip install -r /tmp/requirements.txt
 COPY changelake ./changelake
 RUN pip install --no-deps . \
  && changelake version
@@ -106,7 +103,7 @@ WORKDIR /var/lib/changelake
 EXPOSE ${METRICS_PORT}
 
 HEALTHCHECK --interval=30s --timeout=5s --start-period=120s --retries=3 \
-  CMD python -c "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/healthz' % os.environ.get('CHANGELAKE_METRICS__PORT', '9108'), timeout=4)"
+  CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/healthz' % os.environ.get('CHANGELAKE_METRICS__PORT', '9108'), timeout=4)"]
 
 ENTRYPOINT ["changelake"]
 CMD ["run", "-c", "/etc/changelake/pipeline.yaml"]

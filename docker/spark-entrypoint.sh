@@ -21,6 +21,7 @@ case "${1:-}" in
     shift
     # Spark passes executor JVM options as SPARK_JAVA_OPT_0, SPARK_JAVA_OPT_1, ...
     java_opts=""
+    opt=""
     i=0
     while eval "[ -n \"\${SPARK_JAVA_OPT_${i}+set}\" ]"; do
       eval "opt=\${SPARK_JAVA_OPT_${i}}"

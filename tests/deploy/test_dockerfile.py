@@ -190,3 +190,30 @@ def test_copied_sources_exist_and_are_not_dockerignored() -> None:
                 assert not dockerignore_excludes(patterns, source.rstrip("/")), f"{stage}: {source} is dockerignored"
     assert dockerignore_excludes(patterns, "tests/deploy/test_chart.py")
     assert dockerignore_excludes(patterns, "changelake/__pycache__/x.pyc")
+
+
+def _tool(name: str) -> str:
+    import shutil
+    import sys
+
+    found = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
+    if found is None:
+        pytest.skip(f"{name} not found on PATH or next to the Python interpreter (pip install {name}-py)")
+    return found
+
+
+def test_hadolint_accepts_the_dockerfile() -> None:
+    import subprocess
+
+    result = subprocess.run([_tool("hadolint"), "--config", str(REPO / ".hadolint.yaml"), str(DOCKERFILE)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_shellcheck_accepts_the_image_scripts() -> None:
+    import subprocess
+
+    scripts = sorted(str(p) for p in (REPO / "docker").glob("*.sh"))
+    assert scripts
+    result = subprocess.run([_tool("shellcheck"), *scripts], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
