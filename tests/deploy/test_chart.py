@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from crd_schemas import BY_KIND as CRD_SCHEMAS
-from deploy_support import CHART, DASHBOARD, NAMESPACE, RELEASE, by_kind, one, strip_meta
+from deploy_support import CHART, DASHBOARD, NAMESPACE, RELEASE, REPO, by_kind, one, strip_meta
 
 pytestmark = pytest.mark.unit
 
@@ -41,7 +41,10 @@ def _deep_merge(into: dict[str, Any], new: dict[str, Any]) -> None:
             into[key] = value
 
 
+EXAMPLES = {f"example-{p.stem}": yaml.safe_load(p.read_text()) for p in sorted((REPO / "deploy" / "examples").glob("*.yaml"))}
+
 VALID_COMBINATIONS = {
+    **EXAMPLES,
     "defaults": {},
     "monitoring-servicemonitor": MONITORING,
     "monitoring-podmonitor": {"metrics": {"podMonitor": {"enabled": True}, "service": {"enabled": False}},
@@ -69,6 +72,10 @@ def combination(request: pytest.FixtureRequest, render: Any) -> tuple[str, dict[
 
 
 # --- every valid combination -------------------------------------------------------------
+
+def test_examples_are_rendered() -> None:
+    assert len(EXAMPLES) >= 2
+
 
 def test_renders_manifests_in_release_namespace(combination: Any) -> None:
     _, _, docs = combination
