@@ -1,0 +1,219 @@
+"""The Dockerfile stays consistent with pyproject.toml, the service and the Helm chart.
+
+No Docker engine runs here, so the image is not built; these tests read the
+Dockerfile and check every fact it shares with the rest of the repository.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+from deploy_support import (
+    CHART, DOCKERFILE, REPO, arg_defaults, dockerfile_stages, dockerignore_excludes, one,
+)
+
+pytestmark = pytest.mark.unit
+
+PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+STAGES = dockerfile_stages(DOCKERFILE.read_text())
+CHART_VALUES = yaml.safe_load((CHART / "values.yaml").read_text())
+
+
+def _pins() -> dict[str, str]:
+    pins = {}
+    for dep in PYPROJECT["project"]["dependencies"]:
+        req = Requirement(dep)
+        exact = [s.version for s in req.specifier if s.operator == "=="]
+        if exact:
+            pins[req.name.lower()] = exact[0]
+    return pins
+
+
+def _args(stage: str) -> dict[str, str]:
+    return {**arg_defaults(STAGES[""]), **arg_defaults(STAGES[stage])}
+
+
+def _last(stage: str, word: str) -> str:
+    found = [args for w, args in STAGES[stage] if w == word]
+    assert found, f"stage {stage} has no {word}"
+    return found[-1]
+
+
+def test_stages() -> None:
+    assert {"jars", "builder", "runtime", "spark"} <= set(STAGES)
+    assert list(STAGES)[-2:] == ["runtime", "spark"], "runtime must be followed only by the spark variant"
+
+
+def test_python_version_satisfies_requires_python() -> None:
+    version = arg_defaults(STAGES[""])["PYTHON_VERSION"]
+    assert Version(version) in SpecifierSet(PYPROJECT["project"]["requires-python"])
+    for stage in ("builder", "runtime"):
+        assert _last(stage, "FROM").startswith("python:${PYTHON_VERSION}-"), stage
+
+
+def test_delta_version_matches_delta_spark_pin() -> None:
+    assert _args("jars")["DELTA_VERSION"] == _pins()["delta-spark"]
+
+
+def test_pyspark_pin_satisfies_delta_spark() -> None:
+    import importlib.metadata as md
+
+    try:
+        installed = md.version("delta-spark")
+    except md.PackageNotFoundError:
+        pytest.skip("delta-spark is not installed here, so its pyspark requirement cannot be read")
+    if installed != _pins()["delta-spark"]:
+        pytest.skip(f"installed delta-spark {installed} differs from the pin {_pins()['delta-spark']}")
+    reqs = [Requirement(r) for r in md.requires("delta-spark") or []]
+    pyspark = next(r for r in reqs if r.name == "pyspark")
+    assert Version(_pins()["pyspark"]) in pyspark.specifier
+
+
+def _installed_pyspark_jars() -> list[str]:
+    import importlib.metadata as md
+    import importlib.util
+
+    spec = importlib.util.find_spec("pyspark")
+    if spec is None or spec.origin is None:
+        pytest.skip("pyspark is not installed here, so its bundled jars cannot be compared")
+    if md.version("pyspark") != _pins()["pyspark"]:
+        pytest.skip(f"installed pyspark {md.version('pyspark')} differs from the pin {_pins()['pyspark']}")
+    return [p.name for p in (Path(spec.origin).parent / "jars").glob("*.jar")]
+
+
+def test_scala_version_matches_pyspark() -> None:
+    scala = [re.fullmatch(r"scala-library-(\d+\.\d+)\.\d+\.jar", j) for j in _installed_pyspark_jars()]
+    (version,) = {m.group(1) for m in scala if m}
+    assert _args("jars")["SCALA_BINARY_VERSION"] == version
+
+
+def test_hadoop_aws_matches_pyspark_hadoop_client() -> None:
+    hadoop = [re.fullmatch(r"hadoop-client-api-(.+)\.jar", j) for j in _installed_pyspark_jars()]
+    (version,) = {m.group(1) for m in hadoop if m}
+    assert _args("jars")["HADOOP_VERSION"] == version
+
+
+def test_jars_land_in_pyspark_jars_dir() -> None:
+    copies = [args for w, args in STAGES["runtime"] if w == "COPY" and "--from=jars" in args]
+    assert copies and copies[0].split()[-1] == "${SPARK_HOME}/jars/"
+    env = " ".join(args for w, args in STAGES["runtime"] if w == "ENV")
+    assert "SPARK_HOME=/opt/venv/lib/python${PYTHON_VERSION}/site-packages/pyspark" in env
+    fetch = " ".join(args for w, args in STAGES["jars"] if w == "RUN")
+    assert 'io.delta "delta-spark_${SCALA_BINARY_VERSION}" "${DELTA_VERSION}"' in fetch
+    assert 'io.delta delta-storage "${DELTA_VERSION}"' in fetch
+
+
+def test_installs_the_pinned_dependencies_from_pyproject() -> None:
+    text = DOCKERFILE.read_text()
+    assert 'tomllib.load(f)["project"]["dependencies"]' in text
+    runs = " ".join(args for w, args in STAGES["builder"] if w == "RUN")
+    assert "pip install -r /tmp/requirements.txt" in runs
+    assert "pip install --no-deps ." in runs
+
+
+def _exec_form(args: str) -> list[str]:
+    return json.loads(args)
+
+
+def test_entrypoint_is_a_project_script() -> None:
+    entrypoint = _exec_form(_last("runtime", "ENTRYPOINT"))
+    assert entrypoint == ["changelake"]
+    assert entrypoint[0] in PYPROJECT["project"]["scripts"]
+
+
+def test_cmd_runs_the_config_the_chart_mounts(render: Any) -> None:
+    cmd = _exec_form(_last("runtime", "CMD"))
+    sts = one(render({}), "StatefulSet")
+    container = sts["spec"]["template"]["spec"]["containers"][0]
+    assert cmd == container["args"] == ["run", "-c", "/etc/changelake/pipeline.yaml"]
+
+
+def test_runs_as_the_non_root_user_the_chart_expects() -> None:
+    user = _last("runtime", "USER").split(":")[0]
+    assert user not in {"root", "0"}
+    assert int(user) == CHART_VALUES["statefulset"]["podSecurityContext"]["runAsUser"]
+
+
+def test_healthcheck_hits_healthz_on_the_chart_metrics_port() -> None:
+    health = _last("runtime", "HEALTHCHECK")
+    assert "/healthz" in health
+    port = _args("runtime")["METRICS_PORT"]
+    assert int(port) == CHART_VALUES["metrics"]["port"]
+    assert f"'CHANGELAKE_METRICS__PORT', '{port}'" in health
+    env = " ".join(args for w, args in STAGES["runtime"] if w == "ENV")
+    assert "CHANGELAKE_METRICS__PORT=${METRICS_PORT}" in env
+    assert _last("runtime", "EXPOSE") == "${METRICS_PORT}"
+
+
+def test_service_serves_the_healthcheck_path() -> None:
+    sources = [p for p in (REPO / "changelake" / "service").glob("*.py")]
+    serving = [p for p in sources if re.search(r"[\"']/healthz[\"']", p.read_text())]
+    if not serving:
+        pytest.skip("changelake/service does not define the /healthz route yet (the service's HTTP endpoint is not merged)")
+    assert any(re.search(r"[\"']/readyz[\"']", p.read_text()) for p in serving)
+    assert any("9108" in p.read_text() for p in sources), "the service's default metrics port should be 9108"
+
+
+def test_spark_target_carries_the_driver_main_the_chart_names(render: Any) -> None:
+    app = one(render({"statefulset": {"enabled": False}, "persistence": {"enabled": False},
+                      "sparkApplication": {"enabled": True},
+                      "pipeline": {"pipeline": {"checkpoint": "s3a://lake/cp"}}}), "SparkApplication")
+    main = app["spec"]["pyFiles"].removeprefix("local://")
+    copies = [args.split() for w, args in STAGES["spark"] if w == "COPY"]
+    destinations = {c[-1]: c[-2] for c in copies}
+    assert main in destinations
+    assert (REPO / destinations[main]).is_file()
+    assert _exec_form(_last("spark", "ENTRYPOINT")) == ["spark-entrypoint"]
+
+
+def test_copied_sources_exist_and_are_not_dockerignored() -> None:
+    patterns = (REPO / ".dockerignore").read_text().splitlines()
+    for stage, instructions in STAGES.items():
+        for word, args in instructions:
+            if word != "COPY" or "--from=" in args:
+                continue
+            sources = [a for a in args.split()[:-1] if not a.startswith("--")]
+            for source in sources:
+                if source == "README.md" and not (REPO / source).exists():
+                    continue  # written on the main branch; the build context there has it
+                assert (REPO / source).exists(), f"{stage}: COPY {source} does not exist"
+                assert not dockerignore_excludes(patterns, source.rstrip("/")), f"{stage}: {source} is dockerignored"
+    assert dockerignore_excludes(patterns, "tests/deploy/test_chart.py")
+    assert dockerignore_excludes(patterns, "changelake/__pycache__/x.pyc")
+
+
+def _tool(name: str) -> str:
+    import shutil
+    import sys
+
+    found = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
+    if found is None:
+        pytest.skip(f"{name} not found on PATH or next to the Python interpreter (pip install {name}-py)")
+    return found
+
+
+def test_hadolint_accepts_the_dockerfile() -> None:
+    import subprocess
+
+    result = subprocess.run([_tool("hadolint"), "--config", str(REPO / ".hadolint.yaml"), str(DOCKERFILE)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_shellcheck_accepts_the_image_scripts() -> None:
+    import subprocess
+
+    scripts = sorted(str(p) for p in (REPO / "docker").glob("*.sh"))
+    assert scripts
+    result = subprocess.run([_tool("shellcheck"), *scripts], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
