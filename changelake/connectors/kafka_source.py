@@ -15,8 +15,8 @@ Options (all strings, as Spark passes them):
 ``bootstrap.servers``      Kafka bootstrap servers (required)
 ``topics``                 comma-separated topic names, or
 ``topicPattern``           a regular expression matched against all topic names
-``startingOffsets``        ``earliest`` (default), ``latest`` or JSON
-                           ``{"topic": {"0": 42}}`` (unlisted partitions start at earliest)
+``startingOffsets``        ``earliest`` (default), ``latest`` or JSON per topic:
+                           ``{"t1": {"0": 42}, "t2": "latest"}`` (unlisted: earliest)
 ``maxRecordsPerTrigger``   admission control: at most this many records per micro-batch
 ``readTimeoutMs``          give up reading a planned range after this long without progress
 ``kafka.<property>``       passed to the consumer (``kafka.security.protocol``, ``kafka.sasl.*``,
@@ -220,19 +220,28 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         parts = self._partitions()
         marks = self._watermarks(parts)
         spec = self.options.starting_offsets
-        explicit: Mapping[str, Mapping[str, int]] = {}
+        default, explicit = spec, {}
         if spec not in ("earliest", "latest"):
             try:
                 explicit = json.loads(spec)
             except ValueError:
-                raise SourceError(f"startingOffsets must be 'earliest', 'latest' or JSON like "
-                                  f'{{"topic": {{"0": 42}}}}, got {spec!r}') from None
+                explicit = None
+            if not isinstance(explicit, dict):
+                raise SourceError("startingOffsets must be 'earliest', 'latest' or JSON like "
+                                  f'{{"topic": {{"0": 42}}}} or {{"topic": "latest"}}, got {spec!r}')
+            default = "earliest"
         offsets: Offsets = {}
         for (topic, p), (low, high) in marks.items():
-            if str(p) in explicit.get(topic, {}):
-                start = int(explicit[topic][str(p)])
+            chosen = explicit.get(topic, default)
+            if isinstance(chosen, dict):
+                start = int(chosen[str(p)]) if str(p) in chosen else low
+            elif chosen == "latest":
+                start = high
+            elif chosen == "earliest":
+                start = low
             else:
-                start = high if spec == "latest" else low
+                raise SourceError(f"startingOffsets for topic {topic!r} must be 'earliest', 'latest' or "
+                                  f"{{partition: offset}}, got {chosen!r}")
             offsets.setdefault(topic, {})[str(p)] = start
         return offsets
 

@@ -1,0 +1,47 @@
+"""The dead-letter store: a Delta quarantine table of messages that could not be decoded.
+
+Each row keeps the raw key and value bytes, the Kafka position, a bounded
+``reason`` and the ``error`` text, plus the pipeline id and batch id. Appends
+are idempotent per (pipeline id, batch id) through Delta transaction ids, so a
+batch replayed after a crash does not quarantine its messages twice.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+
+from changelake.changelog import DEAD_LETTER_SCHEMA
+
+STORE_SCHEMA = DEAD_LETTER_SCHEMA.append(pa.field("source", pa.string())).append(
+    pa.field("pipeline_id", pa.string())).append(pa.field("batch_id", pa.int64()))
+
+
+class DeadLetterStore:
+    def __init__(self, path: str, *, pipeline_id: str, storage_options: dict[str, str] | None = None) -> None:
+        self.path = path
+        self.pipeline_id = pipeline_id
+        self._app_id = f"changelake:{pipeline_id}:dead-letters"
+        self._storage_options = storage_options or None
+
+    def append(self, letters: pa.Table, *, source: str | pa.Array, batch_id: int) -> bool:
+        """Append ``letters`` (DEAD_LETTER_SCHEMA); False when this batch was already written."""
+        if letters.num_rows == 0:
+            return False
+        if self._committed_version() >= batch_id:
+            return False
+        n = letters.num_rows
+        src = source if isinstance(source, (pa.Array, pa.ChunkedArray)) else pa.array([source] * n, pa.string())
+        table = letters.cast(DEAD_LETTER_SCHEMA).append_column("source", src) \
+            .append_column("pipeline_id", pa.array([self.pipeline_id] * n, pa.string())) \
+            .append_column("batch_id", pa.array([batch_id] * n, pa.int64()))
+        write_deltalake(self.path, table.cast(STORE_SCHEMA), mode="append",
+                        storage_options=self._storage_options,
+                        commit_properties=CommitProperties(app_transactions=[Transaction(self._app_id, batch_id)]))
+        return True
+
+    def _committed_version(self) -> int:
+        if not DeltaTable.is_deltatable(self.path, storage_options=self._storage_options):
+            return -1
+        version = DeltaTable(self.path, storage_options=self._storage_options).transaction_version(self._app_id)
+        return -1 if version is None else version

@@ -1,0 +1,62 @@
+"""Feeds metrics and health from Spark's streaming progress reports."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+from pyspark.sql.streaming import StreamingQueryListener
+
+from changelake.service import metrics
+from changelake.service.http import Health
+
+log = logging.getLogger(__name__)
+
+
+def lag_by_partition(source_progress: dict[str, Any]) -> dict[tuple[str, str], int]:
+    """End offset minus the last committed offset, from one source's progress entry."""
+    def parse(v: Any) -> dict[str, dict[str, int]]:
+        if not v:
+            return {}
+        return json.loads(v) if isinstance(v, str) else v
+    latest = parse(source_progress.get("latestOffset"))
+    done = parse(source_progress.get("endOffset"))
+    lag: dict[tuple[str, str], int] = {}
+    for topic, parts in latest.items():
+        for p, high in parts.items():
+            lag[(topic, p)] = max(0, int(high) - int(done.get(topic, {}).get(p, 0)))
+    return lag
+
+
+class ProgressListener(StreamingQueryListener):
+    def __init__(self, health: Health) -> None:
+        self.health = health
+        self.last_lag: dict[tuple[str, str], int] = {}
+
+    def onQueryStarted(self, event: Any) -> None:
+        log.info("streaming query %s started", event.name)
+
+    def onQueryProgress(self, event: Any) -> None:
+        p = json.loads(event.progress.json)
+        durations = p.get("durationMs", {})
+        if "triggerExecution" in durations and p.get("numInputRows", 0) > 0:
+            metrics.BATCH_SECONDS.observe(durations["triggerExecution"] / 1000.0)
+            metrics.BATCH_ROWS.set(p.get("numInputRows", 0))
+            metrics.BATCHES.inc()
+        metrics.LAST_BATCH_TS.set(time.time())
+        self.health.batch_finished()
+        for source in p.get("sources", []):
+            lag = lag_by_partition(source)
+            for (topic, part), n in lag.items():
+                metrics.CONSUMER_LAG.labels(topic, part).set(n)
+            self.last_lag.update(lag)
+
+    def onQueryIdle(self, event: Any) -> None:
+        metrics.LAST_BATCH_TS.set(time.time())
+        self.health.batch_finished()
+
+    def onQueryTerminated(self, event: Any) -> None:
+        if event.exception:
+            log.error("streaming query stopped with an error: %s", event.exception)

@@ -1,0 +1,52 @@
+"""The Spark session changelake runs in."""
+
+from __future__ import annotations
+
+import glob
+import os
+import sys
+from typing import Mapping
+
+from pyspark.sql import SparkSession
+
+_DELTA_JAR_GLOB = "delta-spark_*.jar"
+
+
+def delta_jars_on_classpath() -> bool:
+    """True when the Delta Lake jars (delta-spark + delta-storage) are in Spark's jar directory."""
+    import pyspark
+
+    jar_dirs = [os.path.join(os.path.dirname(pyspark.__file__), "jars")]
+    if os.environ.get("SPARK_HOME"):
+        jar_dirs.append(os.path.join(os.environ["SPARK_HOME"], "jars"))
+    return any(glob.glob(os.path.join(d, _DELTA_JAR_GLOB)) for d in jar_dirs)
+
+
+def build_session(*, app_name: str = "changelake", master: str = "local[2]",
+                  conf: Mapping[str, str] | None = None, ui: bool = True) -> SparkSession:
+    """A Spark session for one pipeline.
+
+    Python workers use this interpreter (so executors see the same packages),
+    timestamps are UTC, and Delta's SQL extensions are enabled when its jars are present.
+    """
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    if master.startswith("local"):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    builder = (SparkSession.builder.appName(app_name).master(master)
+               .config("spark.sql.session.timeZone", "UTC")
+               .config("spark.sql.shuffle.partitions", "4")
+               .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+               .config("spark.ui.enabled", "true" if ui else "false")
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.sql.streaming.stopGracefullyOnShutdown", "true"))
+    if master.startswith("local"):
+        builder = builder.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
+    if delta_jars_on_classpath():
+        builder = (builder.config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
+                   .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog"))
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
