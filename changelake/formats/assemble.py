@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 import pyarrow as pa
@@ -113,9 +114,8 @@ class ChangeCollector:
         fields: list[pa.Field] = []
         bad_msgs: dict[int, str] = {}
         row_msg = self.row_msg
-        for spec in columns:
+        for spec, values in zip(columns, _transpose(images, [c.name for c in columns])):
             name = spec.name
-            values = [img.get(name) for img in images]
             if spec.pre is not None:
                 values = _apply_pre(values, spec.pre, name, row_msg, bad_msgs)
             arr, bad = to_arrow(values, spec.type, unit=spec.unit, decimal_scale=spec.decimal_scale)
@@ -166,7 +166,23 @@ class ChangeCollector:
                             skipped=dict(self.skipped))
 
 
-def _apply_pre(values: list[Any], pre: Callable[[Any], Any], name: str, row_msg: list[int],
+def _transpose(images: list[dict], names: list[str]) -> list[Sequence[Any]]:
+    """Per-column value sequences of the row images (absent keys read as null)."""
+    if not names:
+        return []
+    if not images:
+        return [()] * len(names)
+    if len(names) == 1:
+        return [[img.get(names[0]) for img in images]]
+    getter = itemgetter(*names)
+    try:
+        rows = list(map(getter, images))          # one C call per row when every key is present
+    except KeyError:
+        rows = [tuple(img.get(n) for n in names) for img in images]
+    return list(zip(*rows))
+
+
+def _apply_pre(values: Sequence[Any], pre: Callable[[Any], Any], name: str, row_msg: list[int],
                bad_msgs: dict[int, str]) -> list[Any]:
     out = []
     for i, v in enumerate(values):

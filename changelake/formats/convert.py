@@ -19,10 +19,12 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import decimal
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.types as pat
 
 _EPOCH = dt.datetime(1970, 1, 1)
@@ -34,15 +36,15 @@ class Unfit(ValueError):
     """A single value cannot be represented in the target type."""
 
 
-def to_arrow(values: list[Any], target: pa.DataType, *, unit: str | None = None,
+def to_arrow(values: Sequence[Any], target: pa.DataType, *, unit: str | None = None,
              decimal_scale: int | None = None) -> tuple[pa.Array, dict[int, str]]:
     """Convert ``values`` to an array of ``target``; returns ``(array, bad)``.
 
     ``decimal_scale`` marks values as Kafka Connect ``Decimal`` bytes (base64 in
     JSON, raw in Avro) holding an unscaled integer with that scale.
     """
-    if decimal_scale is None and unit is None:
-        fast = _fast(values, target)
+    if decimal_scale is None:
+        fast = _fast(values, target, unit)
         if fast is not None:
             return fast, {}
     coerce = _coercer(target, unit, decimal_scale)
@@ -81,7 +83,7 @@ def _describe(value: Any, target: pa.DataType, exc: BaseException) -> str:
     return f"value {shown} ({type(value).__name__}) does not fit {target}: {detail}"
 
 
-def _fast(values: list[Any], target: pa.DataType) -> pa.Array | None:
+def _fast(values: Sequence[Any], target: pa.DataType, unit: str | None) -> pa.Array | None:
     """Arrow inference + cast when the inferred type converts losslessly; else None."""
     try:
         inferred = pa.array(values)
@@ -103,11 +105,28 @@ def _fast(values: list[Any], target: pa.DataType) -> pa.Array | None:
             return inferred.cast(target, safe=True)
         if pat.is_timestamp(target) and pat.is_timestamp(src) and src.tz is None and target.tz is None:
             return inferred.cast(target, safe=True)
+        if pat.is_integer(src) and (pat.is_timestamp(target) or pat.is_time(target) or pat.is_duration(target)):
+            return _rescale(inferred, unit or "ms", target.unit).cast(target)
+        if pat.is_integer(src) and pat.is_date32(target) and (unit or "d") == "d":
+            return inferred.cast(pa.int32(), safe=True).cast(target)
         if pat.is_date32(target) and pat.is_date(src):
             return inferred.cast(target)
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
         return None
     return None
+
+
+def _rescale(ints: pa.Array, src_unit: str, dst_unit: str) -> pa.Array:
+    num, den = _UNIT_PER_SECOND[dst_unit], _UNIT_PER_SECOND[src_unit]
+    ints = ints.cast(pa.int64())
+    if num > den:
+        return pc.multiply_checked(ints, num // den)
+    if num < den:  # floor division, as for single values (pc.divide truncates toward zero)
+        step = den // num
+        quotient = pc.divide(ints, step)
+        negative_rest = pc.less(pc.subtract(ints, pc.multiply(quotient, step)), 0)
+        return pc.subtract(quotient, pc.cast(negative_rest, pa.int64()))
+    return ints
 
 
 # --- one-value coercions ------------------------------------------------------------

@@ -74,16 +74,22 @@ def changes(op: Any, before: Any, after: Any, *, upsert: bool, on_truncate: str)
 
 
 def sequence(source: Any, partition: int, offset: int) -> str:
-    """MySQL binlog (file index, pos, row), Postgres LSN, else the Kafka position."""
-    if isinstance(source, dict):
+    """MySQL binlog (file index, pos, row), Postgres LSN, else the Kafka position.
+
+    Same text as :func:`changelake.changelog.seq_from_log_position` /
+    :func:`~changelake.changelog.seq_from_kafka` (a test holds them equal); formatted
+    inline because it runs once per message.
+    """
+    if type(source) is dict:
         file = source.get("file")
         pos = source.get("pos")
-        if isinstance(file, str) and type(pos) is int and pos >= 0:
-            _, _, suffix = file.rpartition(".")
-            row = source.get("row")
+        if type(file) is str and type(pos) is int and pos >= 0:
+            suffix = file[file.rfind(".") + 1:]
             if suffix.isdigit():
-                return seq_from_log_position(int(suffix), pos, row if type(row) is int and row >= 0 else 0,
-                                             offset=offset)
+                row = source.get("row")
+                if type(row) is not int or row < 0:
+                    row = 0
+                return f"l{int(suffix):020d}{pos:020d}{row:020d}{offset:020d}"
         lsn = source.get("lsn")
         if type(lsn) is int and lsn >= 0:
             return seq_from_log_position(lsn, offset=offset)

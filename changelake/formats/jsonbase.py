@@ -10,6 +10,7 @@ unexpected failure become ``malformed`` dead letters, nothing raises.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Sequence
 from typing import Any
 
@@ -68,6 +69,18 @@ class JsonChangelogDecoder:
     # --- the loop -------------------------------------------------------------------
 
     def decode(self, records: pa.Table) -> DecodeResult:
+        # A batch allocates ~10^5-10^6 dicts that all stay alive until the batch is done; the
+        # cyclic GC would re-scan them over and over (~15% of the decode time) though they
+        # hold no cycles. Paused for the batch, restored after.
+        paused = gc.isenabled()
+        gc.disable()
+        try:
+            return self._decode(records)
+        finally:
+            if paused:
+                gc.enable()
+
+    def _decode(self, records: pa.Table) -> DecodeResult:
         out = ChangeCollector(records, len(self._meta))
         values = records.column("value").to_pylist()
         partitions = records.column("partition").to_pylist()
