@@ -23,8 +23,32 @@ def _debezium_json(columns, options):
     return DebeziumJsonDecoder(columns=columns, options=options)
 
 
+def _canal_json(columns, options):
+    from changelake.formats.canal_json import CanalJsonDecoder
+    return CanalJsonDecoder(columns=columns, options=options)
+
+
+def _maxwell_json(columns, options):
+    from changelake.formats.maxwell_json import MaxwellJsonDecoder
+    return MaxwellJsonDecoder(columns=columns, options=options)
+
+
+def _ogg_json(columns, options):
+    from changelake.formats.ogg_json import OggJsonDecoder
+    return OggJsonDecoder(columns=columns, options=options)
+
+
+def _debezium_avro(columns, options):
+    from changelake.formats.debezium_avro import DebeziumAvroDecoder
+    return DebeziumAvroDecoder(columns=columns, options=options)
+
+
 _FACTORIES: dict[str, Callable[[pa.Schema | None, Mapping[str, Any] | None], Decoder]] = {
     "debezium-json": _debezium_json,
+    "debezium-avro-confluent": _debezium_avro,
+    "canal-json": _canal_json,
+    "maxwell-json": _maxwell_json,
+    "ogg-json": _ogg_json,
 }
 
 #: format names :func:`make_decoder` accepts

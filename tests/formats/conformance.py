@@ -124,3 +124,45 @@ def check_metadata(rows: pa.Table, case: dict) -> None:
             assert value is not None and value[check["element"]] == check["value"], (column, value)
         else:
             raise AssertionError(f"unknown metadata check {kind!r}")
+
+
+def run_case(fmt: str, path: Path, *, decoder_options: dict | None = None, decoder=None):
+    """Decode a case's input and check it against ``expected`` (or count + first row) and metadata.
+
+    Returns the :class:`DecodeResult` for format-specific extra checks.
+    """
+    from changelake.formats import make_decoder
+    from changelake.formats.sqltypes import sql_schema
+
+    case = load(path)
+    options = {k: v for k, v in case["options"].items() if k != "connector"}
+    options.update(decoder_options or {})
+    if case.get("metadata_columns"):
+        options["metadata"] = [m[0] for m in case["metadata_columns"]]
+    if decoder is None:
+        decoder = make_decoder(fmt, columns=sql_schema(case["schema"]), options=options)
+    values = input_values(case, path.parent)
+    result = decoder.decode(raw_records(values))
+    assert result.dead_letters.num_rows == 0, result.dead_letters.to_pylist()
+    got = changelog(result.rows, case["schema"])
+    if case["expected_compare"] == "row_count_and_first_row":
+        assert len(got) == case["expected_count"]
+        first = expected_changelog([case["expected_first_row"]], case["schema"])[0]
+        assert got[0]["row"] == first["row"]
+        if case["expected_first_row"].get("kind_asserted", True):
+            assert got[0]["kind"] == first["kind"]
+    else:
+        assert case["expected_compare"] == "exact_order"
+        if "pipeline" in case:
+            pytest.skip(f"{case['case']}: a filesystem round trip through the {fmt} encoder; changelake has "
+                        f"decoders only")
+        assert got == expected_changelog(case["expected"], case["schema"])
+        if not case["expected"]:
+            assert result.skipped.get("tombstone") == len(values)
+    if case.get("expected_metadata"):
+        check_metadata(result.rows, case)
+    return result
+
+
+def options_cases(fmt: str) -> dict:
+    return load(options_file(fmt))
