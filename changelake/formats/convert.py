@@ -343,8 +343,8 @@ def _time(target: pa.DataType, unit: str):
             raise Unfit("a boolean is not a time")
         if isinstance(v, int):
             return v * scale_to // scale_from
-        if isinstance(v, str):
-            t = dt.time.fromisoformat(v.strip()[:15])
+        if isinstance(v, (str, dt.time)):
+            t = v if isinstance(v, dt.time) else dt.time.fromisoformat(v.strip()[:15])
             micros = ((t.hour * 60 + t.minute) * 60 + t.second) * 1_000_000 + t.microsecond
             return micros * scale_to // 1_000_000
         raise Unfit("expected a time of day")

@@ -10,14 +10,13 @@ unexpected failure become ``malformed`` dead letters, nothing raises.
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Sequence
 from typing import Any
 
 import orjson
 import pyarrow as pa
 
-from changelake.formats.assemble import ChangeCollector, ColumnSpec, MetaColumn, Reject, infer_columns
+from changelake.formats.assemble import ChangeCollector, ColumnSpec, MetaColumn, Reject, gc_paused, infer_columns
 from changelake.formats.base import DecodeResult
 
 _loads = orjson.loads
@@ -69,16 +68,8 @@ class JsonChangelogDecoder:
     # --- the loop -------------------------------------------------------------------
 
     def decode(self, records: pa.Table) -> DecodeResult:
-        # A batch allocates ~10^5-10^6 dicts that all stay alive until the batch is done; the
-        # cyclic GC would re-scan them over and over (~15% of the decode time) though they
-        # hold no cycles. Paused for the batch, restored after.
-        paused = gc.isenabled()
-        gc.disable()
-        try:
+        with gc_paused():
             return self._decode(records)
-        finally:
-            if paused:
-                gc.enable()
 
     def _decode(self, records: pa.Table) -> DecodeResult:
         out = ChangeCollector(records, len(self._meta))
