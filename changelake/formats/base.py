@@ -14,7 +14,7 @@ values produce no rows and no dead letter.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import pyarrow as pa
@@ -36,6 +36,9 @@ REASONS = (
 class DecodeResult:
     rows: pa.Table
     dead_letters: pa.Table
+    #: messages that produced no rows on purpose, by cause (``tombstone``, ``truncate``,
+    #: ``message``, ``ddl``, ``filtered``, ...): counted, never silently lost
+    skipped: dict[str, int] = field(default_factory=dict)
 
     @staticmethod
     def empty_dead_letters() -> pa.Table:

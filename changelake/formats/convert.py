@@ -1,0 +1,352 @@
+"""Column-wise conversion of decoded values into Arrow arrays of a declared type.
+
+A decoder collects the values of one column for a whole batch as a Python list
+and calls :func:`to_arrow` once. The fast path lets Arrow infer the list and
+cast it (C speed); only when that fails, or when the inferred type needs care
+(e.g. strings that hold numbers, as Canal sends them), are values coerced one
+by one. A value that does not fit comes back in ``bad`` (row index -> what is
+wrong) and its slot becomes null: the caller turns its message into a
+``schema-mismatch`` dead letter.
+
+``unit`` says how integers stand for time values: Debezium's
+``io.debezium.time.Timestamp`` is milliseconds, ``MicroTimestamp`` microseconds,
+``Date`` days, and so on. It comes from the Debezium schema when there is one;
+integers for TIMESTAMP/TIME columns default to milliseconds, for DATE to days.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import decimal
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.types as pat
+
+_EPOCH = dt.datetime(1970, 1, 1)
+_EPOCH_UTC = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+_UNIT_PER_SECOND = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}
+
+
+class Unfit(ValueError):
+    """A single value cannot be represented in the target type."""
+
+
+def to_arrow(values: Sequence[Any], target: pa.DataType, *, unit: str | None = None,
+             decimal_scale: int | None = None) -> tuple[pa.Array, dict[int, str]]:
+    """Convert ``values`` to an array of ``target``; returns ``(array, bad)``.
+
+    ``decimal_scale`` marks values as Kafka Connect ``Decimal`` bytes (base64 in
+    JSON, raw in Avro) holding an unscaled integer with that scale.
+    """
+    if decimal_scale is None:
+        fast = _fast(values, target, unit)
+        if fast is not None:
+            return fast, {}
+    coerce = _coercer(target, unit, decimal_scale)
+    out: list[Any] = []
+    bad: dict[int, str] = {}
+    append = out.append
+    for i, v in enumerate(values):
+        if v is None:
+            append(None)
+            continue
+        try:
+            append(coerce(v))
+        except (Unfit, ValueError, TypeError, ArithmeticError, OverflowError) as exc:
+            bad[i] = _describe(v, target, exc)
+            append(None)
+    try:
+        return pa.array(out, type=target), bad
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+        # a coerced value Arrow still rejects (nested types): isolate it
+        for i, v in enumerate(out):
+            if v is None:
+                continue
+            try:
+                pa.array([v], type=target)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
+                bad[i] = _describe(values[i], target, exc)
+                out[i] = None
+        return pa.array(out, type=target), bad
+
+
+def _describe(value: Any, target: pa.DataType, exc: BaseException) -> str:
+    shown = repr(value)
+    if len(shown) > 80:
+        shown = shown[:77] + "..."
+    detail = str(exc) or type(exc).__name__
+    return f"value {shown} ({type(value).__name__}) does not fit {target}: {detail}"
+
+
+def _fast(values: Sequence[Any], target: pa.DataType, unit: str | None) -> pa.Array | None:
+    """Arrow inference + cast when the inferred type converts losslessly; else None."""
+    try:
+        inferred = pa.array(values)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+        return None
+    src = inferred.type
+    if pat.is_null(src):
+        return pa.nulls(len(values), type=target)
+    try:
+        if src == target:
+            return inferred
+        if pat.is_integer(target) and pat.is_integer(src):
+            return inferred.cast(target, safe=True)
+        if pat.is_floating(target) and (pat.is_integer(src) or pat.is_floating(src)):
+            return inferred.cast(target, safe=False)
+        if pat.is_string(target) and (pat.is_string(src) or pat.is_large_string(src)):
+            return inferred.cast(target)
+        if pat.is_decimal(target) and pat.is_decimal(src):
+            return inferred.cast(target, safe=True)
+        if pat.is_timestamp(target) and pat.is_timestamp(src) and src.tz is None and target.tz is None:
+            return inferred.cast(target, safe=True)
+        if pat.is_integer(src) and (pat.is_timestamp(target) or pat.is_time(target) or pat.is_duration(target)):
+            return _rescale(inferred, unit or "ms", target.unit).cast(target)
+        if pat.is_integer(src) and pat.is_date32(target) and (unit or "d") == "d":
+            return inferred.cast(pa.int32(), safe=True).cast(target)
+        if pat.is_date32(target) and pat.is_date(src):
+            return inferred.cast(target)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        return None
+    return None
+
+
+def _rescale(ints: pa.Array, src_unit: str, dst_unit: str) -> pa.Array:
+    num, den = _UNIT_PER_SECOND[dst_unit], _UNIT_PER_SECOND[src_unit]
+    ints = ints.cast(pa.int64())
+    if num > den:
+        return pc.multiply_checked(ints, num // den)
+    if num < den:  # floor division, as for single values (pc.divide truncates toward zero)
+        step = den // num
+        quotient = pc.divide(ints, step)
+        negative_rest = pc.less(pc.subtract(ints, pc.multiply(quotient, step)), 0)
+        return pc.subtract(quotient, pc.cast(negative_rest, pa.int64()))
+    return ints
+
+
+# --- one-value coercions ------------------------------------------------------------
+
+
+def _coercer(target: pa.DataType, unit: str | None, decimal_scale: int | None):
+    if decimal_scale is not None:
+        return _decimal_bytes(target, decimal_scale)
+    if pat.is_boolean(target):
+        return _to_bool
+    if pat.is_integer(target):
+        return _int_in_range(target)
+    if pat.is_floating(target):
+        return _to_float
+    if pat.is_string(target) or pat.is_large_string(target):
+        return _to_text
+    if pat.is_binary(target) or pat.is_large_binary(target) or pat.is_fixed_size_binary(target):
+        return _to_bytes
+    if pat.is_decimal(target):
+        return _to_decimal(target)
+    if pat.is_date(target):
+        return _date(unit or "d")
+    if pat.is_timestamp(target):
+        return _timestamp(target, unit or "ms")
+    if pat.is_time(target):
+        return _time(target, unit or "ms")
+    if pat.is_duration(target):
+        return _int_in_range(pa.int64())
+    return lambda v: v  # nested types: Arrow checks them
+
+
+def _to_bool(v: Any) -> bool:
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, str):
+        low = v.strip().lower()
+        if low in ("true", "1"):
+            return True
+        if low in ("false", "0"):
+            return False
+    if isinstance(v, int) and v in (0, 1):
+        return bool(v)
+    raise Unfit("expected true or false")
+
+
+def _int_in_range(target: pa.DataType):
+    bits = target.bit_width
+    lo, hi = (0, 2 ** bits - 1) if pat.is_unsigned_integer(target) else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
+
+    def coerce(v: Any) -> int:
+        if isinstance(v, bool):
+            raise Unfit("a boolean is not a number")
+        if isinstance(v, int):
+            n = v
+        elif isinstance(v, float):
+            if not v.is_integer():
+                raise Unfit("has a fractional part")
+            n = int(v)
+        elif isinstance(v, str):
+            n = int(v.strip())
+        else:
+            raise Unfit("expected an integer")
+        if not lo <= n <= hi:
+            raise Unfit(f"out of range {lo}..{hi}")
+        return n
+
+    return coerce
+
+
+def _to_float(v: Any) -> float:
+    if isinstance(v, bool):
+        raise Unfit("a boolean is not a number")
+    if isinstance(v, (int, float)):
+        return float(v)
+    if isinstance(v, str):
+        return float(v.strip())
+    if isinstance(v, decimal.Decimal):
+        return float(v)
+    raise Unfit("expected a number")
+
+
+def _to_text(v: Any) -> str:
+    if isinstance(v, str):
+        return v
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float, decimal.Decimal)):
+        return str(v)
+    if isinstance(v, (dict, list)):
+        return orjson.dumps(v).decode()
+    if isinstance(v, bytes):
+        return v.decode("utf-8")
+    raise Unfit("expected text")
+
+
+def _to_bytes(v: Any) -> bytes:
+    if isinstance(v, bytes):
+        return v
+    if isinstance(v, str):
+        return base64.b64decode(v, validate=True)
+    raise Unfit("expected base64 text")
+
+
+def _to_decimal(target: pa.DataType):
+    quantum = decimal.Decimal(1).scaleb(-target.scale)
+    context = decimal.Context(prec=60)
+
+    def coerce(v: Any) -> decimal.Decimal:
+        if isinstance(v, bool):
+            raise Unfit("a boolean is not a number")
+        if isinstance(v, decimal.Decimal):
+            d = v
+        elif isinstance(v, (int, str)):
+            d = decimal.Decimal(v.strip() if isinstance(v, str) else v)
+        elif isinstance(v, float):
+            d = decimal.Decimal(repr(v))
+        elif isinstance(v, dict) and "value" in v and "scale" in v:  # io.debezium.data.VariableScaleDecimal
+            d = _unscaled(_to_bytes(v["value"]), int(v["scale"]))
+        else:
+            raise Unfit("expected a decimal number")
+        if not d.is_finite():
+            raise Unfit("not a finite number")
+        q = d.quantize(quantum, context=context)
+        if q != d:
+            raise Unfit(f"has more than {target.scale} decimal places")
+        if len(q.as_tuple().digits) > target.precision and q != 0:
+            raise Unfit(f"has more than {target.precision} digits")
+        return q
+
+    return coerce
+
+
+def _unscaled(raw: bytes, scale: int) -> decimal.Decimal:
+    return decimal.Decimal(int.from_bytes(raw, "big", signed=True)).scaleb(-scale)
+
+
+def _decimal_bytes(target: pa.DataType, scale: int):
+    after = _to_decimal(target) if pat.is_decimal(target) else None
+
+    def coerce(v: Any) -> Any:
+        d = _unscaled(_to_bytes(v), scale)
+        if after is not None:
+            return after(d)
+        if pat.is_floating(target):
+            return float(d)
+        if pat.is_string(target):
+            return str(d)
+        raise Unfit("a Connect Decimal needs a DECIMAL, DOUBLE or STRING column")
+
+    return coerce
+
+
+def _date(unit: str):
+    def coerce(v: Any) -> dt.date:
+        if isinstance(v, dt.datetime):
+            return v.date()
+        if isinstance(v, dt.date):
+            return v
+        if isinstance(v, bool):
+            raise Unfit("a boolean is not a date")
+        if isinstance(v, int):
+            return (_EPOCH + dt.timedelta(days=v)).date() if unit == "d" else \
+                (_EPOCH + dt.timedelta(microseconds=v * 1_000_000 // _UNIT_PER_SECOND[unit])).date()
+        if isinstance(v, str):
+            return dt.date.fromisoformat(v.strip()[:10])
+        raise Unfit("expected days since epoch or YYYY-MM-DD")
+
+    return coerce
+
+
+def _parse_datetime(text: str) -> dt.datetime:
+    s = text.strip().replace(" ", "T", 1)
+    if s.endswith("Z"):
+        s = s[:-1] + "+00:00"
+    # Python parses at most 6 fractional digits: drop nanoseconds beyond that
+    dot = s.find(".")
+    if dot != -1:
+        end = dot + 1
+        while end < len(s) and s[end].isdigit():
+            end += 1
+        if end - dot - 1 > 6:
+            s = s[:dot + 7] + s[end:]
+    return dt.datetime.fromisoformat(s)
+
+
+def _timestamp(target: pa.TimestampType, unit: str):
+    scale_to = _UNIT_PER_SECOND[target.unit]
+    scale_from = _UNIT_PER_SECOND[unit]
+
+    def coerce(v: Any) -> int:
+        if isinstance(v, bool):
+            raise Unfit("a boolean is not a timestamp")
+        if isinstance(v, int):
+            return v * scale_to // scale_from
+        if isinstance(v, str):
+            v = _parse_datetime(v)
+        if isinstance(v, dt.datetime):
+            if v.tzinfo is not None:
+                delta = v - _EPOCH_UTC
+            else:
+                delta = v - _EPOCH
+            return (delta.days * 86_400 + delta.seconds) * scale_to + delta.microseconds * scale_to // 1_000_000
+        raise Unfit("expected an epoch number or an ISO-8601 timestamp")
+
+    return coerce
+
+
+def _time(target: pa.DataType, unit: str):
+    scale_to = _UNIT_PER_SECOND[target.unit]
+    scale_from = _UNIT_PER_SECOND[unit]
+
+    def coerce(v: Any) -> int:
+        if isinstance(v, bool):
+            raise Unfit("a boolean is not a time")
+        if isinstance(v, int):
+            return v * scale_to // scale_from
+        if isinstance(v, (str, dt.time)):
+            t = v if isinstance(v, dt.time) else dt.time.fromisoformat(v.strip()[:15])
+            micros = ((t.hour * 60 + t.minute) * 60 + t.second) * 1_000_000 + t.microsecond
+            return micros * scale_to // 1_000_000
+        raise Unfit("expected a time of day")
+
+    return coerce

@@ -1,0 +1,228 @@
+"""What Debezium JSON and Debezium Avro share: op rules, ordering token, the
+Kafka Connect schema -> Arrow type mapping, and the readable metadata keys.
+
+Op rules (Flink's, plus the two Debezium ops Flink rejects)::
+
+    op      before   after    emits
+    c, r    -        row      +I(after)
+    u       row      row      -U(before), +U(after)
+    u       null     row      upsert: +U(after)     else dead letter missing-before
+    d       row      -        -D(before)
+    d       null     -        dead letter missing-before
+    t       -        -        on_truncate=skip: nothing, counted   fail: dead letter unsupported
+    m       -        -        nothing, counted (logical decoding message)
+    other                     dead letter unknown-op
+"""
+
+from __future__ import annotations
+
+import base64
+import decimal
+from typing import Any
+
+import orjson
+import pyarrow as pa
+
+from changelake.changelog import RowKind, seq_from_kafka, seq_from_log_position
+from changelake.formats.assemble import ColumnSpec, Reject
+from changelake.formats.options import Option
+
+INSERT, UPDATE_BEFORE, UPDATE_AFTER, DELETE = (int(k) for k in RowKind)
+
+REPLICA_IDENTITY_HINT = ("if this is Postgres, set REPLICA IDENTITY FULL on the table, or declare the source as "
+                         "upsert (option upsert: true)")
+
+
+def debezium_options() -> list[Option]:
+    return [
+        Option("upsert", "bool", False,
+               doc="the source is an upsert stream: an update without a before-image emits only +U"),
+        Option("on-truncate", "choice", "skip", ("skip", "fail"),
+               doc="op 't': skip (counted as skipped['truncate']) or fail (dead letter 'unsupported')"),
+    ]
+
+
+def changes(op: Any, before: Any, after: Any, *, upsert: bool, on_truncate: str) -> list[tuple[int, dict]] | str:
+    """The (kind, image) pairs of one Debezium change, or the name of a counted skip."""
+    if op == "c" or op == "r":
+        if not isinstance(after, dict):
+            raise Reject("malformed", f"op {op!r} without an 'after' row; the message is not a Debezium "
+                                      f"change event (check the connector's converter settings)")
+        return [(INSERT, after)]
+    if op == "u":
+        if not isinstance(after, dict):
+            raise Reject("malformed", "op 'u' without an 'after' row; check the connector's converter settings")
+        if not isinstance(before, dict):
+            if upsert:
+                return [(UPDATE_AFTER, after)]
+            raise Reject("missing-before", "the 'before' row of an UPDATE is null, so the old row cannot be "
+                                           f"retracted; {REPLICA_IDENTITY_HINT}")
+        return [(UPDATE_BEFORE, before), (UPDATE_AFTER, after)]
+    if op == "d":
+        if not isinstance(before, dict):
+            raise Reject("missing-before", "the 'before' row of a DELETE is null, so the deleted key is unknown; "
+                                           f"{REPLICA_IDENTITY_HINT}")
+        return [(DELETE, before)]
+    if op == "t":
+        if on_truncate == "skip":
+            return "truncate"
+        raise Reject("unsupported", "a TRUNCATE event (op 't') and on_truncate is 'fail'; set on_truncate: skip "
+                                    "to ignore truncates, or clear the target table by hand")
+    if op == "m":
+        return "message"
+    raise Reject("unknown-op", f"unknown op {op!r}; Debezium change events have op c, r, u, d, t or m")
+
+
+def sequence(source: Any, partition: int, offset: int) -> str:
+    """MySQL binlog (file index, pos, row), Postgres LSN, else the Kafka position.
+
+    Same text as :func:`changelake.changelog.seq_from_log_position` /
+    :func:`~changelake.changelog.seq_from_kafka` (a test holds them equal); formatted
+    inline because it runs once per message.
+    """
+    if type(source) is dict:
+        file = source.get("file")
+        pos = source.get("pos")
+        if type(file) is str and type(pos) is int and pos >= 0:
+            suffix = file[file.rfind(".") + 1:]
+            if suffix.isdigit():
+                row = source.get("row")
+                if type(row) is not int or row < 0:
+                    row = 0
+                return f"l{int(suffix):020d}{pos:020d}{row:020d}{offset:020d}"
+        lsn = source.get("lsn")
+        if type(lsn) is int and lsn >= 0:
+            return seq_from_log_position(lsn, offset=offset)
+    return seq_from_kafka(partition, offset)
+
+
+# --- readable metadata (Flink's keys) --------------------------------------------------
+
+METADATA_TYPES: dict[str, pa.DataType] = {
+    "schema": pa.string(),
+    "ingestion-timestamp": pa.timestamp("ms", tz="UTC"),
+    "source.timestamp": pa.timestamp("ms", tz="UTC"),
+    "source.database": pa.string(),
+    "source.schema": pa.string(),
+    "source.table": pa.string(),
+    "source.properties": pa.map_(pa.string(), pa.string()),
+}
+
+
+def metadata_value(key: str, payload: dict, source: Any, schema: Any) -> Any:
+    if key == "ingestion-timestamp":
+        return payload.get("ts_ms")
+    if key == "schema":
+        return None if schema is None else orjson.dumps(schema).decode()
+    if not isinstance(source, dict):
+        return None
+    if key == "source.timestamp":
+        return source.get("ts_ms")
+    if key == "source.database":
+        return source.get("db")
+    if key == "source.schema":
+        return source.get("schema")
+    if key == "source.table":
+        return source.get("table")
+    if key == "source.properties":
+        return [(k, _as_text(v)) for k, v in source.items()]
+    raise KeyError(key)
+
+
+def _as_text(v: Any) -> str | None:
+    if v is None or isinstance(v, str):
+        return v
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return str(v)
+    return orjson.dumps(v).decode()
+
+
+# --- Kafka Connect schema -> Arrow ------------------------------------------------------
+
+_PLAIN = {"int8": pa.int8(), "int16": pa.int16(), "int32": pa.int32(), "int64": pa.int64(),
+          "float32": pa.float32(), "float64": pa.float64(), "float": pa.float32(), "double": pa.float64(),
+          "boolean": pa.bool_(), "string": pa.string(), "bytes": pa.binary()}
+
+#: semantic type name -> (Arrow type, unit of the integer encoding)
+_TEMPORAL = {
+    "io.debezium.time.Date": (pa.date32(), "d"),
+    "org.apache.kafka.connect.data.Date": (pa.date32(), "d"),
+    "io.debezium.time.Time": (pa.time32("ms"), "ms"),
+    "org.apache.kafka.connect.data.Time": (pa.time32("ms"), "ms"),
+    "io.debezium.time.MicroTime": (pa.time64("us"), "us"),
+    "io.debezium.time.NanoTime": (pa.time64("ns"), "ns"),
+    "io.debezium.time.Timestamp": (pa.timestamp("ms"), "ms"),
+    "org.apache.kafka.connect.data.Timestamp": (pa.timestamp("ms"), "ms"),
+    "io.debezium.time.MicroTimestamp": (pa.timestamp("us"), "us"),
+    "io.debezium.time.NanoTimestamp": (pa.timestamp("ns"), "ns"),
+    "io.debezium.time.MicroDuration": (pa.duration("us"), "us"),
+}
+
+_TEXT_SEMANTICS = ("io.debezium.data.Json", "io.debezium.data.Uuid", "io.debezium.data.Enum",
+                   "io.debezium.data.EnumSet", "io.debezium.data.Xml", "io.debezium.time.ZonedTime",
+                   "io.debezium.time.Interval", "io.debezium.data.Ltree")
+
+
+def variable_scale_decimal(v: Any) -> decimal.Decimal:
+    """io.debezium.data.VariableScaleDecimal: ``{"scale": s, "value": <unscaled bytes>}``."""
+    raw = v["value"]
+    if isinstance(raw, str):
+        raw = base64.b64decode(raw, validate=True)
+    return decimal.Decimal(int.from_bytes(raw, "big", signed=True)).scaleb(-int(v["scale"]))
+
+
+def connect_column(name: str, field: dict) -> ColumnSpec:
+    """The column for one field of a Connect ``struct`` schema (as in the JSON envelope)."""
+    semantic = field.get("name")
+    ftype = field.get("type")
+    nullable = True
+    params = field.get("parameters") or {}
+    if semantic == "org.apache.kafka.connect.data.Decimal":
+        scale = int(params.get("scale", 0))
+        precision = int(params.get("connect.decimal.precision", 38))
+        precision = min(max(precision, scale, 1), 38)
+        return ColumnSpec(name, pa.decimal128(precision, scale), nullable, decimal_scale=scale)
+    if semantic == "io.debezium.data.VariableScaleDecimal":
+        # no fixed scale: kept exact as decimal text (declare DECIMAL(p, s) in columns to get a number)
+        return ColumnSpec(name, pa.string(), nullable, pre=variable_scale_decimal)
+    if semantic in _TEMPORAL:
+        arrow_type, unit = _TEMPORAL[semantic]
+        return ColumnSpec(name, arrow_type, nullable, unit=unit)
+    if semantic == "io.debezium.time.ZonedTimestamp":
+        return ColumnSpec(name, pa.timestamp("us", tz="UTC"), nullable)
+    if semantic == "io.debezium.data.Bits":
+        return ColumnSpec(name, pa.binary(), nullable)
+    if semantic in _TEXT_SEMANTICS:
+        return ColumnSpec(name, pa.string(), nullable)
+    if ftype in _PLAIN:
+        return ColumnSpec(name, _PLAIN[ftype], nullable)
+    if ftype == "array" and isinstance(field.get("items"), dict) and field["items"].get("type") in _PLAIN \
+            and not field["items"].get("name"):
+        return ColumnSpec(name, pa.list_(_PLAIN[field["items"]["type"]]), nullable)
+    # structs (e.g. geometry), maps and anything unknown: compact JSON text
+    return ColumnSpec(name, pa.string(), nullable)
+
+
+def row_fields(envelope_schema: Any) -> list[dict] | None:
+    """The row fields of a Debezium envelope schema (from its 'after', else 'before' struct)."""
+    if not isinstance(envelope_schema, dict):
+        return None
+    fields = envelope_schema.get("fields")
+    if not isinstance(fields, list):
+        return None
+    by_name = {f.get("field"): f for f in fields if isinstance(f, dict)}
+    for side in ("after", "before"):
+        struct = by_name.get(side)
+        if isinstance(struct, dict) and isinstance(struct.get("fields"), list):
+            return struct["fields"]
+    return None
+
+
+def with_source_encoding(declared: ColumnSpec, seen: ColumnSpec | None) -> ColumnSpec:
+    """A declared column read with the encoding the Debezium schema reports for it."""
+    if seen is None:
+        return declared
+    return ColumnSpec(declared.name, declared.type, declared.nullable, unit=seen.unit,
+                      decimal_scale=seen.decimal_scale, pre=seen.pre)

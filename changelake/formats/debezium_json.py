@@ -1,0 +1,104 @@
+"""Debezium JSON (Flink format ``debezium-json``).
+
+Messages are Debezium change events, either bare ``{before, after, source, op,
+ts_ms}`` or wrapped in the JSON converter's ``{schema, payload}`` envelope
+(``schema-include``). Op rules: see :mod:`changelake.formats.debezium`.
+
+Column types come from, in order: the declared ``columns``; the envelope's
+Connect schema (semantic types such as ``io.debezium.time.MicroTimestamp`` or
+``org.apache.kafka.connect.data.Decimal`` become proper Arrow types); else the
+values of the first batch with data (int64, float64, bool, string). Declared
+columns are still read with the encoding the envelope reports (a base64
+Connect Decimal, micro- vs. milliseconds), so both can be combined.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pyarrow as pa
+
+from changelake.formats import debezium as dbz
+from changelake.formats.assemble import ChangeCollector, ColumnSpec, Reject
+from changelake.formats.jsonbase import JsonChangelogDecoder
+from changelake.formats.options import Option, json_format_options, parse_options
+
+FORMAT = "debezium-json"
+
+
+def option_specs() -> list[Option]:
+    return [
+        Option("schema-include", "bool", False,
+               doc="messages carry the {schema, payload} envelope (JSON converter schemas.enable=true)"),
+        *json_format_options(),
+        *dbz.debezium_options(),
+        Option("metadata", "metadata", (), tuple(dbz.METADATA_TYPES),
+               doc="metadata keys to append as columns: a list, or a mapping key -> column name"),
+    ]
+
+
+class DebeziumJsonDecoder(JsonChangelogDecoder):
+    format_name = FORMAT
+
+    def __init__(self, *, columns: pa.Schema | None = None, options: Mapping[str, Any] | None = None) -> None:
+        opts = parse_options(FORMAT, options, option_specs())
+        self.schema_include: bool = opts["schema_include"]
+        self.ignore_parse_errors: bool = opts["ignore_parse_errors"]
+        self.timestamp_format: str = opts["timestamp_format_standard"]
+        self.upsert: bool = opts["upsert"]
+        self.on_truncate: str = opts["on_truncate"]
+        self.metadata: tuple[tuple[str, str], ...] = opts["metadata"]
+        super().__init__(columns=columns, metadata=self.metadata, metadata_types=dbz.METADATA_TYPES,
+                         key=opts["key"])
+        self._need_schema_text = any(k == "schema" for k, _ in self.metadata)
+        self._seen: dict[str, ColumnSpec] = {}   # column encodings reported by envelope schemas
+        self._seen_fields = -1
+
+    def _message(self, out: ChangeCollector, record: int, obj: Any, partition: int, offset: int) -> str | None:
+        schema = None
+        if "payload" in obj and "op" not in obj:
+            schema = obj.get("schema")
+            payload = obj["payload"]
+            if payload is None:
+                out.skip("tombstone")   # a tombstone that went through the JSON converter
+                return None
+            if schema is not None:
+                self._learn(schema)
+        elif self.schema_include:
+            raise Reject("malformed", "schema-include is true but the message has no {schema, payload} envelope; "
+                                      "set schema-include: false for this topic")
+        else:
+            payload = obj
+        op = payload.get("op")
+        got = dbz.changes(op, payload.get("before"), payload.get("after"),
+                          upsert=self.upsert, on_truncate=self.on_truncate)
+        if isinstance(got, str):
+            return got
+        source = payload.get("source")
+        if isinstance(source, dict):
+            ts, db, table = source.get("ts_ms"), source.get("db"), source.get("table")
+        else:
+            ts = db = table = None
+        meta = [dbz.metadata_value(m.key, payload, source, schema) for m in self._meta] if self._meta else ()
+        msg = out.message(record, dbz.sequence(source, partition, offset),
+                          ts if type(ts) is int else None,
+                          db if isinstance(db, str) else None,
+                          table if isinstance(table, str) else None, meta)
+        for kind, image in got:
+            out.row(msg, kind, image)
+        return None
+
+    def _learn(self, envelope_schema: Any) -> None:
+        fields = dbz.row_fields(envelope_schema)
+        if fields is None or len(fields) == self._seen_fields:
+            return
+        self._seen_fields = len(fields)
+        for f in fields:
+            name = f.get("field")
+            if isinstance(name, str):
+                self._seen[name] = dbz.connect_column(name, f)
+        if self._specs is None:
+            self._specs = [self._seen[f["field"]] for f in fields if isinstance(f.get("field"), str)]
+        elif self._declared is not None:
+            self._specs = [dbz.with_source_encoding(s, self._seen.get(s.name)) for s in self._specs]

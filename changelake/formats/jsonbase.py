@@ -1,0 +1,102 @@
+"""The batch loop every JSON change format shares.
+
+A subclass implements :meth:`JsonChangelogDecoder._message`: given the parsed
+message it registers the changes with the collector, raises
+:class:`~changelake.formats.assemble.Reject` for a bad one, or returns the name
+of a counted skip. The loop guarantees the rest: tombstones and empty values
+produce nothing (counted as ``tombstone``), unparseable bytes and any
+unexpected failure become ``malformed`` dead letters, nothing raises.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+import pyarrow as pa
+
+from changelake.formats.assemble import ChangeCollector, ColumnSpec, MetaColumn, Reject, gc_paused, infer_columns
+from changelake.formats.base import DecodeResult
+
+_loads = orjson.loads
+_JSONDecodeError = orjson.JSONDecodeError
+
+
+class JsonChangelogDecoder:
+    """Base of the JSON CDC decoders (not used directly)."""
+
+    format_name = "?"
+
+    def __init__(self, *, columns: pa.Schema | None, metadata: Sequence[tuple[str, str]],
+                 metadata_types: dict[str, pa.DataType], key: Sequence[str] = ()) -> None:
+        self._declared = columns
+        self._specs: list[ColumnSpec] | None = (
+            [ColumnSpec(f.name, f.type, f.nullable) for f in columns] if columns is not None else None)
+        self._meta = [MetaColumn(k, c, metadata_types[k]) for k, c in metadata]
+        self._key = tuple(key)
+        if columns is not None:
+            names = set(columns.names)
+            missing = [k for k in self._key if k not in names]
+            if missing:
+                from changelake.errors import ConfigError
+                raise ConfigError(f"option 'key' names {missing} which are not among the columns {columns.names}")
+            clash = [m.column for m in self._meta if m.column in names]
+            if clash:
+                from changelake.errors import ConfigError
+                raise ConfigError(f"option 'metadata': column names {clash} clash with user columns; map the "
+                                  f"metadata key to another name, e.g. metadata: {{key: other_name}}")
+
+    @property
+    def columns(self) -> pa.Schema | None:
+        """The user columns (None until the first batch with data, when neither declared nor in a schema)."""
+        if self._specs is None:
+            return None
+        return pa.schema([pa.field(s.name, s.type, s.nullable) for s in self._specs])
+
+    # --- to implement -------------------------------------------------------------
+
+    def _message(self, out: ChangeCollector, record: int, obj: Any, partition: int, offset: int) -> str | None:
+        raise NotImplementedError
+
+    def _column_specs(self, out: ChangeCollector) -> list[ColumnSpec]:
+        """Columns for this batch: declared, else locked on the first batch with data."""
+        if self._specs is None and out.images:
+            self._specs = infer_columns(out.images)
+        return self._specs or []
+
+    # --- the loop -------------------------------------------------------------------
+
+    def decode(self, records: pa.Table) -> DecodeResult:
+        with gc_paused():
+            return self._decode(records)
+
+    def _decode(self, records: pa.Table) -> DecodeResult:
+        out = ChangeCollector(records, len(self._meta))
+        values = records.column("value").to_pylist()
+        partitions = records.column("partition").to_pylist()
+        offsets = records.column("offset").to_pylist()
+        loads = _loads
+        message = self._message
+        for i, raw in enumerate(values):
+            if not raw:
+                out.skip("tombstone")
+                continue
+            try:
+                obj = loads(raw)
+            except _JSONDecodeError as exc:
+                out.reject(i, "malformed", f"not valid JSON ({exc}); the topic must carry {self.format_name} "
+                                           f"messages as UTF-8 JSON")
+                continue
+            try:
+                skipped = message(out, i, obj, partitions[i], offsets[i])
+            except Reject as rej:
+                out.reject(i, rej.reason, rej.error)
+                continue
+            except Exception as exc:  # noqa: BLE001 - a bad message must never take the job down
+                out.reject(i, "malformed", f"not a {self.format_name} message ({type(exc).__name__}: {exc}); "
+                                           f"check the topic's format setting")
+                continue
+            if skipped:
+                out.skip(skipped)
+        return out.finish(self._column_specs(out), self._meta, self._key)
