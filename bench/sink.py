@@ -1,0 +1,132 @@
+"""Throughput of DeltaUpsertSink.apply(): changes merged per second.
+
+    /tmp/venv/bin/python bench/sink.py                      # 1M changes, 200k keys, batches of 100k
+    /tmp/venv/bin/python bench/sink.py --preload 1000000 --changes 100000 --batch 100000
+
+Every change is a +I (first change of a key), +U or -D (``--delete-ratio``), with
+strictly increasing ``_seq`` per key; each batch is shuffled, and ``--late-ratio``
+of the changes are held back one batch (out-of-order delivery across batches).
+The table is checked against the expected final state at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable, QueryBuilder
+
+from changelake.changelog import seq_from_kafka
+from changelake.connectors.delta_sink import TableSpec, open_sink
+
+KIND_I, KIND_U, KIND_D = 0, 2, 3
+
+
+def make_changes(n: int, keys: int, delete_ratio: float, rng: np.random.Generator) -> pa.Table:
+    key = rng.integers(0, keys, n, dtype=np.int64)
+    offset = np.arange(n, dtype=np.int64)
+    order = np.lexsort((offset, key))
+    first = np.ones(n, dtype=bool)
+    first[order[1:]] = key[order[1:]] != key[order[:-1]]
+    kind = np.where(first, KIND_I, np.where(rng.random(n) < delete_ratio, KIND_D, KIND_U)).astype(np.int8)
+    after_delete = np.zeros(n, dtype=bool)
+    after_delete[order[1:]] = (kind[order[:-1]] == KIND_D) & ~first[order[1:]]
+    kind[after_delete] = KIND_I
+    seqs = pa.array([seq_from_kafka(int(k % 4), int(o)) for k, o in zip(key, offset)], pa.string())
+    return pa.table({
+        "id": key,
+        "name": pa.array(np.char.add("item-", (offset % 9973).astype(str)), pa.string()),
+        "price": rng.random(n) * 100,
+        "qty": rng.integers(0, 1000, n, dtype=np.int32),
+        "_kind": kind,
+        "_seq": seqs,
+        "_topic": pa.array(["bench.items"] * n),
+        "_partition": pa.array((key % 4).astype(np.int32)),
+        "_offset": offset,
+        "_source_ts": pa.array(1_700_000_000_000 + offset, pa.timestamp("ms", tz="UTC")),
+    })
+
+
+def expected_state(changes: pa.Table) -> dict[int, str]:
+    last = changes.group_by("id").aggregate([("_seq", "max")])
+    winners = changes.join(last, keys=["id", "_seq"], right_keys=["id", "_seq_max"], join_type="inner")
+    live = winners.filter(pc.not_equal(winners["_kind"], KIND_D))
+    return dict(zip(live["id"].to_pylist(), live["_seq"].to_pylist()))
+
+
+def batches(changes: pa.Table, size: int, late_ratio: float, rng: np.random.Generator):
+    held = None
+    for start in range(0, changes.num_rows, size):
+        batch = changes.slice(start, size)
+        late = rng.random(batch.num_rows) < late_ratio
+        now = batch.filter(pa.array(~late))
+        if held is not None:
+            now = pa.concat_tables([now, held])
+        held = batch.filter(pa.array(late))
+        yield now.take(rng.permutation(now.num_rows))
+    if held is not None and held.num_rows:
+        yield held
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--changes", type=int, default=1_000_000)
+    parser.add_argument("--keys", type=int, default=200_000)
+    parser.add_argument("--batch", type=int, default=100_000)
+    parser.add_argument("--delete-ratio", type=float, default=0.05)
+    parser.add_argument("--late-ratio", type=float, default=0.02)
+    parser.add_argument("--preload", type=int, default=0, help="rows inserted (not timed) before the run")
+    parser.add_argument("--engine", default="delta-rs", choices=["delta-rs"])
+    parser.add_argument("--dir", default=None, help="where to write the table (default: a temp dir)")
+    args = parser.parse_args()
+
+    rng = np.random.default_rng(7)
+    root = Path(args.dir or tempfile.mkdtemp(prefix="changelake-bench-"))
+    shutil.rmtree(root / "lake", ignore_errors=True)
+    spec = TableSpec(name="bench", path=str(root / "lake" / "items"), primary_key=("id",))
+    sink = open_sink(spec, pipeline_id="bench", engine=args.engine)
+    batch_id = 0
+    if args.preload:
+        ids = np.arange(args.preload, dtype=np.int64) + args.keys  # disjoint from the changed keys
+        preload = make_changes(args.preload, args.preload, 0.0, rng)
+        preload = preload.set_column(0, "id", pa.array(ids))
+        preload = preload.set_column(4, "_kind", pa.array(np.zeros(args.preload, np.int8)))
+        sink.apply(preload, batch_id=batch_id)
+        batch_id += 1
+
+    changes = make_changes(args.changes, args.keys, args.delete_ratio, rng)
+    applied = 0
+    elapsed = 0.0
+    for batch in batches(changes, args.batch, args.late_ratio, rng):
+        started = time.perf_counter()
+        result = sink.apply(batch, batch_id=batch_id)
+        took = time.perf_counter() - started
+        elapsed += took
+        applied += batch.num_rows
+        print(f"batch {batch_id}: {batch.num_rows} changes in {took:.3f} s "
+              f"(upserts {result.upserts}, deletes {result.deletes}, stale {result.stale_ignored}, "
+              f"resurrections prevented {result.resurrections_prevented})")
+        batch_id += 1
+
+    table = DeltaTable(spec.path)
+    got = pa.table(QueryBuilder().register("t", table).execute(
+        f"SELECT id, _seq FROM t WHERE id < {args.keys}"))
+    actual = dict(zip(got["id"].to_pylist(), got["_seq"].to_pylist()))
+    ok = actual == expected_state(changes)
+    print(f"{applied} changes over {args.keys} keys in batches of {args.batch} "
+          f"(preloaded {args.preload} rows): {elapsed:.2f} s, {applied / elapsed:,.0f} changes/s; "
+          f"final state {'matches' if ok else 'DOES NOT MATCH'} the expected rows")
+    if not args.dir:
+        shutil.rmtree(root, ignore_errors=True)
+    if not ok:
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()

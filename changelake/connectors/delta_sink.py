@@ -1,0 +1,418 @@
+"""Delta upsert sink: merges changelog batches into a Delta table by primary key.
+
+One :class:`DeltaUpsertSink` per target table, opened with :func:`open_sink` and
+called once per micro-batch from Spark's ``foreachBatch`` on the driver::
+
+    sink = open_sink(TableSpec(name="orders", path="s3://lake/orders", primary_key=("id",)),
+                     pipeline_id="orders-cdc", spark=spark)
+    result = sink.apply(changes, batch_id=batch_id)
+
+Per batch (see ``docs/sink.md``)::
+
+    main table records txn (app_id, v) with v >= batch_id -> skip: committed=False (replay)
+    reduce to the latest change per key (delta_sink_kernel)
+    create the table / add new nullable columns when needed
+    split against tombstones  -> tombstone MERGE (txn app_id, batch_id), skipped if already recorded
+                              -> table MERGE guarded by target._seq < source._seq (txn app_id, batch_id)
+    every tombstone_expiry_interval: delete tombstones older than tombstone_retention
+
+The tombstone commit comes first: a crash between the two commits leaves a
+tombstone ahead of its delete, which a replay of the batch completes.
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from types import MappingProxyType
+from typing import Any, Callable, ClassVar, Literal, Mapping
+
+import pyarrow as pa
+from deltalake import DeltaTable
+from deltalake.exceptions import TableNotFoundError
+
+from changelake.changelog import KIND, SEQ
+from changelake.connectors.delta_sink_kernel import (
+    align_to_table,
+    count_deletes,
+    latest_per_key,
+    split_against_tombstones,
+    validate_changes,
+)
+from changelake.connectors.delta_sink_schema import (
+    DELETED_AT,
+    check_table_contract,
+    default_tombstone_path,
+    reconcile,
+    stored_fields,
+    table_properties,
+    tombstone_properties,
+    tombstone_schema,
+)
+from changelake.errors import ConfigError, SinkCommitError
+from changelake.service import metrics
+
+log = logging.getLogger(__name__)
+
+Engine = Literal["auto", "delta-rs", "delta-spark"]
+
+#: The JVM class whose presence means the Delta jars are on the Spark classpath.
+DELTA_SPARK_CLASS = "io.delta.tables.DeltaTable"
+DELTA_SPARK_PACKAGE = "io.delta:delta-spark_2.13:4.4.1"
+DELTA_SPARK_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """One target table of the sink.
+
+    ``tombstone_path`` defaults to ``<parent of path>/_changelake_tombstones/<last segment of path>``.
+    ``storage_options`` are object-store options in delta-rs form (``AWS_REGION``, ...).
+    """
+
+    name: str
+    path: str
+    primary_key: tuple[str, ...]
+    partition_by: tuple[str, ...] = ()
+    tombstone_retention: timedelta = timedelta(days=7)
+    storage_options: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    tombstone_path: str | None = None
+    tombstone_expiry_interval: timedelta = timedelta(hours=1)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.primary_key, str) or not self.primary_key:
+            raise ConfigError(f"table {self.name}: primary_key must be a non-empty tuple of column names")
+        reserved = [c for c in (*self.primary_key, *self.partition_by) if c.startswith("_")]
+        if reserved:
+            raise ConfigError(f"table {self.name}: key and partition columns cannot be reserved "
+                              f"(names starting with '_'): {reserved}")
+        if self.tombstone_retention <= timedelta(0):
+            raise ConfigError(f"table {self.name}: tombstone_retention must be positive")
+
+    @property
+    def resolved_tombstone_path(self) -> str:
+        return self.tombstone_path or default_tombstone_path(self.path)
+
+
+@dataclass(frozen=True)
+class ApplyResult:
+    """What one :meth:`DeltaUpsertSink.apply` did to the table.
+
+    ``committed`` is False only when the batch id was already committed (a replay).
+    ``upserts``: rows inserted or updated; ``deletes``: rows removed;
+    ``stale_ignored``: changes not newer than what the table (or a tombstone) holds;
+    ``resurrections_prevented``: inserts/updates older than the key's tombstone.
+    """
+
+    committed: bool
+    upserts: int
+    deletes: int
+    stale_ignored: int
+    resurrections_prevented: int
+    table_version: int | None
+
+
+@dataclass(frozen=True)
+class MergeCounts:
+    """Rows a table MERGE changed, from the engine's merge metrics."""
+
+    inserted: int
+    updated: int
+    deleted: int
+    version: int
+
+
+@dataclass(frozen=True)
+class _TableState:
+    schema: pa.Schema
+    properties: Mapping[str, str]
+    partition_columns: tuple[str, ...]
+    txn_version: int | None
+    version: int
+
+
+class DeltaUpsertSink(abc.ABC):
+    """Upsert-by-primary-key sink for one Delta table; the engine subclasses do the I/O.
+
+    Transaction state, schema and properties are read through delta-rs for both
+    engines (a log-only read); data is read and written by the engine.
+    """
+
+    engine: ClassVar[str]
+
+    def __init__(self, spec: TableSpec, *, pipeline_id: str, clock: Callable[[], datetime],
+                 max_commit_retries: int) -> None:
+        if not pipeline_id:
+            raise ConfigError("pipeline_id must be non-empty: it keys the sink's exactly-once commits")
+        self.spec = spec
+        self.pipeline_id = pipeline_id
+        self.app_id = f"changelake:{pipeline_id}:{spec.name}"
+        self.tombstone_path = spec.resolved_tombstone_path
+        self._clock = clock
+        self._max_commit_retries = max_commit_retries
+        self._last_expiry: datetime | None = None
+        self._contract_checked = False
+        self._logs: dict[str, DeltaTable] = {}
+
+    # --- public -----------------------------------------------------------------
+
+    def apply(self, changes: pa.Table, *, batch_id: int) -> ApplyResult:
+        """Merge one changelog batch; exactly once per (pipeline id, table, batch id)."""
+        if batch_id < 0:
+            raise ValueError(f"batch_id must be >= 0, got {batch_id}")
+        changes = validate_changes(changes, primary_key=self.spec.primary_key, table=self.spec.name)
+        started = time.perf_counter()
+        attempt = 0
+        while True:
+            try:
+                result, counts = self._apply_once(changes, batch_id)
+                break
+            except Exception as exc:  # noqa: BLE001 - classified below, always re-raised typed
+                if self._is_conflict(exc) and attempt < self._max_commit_retries:
+                    attempt += 1
+                    metrics.COMMIT_RETRIES.labels(table=self.spec.name).inc()
+                    log.warning("table %s batch %d: concurrent write conflict, retry %d: %s",
+                                self.spec.name, batch_id, attempt, exc)
+                    self._forget_logs()
+                    continue
+                metrics.COMMIT_FAILURES.labels(table=self.spec.name).inc()
+                if isinstance(exc, SinkCommitError):
+                    raise
+                raise SinkCommitError(
+                    f"{self.engine} commit of batch {batch_id} to {self.spec.path} failed"
+                    f"{' after ' + str(attempt) + ' retries' if attempt else ''}: {exc}") from exc
+        metrics.COMMIT_SECONDS.labels(table=self.spec.name, engine=self.engine).observe(
+            time.perf_counter() - started)
+        if counts is not None:
+            self._record_metrics(result, counts)
+        return result
+
+    def expire_tombstones(self, *, now: datetime | None = None) -> int:
+        """Delete tombstones older than ``tombstone_retention``; returns how many were removed."""
+        now = now or self._clock()
+        self._last_expiry = now
+        if self._state(self.tombstone_path) is None:
+            return 0
+        return self._delete_tombstones_before(now - self.spec.tombstone_retention)
+
+    def table_version(self) -> int | None:
+        """Latest version of the sink table, or None before the first commit."""
+        state = self._state(self.spec.path)
+        return None if state is None else state.version
+
+    def committed_batch_id(self) -> int | None:
+        """Greatest batch id committed to the table by this pipeline, or None."""
+        state = self._state(self.spec.path)
+        return None if state is None else state.txn_version
+
+    # --- the flow ----------------------------------------------------------------
+
+    def _apply_once(self, changes: pa.Table, batch_id: int) -> tuple[ApplyResult, MergeCounts | None]:
+        spec = self.spec
+        state = self._state(spec.path)
+        if state is not None and state.txn_version is not None and batch_id <= state.txn_version:
+            metrics.REPLAYED_BATCHES.labels(table=spec.name).inc()
+            log.info("table %s: batch %d already committed (recorded %d), skipped",
+                     spec.name, batch_id, state.txn_version)
+            return ApplyResult(committed=False, upserts=0, deletes=0, stale_ignored=0,
+                               resurrections_prevented=0, table_version=state.version), None
+
+        fields = stored_fields(changes.schema)
+        if state is None:
+            self._create_table(pa.schema([f.with_nullable(True) for f in fields]),
+                               properties=table_properties(spec.primary_key, self.tombstone_path))
+            state = self._require_state(spec.path)
+        elif not self._contract_checked:
+            check_table_contract(path=spec.path, properties=state.properties,
+                                 partition_columns=state.partition_columns, schema=state.schema,
+                                 primary_key=spec.primary_key, partition_by=spec.partition_by)
+        self._contract_checked = True
+        plan = reconcile(path=spec.path, table_schema=state.schema, batch_fields=fields)
+        if plan.new_fields:
+            log.info("table %s: adding column(s) %s", spec.name, [f.name for f in plan.new_fields])
+            self._add_columns(list(plan.new_fields))
+
+        now = self._clock()
+        reduced = align_to_table(latest_per_key(changes, primary_key=spec.primary_key), plan.target_schema)
+        tomb_state = self._state(self.tombstone_path)
+        tombstones = (self._read_tombstones() if tomb_state is not None
+                      else pa.table({SEQ: pa.array([], pa.string())}))
+        split = split_against_tombstones(reduced, tombstones, primary_key=spec.primary_key, now=now)
+
+        if split.tombstone_changes.num_rows:
+            if tomb_state is None:
+                self._create_table(tombstone_schema(plan.target_schema, spec.primary_key),
+                                   properties=tombstone_properties(spec.primary_key, spec.path),
+                                   path=self.tombstone_path, partition_by=())
+                tomb_state = self._require_state(self.tombstone_path)
+            if tomb_state.txn_version is None or tomb_state.txn_version < batch_id:
+                self._merge_tombstones(split.tombstone_changes, batch_id=batch_id)
+
+        source = split.table_changes
+        counts = self._merge_table(source, batch_id=batch_id)
+        n_deletes = count_deletes(source)
+        n_upserts = source.num_rows - n_deletes
+        result = ApplyResult(
+            committed=True,
+            upserts=counts.inserted + counts.updated,
+            deletes=counts.deleted,
+            stale_ignored=(n_upserts - counts.inserted - counts.updated) + split.stale_deletes,
+            resurrections_prevented=split.resurrections_prevented,
+            table_version=counts.version,
+        )
+        if self._expiry_due(now):
+            removed = self.expire_tombstones(now=now)
+            if removed:
+                log.info("table %s: expired %d tombstone(s)", spec.name, removed)
+        return result, counts
+
+    def _expiry_due(self, now: datetime) -> bool:
+        return self._last_expiry is None or now - self._last_expiry >= self.spec.tombstone_expiry_interval
+
+    def _record_metrics(self, result: ApplyResult, counts: MergeCounts) -> None:
+        name = self.spec.name
+        metrics.ROWS_OUT.labels(table=name, kind="+I").inc(counts.inserted)
+        metrics.ROWS_OUT.labels(table=name, kind="+U").inc(counts.updated)
+        metrics.ROWS_OUT.labels(table=name, kind="-D").inc(counts.deleted)
+        metrics.STALE_CHANGES.labels(table=name).inc(result.stale_ignored)
+        metrics.RESURRECTIONS_PREVENTED.labels(table=name).inc(result.resurrections_prevented)
+        if result.table_version is not None:
+            metrics.TABLE_VERSION.labels(table=name).set(result.table_version)
+
+    # --- log reads through delta-rs (both engines) --------------------------------
+
+    def _state(self, path: str) -> _TableState | None:
+        table = self._logs.get(path)
+        try:
+            if table is None:
+                table = DeltaTable(path, storage_options=dict(self.spec.storage_options) or None)
+                self._logs[path] = table
+            else:
+                table.update_incremental()
+        except TableNotFoundError:
+            return None
+        meta = table.metadata()
+        return _TableState(
+            schema=pa.schema(table.schema().to_arrow()),
+            properties=dict(meta.configuration),
+            partition_columns=tuple(meta.partition_columns),
+            txn_version=table.transaction_version(self.app_id),
+            version=table.version(),
+        )
+
+    def _require_state(self, path: str) -> _TableState:
+        state = self._state(path)
+        if state is None:
+            raise SinkCommitError(f"table {path} is still missing after it was created; check the storage "
+                                  "location and its credentials")
+        return state
+
+    def _log(self, path: str) -> DeltaTable:
+        """The cached delta-rs handle of ``path`` (call :meth:`_state` first)."""
+        return self._logs[path]
+
+    def _forget_logs(self) -> None:
+        self._logs.clear()
+
+    # --- engine I/O -------------------------------------------------------------
+
+    @abc.abstractmethod
+    def _create_table(self, schema: pa.Schema, *, properties: Mapping[str, str], path: str | None = None,
+                      partition_by: tuple[str, ...] | None = None) -> None:
+        """Create a Delta table (the sink table unless ``path`` is given) if it does not exist."""
+
+    @abc.abstractmethod
+    def _add_columns(self, fields: list[pa.Field]) -> None:
+        """Add nullable columns to the sink table."""
+
+    @abc.abstractmethod
+    def _read_tombstones(self) -> pa.Table:
+        """Key columns and ``_seq`` of every tombstone."""
+
+    @abc.abstractmethod
+    def _merge_tombstones(self, changes: pa.Table, *, batch_id: int) -> None:
+        """Record -D rows and clear the tombstones of newer +I/+U rows, in one commit with the txn."""
+
+    @abc.abstractmethod
+    def _merge_table(self, changes: pa.Table, *, batch_id: int) -> MergeCounts:
+        """MERGE into the sink table in one commit that records the txn, even when nothing changes."""
+
+    @abc.abstractmethod
+    def _delete_tombstones_before(self, cutoff: datetime) -> int:
+        """Delete tombstones with ``_deleted_at < cutoff``; return the count."""
+
+    @abc.abstractmethod
+    def _is_conflict(self, exc: BaseException) -> bool:
+        """True when ``exc`` is a concurrent-write conflict worth retrying."""
+
+
+# --- merge clauses shared by the engines -------------------------------------------
+
+
+def quote(name: str) -> str:
+    """A column name as a quoted SQL identifier (delta-rs / DataFusion double quotes)."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def key_predicate(primary_key: tuple[str, ...], *, quote_fn: Callable[[str], str] = quote) -> str:
+    return " AND ".join(f"t.{quote_fn(k)} = s.{quote_fn(k)}" for k in primary_key)
+
+
+IS_DELETE = f"s.{KIND} = 3"
+IS_UPSERT = f"s.{KIND} <> 3"
+NEWER = f"t.{SEQ} < s.{SEQ}"
+TOMBSTONE_COLUMNS = (SEQ, DELETED_AT)
+
+
+# --- opening ---------------------------------------------------------------------
+
+
+def delta_spark_missing(spark: Any) -> str | None:
+    """Why the delta-spark engine cannot run in ``spark`` (None when it can)."""
+    if spark is None:
+        return "no Spark session was given"
+    jvm = getattr(spark, "_jvm", None)
+    if jvm is None:
+        return "the Spark session has no JVM gateway (Spark Connect); the delta-spark engine needs classic PySpark"
+    try:
+        loader = jvm.java.lang.Thread.currentThread().getContextClassLoader()
+        jvm.java.lang.Class.forName(DELTA_SPARK_CLASS, False, loader)
+    except Exception:  # noqa: BLE001 - py4j raises Py4JJavaError wrapping ClassNotFoundException
+        return (f"{DELTA_SPARK_PACKAGE} jars are not on the Spark classpath "
+                f"({DELTA_SPARK_CLASS} is not loadable)")
+    extensions = spark.conf.get("spark.sql.extensions", "") or ""
+    if DELTA_SPARK_EXTENSION not in extensions:
+        return f"spark.sql.extensions does not include {DELTA_SPARK_EXTENSION}"
+    return None
+
+
+def open_sink(spec: TableSpec, *, pipeline_id: str, engine: Engine = "auto", spark: Any = None,
+              clock: Callable[[], datetime] | None = None, max_commit_retries: int = 3) -> DeltaUpsertSink:
+    """Open the sink for one table.
+
+    ``engine="auto"`` picks delta-spark when ``spark`` is given and the Delta jars and
+    session extension are present in it, else delta-rs. ``clock`` returns the
+    current UTC time (tombstone timestamps and expiry; tests inject one).
+    """
+    clock = clock or (lambda: datetime.now(timezone.utc))
+    if engine not in ("auto", "delta-rs", "delta-spark"):
+        raise ConfigError(f"unknown sink engine {engine!r}; expected auto, delta-rs or delta-spark")
+    if engine in ("auto", "delta-spark"):
+        missing = delta_spark_missing(spark)
+        if missing is None:
+            from changelake.connectors.delta_sink_spark import DeltaSparkSink
+
+            return DeltaSparkSink(spec, pipeline_id=pipeline_id, spark=spark, clock=clock,
+                                  max_commit_retries=max_commit_retries)
+        if engine == "delta-spark":
+            raise ConfigError(f"sink engine delta-spark is not available: {missing}. Start Spark with "
+                              f"--packages {DELTA_SPARK_PACKAGE} and "
+                              f"spark.sql.extensions={DELTA_SPARK_EXTENSION}, or use engine delta-rs")
+        if spark is not None:
+            log.info("table %s: using delta-rs (delta-spark unavailable: %s)", spec.name, missing)
+    from changelake.connectors.delta_sink_rs import DeltaRsSink
+
+    return DeltaRsSink(spec, pipeline_id=pipeline_id, clock=clock, max_commit_retries=max_commit_retries)

@@ -1,0 +1,161 @@
+"""Engine-neutral batch logic of the Delta upsert sink: pure Arrow, no Delta I/O.
+
+Per batch, per primary key (``seq`` = the change's ``_seq``; ``tomb`` = the
+key's tombstone ``_seq`` if it has one; ``row`` = the table row's ``_seq``)::
+
+    -U                       -> ignored (a retraction; its +U follows)
+    several changes of a key -> only the greatest (_seq, _kind) survives
+    +I/+U, tomb >= seq       -> dropped: resurrections_prevented
+    +I/+U, otherwise         -> MERGE: insert if no row, update if row < seq, else stale
+                                and, when tomb < seq, the tombstone is removed
+    -D,    tomb > seq        -> dropped: stale
+    -D,    otherwise         -> MERGE: delete if row < seq (else stale)
+                                and tombstone (key, seq, now) written when tomb < seq or absent
+
+The MERGE itself (``row < seq``) runs in the engine; everything above is here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from changelake.changelog import KIND, SEQ, RowKind
+from changelake.connectors.delta_sink_schema import DELETED_AT, DELETED_AT_TYPE
+from changelake.errors import SinkCommitError
+
+_VALID_KINDS = pa.array([int(k) for k in RowKind], pa.int8())
+_ROW = "__changelake_row"
+_TOMB_SEQ = "__changelake_tomb_seq"
+
+
+def validate_changes(changes: pa.Table, *, primary_key: Sequence[str], table: str) -> pa.Table:
+    """Check what the sink relies on; raise :class:`SinkCommitError` before anything is written."""
+    if isinstance(changes, pa.RecordBatch):
+        changes = pa.Table.from_batches([changes])
+    if not isinstance(changes, pa.Table):
+        raise TypeError(f"changes must be a pyarrow.Table, got {type(changes).__name__}")
+    missing = [c for c in (*primary_key, KIND, SEQ) if c not in changes.column_names]
+    if missing:
+        raise SinkCommitError(
+            f"batch for table {table} lacks column(s) {missing}; every change must carry the primary key "
+            f"{list(primary_key)} and the reserved columns {KIND}, {SEQ} (route such rows to the dead-letter path)")
+    for name in (*primary_key, SEQ, KIND):
+        nulls = changes[name].null_count
+        if nulls:
+            raise SinkCommitError(
+                f"batch for table {table} has {nulls} row(s) with a null {name!r}; "
+                "route changes with null primary key or ordering columns to the dead-letter path")
+    if not pa.types.is_string(changes.schema.field(SEQ).type) and \
+            not pa.types.is_large_string(changes.schema.field(SEQ).type):
+        raise SinkCommitError(f"batch for table {table}: {SEQ} must be a string column, "
+                              f"got {changes.schema.field(SEQ).type}")
+    kinds = changes[KIND].cast(pa.int8())
+    bad = pc.sum(pc.invert(pc.is_in(kinds, value_set=_VALID_KINDS))).as_py() or 0
+    if bad:
+        raise SinkCommitError(f"batch for table {table} has {bad} row(s) with an unknown {KIND} code; "
+                              "valid codes are 0 (+I), 1 (-U), 2 (+U), 3 (-D)")
+    return changes.set_column(changes.schema.get_field_index(KIND), KIND, kinds)
+
+
+def latest_per_key(changes: pa.Table, *, primary_key: Sequence[str]) -> pa.Table:
+    """Drop ``-U`` rows and keep, per key, the change with the greatest ``(_seq, _kind)``."""
+    kept = changes.filter(pc.not_equal(changes[KIND], pa.scalar(int(RowKind.UPDATE_BEFORE), pa.int8())))
+    if kept.num_rows <= 1:
+        return kept
+    order = pc.sort_indices(kept, sort_keys=[(k, "ascending") for k in primary_key]
+                            + [(SEQ, "descending"), (KIND, "descending")])
+    ordered = kept.take(order)
+    n = ordered.num_rows
+    starts = np.zeros(n, dtype=bool)
+    starts[0] = True
+    for name in primary_key:
+        col = ordered[name].combine_chunks()
+        differs = pc.not_equal(col.slice(1), col.slice(0, n - 1))
+        starts[1:] |= differs.to_numpy(zero_copy_only=False)
+    return ordered.filter(pa.array(starts))
+
+
+@dataclass(frozen=True)
+class TombstoneSplit:
+    """A reduced batch split against the key's tombstones."""
+
+    table_changes: pa.Table       # to MERGE into the sink table (user columns, _seq, ..., _kind)
+    tombstone_changes: pa.Table   # key, _seq, _kind, _deleted_at: -D to record, +I/+U to clear
+    resurrections_prevented: int
+    stale_deletes: int
+
+
+def split_against_tombstones(reduced: pa.Table, tombstones: pa.Table, *, primary_key: Sequence[str],
+                             now: datetime) -> TombstoneSplit:
+    """Apply the tombstone rows of the table in the module docstring.
+
+    ``reduced`` has one change per key; ``tombstones`` has the key columns and ``_seq``.
+    """
+    tomb_seq = _lookup_tombstone_seq(reduced, tombstones, primary_key)
+    seq = reduced[SEQ]
+    is_delete = pc.equal(reduced[KIND], pa.scalar(int(RowKind.DELETE), pa.int8()))
+    tomb_newer_or_same = pc.fill_null(pc.greater_equal(tomb_seq, seq), False)
+    tomb_newer = pc.fill_null(pc.greater(tomb_seq, seq), False)
+    tomb_older = pc.fill_null(pc.less(tomb_seq, seq), False)
+
+    blocked = pc.and_(pc.invert(is_delete), tomb_newer_or_same)
+    stale_delete = pc.and_(is_delete, tomb_newer)
+    table_changes = reduced.filter(pc.invert(pc.or_(blocked, stale_delete)))
+
+    record = pc.and_(is_delete, pc.invert(tomb_newer_or_same))
+    clear = pc.and_(pc.invert(is_delete), tomb_older)
+    tomb_rows = reduced.filter(pc.or_(record, clear)).select([*primary_key, SEQ, KIND])
+    stamp = pa.array(np.full(tomb_rows.num_rows, _micros(now), dtype=np.int64)).cast(DELETED_AT_TYPE)
+    tomb_rows = tomb_rows.append_column(pa.field(DELETED_AT, DELETED_AT_TYPE), stamp)
+    return TombstoneSplit(
+        table_changes=table_changes,
+        tombstone_changes=tomb_rows,
+        resurrections_prevented=pc.sum(blocked).as_py() or 0,
+        stale_deletes=pc.sum(stale_delete).as_py() or 0,
+    )
+
+
+def _micros(moment: datetime) -> int:
+    if moment.tzinfo is None:
+        raise ValueError("the sink's clock must return timezone-aware datetimes")
+    return int(round(moment.timestamp() * 1_000_000))
+
+
+def _lookup_tombstone_seq(reduced: pa.Table, tombstones: pa.Table, primary_key: Sequence[str]) -> pa.Array:
+    """The tombstone ``_seq`` of each row of ``reduced`` (null where the key has none), in row order."""
+    if tombstones.num_rows == 0 or reduced.num_rows == 0:
+        return pa.nulls(reduced.num_rows, pa.string())
+    left = reduced.select(list(primary_key)).append_column(
+        _ROW, pa.array(np.arange(reduced.num_rows, dtype=np.int64)))
+    right = pa.table({k: tombstones[k].cast(reduced.schema.field(k).type) for k in primary_key}
+                     | {_TOMB_SEQ: tombstones[SEQ].cast(pa.string())})
+    joined = left.join(right, keys=list(primary_key), join_type="left outer")
+    order = pc.sort_indices(joined[_ROW])
+    return joined[_TOMB_SEQ].take(order).combine_chunks()
+
+
+def align_to_table(reduced: pa.Table, target_schema: pa.Schema) -> pa.Table:
+    """The batch with exactly the table's columns (cast, NULL where absent), plus ``_kind``."""
+    columns = []
+    for field in target_schema:
+        if field.name in reduced.column_names:
+            columns.append(reduced[field.name].cast(field.type))
+        elif field.nullable:
+            columns.append(pa.nulls(reduced.num_rows, field.type))
+        else:
+            raise SinkCommitError(f"column {field.name!r} is NOT NULL in the table but absent from the batch; "
+                                  "send it in every change or make the column nullable")
+    columns.append(reduced[KIND])
+    schema = pa.schema([f.with_nullable(True) for f in target_schema] + [pa.field(KIND, pa.int8())])
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def count_deletes(changes: pa.Table) -> int:
+    """Number of ``-D`` rows."""
+    return pc.sum(pc.equal(changes[KIND], pa.scalar(int(RowKind.DELETE), pa.int8()))).as_py() or 0

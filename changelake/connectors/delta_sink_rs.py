@@ -1,0 +1,101 @@
+"""delta-rs engine of the Delta upsert sink (package ``deltalake``; no JVM).
+
+Reads go through ``deltalake.QueryBuilder`` only: a process that reads through
+``DeltaTable.to_pyarrow_table()`` / ``to_pyarrow_dataset()`` may abort at exit
+(see ARCHITECTURE.md).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Mapping
+
+import pyarrow as pa
+from deltalake import CommitProperties, DeltaTable, Field, QueryBuilder, Transaction, write_deltalake
+from deltalake.exceptions import CommitFailedError
+
+from changelake.changelog import SEQ
+from changelake.connectors.delta_sink import (
+    IS_DELETE,
+    IS_UPSERT,
+    NEWER,
+    TOMBSTONE_COLUMNS,
+    DeltaUpsertSink,
+    MergeCounts,
+    key_predicate,
+    quote,
+)
+from changelake.connectors.delta_sink_schema import DELETED_AT
+
+
+class DeltaRsSink(DeltaUpsertSink):
+    """Upsert sink that commits with delta-rs; the embedded default."""
+
+    engine = "delta-rs"
+
+    def _commit(self, batch_id: int) -> CommitProperties:
+        return CommitProperties(app_transactions=[Transaction(self.app_id, batch_id)])
+
+    def _create_table(self, schema: pa.Schema, *, properties: Mapping[str, str], path: str | None = None,
+                      partition_by: tuple[str, ...] | None = None) -> None:
+        target = path or self.spec.path
+        parts = self.spec.partition_by if partition_by is None else partition_by
+        DeltaTable.create(
+            target, schema, mode="ignore", partition_by=list(parts) or None,
+            name=self.spec.name if path is None else None,
+            configuration=dict(properties), storage_options=dict(self.spec.storage_options) or None,
+            raise_if_key_not_exists=False,
+        )
+
+    def _add_columns(self, fields: list[pa.Field]) -> None:
+        table = self._log(self.spec.path)
+        table.alter.add_columns([Field.from_arrow(f) for f in fields])
+
+    def _read_tombstones(self) -> pa.Table:
+        table = self._log(self.tombstone_path)
+        columns = ", ".join(quote(c) for c in (*self.spec.primary_key, SEQ))
+        reader = QueryBuilder().register("tombstones", table).execute(f"SELECT {columns} FROM tombstones")
+        return pa.table(reader)
+
+    def _merge_tombstones(self, changes: pa.Table, *, batch_id: int) -> None:
+        table = self._log(self.tombstone_path)
+        values = {quote(c): f"s.{quote(c)}" for c in TOMBSTONE_COLUMNS}
+        inserts = {quote(c): f"s.{quote(c)}" for c in (*self.spec.primary_key, *TOMBSTONE_COLUMNS)}
+        (table.merge(changes, key_predicate(self.spec.primary_key), source_alias="s", target_alias="t",
+                     commit_properties=self._commit(batch_id))
+         .when_matched_update(values, predicate=f"{IS_DELETE} AND {NEWER}")
+         .when_matched_delete(predicate=f"{IS_UPSERT} AND {NEWER}")
+         .when_not_matched_insert(inserts, predicate=IS_DELETE)
+         .execute())
+
+    def _merge_table(self, changes: pa.Table, *, batch_id: int) -> MergeCounts:
+        table = self._log(self.spec.path)
+        before = table.version()
+        inserted = updated = deleted = 0
+        if changes.num_rows:
+            stored = [c for c in changes.column_names if c != "_kind"]
+            values = {quote(c): f"s.{quote(c)}" for c in stored}
+            stats = (table.merge(changes, key_predicate(self.spec.primary_key), source_alias="s",
+                                 target_alias="t", commit_properties=self._commit(batch_id))
+                     .when_matched_update(values, predicate=f"{IS_UPSERT} AND {NEWER}")
+                     .when_matched_delete(predicate=f"{IS_DELETE} AND {NEWER}")
+                     .when_not_matched_insert(values, predicate=IS_UPSERT)
+                     .execute())
+            inserted = stats["num_target_rows_inserted"]
+            updated = stats["num_target_rows_updated"]
+            deleted = stats["num_target_rows_deleted"]
+        if table.version() == before:
+            # delta-rs writes no commit for a MERGE that changed nothing: record the txn anyway,
+            # so that a replay of this batch is recognised.
+            schema = pa.schema(table.schema().to_arrow())
+            write_deltalake(table, schema.empty_table(), mode="append", commit_properties=self._commit(batch_id))
+            table.update_incremental()
+        return MergeCounts(inserted=inserted, updated=updated, deleted=deleted, version=table.version())
+
+    def _delete_tombstones_before(self, cutoff: datetime) -> int:
+        table = self._log(self.tombstone_path)
+        stats = table.delete(f"{quote(DELETED_AT)} < '{cutoff.isoformat()}'")
+        return int(stats.get("num_deleted_rows", 0))
+
+    def _is_conflict(self, exc: BaseException) -> bool:
+        return isinstance(exc, CommitFailedError)

@@ -1,0 +1,83 @@
+"""Fixtures of the sink suite: one behavioural suite, parametrized over the engines present.
+
+A Spark session is created only when a test needs one (delta-spark detection, interop),
+once per test process. Set CHANGELAKE_TEST_DELTA_SPARK=1 where Maven Central is
+reachable to put the Delta jars on its classpath and run the suite on delta-spark too.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from changelake.connectors.delta_sink import (
+    DELTA_SPARK_EXTENSION,
+    TableSpec,
+    delta_spark_missing,
+    open_sink,
+)
+
+ENGINES = ("delta-rs", "delta-spark")
+
+
+@pytest.fixture(scope="session")
+def spark():
+    from pyspark.sql import SparkSession
+
+    builder = (SparkSession.builder.master("local[2]").appName("changelake-sink-tests")
+               .config("spark.sql.shuffle.partitions", "2")
+               .config("spark.ui.enabled", "false")
+               .config("spark.sql.session.timeZone", "UTC"))
+    if os.environ.get("CHANGELAKE_TEST_DELTA_SPARK") == "1":
+        from delta import configure_spark_with_delta_pip
+
+        builder = configure_spark_with_delta_pip(
+            builder.config("spark.sql.extensions", DELTA_SPARK_EXTENSION)
+            .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog"))
+    session = builder.getOrCreate()
+    yield session
+    session.stop()
+
+
+@pytest.fixture(params=ENGINES)
+def engine(request) -> str:
+    if request.param == "delta-spark":
+        missing = delta_spark_missing(request.getfixturevalue("spark"))
+        if missing:
+            pytest.skip(f"delta-spark engine: {missing}; set CHANGELAKE_TEST_DELTA_SPARK=1 "
+                        "where Maven Central is reachable")
+    return request.param
+
+
+class FakeClock:
+    """A settable UTC clock for tombstone timestamps and expiry."""
+
+    def __init__(self) -> None:
+        self.now = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, delta: timedelta) -> None:
+        self.now += delta
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def make_sink(request, engine, tmp_path, clock):
+    """``make_sink(name="t", primary_key=("id",), pipeline_id="p", **spec_options)``."""
+
+    def make(name: str = "t", *, primary_key: tuple[str, ...] = ("id",), pipeline_id: str = "p",
+             path: str | None = None, **options):
+        spec = TableSpec(name=name, path=path or str(tmp_path / "lake" / name), primary_key=primary_key,
+                         **options)
+        spark = request.getfixturevalue("spark") if engine == "delta-spark" else None
+        return open_sink(spec, pipeline_id=pipeline_id, engine=engine, spark=spark, clock=clock)
+
+    return make

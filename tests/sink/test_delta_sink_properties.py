@@ -1,0 +1,60 @@
+"""Property: any delivery order and batching of a change history ends in the latest change per key."""
+
+from __future__ import annotations
+
+import itertools
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from .tables import changes, live, seq, tombstones
+
+_paths = itertools.count()
+
+
+@st.composite
+def deliveries(draw):
+    """A change history of a few keys, shuffled across keys and batches, cut into batches."""
+    history = []
+    next_seq = itertools.count(1)
+    for key in range(draw(st.integers(1, 6))):
+        for _ in range(draw(st.integers(1, 6))):
+            kind = draw(st.sampled_from(["+I", "+U", "-D"]))
+            n = next(next_seq)
+            value = None if kind == "-D" else draw(st.sampled_from(["a", "b", "c", None]))
+            history.append((kind, key, n, value))
+            if kind == "+U" and draw(st.booleans()):
+                history.append(("-U", key, n, "before-image"))
+    order = draw(st.permutations(history))
+    cuts = sorted(set(draw(st.lists(st.integers(0, len(order)), max_size=5))))
+    bounds = [0, *cuts, len(order)]
+    batches = [order[a:b] for a, b in zip(bounds, bounds[1:])]
+    return history, batches
+
+
+def _latest_per_key(history):
+    latest = {}
+    for change in history:
+        kind, key, n, _ = change
+        if kind != "-U" and (key not in latest or n > latest[key][2]):
+            latest[key] = change
+    return latest
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(delivery=deliveries())
+def test_any_batching_and_order_ends_in_each_keys_latest_change(make_sink, tmp_path, delivery):
+    history, batches = delivery
+    sink = make_sink(path=str(tmp_path / f"prop{next(_paths)}" / "t"))
+    for batch_id, batch in enumerate(batches):
+        sink.apply(changes(batch), batch_id=batch_id)
+
+    latest = _latest_per_key(history)
+    expected_live = {key: (v, seq(n)) for key, (kind, _, n, v) in latest.items() if kind != "-D"}
+    assert live(sink.spec.path) == expected_live
+    tombs = tombstones(sink.tombstone_path)
+    for key, (kind, _, n, _) in latest.items():
+        if kind == "-D":
+            assert tombs.get(key) == seq(n), "a key whose latest change is a delete keeps that tombstone"
+        else:
+            assert tombs.get(key, "") < seq(n), "a live row is never older than its key's tombstone"
