@@ -19,6 +19,7 @@ Options (all strings, as Spark passes them):
                            ``{"t1": {"0": 42}, "t2": "latest"}`` (unlisted: earliest)
 ``maxRecordsPerTrigger``   admission control: at most this many records per micro-batch
 ``readTimeoutMs``          give up reading a planned range after this long without progress
+``readTasks``              Spark tasks per micro-batch (default 2); partition ranges are packed into them
 ``kafka.<property>``       passed to the consumer (``kafka.security.protocol``, ``kafka.sasl.*``,
                            ``kafka.ssl.*``)
 =========================  ===============================================================
@@ -80,16 +81,18 @@ class KafkaOptions:
     starting_offsets: str
     max_records_per_trigger: int | None
     read_timeout_ms: int
+    read_tasks: int
     consumer_properties: Mapping[str, str]
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> "KafkaOptions":
-        opts = {k: v for k, v in options.items()}
+        # Spark passes option names lower-cased (a case-insensitive map): look them up that way.
+        opts = {k.lower(): v for k, v in options.items()}
         servers = opts.get("bootstrap.servers") or opts.get("kafka.bootstrap.servers")
         if not servers:
             raise SourceError("the Kafka source needs option 'bootstrap.servers' (host:port,...)")
         topics = tuple(t.strip() for t in opts.get("topics", "").split(",") if t.strip())
-        pattern = opts.get("topicPattern") or None
+        pattern = opts.get("topicpattern") or None
         if bool(topics) == bool(pattern):
             raise SourceError("give the Kafka source exactly one of 'topics' (a comma-separated list) "
                               "or 'topicPattern' (a regular expression)")
@@ -98,7 +101,7 @@ class KafkaOptions:
                 re.compile(pattern)
             except re.error as exc:
                 raise SourceError(f"topicPattern {pattern!r} is not a valid regular expression: {exc}") from None
-        limit = opts.get("maxRecordsPerTrigger")
+        limit = opts.get("maxrecordspertrigger")
         max_records = int(limit) if limit else None
         if max_records is not None and max_records <= 0:
             raise SourceError(f"maxRecordsPerTrigger must be a positive number, got {limit!r}")
@@ -108,9 +111,10 @@ class KafkaOptions:
             bootstrap_servers=servers,
             topics=topics,
             topic_pattern=pattern,
-            starting_offsets=opts.get("startingOffsets", "earliest").strip(),
+            starting_offsets=opts.get("startingoffsets", "earliest").strip(),
             max_records_per_trigger=max_records,
-            read_timeout_ms=int(opts.get("readTimeoutMs", "120000")),
+            read_timeout_ms=int(opts.get("readtimeoutms", "120000")),
+            read_tasks=max(1, int(opts.get("readtasks", "2"))),
             consumer_properties=props,
         )
 
@@ -155,6 +159,29 @@ class KafkaRange(InputPartition):
         self.partition = partition
         self.start = start
         self.end = end
+
+
+class KafkaReadTask(InputPartition):
+    """The ranges one Spark task reads, one after the other.
+
+    Spark's per-task cost (a Python worker round trip) is far larger than reading a
+    small range, so small ranges are packed into ``readTasks`` tasks, balanced by size.
+    """
+
+    def __init__(self, ranges: list[KafkaRange]) -> None:
+        super().__init__([(r.topic, r.partition, r.start, r.end) for r in ranges])
+        self.ranges = ranges
+
+
+def pack_ranges(ranges: list[KafkaRange], tasks: int) -> list[KafkaReadTask]:
+    """Largest range first into the currently smallest task (greedy balance)."""
+    bins: list[list[KafkaRange]] = [[] for _ in range(max(1, min(tasks, len(ranges))))]
+    sizes = [0] * len(bins)
+    for r in sorted(ranges, key=lambda r: r.end - r.start, reverse=True):
+        i = sizes.index(min(sizes))
+        bins[i].append(r)
+        sizes[i] += r.end - r.start
+    return [KafkaReadTask(sorted(b, key=lambda r: (r.topic, r.partition))) for b in bins if b]
 
 
 class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -280,14 +307,14 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         for (topic, p), (_, high) in self._watermarks(parts).items():
             self._available_now_target.setdefault(topic, {})[str(p)] = high
 
-    def partitions(self, start: Offsets, end: Offsets) -> list[KafkaRange]:
+    def partitions(self, start: Offsets, end: Offsets) -> list[KafkaReadTask]:
         ranges = []
         for topic, ends in sorted(end.items()):
             for p, e in sorted(ends.items(), key=lambda kv: int(kv[0])):
                 s = start.get(topic, {}).get(p, 0)
                 if e > s:
                     ranges.append(KafkaRange(topic, int(p), s, e))
-        return ranges
+        return pack_ranges(ranges, self.options.read_tasks)
 
     def commit(self, end: Offsets) -> None:
         pass    # offsets live in Spark's checkpoint; nothing is committed to Kafka
@@ -298,8 +325,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._admin_consumer = None
 
     # --- executor side -----------------------------------------------------
-    def read(self, partition: KafkaRange) -> Iterator[pa.RecordBatch]:
-        yield from read_range(self.options, partition)
+    def read(self, partition: KafkaReadTask) -> Iterator[pa.RecordBatch]:
+        for rng in partition.ranges:
+            yield from read_range(self.options, rng)
 
 
 def _carry_forward(start: Offsets, latest: Offsets) -> Offsets:
@@ -374,7 +402,7 @@ def read_range(options: KafkaOptions, rng: KafkaRange) -> Iterator[pa.RecordBatc
         position = start
         last_progress = time.monotonic()
         while position < rng.end:
-            msgs = consumer.consume(_CONSUME_BATCH, timeout=0.2)
+            msgs = consumer.consume(min(_CONSUME_BATCH, rng.end - position), timeout=0.2)
             if not msgs:
                 if (time.monotonic() - last_progress) * 1000 > options.read_timeout_ms:
                     raise SourceError(

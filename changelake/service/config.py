@@ -47,6 +47,7 @@ class PipelineSettings(_Model):
     trigger_interval: str = "10 seconds"
     available_now: bool = Field(False, description="read what is there, then stop (batch-style catch-up)")
     max_records_per_batch: int | None = Field(200_000, gt=0)
+    read_tasks: int = Field(2, gt=0, description="Spark tasks that read Kafka per micro-batch; about the executor cores")
     master: str = "local[2]"
     spark_conf: dict[str, str] = Field(default_factory=dict)
 

@@ -234,6 +234,7 @@ def kafka_reader_options(config: ChangelakeConfig) -> dict[str, str]:
                 starting[t] = s.starting_offsets
     if any(v != "earliest" for v in starting.values()):
         opts["startingOffsets"] = json.dumps(starting)
+    opts["readTasks"] = str(config.pipeline.read_tasks)
     if config.pipeline.max_records_per_batch:
         opts["maxRecordsPerTrigger"] = str(config.pipeline.max_records_per_batch)
     for k, v in config.kafka.plain_properties().items():

@@ -34,12 +34,19 @@ class ProgressListener(StreamingQueryListener):
     def __init__(self, health: Health) -> None:
         self.health = health
         self.last_lag: dict[tuple[str, str], int] = {}
+        self._last_batch_seen: int | None = None
 
     def onQueryStarted(self, event: Any) -> None:
         log.info("streaming query %s started", event.name)
 
     def onQueryProgress(self, event: Any) -> None:
-        p = json.loads(event.progress.json)
+        self.record_progress(json.loads(event.progress.json))
+
+    def record_progress(self, p: dict[str, Any]) -> None:
+        """Update metrics and health from one progress report (a dict of Spark's progress JSON)."""
+        if p.get("batchId") is not None and p.get("batchId") == self._last_batch_seen:
+            return
+        self._last_batch_seen = p.get("batchId")
         durations = p.get("durationMs", {})
         if "triggerExecution" in durations and p.get("numInputRows", 0) > 0:
             metrics.BATCH_SECONDS.observe(durations["triggerExecution"] / 1000.0)

@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 class RunResult:
     totals: BatchReport
     lag: dict[tuple[str, str], int]
+    end_offsets: dict[str, dict[str, int]]
     metrics_url: str | None
     stopped_by_signal: bool
 
@@ -68,12 +69,25 @@ class PipelineRunner:
             spark.streams.removeListener(listener)
             if self.endpoint is not None and not self.serve_http_after_stop:
                 self.endpoint.stop()
-        return RunResult(totals=processor.totals, lag=dict(listener.last_lag),
+        # Progress events are delivered asynchronously; the last one may come after the end.
+        last = query.lastProgress
+        end_offsets = {}
+        if last:
+            listener.record_progress(last)
+            end_offsets = _parse_offsets(last["sources"][0].get("endOffset")) if last.get("sources") else {}
+        return RunResult(totals=processor.totals, lag=dict(listener.last_lag), end_offsets=end_offsets,
                          metrics_url=self.endpoint.url() if self.endpoint else None,
                          stopped_by_signal=self._stop.is_set())
 
     #: keep the endpoint up after the query ends (the demo prints the URL and lets you scrape it)
     serve_http_after_stop = False
+
+
+def _parse_offsets(value: Any) -> dict[str, dict[str, int]]:
+    import json
+    if not value:
+        return {}
+    return json.loads(value) if isinstance(value, str) else dict(value)
 
 
 def wait_for(predicate: Any, *, timeout_s: float, interval_s: float = 0.5) -> bool:

@@ -1,0 +1,62 @@
+"""Fixtures shared by every test tier.
+
+* ``spark``: one local Spark session per test process.
+* ``kafka``: a Kafka-protocol broker, taken in this order: ``KAFKA_BOOTSTRAP_SERVERS``
+  when set; a testcontainers Kafka when a Docker engine answers; otherwise the
+  embedded broker (librdkafka's mock cluster). Tests use fresh topic names.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from dataclasses import dataclass
+
+import pytest
+
+_MIN_DOCKER_TIMEOUT_S = 3
+
+
+@dataclass(frozen=True)
+class KafkaBroker:
+    bootstrap_servers: str
+    kind: str   # "external", "testcontainers" or "embedded"
+
+    def topic(self, prefix: str = "t") -> str:
+        return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+def _docker_answers() -> bool:
+    try:
+        import docker
+        client = docker.from_env(timeout=_MIN_DOCKER_TIMEOUT_S)
+        client.ping()
+        return True
+    except Exception:
+        return False
+
+
+@pytest.fixture(scope="session")
+def kafka():
+    servers = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    if servers:
+        yield KafkaBroker(servers, "external")
+        return
+    if _docker_answers():
+        from testcontainers.kafka import KafkaContainer
+        with KafkaContainer() as container:
+            yield KafkaBroker(container.get_bootstrap_server(), "testcontainers")
+        return
+    from changelake.connectors.embedded_broker import EmbeddedBroker
+    with EmbeddedBroker() as broker:
+        yield KafkaBroker(broker.bootstrap_servers, "embedded")
+
+
+@pytest.fixture(scope="session")
+def spark():
+    from changelake.service.spark import build_session
+
+    conf = {"spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2"}
+    session = build_session(app_name="changelake-tests", master="local[2]", conf=conf, ui=False)
+    yield session
+    session.stop()

@@ -1,0 +1,105 @@
+"""The Kafka source against a real Kafka-protocol broker (see the ``kafka`` fixture)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+
+from changelake.connectors.kafka_source import (
+    KafkaOptions,
+    KafkaRange,
+    KafkaStreamReader,
+    read_range,
+    split_markers,
+)
+
+pytestmark = pytest.mark.kafka
+
+
+def _produce(servers: str, topic: str, n: int, *, partition: int | None = None, size: int = 0) -> None:
+    p = Producer({"bootstrap.servers": servers, "linger.ms": 5, "log_level": 3})
+    pad = b"x" * size
+    for i in range(n):
+        kwargs = {"partition": partition} if partition is not None else {}
+        while True:
+            try:
+                p.produce(topic, key=str(i).encode(), value=b"%d:" % i + pad, **kwargs)
+                break
+            except BufferError:
+                p.poll(0.05)
+    assert p.flush(30) == 0
+
+
+def _read(opts: KafkaOptions, rng: KafkaRange):
+    import pyarrow as pa
+    batches = list(read_range(opts, rng))
+    return split_markers(pa.Table.from_batches(batches))
+
+
+def test_planned_ranges_read_each_record_exactly_once(kafka):
+    topic = kafka.topic("reads")
+    _produce(kafka.bootstrap_servers, topic, 500)
+    opts = KafkaOptions.parse({"bootstrap.servers": kafka.bootstrap_servers, "topics": topic})
+    reader = KafkaStreamReader(opts)
+    start = reader.initialOffset()
+    first = reader.latestOffset(start, ReadMaxRows(200))
+    second = reader.latestOffset(first, ReadAllAvailable())
+    seen = []
+    for a, b in ((start, first), (first, second)):
+        for task in reader.partitions(a, b):
+            for rng in task.ranges:
+                records, expired = _read(opts, rng)
+                assert not expired
+                seen += list(zip(records["partition"].to_pylist(), records["offset"].to_pylist()))
+    reader.stop()
+    assert len(seen) == 500 and len(set(seen)) == 500
+    total_first = sum(first[topic][p] - start[topic][p] for p in first[topic])
+    assert total_first == 200
+
+
+def test_starting_offsets_latest_and_explicit(kafka):
+    topic = kafka.topic("start")
+    _produce(kafka.bootstrap_servers, topic, 40, partition=0)
+    latest = KafkaStreamReader(KafkaOptions.parse({"bootstrap.servers": kafka.bootstrap_servers, "topics": topic,
+                                                   "startingOffsets": "latest"})).initialOffset()
+    assert latest[topic]["0"] == 40
+    explicit = KafkaStreamReader(KafkaOptions.parse({
+        "bootstrap.servers": kafka.bootstrap_servers, "topics": topic,
+        "startingOffsets": '{"%s": {"0": 25}}' % topic})).initialOffset()
+    assert explicit[topic]["0"] == 25
+
+
+def test_expired_offsets_are_reported_not_silently_skipped(kafka):
+    if kafka.kind != "embedded":
+        pytest.skip("needs a broker that deletes old messages on its own: librdkafka's mock cluster keeps at "
+                    f"most 5 MB per partition; this run uses a {kafka.kind} broker")
+    topic = kafka.topic("expire")
+    # ~8 MB into one partition: the mock cluster drops the oldest segments past 5 MB.
+    _produce(kafka.bootstrap_servers, topic, 8_000, partition=0, size=1_000)
+    c = Consumer({"bootstrap.servers": kafka.bootstrap_servers, "group.id": "probe", "log_level": 3})
+    low, high = c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10, cached=False)
+    c.close()
+    assert low > 0, "the broker did not expire anything; the test premise failed"
+    opts = KafkaOptions.parse({"bootstrap.servers": kafka.bootstrap_servers, "topics": topic})
+    records, expired = _read(opts, KafkaRange(topic, 0, 0, high))
+    assert expired == {(topic, 0): low}
+    assert records["offset"].to_pylist() == list(range(low, high))
+    # A range that expired completely still reports how much was lost.
+    records, expired = _read(opts, KafkaRange(topic, 0, 0, low))
+    assert records.num_rows == 0 and expired == {(topic, 0): low}
+
+
+def test_a_topic_pattern_picks_up_matching_topics(kafka):
+    prefix = kafka.topic("rx")
+    for suffix in ("a", "b"):
+        _produce(kafka.bootstrap_servers, f"{prefix}.{suffix}", 3)
+    _produce(kafka.bootstrap_servers, f"{prefix}x.c", 3)
+    time.sleep(0.5)
+    reader = KafkaStreamReader(KafkaOptions.parse({"bootstrap.servers": kafka.bootstrap_servers,
+                                                   "topicPattern": rf"{prefix}\.[ab]"}))
+    offsets = reader.initialOffset()
+    reader.stop()
+    assert sorted(offsets) == [f"{prefix}.a", f"{prefix}.b"]
