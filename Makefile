@@ -1,0 +1,34 @@
+# changelake — the two commands a newcomer needs: `make demo` and `make test`.
+PYTHON ?= python3.11
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+
+.PHONY: demo test test-fast bench install clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	rm -f $(VENV)/.installed-*
+	touch $(STAMP)
+
+install: $(STAMP)
+
+## Mirror a simulated inventory database: embedded Kafka -> Spark -> Delta, then verify.
+demo: $(STAMP)
+	$(VENV)/bin/changelake demo --workdir demo-output
+
+## Every test tier (unit, spark, kafka, integration). Benchmarks live in bench/.
+test: $(STAMP)
+	$(PY) -m pytest -p no:cacheprovider
+
+## Only the tests that need neither a JVM nor a broker.
+test-fast: $(STAMP)
+	$(PY) -m pytest -p no:cacheprovider -m "unit"
+
+bench: $(STAMP)
+	$(PY) bench/mirror.py
+
+clean:
+	rm -rf $(VENV) demo-output .pytest_cache
