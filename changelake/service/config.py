@@ -169,7 +169,7 @@ def _join(root: str, name: str) -> str:
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
-def _expand_env(node: Any, path: str, errors: list[str]) -> Any:
+def _expand_env(node: Any, path: str, errors: list[str], environ: Mapping[str, str]) -> Any:
     if isinstance(node, dict):
         out: dict[str, Any] = {}
         for k, v in node.items():
@@ -180,13 +180,13 @@ def _expand_env(node: Any, path: str, errors: list[str]) -> Any:
                 except OSError as exc:
                     errors.append(f"{path}{key}: cannot read secret file {v!r}: {exc.strerror}")
                 continue
-            out[key] = _expand_env(v, f"{path}{key}.", errors)
+            out[key] = _expand_env(v, f"{path}{key}.", errors, environ)
         return out
     if isinstance(node, list):
-        return [_expand_env(v, f"{path}{i}.", errors) for i, v in enumerate(node)]
+        return [_expand_env(v, f"{path}{i}.", errors, environ) for i, v in enumerate(node)]
     if isinstance(node, str):
         def sub(m: re.Match[str]) -> str:
-            val = os.environ.get(m.group(1), m.group(2))
+            val = environ.get(m.group(1), m.group(2))
             if val is None:
                 errors.append(f"{path.rstrip('.')}: environment variable {m.group(1)} is not set")
                 return ""
@@ -238,7 +238,7 @@ def parse_config(text: str, *, environ: Mapping[str, str] | None = None, origin:
     if not isinstance(data, dict):
         raise ConfigError(f"{origin}: the top level must be a mapping with pipeline, kafka, sources, tables")
     errors: list[str] = []
-    data = _expand_env(data, "", errors)
+    data = _expand_env(data, "", errors, environ)
     _apply_env_overrides(data, environ)
     try:
         config = ChangelakeConfig.model_validate(data)
