@@ -168,7 +168,11 @@ class StreamingJoin(_JoinBase):
     def _padded(self, row: tuple, row_is_left: bool) -> tuple:
         return row + self._right_nulls if row_is_left else self._left_nulls + row
 
-    def _element(self, kind: int, row: tuple, is_left: bool, now: int, out: Changes) -> None:
+    def _element(self, kind: int, row: tuple, is_left: bool, now: int, out: Changes,
+                 suppress: bool = False) -> None:
+        """One input row. ``suppress``: half of a folded -U/+U pair of one unique key in a mini-batch
+        bundle; the pair leaves the row's state and the null-padded rows of the other side as they
+        were, so neither the state retraction nor the padding changes are applied/emitted."""
         c = self.config
         mine, other = (self.left, self.right) if is_left else (self.right, self.left)
         my_outer, other_outer = (c.left_outer, c.right_outer) if is_left else (c.right_outer, c.left_outer)
@@ -177,26 +181,83 @@ class StreamingJoin(_JoinBase):
         if is_accumulate(kind):
             if my_outer and not matches:
                 out.emit(INSERT, self._padded(row, is_left))
-            for o, a in matches:
-                if other_outer:
-                    if a == 0:
+            if other_outer:
+                for o, a in matches:
+                    if a == 0 and not suppress:
                         out.emit(DELETE, self._padded(o, not is_left))
                     other.update_assoc(jk, o, a + 1, now)
-                out.emit(INSERT if (my_outer or other_outer) else kind, self._joined(row, o, is_left))
+            out_kind = INSERT if (my_outer or other_outer) else kind
+            for o, _ in matches:
+                out.emit(out_kind, self._joined(row, o, is_left))
             mine.add(jk, row, now, len(matches) if my_outer else 0)
             return
-        if not mine.retract(jk, row, now):
+        if not suppress and not mine.retract(jk, row, now):
             self._stale(kind, row, is_left)
         if not matches:
             if my_outer:
                 out.emit(DELETE, self._padded(row, is_left))
             return
-        for o, a in matches:
-            out.emit(DELETE if (my_outer or other_outer) else kind, self._joined(row, o, is_left))
-            if other_outer:
-                if a == 1:
+        out_kind = DELETE if my_outer else kind
+        for o, _ in matches:
+            out.emit(out_kind, self._joined(row, o, is_left))
+        if other_outer:
+            for o, a in matches:
+                if a == 1 and not suppress:
                     out.emit(INSERT, self._padded(o, not is_left))
                 other.update_assoc(jk, o, a - 1, now)
+
+    # -- mini-batch ------------------------------------------------------------------------------
+    def _process_bundle(self, bundle: list[tuple], now: int, out: Changes) -> None:
+        folded = {side: fold_bundle(spec, [(k, r) for tag, k, r in bundle if tag == side],
+                                    self.config.left_key if side == "left" else self.config.right_key)
+                  for side, spec in (("left", self.config.left_input), ("right", self.config.right_input))}
+        # Process the inner side first, so that fewer null-padded rows are emitted and retracted.
+        order = ("left", "right") if self.config.join_type == "RIGHT" else ("right", "left")
+        for side in order:
+            for group in folded[side]:
+                suppress = len(group) == 2 and not is_accumulate(group[0][0]) and is_accumulate(group[1][0])
+                for kind, row in group:
+                    self._element(kind, row, side == "left", now, out, suppress)
+
+
+def fold_bundle(spec: InputSpec, records: list[tuple[int, tuple]], key: tuple[int, ...]) -> list[list]:
+    """Fold one side of a mini-batch bundle; returns groups of ``(kind, row)`` in processing order.
+
+    With a unique key (``join_key_contains_unique_key`` / ``has_unique_key``) each unique key keeps
+    at most its last retraction and its last accumulation (``[-X, +Y]``); an accumulation followed
+    by a retraction cancels out. Without one, a retraction cancels the latest earlier accumulation
+    of an identical row (and vice versa); every surviving row is its own group.
+    Groups come in the order their join key (then unique key) first arrived.
+    """
+    if spec.layout == "no_unique_key":
+        per_key: dict[tuple, list[tuple[int, tuple]]] = {}
+        for kind, row in records:
+            pending = per_key.setdefault(project(row, key), [])
+            for i in range(len(pending) - 1, -1, -1):
+                k, r = pending[i]
+                if is_accumulate(k) != is_accumulate(kind) and r == row:
+                    del pending[i]
+                    break
+            else:
+                pending.append((kind, row))
+        return [[rec] for pending in per_key.values() for rec in pending]
+    by_unique: dict[tuple, list[tuple[int, tuple]]] = {}
+    for kind, row in records:
+        uk = project(row, key) + (() if spec.layout == "join_key_contains_unique_key"
+                                  else ("|",) + project(row, spec.unique_key))
+        group = by_unique.setdefault(uk, [])
+        if group and is_accumulate(group[-1][0]):
+            group.pop()
+            if not is_accumulate(kind):
+                continue
+        elif group and not is_accumulate(kind):
+            group.pop()
+        group.append((kind, row))
+    order: dict[tuple, list[list]] = {}
+    for uk, group in by_unique.items():
+        if group:
+            order.setdefault(project(group[0][1], key), []).append(group)
+    return [g for groups in order.values() for g in groups]
 
 
 class StreamingSemiAntiJoin(_JoinBase):

@@ -169,7 +169,7 @@ class KernelDriver(Driver):
         self.kernel = self.restore(data)
 
 
-def run_case(case: dict, driver: Driver) -> None:
+def run_case(case: dict, driver: Driver, *, ignore_order: bool = False) -> None:
     """Run every step of ``case``; raises AssertionError at the first failing check.
 
     Like Flink's test harness there is one output queue per operator instance: a consuming
@@ -217,8 +217,20 @@ def run_case(case: dict, driver: Driver) -> None:
             continue
         check = step["check"]
         actual = queue if (check["consume"] or not concat) else before_restore + queue
-        problem = compare(list(actual), expected_items(check["expected"]), check["compare"])
+        mode = {"mode": "multiset"} if ignore_order else check["compare"]
+        problem = compare(list(actual), expected_items(check["expected"]), mode)
         if problem:
             raise AssertionError(f"check at step {n} ({check.get('assert')}) failed: {problem}")
         if check["consume"]:
             queue = []
+
+
+def run_case_or_xfail_on_order(case: dict, make_driver: Callable[[], Driver], reason: str) -> None:
+    """Run ``case`` with its own compare modes; if that fails but every check passes when only the
+    order of records is ignored, report the case as xfail with ``reason`` (the difference is
+    visible in the test report, and any difference in WHAT is emitted still fails)."""
+    try:
+        run_case(case, make_driver())
+    except AssertionError as exact_failure:
+        run_case(case, make_driver(), ignore_order=True)
+        pytest.xfail(f"{reason} -- exact-order failure was: {str(exact_failure)[:2000]}")

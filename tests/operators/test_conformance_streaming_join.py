@@ -7,7 +7,7 @@ import pytest
 
 from changelake.operators.join_state import InputSpec
 from changelake.operators.streaming_join import StreamingJoin, StreamingJoinConfig, StreamingSemiAntiJoin
-from tests.operators.harness import Driver, case_params, load, run_case
+from tests.operators.harness import Driver, case_params, load, run_case, run_case_or_xfail_on_order
 
 
 def spec(s: dict) -> InputSpec:
@@ -53,4 +53,13 @@ def test_case(path):
     case = load(path)
     config = config_from_case(case)
     cls = StreamingSemiAntiJoin if config.join_type in ("SEMI", "ANTI") else StreamingJoin
-    run_case(case, JoinDriver(cls, config))
+    if config.mini_batch_size is None:
+        run_case(case, JoinDriver(cls, config))
+        return
+    run_case_or_xfail_on_order(case, lambda: JoinDriver(cls, config), BUNDLE_ORDER)
+
+
+BUNDLE_ORDER = (
+    "deliberate difference: a mini-batch bundle is processed in first-arrival order of join keys "
+    "(and unique keys); Flink iterates a java.util.HashMap of binary key rows, whose hash order the "
+    "exact-order checks of this case capture. Same records, same multiplicities, per check")
