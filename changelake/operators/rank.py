@@ -194,6 +194,41 @@ class TopNBase(Kernel):
             return True
         return buf.size() < self.rank_end
 
+    def shift(self, rows: list, rank: int, carried: tuple, *, down: bool) -> tuple[int, tuple]:
+        """Re-emit ranks ``rank, rank+1, ...`` (within N) for ``rows``, each taking its neighbour's place.
+
+        ``down``: a row was inserted above, every row moves one rank down (rank k: -U row, +U carried).
+        Otherwise a row was removed above and every row moves up (rank k: -U carried, +U row).
+        Returns the next rank and the row carried on.
+        """
+        for r in rows:
+            if not self.in_rank_end(rank):
+                break
+            self.update_before(r if down else carried, rank)
+            self.update_after(carried if down else r, rank)
+            carried = r
+            rank += 1
+        return rank, carried
+
+    def emit_ranked_insert(self, sk: tuple, row: tuple, buf: TopNBuffer) -> int:
+        """Emit the rank changes of ``row`` (already in ``buf``, last of its sort key) entering the
+        Top-N; returns how many sort-key entries were visited (later ones lie beyond N)."""
+        rank, current, found, consumed = 0, None, False, 0
+        for sort_key, rows in buf:
+            if not self.in_rank_end(rank):
+                break
+            consumed += 1
+            if not found and buf.same_key(sort_key, sk):
+                rank += len(rows)
+                current, found = row, True
+            elif found:
+                rank, current = self.shift(rows, rank, current, down=True)
+            else:
+                rank += len(rows)
+        if self.in_rank_end(rank):
+            self.insert(current, rank)
+        return consumed
+
 
 class AppendOnlyTopN(TopNBase):
     """Insert-only input; keeps the best N rows per partition.
@@ -222,27 +257,7 @@ class AppendOnlyTopN(TopNBase):
         self._save(row, st, now)
 
     def _with_row_number(self, sk: tuple, row: tuple, buf: TopNBuffer) -> None:
-        rank, current, found = 0, None, False
-        consumed = 0
-        for sort_key, rows in buf:
-            if not self.in_rank_end(rank):
-                break
-            consumed += 1
-            if not found and buf.same_key(sort_key, sk):
-                rank += len(rows)
-                current, found = row, True
-            elif found:
-                for prev in rows:
-                    if not self.in_rank_end(rank):
-                        break
-                    self.update_before(prev, rank)
-                    self.update_after(current, rank)
-                    current = prev
-                    rank += 1
-            else:
-                rank += len(rows)
-        if self.in_rank_end(rank):
-            self.insert(current, rank)
+        consumed = self.emit_ranked_insert(sk, row, buf)
         del buf.entries[consumed:]
 
     def _without_row_number(self, row: tuple, buf: TopNBuffer) -> None:

@@ -31,7 +31,7 @@ class RetractableTopN(TopNBase):
         if is_accumulate(kind):
             buf.put(sk, row)
             if ranked:
-                self._accumulate_ranked(sk, row, buf)
+                self.emit_ranked_insert(sk, row, buf)
             else:
                 self._accumulate_unranked(sk, row, buf)
         else:
@@ -47,27 +47,6 @@ class RetractableTopN(TopNBase):
             self._drop(row)
 
     # -- accumulate --------------------------------------------------------------------------
-    def _accumulate_ranked(self, sk: tuple, row: tuple, buf: TopNBuffer) -> None:
-        rank, current, found = 0, None, False
-        for sort_key, rows in buf:
-            if not self.in_rank_end(rank):
-                break
-            if not found and buf.same_key(sort_key, sk):
-                rank += len(rows)
-                current, found = row, True
-            elif found:
-                for prev in rows:
-                    if not self.in_rank_end(rank):
-                        break
-                    self.update_before(prev, rank)
-                    self.update_after(current, rank)
-                    current = prev
-                    rank += 1
-            else:
-                rank += len(rows)
-        if self.in_rank_end(rank):
-            self.insert(current, rank)
-
     def _accumulate_unranked(self, sk: tuple, row: tuple, buf: TopNBuffer) -> None:
         rank, found = 0, False
         to_collect = to_delete = None
@@ -118,13 +97,7 @@ class RetractableTopN(TopNBase):
                 if not rows:
                     buf.entries.remove(entry)
             elif found:
-                for current in rows:
-                    if not self.in_rank_end(rank):
-                        break
-                    self.update_before(prev, rank)
-                    self.update_after(current, rank)
-                    prev = current
-                    rank += 1
+                rank, prev = self.shift(rows, rank, prev, down=False)
             else:
                 rank += len(rows)
         if self.in_rank_end(rank) and found:

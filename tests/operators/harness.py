@@ -152,6 +152,11 @@ class KernelDriver(Driver):
     def __post_init__(self) -> None:
         self.kernel = self.make()
 
+    @classmethod
+    def of(cls, kernel_cls, config) -> "KernelDriver":
+        """Driver for ``kernel_cls(config)``, restored with ``kernel_cls.restore(config, data)``."""
+        return cls(make=lambda: kernel_cls(config), restore=lambda data: kernel_cls.restore(config, data))
+
     def process(self, side, batch, now):
         assert side == self.side, f"unexpected input side {side!r}"
         return self.kernel.process(batch, now=now)

@@ -29,5 +29,4 @@ def config_from_case(cfg: dict) -> DeduplicateConfig:
 def test_case(path):
     case = load(path)
     config = config_from_case(case["config"])
-    run_case(case, KernelDriver(make=lambda: Deduplicate(config),
-                                restore=lambda data: Deduplicate.restore(config, data)))
+    run_case(case, KernelDriver.of(Deduplicate, config))

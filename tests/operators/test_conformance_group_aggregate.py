@@ -89,6 +89,5 @@ def test_case(path):
     if case["config"].get("agg_phase_strategy") == "TWO_PHASE":
         driver = TwoPhaseDriver(config)
     else:
-        driver = KernelDriver(make=lambda: GroupAggregate(config),
-                              restore=lambda data: GroupAggregate.restore(config, data))
+        driver = KernelDriver.of(GroupAggregate, config)
     run_case(case, driver)

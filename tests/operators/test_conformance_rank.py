@@ -43,7 +43,7 @@ def _run(path):
         return
     config = config_from_case(case)
     cls = type(make_rank(config))
-    run_case(case, KernelDriver(make=lambda: cls(config), restore=lambda data: cls.restore(config, data)))
+    run_case(case, KernelDriver.of(cls, config))
 
 
 @pytest.mark.parametrize("path", case_params("Rank"))

@@ -17,5 +17,4 @@ def config_from_case(cfg: dict) -> SinkUpsertMaterializerConfig:
 def test_case(path):
     case = load(path)
     config = config_from_case(case["config"])
-    run_case(case, KernelDriver(make=lambda: SinkUpsertMaterializer(config),
-                                restore=lambda data: SinkUpsertMaterializer.restore(config, data)))
+    run_case(case, KernelDriver.of(SinkUpsertMaterializer, config))
