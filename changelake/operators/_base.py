@@ -19,7 +19,7 @@ from typing import ClassVar, Iterator, TypeVar
 from changelake.operators._rows import Changes, coerce
 from changelake.operators._state import KeyedState, restore_stores, snapshot_stores
 from changelake.errors import ConfigError
-from changelake.service.metrics import STATE_ROWS
+from changelake.service.metrics import STATE_BYTES, STATE_ROWS
 
 K = TypeVar("K", bound="Kernel")
 
@@ -56,7 +56,7 @@ class MiniBatchBuffer:
         return len(self._pending)
 
     def sync_store(self) -> None:
-        self.store._data.clear()
+        self.store.clear()
         for i, entry in enumerate(self._pending):
             self.store.load(i, entry, 0)
 
@@ -118,8 +118,14 @@ class Kernel:
         return stores
 
     def snapshot(self) -> bytes:
-        """All keyed state (and a pending mini-batch bundle) as bytes; see ``_state``."""
-        return snapshot_stores(self.OPERATOR, self._all_stores())
+        """All keyed state (and a pending mini-batch bundle) as bytes; see ``_state``.
+
+        Also publishes the state size (``changelake_state_rows`` / ``changelake_state_bytes``).
+        """
+        data = snapshot_stores(self.OPERATOR, self._all_stores())
+        STATE_ROWS.labels(operator=self.OPERATOR).set(self.state_rows)
+        STATE_BYTES.labels(operator=self.OPERATOR).set(len(data))
+        return data
 
     @classmethod
     def restore(cls: type[K], config, data: bytes) -> K:
@@ -136,7 +142,5 @@ class Kernel:
 
     @property
     def state_rows(self) -> int:
+        """Entries held in keyed state (keys, or rows for the join)."""
         return sum(len(s) for s in self._stores)
-
-    def report_state_size(self) -> None:
-        STATE_ROWS.labels(operator=self.OPERATOR).set(self.state_rows)

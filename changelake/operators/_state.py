@@ -12,18 +12,17 @@ entries are dropped lazily on access and eagerly by :meth:`KeyedState.expire`.
 Snapshot format (version 1)
 ---------------------------
 Arrow IPC stream bytes of one table with columns ``state`` (store name), ``key``
-and ``value`` (tagged JSON text, see :func:`encode_value`) and ``written_at``
+and ``value`` (restricted pickle bytes, see :func:`encode_value`) and ``written_at``
 (int64 ms). The schema metadata carries the operator name and format version.
 One row per entry, so a binding can split a snapshot into hash buckets by key.
 """
 
 from __future__ import annotations
 
-import base64
-import datetime as _dt
-import decimal
-import json
+import array
+import io
 import logging
+import pickle
 from typing import Any, Callable, Iterator, Literal
 
 import pyarrow as pa
@@ -77,6 +76,9 @@ class KeyedState:
             del self._data[k]
         return len(dead)
 
+    def clear(self) -> None:
+        self._data.clear()
+
     def __len__(self) -> int:
         return len(self._data)
 
@@ -89,63 +91,56 @@ class KeyedState:
 
 
 # ---- value codec -------------------------------------------------------------------------------
-# Tagged JSON: scalars (None, bool, int, float, str) are written as themselves; containers and
-# other scalar types as one-key objects, so tuples come back as tuples (hashable keys).
+# Keys and values are pickled (protocol 5): fast, and exact for the SQL scalar types rows carry
+# (None, bool, int, float incl. NaN, str, bytes, Decimal, date/time types) and for the tuples,
+# lists and dicts operators build from them. Unpickling is restricted to exactly those types, so
+# a snapshot cannot name any other class (no code runs on restore).
 
-def _enc(v: Any) -> Any:
-    if v is None or isinstance(v, (bool, int, float, str)):
-        return v
-    if isinstance(v, tuple):
-        return {"t": [_enc(x) for x in v]}
-    if isinstance(v, list):
-        return {"l": [_enc(x) for x in v]}
-    if isinstance(v, dict):
-        return {"m": [[_enc(k), _enc(x)] for k, x in v.items()]}
-    if isinstance(v, (bytes, bytearray)):
-        return {"b": base64.b64encode(bytes(v)).decode("ascii")}
-    if isinstance(v, decimal.Decimal):
-        return {"d": str(v)}
-    if isinstance(v, _dt.datetime):
-        return {"ts": v.isoformat()}
-    if isinstance(v, _dt.date):
-        return {"date": v.isoformat()}
-    raise StateError(f"cannot snapshot a value of type {type(v).__name__}: {v!r}; "
-                     "operator state holds only SQL scalar values and containers of them")
+_ALLOWED_GLOBALS = {
+    ("decimal", "Decimal"), ("datetime", "datetime"), ("datetime", "date"), ("datetime", "time"),
+    ("datetime", "timedelta"), ("datetime", "timezone"), ("builtins", "bytearray"), ("builtins", "set"),
+    ("builtins", "frozenset"), ("_codecs", "encode"),
+}
 
 
-def _dec(v: Any) -> Any:
-    if not isinstance(v, dict):
-        return v
-    (tag, x), = v.items()
-    if tag == "t":
-        return tuple(_dec(y) for y in x)
-    if tag == "l":
-        return [_dec(y) for y in x]
-    if tag == "m":
-        return {_dec(k): _dec(y) for k, y in x}
-    if tag == "b":
-        return base64.b64decode(x)
-    if tag == "d":
-        return decimal.Decimal(x)
-    if tag == "ts":
-        return _dt.datetime.fromisoformat(x)
-    if tag == "date":
-        return _dt.date.fromisoformat(x)
-    raise StateError(f"unknown tag {tag!r} in a state snapshot; was it written by a newer changelake?")
+class _RestrictedUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str):
+        if (module, name) in _ALLOWED_GLOBALS:
+            return super().find_class(module, name)
+        raise StateError(f"state snapshot refers to {module}.{name}, which operator state never holds; "
+                         "the snapshot is corrupt or was not written by changelake")
 
 
-def encode_value(v: Any) -> str:
-    return json.dumps(_enc(v), separators=(",", ":"), allow_nan=True)
+def _pickle_column(values: list) -> pa.Array:
+    """Pickle each value (memo-free, so each one stands alone) into one large_binary column."""
+    out = io.BytesIO()
+    pickler = pickle.Pickler(out, protocol=5)
+    pickler.fast = True  # no memo: values are acyclic, and none may refer to another's memo
+    offsets = [0]
+    for v in values:
+        try:
+            pickler.dump(v)
+        except (pickle.PicklingError, TypeError, AttributeError) as e:
+            raise StateError(f"cannot snapshot a value of type {type(v).__name__}: {v!r} ({e}); "
+                             "operator state holds only SQL scalar values and containers of them") from None
+        offsets.append(out.tell())
+    return pa.LargeBinaryArray.from_buffers(
+        pa.large_binary(), len(values),
+        [None, pa.py_buffer(array.array("q", offsets)), pa.py_buffer(out.getbuffer())])
 
 
-def decode_value(text: str) -> Any:
-    return _dec(json.loads(text))
+def encode_value(v: Any) -> bytes:
+    return _pickle_column([v])[0].as_py()
+
+
+def decode_value(data: bytes) -> Any:
+    return _RestrictedUnpickler(io.BytesIO(data)).load()
 
 
 _SNAPSHOT_SCHEMA = pa.schema([
     pa.field("state", pa.string(), nullable=False),
-    pa.field("key", pa.large_string(), nullable=False),
-    pa.field("value", pa.large_string(), nullable=False),
+    pa.field("key", pa.large_binary(), nullable=False),
+    pa.field("value", pa.large_binary(), nullable=False),
     pa.field("written_at", pa.int64(), nullable=False),
 ])
 
@@ -156,13 +151,13 @@ def snapshot_stores(operator: str, stores: list[KeyedState]) -> bytes:
     for store in stores:
         for k, v, w in store.entries():
             names.append(store.name)
-            keys.append(encode_value(k))
-            values.append(encode_value(v))
+            keys.append(k)
+            values.append(v)
             written.append(w)
     schema = _SNAPSHOT_SCHEMA.with_metadata({"operator": operator, "format": SNAPSHOT_FORMAT_VERSION})
     table = pa.Table.from_arrays(
-        [pa.array(names, pa.string()), pa.array(keys, pa.large_string()),
-         pa.array(values, pa.large_string()), pa.array(written, pa.int64())], schema=schema)
+        [pa.array(names, pa.string()), _pickle_column(keys), _pickle_column(values),
+         pa.array(written, pa.int64())], schema=schema)
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, schema) as writer:
         writer.write_table(table)
@@ -180,13 +175,26 @@ def restore_stores(operator: str, data: bytes, stores: list[KeyedState]) -> None
         raise StateError(f"snapshot format {meta.get('format')!r} is not supported "
                          f"(this build reads format {SNAPSHOT_FORMAT_VERSION})")
     by_name = {s.name: s for s in stores}
-    cols = table.to_pydict()
-    for name, k, v, w in zip(cols["state"], cols["key"], cols["value"], cols["written_at"]):
+    names = table.column("state").to_pylist()
+    written = table.column("written_at").to_pylist()
+    keys, values = _pickles(table.column("key")), _pickles(table.column("value"))
+    for name, w in zip(names, written):
         store = by_name.get(name)
         if store is None:
             raise StateError(f"snapshot holds unknown state {name!r} for {operator}; "
                              f"known states: {sorted(by_name)} (a renamed state needs a migration)")
-        store.load(decode_value(k), decode_value(v), w)
+        store.load(keys.load(), values.load(), w)
+
+
+def _pickles(column: pa.ChunkedArray) -> pickle.Unpickler:
+    """One restricted unpickler over a whole binary column (pickles are self-delimiting)."""
+    arr = column.combine_chunks()
+    if len(arr) == 0:
+        return _RestrictedUnpickler(io.BytesIO(b""))
+    offsets = memoryview(arr.buffers()[1]).cast("q")  # large_binary: int64 offsets
+    start, stop = offsets[arr.offset], offsets[arr.offset + len(arr)]
+    data = memoryview(arr.buffers()[2])[start:stop]
+    return _RestrictedUnpickler(io.BytesIO(data))
 
 
 class StaleRetractions:

@@ -21,6 +21,22 @@ class SortColumn:
     nulls_last: bool = True
 
 
+@functools.total_ordering
+class _Descending:
+    """Reverses the natural order of a non-null value (for DESC columns of non-numeric type)."""
+
+    __slots__ = ("v",)
+
+    def __init__(self, v: Any) -> None:
+        self.v = v
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Descending) and self.v == other.v
+
+    def __lt__(self, other: "_Descending") -> bool:
+        return other.v < self.v
+
+
 class SortOrder:
     """Compares sort keys (tuples of the sort columns' values) like ``ORDER BY``."""
 
@@ -29,7 +45,7 @@ class SortOrder:
             raise ConfigError("Top-N needs at least one ORDER BY column")
         self.columns = tuple(columns)
         self.indices = tuple(c.column for c in columns)
-        self._key = functools.cmp_to_key(self.compare)
+        self._null_flags = tuple(1 if c.nulls_last else -1 for c in columns)
 
     def of(self, row: tuple) -> tuple:
         return tuple(row[i] for i in self.indices)
@@ -47,8 +63,19 @@ class SortOrder:
             return r if spec.ascending else -r
         return 0
 
-    def key(self, sort_key: tuple):
-        return self._key(sort_key)
+    def key(self, sort_key: tuple) -> tuple:
+        """A natively comparable key with the order of :meth:`compare` (for bisect and sorting)."""
+        out = []
+        for spec, flag, v in zip(self.columns, self._null_flags, sort_key):
+            if v is None:
+                out.append((flag, 0))
+            elif spec.ascending:
+                out.append((0, v))
+            elif isinstance(v, (int, float)) and not isinstance(v, bool):
+                out.append((0, -v))
+            else:
+                out.append((0, _Descending(v)))
+        return tuple(out)
 
 
 class TopNBuffer:
@@ -59,8 +86,8 @@ class TopNBuffer:
         self.entries: list[list[Any]] = entries if entries is not None else []
 
     def _find(self, sort_key: tuple) -> tuple[int, bool]:
-        keys = [self.order.key(e[0]) for e in self.entries]
-        i = bisect.bisect_left(keys, self.order.key(sort_key))
+        key = self.order.key
+        i = bisect.bisect_left(self.entries, key(sort_key), key=lambda e: key(e[0]))
         found = i < len(self.entries) and self.order.compare(self.entries[i][0], sort_key) == 0
         return i, found
 

@@ -127,11 +127,11 @@ class JoinRecordView:
         if self.ttl_ms <= 0:
             return 0
         dropped = 0
-        for jk in list(self.store._data):
-            before = len(self.store._data[jk][0])
+        for jk, entries, _ in list(self.store.entries()):
+            before = len(entries)
             left = self._entries(jk, now)
             dropped += before - (len(left) if left else 0)
         return dropped
 
     def __len__(self) -> int:
-        return sum(sum(e[_COUNT] for e in v.values()) for v, _ in self.store._data.values())
+        return sum(sum(e[_COUNT] for e in entries.values()) for _, entries, _ in self.store.entries())

@@ -75,7 +75,10 @@ class RetractableTopN(TopNBase):
     # -- retract -----------------------------------------------------------------------------
     def _retract_ranked(self, sk: tuple, row: tuple, buf: TopNBuffer) -> bool:
         rank, prev, found = 0, None, False
-        for entry in list(buf):
+        e = 0
+        while e < len(buf.entries):
+            entry = buf.entries[e]
+            e += 1
             sort_key, rows = entry
             if not self.in_rank_end(rank):
                 break
@@ -95,7 +98,8 @@ class RetractableTopN(TopNBase):
                     rank += 1
                     i += 1
                 if not rows:
-                    buf.entries.remove(entry)
+                    e -= 1
+                    del buf.entries[e]
             elif found:
                 rank, prev = self.shift(rows, rank, prev, down=False)
             else:
@@ -106,7 +110,10 @@ class RetractableTopN(TopNBase):
 
     def _retract_unranked(self, sk: tuple, row: tuple, buf: TopNBuffer) -> bool:
         next_rank, found = 1, False
-        for entry in list(buf):
+        e = 0
+        while e < len(buf.entries):
+            entry = buf.entries[e]
+            e += 1
             sort_key, rows = entry
             if not self.in_rank_end(next_rank):
                 break
@@ -126,7 +133,8 @@ class RetractableTopN(TopNBase):
                     next_rank += 1
                     i += 1
                 if not rows:
-                    buf.entries.remove(entry)
+                    e -= 1
+                    del buf.entries[e]
             elif found:
                 last_rank = next_rank + len(rows) - 1
                 if last_rank < self.rank_end:

@@ -182,3 +182,39 @@ def test_mini_batch_bundle_pending_at_snapshot_is_kept():
     assert first.process(Changes.of([("+I", ("a", 1)), ("+I", ("a", 2))])).as_pairs() == []
     restored = Deduplicate.restore(config, first.snapshot())
     assert restored.finish().as_pairs() == [("+I", ("a", 2))]
+
+
+def test_state_codec_round_trips_sql_values_and_refuses_foreign_classes():
+    import datetime
+    import decimal
+    import math
+    import pickle
+
+    from changelake.operators._state import decode_value, encode_value
+
+    value = {("k", 1): [(None, True, 3, 2.5, "s", b"\x00\xff", decimal.Decimal("1.10"),
+                         datetime.datetime(2024, 1, 2, 3, 4, 5, tzinfo=datetime.timezone.utc),
+                         datetime.date(2024, 1, 2)), {None: 2}]}
+    assert decode_value(encode_value(value)) == value
+    assert math.isnan(decode_value(encode_value(float("nan"))))
+    with pytest.raises(StateError, match="os.system|posix.system"):
+        import os
+        decode_value(pickle.dumps(os.system))
+
+
+SCALARS = st.one_of(st.none(), st.integers(-3, 3), st.sampled_from(["a", "b", "B", ""]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(keys=st.lists(st.tuples(SCALARS.filter(lambda v: not isinstance(v, str)), st.one_of(st.none(), st.text(max_size=2))),
+                     max_size=12),
+       asc=st.tuples(st.booleans(), st.booleans()), nulls_last=st.tuples(st.booleans(), st.booleans()))
+def test_sort_order_key_agrees_with_compare(keys, asc, nulls_last):
+    import functools
+
+    from changelake.operators._topn_buffer import SortOrder
+
+    order = SortOrder([SortColumn(0, asc[0], nulls_last[0]), SortColumn(1, asc[1], nulls_last[1])])
+    by_key = sorted(keys, key=order.key)
+    by_cmp = sorted(keys, key=functools.cmp_to_key(order.compare))
+    assert by_key == by_cmp
