@@ -95,40 +95,61 @@ class Avg(Sum):
 
 
 class _Extreme(AggregateFunction):
-    """MIN/MAX with retraction: ``{value: count}``; the extreme is recomputed from the keys."""
+    """MIN/MAX with retraction: ``[extreme, {value: count}]``, updated in place.
+
+    The count per value makes retracting the current extreme exact: only then is the
+    extreme recomputed from the values still counted.
+    """
 
     pick = staticmethod(max)
 
     def create(self):
-        return {}
+        return [None, {}]
+
+    def _better(self, a, b) -> bool:
+        return self.pick(a, b) == a and a != b
 
     def accumulate(self, acc, value):
-        acc = dict(acc)
-        acc[value] = acc.get(value, 0) + 1
+        counts = acc[1]
+        n = counts.get(value, 0) + 1
+        if n == 0:
+            del counts[value]
+        else:
+            counts[value] = n
+        if n > 0 and (acc[0] is None or self._better(value, acc[0])):
+            acc[0] = value
+        elif n <= 0 and value == acc[0]:
+            acc[0] = self._recompute(counts)
         return acc
 
     def retract(self, acc, value):
-        acc = dict(acc)
-        n = acc.get(value, 0) - 1
+        counts = acc[1]
+        n = counts.get(value, 0) - 1
         if n == 0:
-            del acc[value]
+            del counts[value]
         else:
-            acc[value] = n  # a negative count records a retraction that arrived before its row
+            counts[value] = n  # a negative count records a retraction that arrived before its row
+        if n <= 0 and value == acc[0]:
+            acc[0] = self._recompute(counts)
         return acc
 
+    def _recompute(self, counts):
+        alive = [v for v, n in counts.items() if n > 0]
+        return self.pick(alive) if alive else None
+
     def merge(self, acc, other):
-        acc = dict(acc)
-        for v, n in other.items():
-            m = acc.get(v, 0) + n
+        counts = acc[1]
+        for v, n in other[1].items():
+            m = counts.get(v, 0) + n
             if m == 0:
-                acc.pop(v, None)
+                counts.pop(v, None)
             else:
-                acc[v] = m
+                counts[v] = m
+        acc[0] = self._recompute(counts)
         return acc
 
     def value(self, acc):
-        alive = [v for v, n in acc.items() if n > 0]
-        return self.pick(alive) if alive else None
+        return acc[0]
 
 
 class Max(_Extreme):

@@ -149,16 +149,12 @@ class _GroupEmitter(Kernel):
         group = self.state.get(key, now)
         if group is None:
             return None, None
-        return _copy_group(group), self.aggs.result(key, group)
+        return group, self.aggs.result(key, group)
 
     def contract(self) -> cm.ChangelogContract:
         return cm.ChangelogContract(
             produces=cm.updates(generate_update_before=self.config.generate_update_before, deletes=True),
             accepts=cm.ALL, needs_update_before=True)
-
-
-def _copy_group(group: list) -> list:
-    return [group[0], list(group[1]), {c: dict(v) for c, v in group[2].items()}]
 
 
 class GroupAggregate(_GroupEmitter):
