@@ -158,9 +158,14 @@ class StreamingJoin(_JoinBase):
         self._right_nulls = (None,) * config.right_arity
 
     def contract(self) -> cm.ChangelogContract:
-        outer = self.config.join_type != "INNER"
-        return cm.ChangelogContract(produces=cm.ChangelogMode.of(RowKind.INSERT, RowKind.DELETE) if outer else cm.ALL,
-                                    accepts=cm.ALL, needs_update_before=True)
+        jt = self.config.join_type
+        if jt == "INNER":
+            produces = cm.ALL
+        elif jt == "FULL":
+            produces = cm.ChangelogMode.of(RowKind.INSERT, RowKind.DELETE)
+        else:  # a retraction on the inner side keeps its kind (-U), as in Flink
+            produces = cm.ChangelogMode.of(RowKind.INSERT, RowKind.UPDATE_BEFORE, RowKind.DELETE)
+        return cm.ChangelogContract(produces=produces, accepts=cm.ALL, needs_update_before=True)
 
     def _joined(self, row: tuple, other: tuple, is_left: bool) -> tuple:
         return row + other if is_left else other + row
