@@ -43,7 +43,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from changelake.changelog import RowKind
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from changelake.changelog import RowKind, user_columns
 from changelake.errors import ConfigError, StateError
 from changelake.operators import changelog_mode as cm
 from changelake.operators._base import Kernel, MiniBatchBuffer
@@ -172,6 +176,35 @@ class Deduplicate(Kernel):
             self._one(project(row, keys), kind, row, now, out)
 
     # -- mini-batch ------------------------------------------------------------------------------
+    def process(self, batch, *, now: int = 0) -> Changes:
+        """As :meth:`Kernel.process`; an Arrow batch in proctime mini-batch mode takes the
+        vectorised path: each full bundle is folded to one row per key with Arrow, and only the
+        surviving rows are converted to Python and compared with the state."""
+        if (isinstance(batch, (pa.Table, pa.RecordBatch)) and self.mini_batch is not None
+                and self.config.order == "proctime" and not len(self.mini_batch)):
+            return self._process_arrow(pa.table(batch) if isinstance(batch, pa.RecordBatch) else batch, now)
+        return super().process(batch, now=now)
+
+    def _process_arrow(self, table: pa.Table, now: int) -> Changes:
+        out = Changes()
+        size = self.mini_batch.size
+        full = (table.num_rows // size) * size
+        for start in range(0, full, size):
+            self._fold_arrow(table.slice(start, size), now, out)
+        if full < table.num_rows:
+            out.extend(super().process(table.slice(full), now=now))  # fewer than `size` rows: stays pending
+        return out
+
+    def _fold_arrow(self, bundle: pa.Table, now: int, out: Changes) -> None:
+        names = user_columns(bundle)
+        keys = [names[i] for i in self.config.keys]
+        positions = bundle.select(keys).append_column("pos", pa.array(np.arange(bundle.num_rows)))
+        per_key = positions.group_by(keys, use_threads=False).aggregate([("pos", "min"), ("pos", "max")])
+        arrival = pc.sort_indices(per_key["pos_min"])
+        survivor = per_key["pos_max" if self.config.keep == "last" else "pos_min"]
+        for kind, row in Changes.from_arrow(bundle.take(pc.take(survivor, arrival))):
+            self._one(project(row, self.config.keys), kind, row, now, out)
+
     def _process_bundle(self, bundle: list[tuple], now: int, out: Changes) -> None:
         c = self.config
         keys = c.keys

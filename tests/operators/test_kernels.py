@@ -256,3 +256,48 @@ def test_group_aggregate_matches_recomputation_from_live_rows(ops, mini_batch):
         vs = [r[1] for r in live if r[0] == g]
         expected[g] = (g, len(vs), sum(vs), min(vs), max(vs), len(set(vs)))
     assert view == expected
+
+
+@settings(max_examples=60, deadline=None)
+@given(records=st.lists(st.tuples(st.sampled_from([INSERT, UPDATE_AFTER, DELETE]),
+                                  st.tuples(st.one_of(st.none(), st.integers(0, 4)), st.integers(0, 2))),
+                        max_size=50),
+       size=st.integers(1, 12), keep=st.sampled_from(["first", "last"]), split=st.integers(0, 50))
+def test_dedup_arrow_mini_batch_path_equals_row_path(records, size, keep, split):
+    changelog = keep == "last"
+    if not changelog:
+        records = [(INSERT, r) for _, r in records]
+    config = DeduplicateConfig(keys=(0,), keep=keep, mini_batch_size=size, input_insert_only=not changelog)
+    schema = pa.schema([("k", pa.int64()), ("v", pa.int64())])
+    arrow_op, row_op = Deduplicate(config), Deduplicate(config)
+    parts = [records[:split], records[split:]]
+    arrow_out, row_out = [], []
+    for part in parts:
+        arrow_out += arrow_op.process(Changes.of(part).to_arrow(schema)).as_pairs()
+        row_out += row_op.process(Changes.of(part)).as_pairs()
+    arrow_out += arrow_op.finish().as_pairs()
+    row_out += row_op.finish().as_pairs()
+    assert arrow_out == row_out
+    assert arrow_op.snapshot() == row_op.snapshot()
+
+
+@settings(max_examples=80, deadline=None)
+@given(records=st.lists(st.tuples(KINDS, st.tuples(st.one_of(st.none(), st.integers(0, 3)),
+                                                   st.one_of(st.none(), st.integers(-10**12, 10**12)))),
+                        max_size=50),
+       size=st.integers(1, 12), split=st.integers(0, 50), ttl=st.sampled_from([0, 5]))
+def test_group_aggregate_arrow_mini_batch_path_equals_row_path(records, size, split, ttl):
+    config = GroupAggregateConfig(group_keys=(0,), mini_batch_size=size, state_ttl_ms=ttl,
+                                  aggregates=(AggCall("COUNT"), AggCall("COUNT", 1), AggCall("SUM", 1),
+                                              AggCall("AVG", 1)))
+    schema = pa.schema([("g", pa.int64()), ("v", pa.int64())])
+    arrow_op, row_op = GroupAggregate(config), GroupAggregate(config)
+    arrow_out, row_out = [], []
+    for now, part in enumerate((records[:split], records[split:])):
+        arrow_out += arrow_op.process(Changes.of(part).to_arrow(schema), now=now * 3).as_pairs()
+        row_out += row_op.process(Changes.of(part), now=now * 3).as_pairs()
+    arrow_out += arrow_op.finish(now=9).as_pairs()
+    row_out += row_op.finish(now=9).as_pairs()
+    assert arrow_out == row_out
+    assert arrow_op.snapshot() == row_op.snapshot()
+    assert arrow_op.stale.count == row_op.stale.count
