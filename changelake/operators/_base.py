@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import ClassVar, Iterator, TypeVar
 
+import pyarrow as pa
+
 from changelake.operators._rows import Changes, coerce
 from changelake.operators._state import KeyedState, restore_stores, snapshot_stores
 from changelake.errors import ConfigError
@@ -86,6 +88,19 @@ class Kernel:
         else:
             for bundle in self.mini_batch.feed("in", batch):
                 self._process_bundle(bundle, now, out)
+        return out
+
+    def _process_arrow_bundles(self, batch, now: int, fold) -> Changes:
+        """Vectorised mini-batch entry: ``fold(bundle_table, now, out)`` handles each full bundle of an
+        Arrow batch (nothing may be pending); a trailing partial bundle goes to the pending buffer."""
+        table = pa.table(batch) if isinstance(batch, pa.RecordBatch) else batch
+        out = Changes()
+        size = self.mini_batch.size
+        full = (table.num_rows // size) * size
+        for start in range(0, full, size):
+            fold(table.slice(start, size), now, out)
+        if full < table.num_rows:
+            out.extend(Kernel.process(self, table.slice(full), now=now))
         return out
 
     def on_watermark(self, watermark: int, *, now: int = 0) -> Changes:

@@ -118,6 +118,10 @@ class TopNBuffer:
         if found:
             del self.entries[i]
 
+    def prune_empty(self) -> None:
+        """Drop sort keys whose last item was removed in place."""
+        self.entries[:] = [e for e in self.entries if e[1]]
+
     def remove_last(self) -> Any:
         if not self.entries:
             return None

@@ -182,18 +182,8 @@ class Deduplicate(Kernel):
         surviving rows are converted to Python and compared with the state."""
         if (isinstance(batch, (pa.Table, pa.RecordBatch)) and self.mini_batch is not None
                 and self.config.order == "proctime" and not len(self.mini_batch)):
-            return self._process_arrow(pa.table(batch) if isinstance(batch, pa.RecordBatch) else batch, now)
+            return self._process_arrow_bundles(batch, now, self._fold_arrow)
         return super().process(batch, now=now)
-
-    def _process_arrow(self, table: pa.Table, now: int) -> Changes:
-        out = Changes()
-        size = self.mini_batch.size
-        full = (table.num_rows // size) * size
-        for start in range(0, full, size):
-            self._fold_arrow(table.slice(start, size), now, out)
-        if full < table.num_rows:
-            out.extend(super().process(table.slice(full), now=now))  # fewer than `size` rows: stays pending
-        return out
 
     def _fold_arrow(self, bundle: pa.Table, now: int, out: Changes) -> None:
         names = user_columns(bundle)

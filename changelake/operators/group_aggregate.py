@@ -170,17 +170,11 @@ class GroupAggregate(_GroupEmitter):
         if (isinstance(batch, (pa.Table, pa.RecordBatch)) and self.mini_batch is not None
                 and not len(self.mini_batch)
                 and vectorisable(self.config.aggregates, self.config.functions, batch.schema)):
-            table = pa.table(batch) if isinstance(batch, pa.RecordBatch) else batch
-            out = Changes()
-            size = self.mini_batch.size
-            full = (table.num_rows // size) * size
-            for start in range(0, full, size):
-                self._apply_deltas(fold(table.slice(start, size), self.config.group_keys, self.config.aggregates),
-                                   now, out)
-            if full < table.num_rows:
-                out.extend(super().process(table.slice(full), now=now))  # fewer than `size`: stays pending
-            return out
+            return self._process_arrow_bundles(batch, now, self._fold_arrow)
         return super().process(batch, now=now)
+
+    def _fold_arrow(self, bundle: pa.Table, now: int, out: Changes) -> None:
+        self._apply_deltas(fold(bundle, self.config.group_keys, self.config.aggregates), now, out)
 
     def _apply_deltas(self, d: GroupDeltas, now: int, out: Changes) -> None:
         fns = self.config.functions

@@ -75,11 +75,7 @@ class RetractableTopN(TopNBase):
     # -- retract -----------------------------------------------------------------------------
     def _retract_ranked(self, sk: tuple, row: tuple, buf: TopNBuffer) -> bool:
         rank, prev, found = 0, None, False
-        e = 0
-        while e < len(buf.entries):
-            entry = buf.entries[e]
-            e += 1
-            sort_key, rows = entry
+        for sort_key, rows in buf:
             if not self.in_rank_end(rank):
                 break
             if not found and buf.same_key(sort_key, sk):
@@ -97,24 +93,18 @@ class RetractableTopN(TopNBase):
                         prev = current
                     rank += 1
                     i += 1
-                if not rows:
-                    e -= 1
-                    del buf.entries[e]
             elif found:
                 rank, prev = self.shift(rows, rank, prev, down=False)
             else:
                 rank += len(rows)
         if self.in_rank_end(rank) and found:
             self.delete(prev, rank)
+        buf.prune_empty()
         return found
 
     def _retract_unranked(self, sk: tuple, row: tuple, buf: TopNBuffer) -> bool:
         next_rank, found = 1, False
-        e = 0
-        while e < len(buf.entries):
-            entry = buf.entries[e]
-            e += 1
-            sort_key, rows = entry
+        for sort_key, rows in buf:
             if not self.in_rank_end(next_rank):
                 break
             if not found and buf.same_key(sort_key, sk):
@@ -132,9 +122,6 @@ class RetractableTopN(TopNBase):
                         self.insert(current, next_rank)
                     next_rank += 1
                     i += 1
-                if not rows:
-                    e -= 1
-                    del buf.entries[e]
             elif found:
                 last_rank = next_rank + len(rows) - 1
                 if last_rank < self.rank_end:
@@ -144,4 +131,5 @@ class RetractableTopN(TopNBase):
                     break
             else:
                 next_rank += len(rows)
+        buf.prune_empty()
         return found

@@ -2,7 +2,7 @@
 
 import pytest
 
-from changelake.operators._rows import INSERT, Changes
+from changelake.operators._rows import INSERT
 from changelake.operators.sink_upsert_materializer import SinkUpsertMaterializer, SinkUpsertMaterializerConfig
 from tests.operators.harness import KernelDriver, compare, run_case
 
