@@ -1,0 +1,99 @@
+"""The batch type every kernel consumes and returns: row kinds plus row tuples.
+
+A kernel works on a :class:`Changes` batch: ``kinds[i]`` is the
+:class:`~changelake.changelog.RowKind` code of ``rows[i]``, a tuple of the user
+columns in schema order. :meth:`Changes.from_arrow` / :meth:`Changes.to_arrow`
+convert at the boundary to the changelog contract (user columns plus ``_kind``).
+Reserved metadata columns other than ``_kind`` do not travel through operators:
+an operator's output rows are new rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator, Sequence
+
+import pyarrow as pa
+
+from changelake.changelog import KIND, RowKind, user_columns
+
+INSERT = int(RowKind.INSERT)
+UPDATE_BEFORE = int(RowKind.UPDATE_BEFORE)
+UPDATE_AFTER = int(RowKind.UPDATE_AFTER)
+DELETE = int(RowKind.DELETE)
+
+ACCUMULATE_KINDS = frozenset((INSERT, UPDATE_AFTER))
+
+
+def is_accumulate(kind: int) -> bool:
+    """+I and +U add a row; -U and -D retract one."""
+    return kind == INSERT or kind == UPDATE_AFTER
+
+
+@dataclass
+class Changes:
+    """A changelog batch: ``kinds`` (RowKind codes) aligned with ``rows`` (tuples)."""
+
+    kinds: list[int] = field(default_factory=list)
+    rows: list[tuple] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if len(self.kinds) != len(self.rows):
+            raise ValueError(f"kinds ({len(self.kinds)}) and rows ({len(self.rows)}) differ in length")
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __iter__(self) -> Iterator[tuple[int, tuple]]:
+        return zip(self.kinds, self.rows)
+
+    def emit(self, kind: int, row: Sequence) -> None:
+        self.kinds.append(kind)
+        self.rows.append(tuple(row))
+
+    def extend(self, other: "Changes") -> None:
+        self.kinds.extend(other.kinds)
+        self.rows.extend(other.rows)
+
+    def slice(self, start: int, stop: int) -> "Changes":
+        return Changes(self.kinds[start:stop], self.rows[start:stop])
+
+    @classmethod
+    def of(cls, records: Iterable[tuple[int | str, Sequence]]) -> "Changes":
+        """Build from ``(kind, row)`` pairs; kind as a code or as ``"+I"``/``"-U"``/``"+U"``/``"-D"``."""
+        out = cls()
+        for kind, row in records:
+            out.emit(int(RowKind.from_short(kind)) if isinstance(kind, str) else int(kind), row)
+        return out
+
+    def as_pairs(self) -> list[tuple[str, tuple]]:
+        """``[("+I", row), ...]`` for logs and tests."""
+        return [(RowKind(k).short, r) for k, r in zip(self.kinds, self.rows)]
+
+    @classmethod
+    def from_arrow(cls, table: pa.Table | pa.RecordBatch) -> "Changes":
+        """Read a changelog batch (user columns plus ``_kind``)."""
+        if KIND not in table.column_names:
+            raise ValueError(f"changelog batch has no {KIND!r} column; columns are {table.column_names}")
+        cols = [table.column(n).to_pylist() for n in user_columns(table)]
+        kinds = [int(k) for k in table.column(KIND).to_pylist()]
+        return cls(kinds, list(zip(*cols)) if cols else [() for _ in kinds])
+
+    def to_arrow(self, schema: pa.Schema) -> pa.Table:
+        """Write as a changelog batch: ``schema``'s user columns plus ``_kind`` (int8)."""
+        names = [f.name for f in schema]
+        columns = [pa.array([r[i] for r in self.rows], type=f.type) for i, f in enumerate(schema)]
+        columns.append(pa.array(self.kinds, type=pa.int8()))
+        return pa.Table.from_arrays(columns, names=names + [KIND])
+
+
+def coerce(batch: "Changes | pa.Table | pa.RecordBatch") -> Changes:
+    """Accept either batch representation at a kernel's entry point."""
+    if isinstance(batch, Changes):
+        return batch
+    return Changes.from_arrow(batch)
+
+
+def project(row: tuple, indices: Sequence[int]) -> tuple:
+    """The values of ``row`` at ``indices`` (a key)."""
+    return tuple(row[i] for i in indices)

@@ -1,0 +1,229 @@
+"""Keyed operator state with processing-time TTL, snapshots to bytes, stale-retraction policy.
+
+State model
+-----------
+Each operator keeps one or more named :class:`KeyedState` stores (the names are
+module constants of the operator and part of the on-disk contract). A store maps
+a key (a tuple) to a value and remembers when the entry was last written. With a
+TTL ``t > 0`` an entry written at ``w`` is expired once ``w + t <= now``; reads do
+not refresh it (Flink's ``OnCreateAndWrite`` / ``NeverReturnExpired``). Expired
+entries are dropped lazily on access and eagerly by :meth:`KeyedState.expire`.
+
+Snapshot format (version 1)
+---------------------------
+Arrow IPC stream bytes of one table with columns ``state`` (store name), ``key``
+and ``value`` (restricted pickle bytes, see :func:`encode_value`) and ``written_at``
+(int64 ms). The schema metadata carries the operator name and format version.
+One row per entry, so a binding can split a snapshot into hash buckets by key.
+"""
+
+from __future__ import annotations
+
+import array
+import io
+import logging
+import pickle
+from typing import Any, Callable, Iterator, Literal
+
+import pyarrow as pa
+
+from changelake.errors import ConfigError, StateError
+from changelake.service.metrics import STALE_RETRACTIONS
+
+log = logging.getLogger(__name__)
+
+SNAPSHOT_FORMAT_VERSION = "1"
+StaleRetractionPolicy = Literal["warn", "fail"]
+
+
+class KeyedState:
+    """One named keyed store: key -> value, with the time of the last write for TTL."""
+
+    __slots__ = ("name", "ttl_ms", "_data")
+
+    def __init__(self, name: str, ttl_ms: int = 0) -> None:
+        if ttl_ms < 0:
+            raise ConfigError(f"state {name!r}: TTL must be >= 0 ms (0 disables it), got {ttl_ms}")
+        self.name = name
+        self.ttl_ms = ttl_ms
+        self._data: dict[Any, list] = {}
+
+    def _alive(self, written_at: int, now: int) -> bool:
+        return self.ttl_ms <= 0 or written_at + self.ttl_ms > now
+
+    def get(self, key: Any, now: int, default: Any = None) -> Any:
+        """The value for ``key`` or ``default``; an expired entry is removed and treated as absent."""
+        entry = self._data.get(key)
+        if entry is None:
+            return default
+        if not self._alive(entry[1], now):
+            del self._data[key]
+            return default
+        return entry[0]
+
+    def put(self, key: Any, value: Any, now: int) -> None:
+        self._data[key] = [value, now]
+
+    def delete(self, key: Any) -> None:
+        self._data.pop(key, None)
+
+    def expire(self, now: int) -> int:
+        """Drop every expired entry; returns how many were dropped."""
+        if self.ttl_ms <= 0:
+            return 0
+        dead = [k for k, (_, w) in self._data.items() if not self._alive(w, now)]
+        for k in dead:
+            del self._data[k]
+        return len(dead)
+
+    def clear(self) -> None:
+        self._data.clear()
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def entries(self) -> Iterator[tuple[Any, Any, int]]:
+        for k, (v, w) in self._data.items():
+            yield k, v, w
+
+    def load(self, key: Any, value: Any, written_at: int) -> None:
+        self._data[key] = [value, written_at]
+
+
+# ---- value codec -------------------------------------------------------------------------------
+# Keys and values are pickled (protocol 5): fast, and exact for the SQL scalar types rows carry
+# (None, bool, int, float incl. NaN, str, bytes, Decimal, date/time types) and for the tuples,
+# lists and dicts operators build from them. Unpickling is restricted to exactly those types, so
+# a snapshot cannot name any other class (no code runs on restore).
+
+_ALLOWED_GLOBALS = {
+    ("decimal", "Decimal"), ("datetime", "datetime"), ("datetime", "date"), ("datetime", "time"),
+    ("datetime", "timedelta"), ("datetime", "timezone"), ("builtins", "bytearray"), ("builtins", "set"),
+    ("builtins", "frozenset"), ("_codecs", "encode"),
+}
+
+
+class _RestrictedUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str):
+        if (module, name) in _ALLOWED_GLOBALS:
+            return super().find_class(module, name)
+        raise StateError(f"state snapshot refers to {module}.{name}, which operator state never holds; "
+                         "the snapshot is corrupt or was not written by changelake")
+
+
+def _pickle_column(values: list) -> pa.Array:
+    """Pickle each value (memo-free, so each one stands alone) into one large_binary column."""
+    out = io.BytesIO()
+    pickler = pickle.Pickler(out, protocol=5)
+    pickler.fast = True  # no memo: values are acyclic, and none may refer to another's memo
+    offsets = [0]
+    for v in values:
+        try:
+            pickler.dump(v)
+        except (pickle.PicklingError, TypeError, AttributeError) as e:
+            raise StateError(f"cannot snapshot a value of type {type(v).__name__}: {v!r} ({e}); "
+                             "operator state holds only SQL scalar values and containers of them") from None
+        offsets.append(out.tell())
+    return pa.LargeBinaryArray.from_buffers(
+        pa.large_binary(), len(values),
+        [None, pa.py_buffer(array.array("q", offsets)), pa.py_buffer(out.getbuffer())])
+
+
+def encode_value(v: Any) -> bytes:
+    return _pickle_column([v])[0].as_py()
+
+
+def decode_value(data: bytes) -> Any:
+    return _RestrictedUnpickler(io.BytesIO(data)).load()
+
+
+_SNAPSHOT_SCHEMA = pa.schema([
+    pa.field("state", pa.string(), nullable=False),
+    pa.field("key", pa.large_binary(), nullable=False),
+    pa.field("value", pa.large_binary(), nullable=False),
+    pa.field("written_at", pa.int64(), nullable=False),
+])
+
+
+def snapshot_stores(operator: str, stores: list[KeyedState]) -> bytes:
+    """Serialize ``stores`` to Arrow IPC stream bytes (format described in the module docstring)."""
+    names, keys, values, written = [], [], [], []
+    for store in stores:
+        for k, v, w in store.entries():
+            names.append(store.name)
+            keys.append(k)
+            values.append(v)
+            written.append(w)
+    schema = _SNAPSHOT_SCHEMA.with_metadata({"operator": operator, "format": SNAPSHOT_FORMAT_VERSION})
+    table = pa.Table.from_arrays(
+        [pa.array(names, pa.string()), _pickle_column(keys), _pickle_column(values),
+         pa.array(written, pa.int64())], schema=schema)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def restore_stores(operator: str, data: bytes, stores: list[KeyedState]) -> None:
+    """Load a snapshot written by :func:`snapshot_stores` into empty ``stores``."""
+    table = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+    meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
+    if meta.get("operator") != operator:
+        raise StateError(f"snapshot belongs to operator {meta.get('operator')!r}, not {operator!r}; "
+                         "restore it into the operator that wrote it")
+    if meta.get("format") != SNAPSHOT_FORMAT_VERSION:
+        raise StateError(f"snapshot format {meta.get('format')!r} is not supported "
+                         f"(this build reads format {SNAPSHOT_FORMAT_VERSION})")
+    by_name = {s.name: s for s in stores}
+    names = table.column("state").to_pylist()
+    written = table.column("written_at").to_pylist()
+    keys, values = _pickles(table.column("key")), _pickles(table.column("value"))
+    for name, w in zip(names, written):
+        store = by_name.get(name)
+        if store is None:
+            raise StateError(f"snapshot holds unknown state {name!r} for {operator}; "
+                             f"known states: {sorted(by_name)} (a renamed state needs a migration)")
+        store.load(keys.load(), values.load(), w)
+
+
+def _pickles(column: pa.ChunkedArray) -> pickle.Unpickler:
+    """One restricted unpickler over a whole binary column (pickles are self-delimiting)."""
+    arr = column.combine_chunks()
+    if len(arr) == 0:
+        return _RestrictedUnpickler(io.BytesIO(b""))
+    offsets = memoryview(arr.buffers()[1]).cast("q")  # large_binary: int64 offsets
+    start, stop = offsets[arr.offset], offsets[arr.offset + len(arr)]
+    data = memoryview(arr.buffers()[2])[start:stop]
+    return _RestrictedUnpickler(io.BytesIO(data))
+
+
+class StaleRetractions:
+    """Applies the ``on_stale_retraction`` policy and counts every occurrence.
+
+    A stale retraction is a -U/-D that finds no matching state: the state expired
+    by TTL, or the row was never seen (input not in order, or started from an
+    incomplete snapshot). ``warn`` logs and goes on as Flink does; ``fail`` raises
+    :class:`StateError`. Either way ``changelake_stale_retractions_total`` counts it.
+    """
+
+    def __init__(self, operator: str, policy: StaleRetractionPolicy) -> None:
+        if policy not in ("warn", "fail"):
+            raise ConfigError(f"on_stale_retraction must be 'warn' or 'fail', got {policy!r}")
+        self.operator = operator
+        self.policy = policy
+        self.count = 0
+
+    def __call__(self, describe: Callable[[], str]) -> None:
+        self.count += 1
+        STALE_RETRACTIONS.labels(operator=self.operator).inc()
+        if self.policy == "fail":
+            raise StateError(f"{self.operator}: {describe()}. The state expired (raise the state TTL) or the "
+                             "input is missing earlier changes; set on_stale_retraction: warn to skip such rows")
+        if self.count <= 10 or self.count % 1000 == 0:
+            log.warning("%s: %s (stale retraction #%d, skipped)", self.operator, describe(), self.count)
+
+
+def check_ttl(name: str, ttl_ms: int) -> int:
+    if not isinstance(ttl_ms, int) or ttl_ms < 0:
+        raise ConfigError(f"{name}: state_ttl_ms must be an integer >= 0 (0 disables TTL), got {ttl_ms!r}")
+    return ttl_ms

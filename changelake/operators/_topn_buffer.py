@@ -1,0 +1,146 @@
+"""Sorted buffer of one Top-N partition: sort keys in order, each with its rows in arrival order.
+
+Plain lists (``[[sort_key, [item, ...]], ...]``) so that it snapshots as operator state.
+The order of sort keys is given by :class:`SortOrder` (per column: direction, nulls first/last).
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
+
+from changelake.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class SortColumn:
+    column: int
+    ascending: bool = True
+    nulls_last: bool = True
+
+
+@functools.total_ordering
+class _Descending:
+    """Reverses the natural order of a non-null value (for DESC columns of non-numeric type)."""
+
+    __slots__ = ("v",)
+
+    def __init__(self, v: Any) -> None:
+        self.v = v
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Descending) and self.v == other.v
+
+    def __lt__(self, other: "_Descending") -> bool:
+        return other.v < self.v
+
+
+class SortOrder:
+    """Compares sort keys (tuples of the sort columns' values) like ``ORDER BY``."""
+
+    def __init__(self, columns: Sequence[SortColumn]) -> None:
+        if not columns:
+            raise ConfigError("Top-N needs at least one ORDER BY column")
+        self.columns = tuple(columns)
+        self.indices = tuple(c.column for c in columns)
+        self._null_flags = tuple(1 if c.nulls_last else -1 for c in columns)
+
+    def of(self, row: tuple) -> tuple:
+        return tuple(row[i] for i in self.indices)
+
+    def compare(self, a: tuple, b: tuple) -> int:
+        for spec, x, y in zip(self.columns, a, b):
+            if x is None or y is None:
+                if x is None and y is None:
+                    continue
+                first_is_null = x is None
+                return (1 if first_is_null else -1) * (1 if spec.nulls_last else -1)
+            if x == y:
+                continue
+            r = -1 if x < y else 1
+            return r if spec.ascending else -r
+        return 0
+
+    def key(self, sort_key: tuple) -> tuple:
+        """A natively comparable key with the order of :meth:`compare` (for bisect and sorting)."""
+        out = []
+        for spec, flag, v in zip(self.columns, self._null_flags, sort_key):
+            if v is None:
+                out.append((flag, 0))
+            elif spec.ascending:
+                out.append((0, v))
+            elif isinstance(v, (int, float)) and not isinstance(v, bool):
+                out.append((0, -v))
+            else:
+                out.append((0, _Descending(v)))
+        return tuple(out)
+
+
+class TopNBuffer:
+    """Operations on the ``[[sort_key, [items]], ...]`` list of one partition."""
+
+    def __init__(self, order: SortOrder, entries: list | None = None) -> None:
+        self.order = order
+        self.entries: list[list[Any]] = entries if entries is not None else []
+
+    def _find(self, sort_key: tuple) -> tuple[int, bool]:
+        key = self.order.key
+        i = bisect.bisect_left(self.entries, key(sort_key), key=lambda e: key(e[0]))
+        found = i < len(self.entries) and self.order.compare(self.entries[i][0], sort_key) == 0
+        return i, found
+
+    def put(self, sort_key: tuple, item: Any) -> int:
+        """Append ``item`` under ``sort_key``; returns the number of items now under that key."""
+        i, found = self._find(sort_key)
+        if found:
+            self.entries[i][1].append(item)
+            return len(self.entries[i][1])
+        self.entries.insert(i, [sort_key, [item]])
+        return 1
+
+    def get(self, sort_key: tuple) -> list | None:
+        i, found = self._find(sort_key)
+        return self.entries[i][1] if found else None
+
+    def remove_item(self, sort_key: tuple, item: Any) -> bool:
+        i, found = self._find(sort_key)
+        if not found or item not in self.entries[i][1]:
+            return False
+        self.entries[i][1].remove(item)
+        if not self.entries[i][1]:
+            del self.entries[i]
+        return True
+
+    def remove_key(self, sort_key: tuple) -> None:
+        i, found = self._find(sort_key)
+        if found:
+            del self.entries[i]
+
+    def prune_empty(self) -> None:
+        """Drop sort keys whose last item was removed in place."""
+        self.entries[:] = [e for e in self.entries if e[1]]
+
+    def remove_last(self) -> Any:
+        if not self.entries:
+            return None
+        items = self.entries[-1][1]
+        item = items.pop()
+        if not items:
+            self.entries.pop()
+        return item
+
+    def last(self) -> tuple[tuple, Any] | None:
+        if not self.entries:
+            return None
+        return self.entries[-1][0], self.entries[-1][1][-1]
+
+    def size(self) -> int:
+        return sum(len(e[1]) for e in self.entries)
+
+    def __iter__(self) -> Iterator[list]:
+        return iter(self.entries)
+
+    def same_key(self, a: tuple, b: tuple) -> bool:
+        return self.order.compare(a, b) == 0

@@ -1,0 +1,173 @@
+"""Aggregate functions with retraction, as used by :mod:`group_aggregate`.
+
+An accumulator is a plain value (int, list, dict) so that it snapshots with the
+operator state. Every function supports ``retract`` (undo one ``accumulate``) and
+``merge`` (two-phase aggregation). Nulls are skipped by the built-ins, as in SQL.
+MIN/MAX keep a count per value so that retracting the current extreme finds the
+next one exactly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from changelake.errors import ConfigError
+
+
+class AggregateFunction:
+    """Protocol for built-in and user-defined aggregates (subclass and override)."""
+
+    name = "agg"
+    #: False: the function also sees NULL inputs (e.g. a UDF that counts nulls).
+    skips_nulls = True
+
+    def create(self) -> Any:
+        raise NotImplementedError
+
+    def accumulate(self, acc: Any, value: Any) -> Any:
+        raise NotImplementedError
+
+    def retract(self, acc: Any, value: Any) -> Any:
+        raise NotImplementedError
+
+    def merge(self, acc: Any, other: Any) -> Any:
+        raise NotImplementedError(f"{self.name} cannot be merged (two-phase aggregation)")
+
+    def value(self, acc: Any) -> Any:
+        raise NotImplementedError
+
+
+class Count(AggregateFunction):
+    """COUNT(col) (nulls skipped) or COUNT(*) when the call has no column."""
+
+    name = "COUNT"
+
+    def create(self):
+        return 0
+
+    def accumulate(self, acc, value):
+        return acc + 1
+
+    def retract(self, acc, value):
+        return acc - 1
+
+    def merge(self, acc, other):
+        return acc + other
+
+    def value(self, acc):
+        return acc
+
+
+class Sum(AggregateFunction):
+    """SUM with retraction: ``[sum, count of non-null values]``; NULL when no value is left."""
+
+    name = "SUM"
+
+    def create(self):
+        return [0, 0]
+
+    def accumulate(self, acc, value):
+        return [acc[0] + value, acc[1] + 1]
+
+    def retract(self, acc, value):
+        return [acc[0] - value, acc[1] - 1]
+
+    def merge(self, acc, other):
+        return [acc[0] + other[0], acc[1] + other[1]]
+
+    def value(self, acc):
+        return acc[0] if acc[1] != 0 else None
+
+
+class Avg(Sum):
+    """AVG: like Flink, integer input gives an integer result (truncated toward zero)."""
+
+    name = "AVG"
+
+    def value(self, acc):
+        total, n = acc
+        if n == 0:
+            return None
+        if isinstance(total, int):
+            q = abs(total) // abs(n)
+            return q if (total >= 0) == (n > 0) else -q
+        return total / n
+
+
+class _Extreme(AggregateFunction):
+    """MIN/MAX with retraction: ``[extreme, {value: count}]``, updated in place.
+
+    The count per value makes retracting the current extreme exact: only then is the
+    extreme recomputed from the values still counted.
+    """
+
+    pick = staticmethod(max)
+
+    def create(self):
+        return [None, {}]
+
+    def _better(self, a, b) -> bool:
+        return self.pick(a, b) == a and a != b
+
+    def accumulate(self, acc, value):
+        counts = acc[1]
+        n = counts.get(value, 0) + 1
+        if n == 0:
+            del counts[value]
+        else:
+            counts[value] = n
+        if n > 0 and (acc[0] is None or self._better(value, acc[0])):
+            acc[0] = value
+        elif n <= 0 and value == acc[0]:
+            acc[0] = self._recompute(counts)
+        return acc
+
+    def retract(self, acc, value):
+        counts = acc[1]
+        n = counts.get(value, 0) - 1
+        if n == 0:
+            del counts[value]
+        else:
+            counts[value] = n  # a negative count records a retraction that arrived before its row
+        if n <= 0 and value == acc[0]:
+            acc[0] = self._recompute(counts)
+        return acc
+
+    def _recompute(self, counts):
+        alive = [v for v, n in counts.items() if n > 0]
+        return self.pick(alive) if alive else None
+
+    def merge(self, acc, other):
+        counts = acc[1]
+        for v, n in other[1].items():
+            m = counts.get(v, 0) + n
+            if m == 0:
+                counts.pop(v, None)
+            else:
+                counts[v] = m
+        acc[0] = self._recompute(counts)
+        return acc
+
+    def value(self, acc):
+        return acc[0]
+
+
+class Max(_Extreme):
+    name = "MAX"
+    pick = staticmethod(max)
+
+
+class Min(_Extreme):
+    name = "MIN"
+    pick = staticmethod(min)
+
+
+BUILTINS: dict[str, type[AggregateFunction]] = {"COUNT": Count, "SUM": Sum, "AVG": Avg, "MIN": Min, "MAX": Max}
+
+
+def builtin(name: str) -> AggregateFunction:
+    try:
+        return BUILTINS[name.upper()]()
+    except KeyError:
+        raise ConfigError(f"unknown aggregate function {name!r}; built-ins are {sorted(BUILTINS)} "
+                          "(pass an AggregateFunction instance for a user-defined one)") from None

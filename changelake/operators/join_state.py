@@ -1,0 +1,137 @@
+"""The three state layouts of a join input (Flink's ``JoinRecordStateView``).
+
+Per join key a side keeps its rows in one of three layouts, chosen from what the
+planner knows about the input's unique key:
+
+=============================  ==================================  =======================
+layout                         entries per join key                 a new row ...
+=============================  ==================================  =======================
+``join_key_contains_unique_key``  at most one row                   replaces the row
+``has_unique_key``                one row per unique-key value       replaces that entry
+``no_unique_key``                 each distinct row with a count     increments the count
+=============================  ==================================  =======================
+
+On an outer side every entry also carries ``assoc``, the number of rows of the
+other side it currently joins with (Flink's ``numOfAssociations``); it decides when
+the null-padded row must be emitted or retracted.
+
+TTL is per entry (a MapState entry in Flink): an entry written (added or its
+``assoc`` updated) at ``w`` expires once ``w + ttl <= now``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from changelake.errors import ConfigError
+from changelake.operators._rows import project
+from changelake.operators._state import KeyedState
+
+Layout = Literal["join_key_contains_unique_key", "has_unique_key", "no_unique_key"]
+LAYOUTS = ("join_key_contains_unique_key", "has_unique_key", "no_unique_key")
+
+# entry fields: [row, count, assoc, written_at]
+_ROW, _COUNT, _ASSOC, _WRITTEN = range(4)
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """What is known about one join input's unique key."""
+
+    layout: Layout = "no_unique_key"
+    unique_key: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.layout not in LAYOUTS:
+            raise ConfigError(f"join input layout must be one of {LAYOUTS}, got {self.layout!r}")
+        if (self.layout == "no_unique_key") != (self.unique_key is None):
+            raise ConfigError("join input: give unique_key exactly when the layout is not 'no_unique_key'")
+
+
+class JoinRecordView:
+    """One side's rows, by join key, in the layout of its :class:`InputSpec`."""
+
+    def __init__(self, name: str, spec: InputSpec, ttl_ms: int) -> None:
+        self.spec = spec
+        self.ttl_ms = ttl_ms
+        self.store = KeyedState(name)  # value: {entry key: [row, count, assoc, written_at]}
+
+    def _entry_key(self, row: tuple):
+        if self.spec.layout == "join_key_contains_unique_key":
+            return ()
+        if self.spec.layout == "has_unique_key":
+            return project(row, self.spec.unique_key)
+        return row
+
+    def _entries(self, jk: tuple, now: int) -> dict | None:
+        entries = self.store.get(jk, now)
+        if entries is None:
+            return None
+        if self.ttl_ms > 0:
+            dead = [k for k, e in entries.items() if e[_WRITTEN] + self.ttl_ms <= now]
+            for k in dead:
+                del entries[k]
+            if not entries:
+                self.store.delete(jk)
+                return None
+        return entries
+
+    def records(self, jk: tuple, now: int) -> list[tuple[tuple, int]]:
+        """``(row, assoc)`` for every live row of ``jk``, a row with count n repeated n times."""
+        entries = self._entries(jk, now)
+        if not entries:
+            return []
+        return [(e[_ROW], e[_ASSOC]) for e in entries.values() for _ in range(e[_COUNT])]
+
+    def add(self, jk: tuple, row: tuple, now: int, assoc: int = 0) -> None:
+        entries = self._entries(jk, now)
+        if entries is None:
+            entries = {}
+            self.store.put(jk, entries, now)
+        ek = self._entry_key(row)
+        entry = entries.get(ek)
+        if entry is not None and self.spec.layout == "no_unique_key":
+            entry[_COUNT] += 1
+            entry[_ASSOC] = assoc
+            entry[_WRITTEN] = now
+        else:
+            entries[ek] = [row, 1, assoc, now]
+
+    def retract(self, jk: tuple, row: tuple, now: int) -> bool:
+        """Remove one ``row``; False if nothing was there to remove."""
+        entries = self._entries(jk, now)
+        if not entries:
+            return False
+        ek = self._entry_key(row)
+        entry = entries.get(ek)
+        if entry is None:
+            return False
+        if entry[_COUNT] > 1:
+            entry[_COUNT] -= 1
+            entry[_WRITTEN] = now
+        else:
+            del entries[ek]
+            if not entries:
+                self.store.delete(jk)
+        return True
+
+    def update_assoc(self, jk: tuple, row: tuple, assoc: int, now: int) -> None:
+        entries = self._entries(jk, now)
+        entry = entries.get(self._entry_key(row)) if entries else None
+        if entry is not None:
+            entry[_ASSOC] = assoc
+            entry[_WRITTEN] = now
+
+    def expire(self, now: int) -> int:
+        if self.ttl_ms <= 0:
+            return 0
+        dropped = 0
+        for jk, entries, _ in list(self.store.entries()):
+            before = len(entries)
+            left = self._entries(jk, now)
+            dropped += before - (len(left) if left else 0)
+        return dropped
+
+    def __len__(self) -> int:
+        return sum(sum(e[_COUNT] for e in entries.values()) for _, entries, _ in self.store.entries())

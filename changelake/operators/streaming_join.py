@@ -1,0 +1,305 @@
+"""StreamingJoin: regular (unbounded) two-input joins with retraction.
+
+Mirrors Flink's ``StreamingJoinOperator`` (inner, left, right, full) and
+``StreamingSemiAntiJoinOperator`` (semi, anti). Each side keeps its rows in a
+:class:`~changelake.operators.join_state.JoinRecordView` (three layouts); an outer
+side also keeps per row the number of rows of the other side it joins with.
+
+Emission rules for one input row ``r`` (``M`` = matching rows of the other side,
+``a(o)`` = association count of other-side row ``o``; "outer join" = either side outer)::
+
+    r is +I/+U
+      r's side outer, M empty       -> +I [r + nulls]; store r with assoc 0
+      r's side outer, M non-empty   -> for o in M: (other side outer and a(o) == 0: -D [nulls + o]);
+                                       a(o) += 1; +I [r + o].  Store r with assoc |M|
+      r's side inner                -> store r; for o in M: as above if the other side is outer,
+                                       else emit [r + o] with r's own kind (+I or +U)
+    r is -U/-D
+      remove r from its side (nothing to remove: stale retraction, counted; output as below anyway)
+      M empty                       -> r's side outer: -D [r + nulls]
+      M non-empty                   -> for o in M: -D [r + o] (outer join) or r's kind (inner join);
+                                       other side outer: a(o) == 1 -> +I [nulls + o]; a(o) -= 1
+
+Semi / anti join (output = left rows only; ``n`` = number of matching right rows)::
+
+    left  +I/+U: semi emits r if n > 0, anti if n == 0 (r's kind); store r with assoc n
+    left  -U/-D: same condition, emits r with its kind; remove r
+    right +I/+U: store; for each matching left row l: a(l) 0 -> 1: semi +I l, anti -D l; a(l) += 1
+    right -U/-D: remove; for each matching left row l: a(l) 1 -> 0: semi -D l, anti +I l; a(l) -= 1
+
+A ``+U`` without a preceding ``-U`` is treated as one more row (Flink does the same):
+the joined row it replaces is not retracted. Outer joins always emit +I/-D, never
+-U/+U (as Flink: both are equivalent for a join, FLINK-17337).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Literal
+
+from changelake.changelog import RowKind
+from changelake.errors import ConfigError
+from changelake.operators import changelog_mode as cm
+from changelake.operators._base import Kernel, MiniBatchBuffer
+from changelake.operators._rows import DELETE, INSERT, Changes, coerce, is_accumulate, project
+from changelake.operators._state import StaleRetractionPolicy, StaleRetractions, check_ttl
+from changelake.operators.join_state import InputSpec, JoinRecordView
+
+JoinType = Literal["INNER", "LEFT", "RIGHT", "FULL", "SEMI", "ANTI"]
+JOIN_TYPES = ("INNER", "LEFT", "RIGHT", "FULL", "SEMI", "ANTI")
+
+#: join key -> that side's rows (see join_state)
+STATE_LEFT_RECORDS = "join-left-records"
+STATE_RIGHT_RECORDS = "join-right-records"
+
+
+@dataclass(frozen=True)
+class StreamingJoinConfig:
+    join_type: JoinType
+    left_key: tuple[int, ...]
+    right_key: tuple[int, ...]
+    left_arity: int
+    right_arity: int
+    left_input: InputSpec = field(default_factory=InputSpec)
+    right_input: InputSpec = field(default_factory=InputSpec)
+    #: extra (non-equi) condition on (left row, right row); None = TRUE
+    condition: Callable[[tuple, tuple], bool] | None = None
+    #: per key column: True = a NULL key never matches (SQL '='), False = NULL matches NULL (IS NOT DISTINCT FROM)
+    filter_null_keys: tuple[bool, ...] | None = None
+    left_state_ttl_ms: int = 0
+    right_state_ttl_ms: int = 0
+    mini_batch_size: int | None = None
+    on_stale_retraction: StaleRetractionPolicy = "warn"
+
+    def __post_init__(self) -> None:
+        if self.join_type not in JOIN_TYPES:
+            raise ConfigError(f"join_type must be one of {JOIN_TYPES}, got {self.join_type!r}")
+        if len(self.left_key) != len(self.right_key) or not self.left_key:
+            raise ConfigError("left_key and right_key must name the same, non-zero number of columns")
+        if self.filter_null_keys is not None and len(self.filter_null_keys) not in (1, len(self.left_key)):
+            raise ConfigError("filter_null_keys needs one flag per key column (or one for all)")
+        check_ttl("StreamingJoin left", self.left_state_ttl_ms)
+        check_ttl("StreamingJoin right", self.right_state_ttl_ms)
+
+    @property
+    def left_outer(self) -> bool:
+        return self.join_type in ("LEFT", "FULL")
+
+    @property
+    def right_outer(self) -> bool:
+        return self.join_type in ("RIGHT", "FULL")
+
+
+class _JoinBase(Kernel):
+    def __init__(self, config: StreamingJoinConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.left = JoinRecordView(STATE_LEFT_RECORDS, config.left_input, config.left_state_ttl_ms)
+        self.right = JoinRecordView(STATE_RIGHT_RECORDS, config.right_input, config.right_state_ttl_ms)
+        self._register(self.left.store)
+        self._register(self.right.store)
+        self.stale = StaleRetractions(self.OPERATOR, config.on_stale_retraction)
+        flags = config.filter_null_keys or (True,)
+        self._null_filter = flags * len(config.left_key) if len(flags) == 1 else flags
+        if config.mini_batch_size is not None:
+            self.mini_batch = MiniBatchBuffer(config.mini_batch_size)
+
+    def process(self, batch, *, side: Literal["left", "right"], now: int = 0) -> Changes:
+        if side not in ("left", "right"):
+            raise ValueError(f"side must be 'left' or 'right', got {side!r}")
+        batch = coerce(batch)
+        out = Changes()
+        if self.mini_batch is None:
+            for kind, row in batch:
+                self._element(kind, row, side == "left", now, out)
+        else:
+            for bundle in self.mini_batch.feed(side, batch):
+                self._process_bundle(bundle, now, out)
+        return out
+
+    def expire(self, *, now: int) -> int:
+        return self.left.expire(now) + self.right.expire(now)
+
+    @property
+    def state_rows(self) -> int:
+        return len(self.left) + len(self.right)
+
+    def _key(self, row: tuple, is_left: bool) -> tuple:
+        return project(row, self.config.left_key if is_left else self.config.right_key)
+
+    def _matches(self, row: tuple, jk: tuple, is_left: bool, now: int) -> list[tuple[tuple, int]]:
+        if any(v is None and f for v, f in zip(jk, self._null_filter)):
+            return []
+        other = self.right if is_left else self.left
+        found = other.records(jk, now)
+        cond = self.config.condition
+        if cond is None:
+            return found
+        return [(o, a) for o, a in found if (cond(row, o) if is_left else cond(o, row))]
+
+    def _stale(self, kind: int, row: tuple, is_left: bool) -> None:
+        self.stale(lambda: f"{RowKind(kind).short} {row!r} on the {'left' if is_left else 'right'} input "
+                           "found no stored row to retract")
+
+    def _element(self, kind: int, row: tuple, is_left: bool, now: int, out: Changes) -> None:
+        raise NotImplementedError
+
+
+class StreamingJoin(_JoinBase):
+    """Inner, left, right and full outer join."""
+
+    OPERATOR = "StreamingJoin"
+
+    def __init__(self, config: StreamingJoinConfig) -> None:
+        if config.join_type in ("SEMI", "ANTI"):
+            raise ConfigError("semi and anti joins are StreamingSemiAntiJoin, not StreamingJoin")
+        super().__init__(config)
+        self._left_nulls = (None,) * config.left_arity
+        self._right_nulls = (None,) * config.right_arity
+
+    def contract(self) -> cm.ChangelogContract:
+        jt = self.config.join_type
+        if jt == "INNER":
+            produces = cm.ALL
+        elif jt == "FULL":
+            produces = cm.ChangelogMode.of(RowKind.INSERT, RowKind.DELETE)
+        else:  # a retraction on the inner side keeps its kind (-U), as in Flink
+            produces = cm.ChangelogMode.of(RowKind.INSERT, RowKind.UPDATE_BEFORE, RowKind.DELETE)
+        return cm.ChangelogContract(produces=produces, accepts=cm.ALL, needs_update_before=True)
+
+    def _joined(self, row: tuple, other: tuple, is_left: bool) -> tuple:
+        return row + other if is_left else other + row
+
+    def _padded(self, row: tuple, row_is_left: bool) -> tuple:
+        return row + self._right_nulls if row_is_left else self._left_nulls + row
+
+    def _element(self, kind: int, row: tuple, is_left: bool, now: int, out: Changes,
+                 suppress: bool = False) -> None:
+        """One input row. ``suppress``: half of a folded -U/+U pair of one unique key in a mini-batch
+        bundle; the pair leaves the row's state and the null-padded rows of the other side as they
+        were, so neither the state retraction nor the padding changes are applied/emitted."""
+        c = self.config
+        mine, other = (self.left, self.right) if is_left else (self.right, self.left)
+        my_outer, other_outer = (c.left_outer, c.right_outer) if is_left else (c.right_outer, c.left_outer)
+        jk = self._key(row, is_left)
+        matches = self._matches(row, jk, is_left, now)
+        if is_accumulate(kind):
+            if my_outer and not matches:
+                out.emit(INSERT, self._padded(row, is_left))
+            if other_outer:
+                for o, a in matches:
+                    if a == 0 and not suppress:
+                        out.emit(DELETE, self._padded(o, not is_left))
+                    other.update_assoc(jk, o, a + 1, now)
+            out_kind = INSERT if (my_outer or other_outer) else kind
+            for o, _ in matches:
+                out.emit(out_kind, self._joined(row, o, is_left))
+            mine.add(jk, row, now, len(matches) if my_outer else 0)
+            return
+        if not suppress and not mine.retract(jk, row, now):
+            self._stale(kind, row, is_left)
+        if not matches:
+            if my_outer:
+                out.emit(DELETE, self._padded(row, is_left))
+            return
+        out_kind = DELETE if my_outer else kind
+        for o, _ in matches:
+            out.emit(out_kind, self._joined(row, o, is_left))
+        if other_outer:
+            for o, a in matches:
+                if a == 1 and not suppress:
+                    out.emit(INSERT, self._padded(o, not is_left))
+                other.update_assoc(jk, o, a - 1, now)
+
+    # -- mini-batch ------------------------------------------------------------------------------
+    def _process_bundle(self, bundle: list[tuple], now: int, out: Changes) -> None:
+        folded = {side: fold_bundle(spec, [(k, r) for tag, k, r in bundle if tag == side],
+                                    self.config.left_key if side == "left" else self.config.right_key)
+                  for side, spec in (("left", self.config.left_input), ("right", self.config.right_input))}
+        # Process the inner side first, so that fewer null-padded rows are emitted and retracted.
+        order = ("left", "right") if self.config.join_type == "RIGHT" else ("right", "left")
+        for side in order:
+            for group in folded[side]:
+                suppress = len(group) == 2 and not is_accumulate(group[0][0]) and is_accumulate(group[1][0])
+                for kind, row in group:
+                    self._element(kind, row, side == "left", now, out, suppress)
+
+
+def fold_bundle(spec: InputSpec, records: list[tuple[int, tuple]], key: tuple[int, ...]) -> list[list]:
+    """Fold one side of a mini-batch bundle; returns groups of ``(kind, row)`` in processing order.
+
+    With a unique key (``join_key_contains_unique_key`` / ``has_unique_key``) each unique key keeps
+    at most its last retraction and its last accumulation (``[-X, +Y]``); an accumulation followed
+    by a retraction cancels out. Without one, a retraction cancels the latest earlier accumulation
+    of an identical row (and vice versa); every surviving row is its own group.
+    Groups come in the order their join key (then unique key) first arrived.
+    """
+    if spec.layout == "no_unique_key":
+        per_key: dict[tuple, list[tuple[int, tuple]]] = {}
+        for kind, row in records:
+            pending = per_key.setdefault(project(row, key), [])
+            for i in range(len(pending) - 1, -1, -1):
+                k, r = pending[i]
+                if is_accumulate(k) != is_accumulate(kind) and r == row:
+                    del pending[i]
+                    break
+            else:
+                pending.append((kind, row))
+        return [[rec] for pending in per_key.values() for rec in pending]
+    by_unique: dict[tuple, list[tuple[int, tuple]]] = {}
+    for kind, row in records:
+        uk = project(row, key) + (() if spec.layout == "join_key_contains_unique_key"
+                                  else ("|",) + project(row, spec.unique_key))
+        group = by_unique.setdefault(uk, [])
+        if group and is_accumulate(group[-1][0]):
+            group.pop()
+            if not is_accumulate(kind):
+                continue
+        elif group and not is_accumulate(kind):
+            group.pop()
+        group.append((kind, row))
+    order: dict[tuple, list[list]] = {}
+    for uk, group in by_unique.items():
+        if group:
+            order.setdefault(project(group[0][1], key), []).append(group)
+    return [g for groups in order.values() for g in groups]
+
+
+class StreamingSemiAntiJoin(_JoinBase):
+    """Left semi join (``EXISTS``) and left anti join (``NOT EXISTS``); emits left rows only."""
+
+    OPERATOR = "StreamingSemiAntiJoin"
+
+    def __init__(self, config: StreamingJoinConfig) -> None:
+        if config.join_type not in ("SEMI", "ANTI"):
+            raise ConfigError(f"StreamingSemiAntiJoin handles SEMI and ANTI, not {config.join_type}")
+        super().__init__(config)
+        self._anti = config.join_type == "ANTI"
+
+    def contract(self) -> cm.ChangelogContract:
+        return cm.ChangelogContract(produces=cm.ALL, accepts=cm.ALL, needs_update_before=True)
+
+    def _element(self, kind: int, row: tuple, is_left: bool, now: int, out: Changes) -> None:
+        jk = self._key(row, is_left)
+        matches = self._matches(row, jk, is_left, now)
+        if is_left:
+            if (not matches) == self._anti:
+                out.emit(kind, row)
+            if is_accumulate(kind):
+                self.left.add(jk, row, now, len(matches))
+            elif not self.left.retract(jk, row, now):
+                self._stale(kind, row, is_left)
+            return
+        if is_accumulate(kind):
+            self.right.add(jk, row, now)
+            for left_row, a in matches:
+                if a == 0:
+                    out.emit(DELETE if self._anti else INSERT, left_row)
+                self.left.update_assoc(jk, left_row, a + 1, now)
+            return
+        if not self.right.retract(jk, row, now):
+            self._stale(kind, row, is_left)
+        for left_row, a in matches:
+            if a == 1:
+                out.emit(INSERT if self._anti else DELETE, left_row)
+            self.left.update_assoc(jk, left_row, a - 1, now)

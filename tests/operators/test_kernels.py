@@ -1,0 +1,303 @@
+"""Kernel properties a caller relies on, beyond the Flink corpus:
+
+* a batch gives exactly the output of feeding its rows one at a time (the Spark binding
+  hands whole micro-batches to the kernels);
+* snapshot -> bytes -> restore continues exactly where the old instance was;
+* stale retractions follow the configured policy and are always counted;
+* Arrow changelog tables go in and come out.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from changelake.changelog import KIND
+from changelake.errors import ConfigError, StateError
+from changelake.operators._rows import DELETE, INSERT, UPDATE_AFTER, UPDATE_BEFORE, Changes
+from changelake.operators._topn_buffer import SortColumn
+from changelake.operators.deduplicate import Deduplicate, DeduplicateConfig
+from changelake.operators.group_aggregate import AggCall, GroupAggregate, GroupAggregateConfig
+from changelake.operators.join_state import InputSpec
+from changelake.operators.rank import RankConfig, make_rank
+from changelake.operators.sink_upsert_materializer import SinkUpsertMaterializer, SinkUpsertMaterializerConfig
+from changelake.operators.streaming_join import StreamingJoin, StreamingJoinConfig
+from changelake.service.metrics import REGISTRY
+
+KINDS = st.sampled_from([INSERT, UPDATE_BEFORE, UPDATE_AFTER, DELETE])
+ROWS = st.tuples(st.integers(0, 3), st.integers(0, 4), st.integers(-5, 5))
+CHANGES = st.lists(st.tuples(KINDS, ROWS), max_size=40)
+INSERTS = st.lists(st.tuples(st.just(INSERT), ROWS), max_size=40)
+
+
+def single_input_kernels():
+    """(name, factory, needs insert-only input) for every single-input kernel configuration family."""
+    return [
+        ("materializer", lambda: SinkUpsertMaterializer(SinkUpsertMaterializerConfig(keys=(0,))), False),
+        ("materializer-upsert-key", lambda: SinkUpsertMaterializer(
+            SinkUpsertMaterializerConfig(keys=(0,), upsert_key=(1,), state_ttl_ms=5)), False),
+        ("dedup-last-changelog", lambda: Deduplicate(DeduplicateConfig(
+            keys=(0,), keep="last", input_insert_only=False)), False),
+        ("dedup-first", lambda: Deduplicate(DeduplicateConfig(keys=(0,), keep="first", state_ttl_ms=3)), True),
+        ("dedup-rowtime-last", lambda: Deduplicate(DeduplicateConfig(
+            keys=(0,), keep="last", order="rowtime", rowtime_index=2)), True),
+        ("group-agg", lambda: GroupAggregate(GroupAggregateConfig(
+            group_keys=(0,), aggregates=(AggCall("COUNT"), AggCall("SUM", 2), AggCall("MIN", 2),
+                                         AggCall("MAX", 2), AggCall("COUNT", 1, distinct=True)))), False),
+        ("rank-retract", lambda: make_rank(RankConfig(
+            strategy="retract", partition_keys=(0,), sort_keys=(SortColumn(2),), rank_end=2,
+            output_rank_number=True)), False),
+        ("rank-retract-unranked", lambda: make_rank(RankConfig(
+            strategy="retract", partition_keys=(0,), sort_keys=(SortColumn(2, ascending=False),), rank_end=2)),
+         False),
+        ("rank-append", lambda: make_rank(RankConfig(
+            strategy="append_only", partition_keys=(0,), sort_keys=(SortColumn(2),), rank_start=2, rank_end=3)),
+         True),
+    ]
+
+
+KERNELS = single_input_kernels()
+
+
+@pytest.mark.parametrize("name,make,insert_only", KERNELS, ids=[k[0] for k in KERNELS])
+@settings(max_examples=60, deadline=None)
+@given(changes=CHANGES, inserts=INSERTS, now_step=st.integers(0, 4))
+def test_batch_equals_row_at_a_time(name, make, insert_only, changes, inserts, now_step):
+    records = inserts if insert_only else changes
+    whole, single = make(), make()
+    batch_out = whole.process(Changes.of(records), now=now_step)
+    row_out = Changes()
+    for rec in records:
+        row_out.extend(single.process(Changes.of([rec]), now=now_step))
+    assert batch_out.as_pairs() == row_out.as_pairs()
+    assert whole.snapshot() == single.snapshot()
+
+
+@pytest.mark.parametrize("name,make,insert_only", KERNELS, ids=[k[0] for k in KERNELS])
+@settings(max_examples=40, deadline=None)
+@given(first=CHANGES, second=CHANGES, ins1=INSERTS, ins2=INSERTS)
+def test_snapshot_restore_continues_exactly(name, make, insert_only, first, second, ins1, ins2):
+    if insert_only:
+        first, second = ins1, ins2
+    kept = make()
+    kept.process(Changes.of(first), now=1)
+    data = kept.snapshot()
+    assert isinstance(data, bytes)
+    restored = type(kept).restore(kept.config, data)
+    assert restored.snapshot() == data
+    assert restored.process(Changes.of(second), now=2).as_pairs() == kept.process(Changes.of(second), now=2).as_pairs()
+
+
+@settings(max_examples=40, deadline=None)
+@given(left=CHANGES, right=CHANGES, join_type=st.sampled_from(["INNER", "LEFT", "RIGHT", "FULL"]),
+       layout=st.sampled_from(["no_unique_key", "has_unique_key", "join_key_contains_unique_key"]))
+def test_join_batch_equals_row_at_a_time_and_restores(left, right, join_type, layout):
+    spec = InputSpec(layout, None if layout == "no_unique_key" else ((1,) if layout == "has_unique_key" else (0,)))
+    config = StreamingJoinConfig(join_type=join_type, left_key=(0,), right_key=(0,), left_arity=3, right_arity=3,
+                                 left_input=spec, right_input=spec)
+    whole, single = StreamingJoin(config), StreamingJoin(config)
+    out_whole = whole.process(Changes.of(left), side="left").as_pairs()
+    restored = StreamingJoin.restore(config, whole.snapshot())
+    out_whole += restored.process(Changes.of(right), side="right").as_pairs()
+    out_single = []
+    for side, recs in (("left", left), ("right", right)):
+        for rec in recs:
+            out_single += single.process(Changes.of([rec]), side=side).as_pairs()
+    assert out_whole == out_single
+
+
+def _stale_count(operator: str) -> float:
+    return REGISTRY.get_sample_value("changelake_stale_retractions_total", {"operator": operator}) or 0.0
+
+
+def test_stale_retraction_warn_skips_and_counts():
+    agg = GroupAggregate(GroupAggregateConfig(group_keys=(0,), aggregates=(AggCall("SUM", 1),)))
+    before = _stale_count("GroupAggregate")
+    out = agg.process(Changes.of([("-D", ("a", 1)), ("+I", ("b", 2))]))
+    assert out.as_pairs() == [("+I", ("b", 2))]
+    assert _stale_count("GroupAggregate") == before + 1
+    assert agg.stale.count == 1
+
+
+def test_stale_retraction_fail_raises_state_error():
+    dedup = Deduplicate(DeduplicateConfig(keys=(0,), keep="last", input_insert_only=False,
+                                          on_stale_retraction="fail"))
+    before = _stale_count("Deduplicate")
+    with pytest.raises(StateError, match="raise the state TTL"):
+        dedup.process(Changes.of([("-D", ("a", 1))]))
+    assert _stale_count("Deduplicate") == before + 1
+
+
+def test_stale_retraction_policy_is_validated():
+    with pytest.raises(ConfigError, match="on_stale_retraction"):
+        Deduplicate(DeduplicateConfig(keys=(0,), keep="last", on_stale_retraction="ignore"))
+
+
+def test_max_retracting_the_current_maximum_finds_the_next():
+    agg = GroupAggregate(GroupAggregateConfig(group_keys=(0,), aggregates=(AggCall("MAX", 1), AggCall("MIN", 1))))
+    agg.process(Changes.of([("+I", ("g", 5)), ("+I", ("g", 9)), ("+I", ("g", 9)), ("+I", ("g", 1))]))
+    out = agg.process(Changes.of([("-D", ("g", 9))]))
+    assert out.as_pairs() == []  # one 9 is still there: MAX unchanged, TTL disabled -> no-op suppressed
+    out = agg.process(Changes.of([("-D", ("g", 9)), ("-D", ("g", 1))]))
+    assert out.as_pairs() == [("-U", ("g", 9, 1)), ("+U", ("g", 5, 1)), ("-U", ("g", 5, 1)), ("+U", ("g", 5, 5))]
+    out = agg.process(Changes.of([("-D", ("g", 5))]))
+    assert out.as_pairs() == [("-D", ("g", 5, 5))]
+    assert agg.state_rows == 0
+
+
+def test_explicit_expire_drops_ttl_expired_state():
+    dedup = Deduplicate(DeduplicateConfig(keys=(0,), keep="last", state_ttl_ms=10))
+    dedup.process(Changes.of([("+I", ("a", 1)), ("+I", ("b", 1))]), now=0)
+    dedup.process(Changes.of([("+I", ("b", 2))]), now=5)
+    assert dedup.expire(now=10) == 1
+    assert dedup.state_rows == 1
+    assert dedup.process(Changes.of([("+I", ("a", 3))]), now=10).as_pairs() == [("+I", ("a", 3))]
+
+
+def test_arrow_changelog_in_and_out():
+    table = pa.table({"id": [1, 1, 2], "v": ["x", "y", "z"], KIND: pa.array([0, 0, 0], pa.int8())})
+    dedup = Deduplicate(DeduplicateConfig(keys=(0,), keep="last"))
+    out = dedup.process(table)
+    schema = pa.schema([("id", pa.int64()), ("v", pa.string())])
+    result = out.to_arrow(schema)
+    assert result.column_names == ["id", "v", KIND]
+    assert result.to_pylist() == [
+        {"id": 1, "v": "x", KIND: 0}, {"id": 1, "v": "x", KIND: 1}, {"id": 1, "v": "y", KIND: 2},
+        {"id": 2, "v": "z", KIND: 0}]
+
+
+def test_snapshot_of_another_operator_is_rejected():
+    dedup = Deduplicate(DeduplicateConfig(keys=(0,), keep="last"))
+    dedup.process(Changes.of([("+I", ("a", 1))]))
+    config = GroupAggregateConfig(group_keys=(0,), aggregates=(AggCall("COUNT"),))
+    with pytest.raises(StateError, match="belongs to operator 'Deduplicate'"):
+        GroupAggregate.restore(config, dedup.snapshot())
+
+
+def test_mini_batch_bundle_pending_at_snapshot_is_kept():
+    config = DeduplicateConfig(keys=(0,), keep="last", mini_batch_size=3)
+    first = Deduplicate(config)
+    assert first.process(Changes.of([("+I", ("a", 1)), ("+I", ("a", 2))])).as_pairs() == []
+    restored = Deduplicate.restore(config, first.snapshot())
+    assert restored.finish().as_pairs() == [("+I", ("a", 2))]
+
+
+def test_state_codec_round_trips_sql_values_and_refuses_foreign_classes():
+    import datetime
+    import decimal
+    import math
+    import pickle
+
+    from changelake.operators._state import decode_value, encode_value
+
+    value = {("k", 1): [(None, True, 3, 2.5, "s", b"\x00\xff", decimal.Decimal("1.10"),
+                         datetime.datetime(2024, 1, 2, 3, 4, 5, tzinfo=datetime.timezone.utc),
+                         datetime.date(2024, 1, 2)), {None: 2}]}
+    assert decode_value(encode_value(value)) == value
+    assert math.isnan(decode_value(encode_value(float("nan"))))
+    with pytest.raises(StateError, match="os.system|posix.system"):
+        import os
+        decode_value(pickle.dumps(os.system))
+
+
+SCALARS = st.one_of(st.none(), st.integers(-3, 3), st.sampled_from(["a", "b", "B", ""]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(keys=st.lists(st.tuples(SCALARS.filter(lambda v: not isinstance(v, str)), st.one_of(st.none(), st.text(max_size=2))),
+                     max_size=12),
+       asc=st.tuples(st.booleans(), st.booleans()), nulls_last=st.tuples(st.booleans(), st.booleans()))
+def test_sort_order_key_agrees_with_compare(keys, asc, nulls_last):
+    import functools
+
+    from changelake.operators._topn_buffer import SortOrder
+
+    order = SortOrder([SortColumn(0, asc[0], nulls_last[0]), SortColumn(1, asc[1], nulls_last[1])])
+    by_key = sorted(keys, key=order.key)
+    by_cmp = sorted(keys, key=functools.cmp_to_key(order.compare))
+    assert by_key == by_cmp
+
+
+@settings(max_examples=80, deadline=None)
+@given(ops=st.lists(st.tuples(st.booleans(), st.integers(0, 2), st.integers(-3, 3), st.integers(0, 99)),
+                    max_size=60),
+       mini_batch=st.sampled_from([None, 1, 4]))
+def test_group_aggregate_matches_recomputation_from_live_rows(ops, mini_batch):
+    """Valid changelog (only live rows are retracted): the materialized output always equals
+    COUNT/SUM/MIN/MAX/COUNT DISTINCT recomputed from the rows alive per group."""
+    agg = GroupAggregate(GroupAggregateConfig(
+        group_keys=(0,), mini_batch_size=mini_batch,
+        aggregates=(AggCall("COUNT"), AggCall("SUM", 1), AggCall("MIN", 1), AggCall("MAX", 1),
+                    AggCall("COUNT", 1, distinct=True))))
+    live: list[tuple] = []
+    view: dict = {}
+    batch = Changes()
+    for add, g, v, pick in ops:
+        if add or not live:
+            row = (g, v)
+            live.append(row)
+            batch.emit(INSERT, row)
+        else:
+            row = live.pop(pick % len(live))
+            batch.emit(DELETE if pick % 2 else UPDATE_BEFORE, row)
+    out = agg.process(batch)
+    out.extend(agg.finish())
+    for kind, row in out:
+        if kind in (INSERT, UPDATE_AFTER):
+            view[row[0]] = row
+        elif kind == DELETE:
+            assert view.pop(row[0]) == row
+        else:
+            assert view[row[0]] == row
+    expected = {}
+    for g in {r[0] for r in live}:
+        vs = [r[1] for r in live if r[0] == g]
+        expected[g] = (g, len(vs), sum(vs), min(vs), max(vs), len(set(vs)))
+    assert view == expected
+
+
+@settings(max_examples=60, deadline=None)
+@given(records=st.lists(st.tuples(st.sampled_from([INSERT, UPDATE_AFTER, DELETE]),
+                                  st.tuples(st.one_of(st.none(), st.integers(0, 4)), st.integers(0, 2))),
+                        max_size=50),
+       size=st.integers(1, 12), keep=st.sampled_from(["first", "last"]), split=st.integers(0, 50))
+def test_dedup_arrow_mini_batch_path_equals_row_path(records, size, keep, split):
+    changelog = keep == "last"
+    if not changelog:
+        records = [(INSERT, r) for _, r in records]
+    config = DeduplicateConfig(keys=(0,), keep=keep, mini_batch_size=size, input_insert_only=not changelog)
+    schema = pa.schema([("k", pa.int64()), ("v", pa.int64())])
+    arrow_op, row_op = Deduplicate(config), Deduplicate(config)
+    parts = [records[:split], records[split:]]
+    arrow_out, row_out = [], []
+    for part in parts:
+        arrow_out += arrow_op.process(Changes.of(part).to_arrow(schema)).as_pairs()
+        row_out += row_op.process(Changes.of(part)).as_pairs()
+    arrow_out += arrow_op.finish().as_pairs()
+    row_out += row_op.finish().as_pairs()
+    assert arrow_out == row_out
+    assert arrow_op.snapshot() == row_op.snapshot()
+
+
+@settings(max_examples=80, deadline=None)
+@given(records=st.lists(st.tuples(KINDS, st.tuples(st.one_of(st.none(), st.integers(0, 3)),
+                                                   st.one_of(st.none(), st.integers(-10**12, 10**12)))),
+                        max_size=50),
+       size=st.integers(1, 12), split=st.integers(0, 50), ttl=st.sampled_from([0, 5]))
+def test_group_aggregate_arrow_mini_batch_path_equals_row_path(records, size, split, ttl):
+    config = GroupAggregateConfig(group_keys=(0,), mini_batch_size=size, state_ttl_ms=ttl,
+                                  aggregates=(AggCall("COUNT"), AggCall("COUNT", 1), AggCall("SUM", 1),
+                                              AggCall("AVG", 1)))
+    schema = pa.schema([("g", pa.int64()), ("v", pa.int64())])
+    arrow_op, row_op = GroupAggregate(config), GroupAggregate(config)
+    arrow_out, row_out = [], []
+    for now, part in enumerate((records[:split], records[split:])):
+        arrow_out += arrow_op.process(Changes.of(part).to_arrow(schema), now=now * 3).as_pairs()
+        row_out += row_op.process(Changes.of(part), now=now * 3).as_pairs()
+    arrow_out += arrow_op.finish(now=9).as_pairs()
+    row_out += row_op.finish(now=9).as_pairs()
+    assert arrow_out == row_out
+    assert arrow_op.snapshot() == row_op.snapshot()
+    assert arrow_op.stale.count == row_op.stale.count
