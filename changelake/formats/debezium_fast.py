@@ -1,0 +1,200 @@
+"""The bulk path of the Debezium JSON decoder.
+
+When a chunk of messages is healthy - every value parses as JSON of the
+expected shape, with the declared column types, and only ops c/r/u/d with the
+images they need - Arrow's JSON reader parses the whole chunk straight into
+columns, without a Python object per value, and the changelog is assembled
+with vectorized takes. Anything else (a tombstone is fine) makes
+:func:`decode_chunk` return None and the chunk goes through the per-message
+path, which isolates and explains every bad message. Both paths produce the
+same rows (a differential test holds them equal).
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pj
+import pyarrow.types as pat
+
+from changelake.changelog import DEAD_LETTER_SCHEMA, METADATA_FIELDS, seq_from_kafka, seq_from_log_position
+from changelake.formats.assemble import ColumnSpec, MetaColumn
+from changelake.formats.base import DecodeResult
+from changelake.formats.convert import _rescale
+
+_SOURCE = pa.struct([("ts_ms", pa.int64()), ("db", pa.string()), ("schema", pa.string()),
+                     ("table", pa.string()), ("file", pa.string()), ("pos", pa.int64()), ("row", pa.int64()),
+                     ("lsn", pa.int64())])
+_SIMPLE_META = {"ingestion-timestamp", "source.timestamp", "source.database", "source.schema", "source.table"}
+
+
+def _raw_type(spec: ColumnSpec) -> pa.DataType | None:
+    """How Arrow's JSON reader reads the column (None: the bulk path cannot)."""
+    t = spec.type
+    if spec.pre is not None or spec.decimal_scale is not None:
+        return None
+    if pat.is_boolean(t) or pat.is_integer(t) or pat.is_floating(t) or pat.is_string(t):
+        return t
+    if pat.is_timestamp(t) or pat.is_time(t) or pat.is_duration(t) or pat.is_date32(t):
+        return pa.int64()
+    if pat.is_decimal(t):
+        return pa.string()
+    return None
+
+
+class BulkPlan:
+    """What the bulk path needs to know about a decoder's columns; built once."""
+
+    def __init__(self, specs: Sequence[ColumnSpec], meta: Sequence[MetaColumn], *, envelope: bool) -> None:
+        raw = [_raw_type(s) for s in specs]
+        self.usable = all(r is not None for r in raw) and all(m.key in _SIMPLE_META for m in meta)
+        self.specs = list(specs)
+        self.meta = list(meta)
+        if not self.usable:
+            return
+        row = pa.struct([pa.field(s.name, r) for s, r in zip(specs, raw)])
+        body = pa.struct([("before", row), ("after", row), ("op", pa.string()), ("source", _SOURCE),
+                          ("ts_ms", pa.int64())])
+        schema = pa.schema([("payload", body)]) if envelope else pa.schema(list(body))
+        self.envelope = envelope
+        self.parse_options = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
+
+
+def decode_chunk(plan: BulkPlan, records: pa.Table, *, upsert: bool, key: Sequence[str]) -> DecodeResult | None:
+    """Decode a chunk in bulk, or None when it needs the per-message path."""
+    values = records.column("value").combine_chunks()
+    present = pc.fill_null(pc.greater(pc.binary_length(values), 0), False)
+    idx = np.flatnonzero(present.to_numpy(zero_copy_only=False))
+    n = len(idx)
+    if n == 0:
+        return None
+    tombstones = len(values) - n
+    data = b"\n".join(values.take(pa.array(idx)).to_pylist())
+    if data.count(b"\n") != n - 1:
+        return None   # a value holds a line break (pretty-printed JSON): one message per line is needed
+    try:
+        table = pj.read_json(io.BytesIO(data), read_options=pj.ReadOptions(use_threads=False,
+                                                                          block_size=len(data) + 1),
+                             parse_options=plan.parse_options)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        return None
+    if table.num_rows != n:
+        return None
+    body = table.column("payload").combine_chunks() if plan.envelope else \
+        pa.StructArray.from_arrays([table.column(c).combine_chunks() for c in table.column_names],
+                                   names=table.column_names)
+    if body.null_count:
+        return None
+    op = body.field("op")
+    before, after = body.field("before"), body.field("after")
+    is_c = pc.is_in(op, pa.array(["c", "r"]))
+    is_u = pc.equal(op, "u")
+    is_d = pc.equal(op, "d")
+    known = pc.or_(pc.or_(is_c, is_u), is_d)
+    if op.null_count or not pc.all(known).as_py():
+        return None
+    has_before, has_after = before.is_valid(), after.is_valid()
+    if not pc.all(pc.or_(pc.invert(pc.or_(is_c, is_u)), has_after)).as_py():
+        return None
+    if not pc.all(pc.or_(pc.invert(pc.or_(is_u, is_d)), has_before)).as_py():
+        return None   # missing before-images (or upsert updates): the per-message path handles them
+
+    u = is_u.to_numpy(zero_copy_only=False)
+    c = is_c.to_numpy(zero_copy_only=False)
+    counts = np.where(u, 2, 1)
+    starts = np.cumsum(counts) - counts
+    msg = np.arange(n)
+    take = np.empty(int(counts.sum()), dtype=np.int64)
+    take[starts] = np.where(c, n + msg, msg)           # after for c/r, before for u/d
+    take[starts[u] + 1] = n + msg[u]                    # after of an update
+    kinds = np.empty(len(take), dtype=np.int8)
+    kinds[starts] = np.where(c, 0, np.where(u, 1, 3))
+    kinds[starts[u] + 1] = 2
+    row_msg = pa.array(np.repeat(msg, counts))
+
+    images = pa.concat_arrays([before, after]).take(pa.array(take))
+    arrays, fields = [], []
+    for spec, column in zip(plan.specs, images.flatten()):
+        arr = _finish_column(spec, column)
+        if arr is None:
+            return None
+        if (spec.name in key or not spec.nullable) and arr.null_count:
+            return None
+        arrays.append(arr)
+        fields.append(pa.field(spec.name, spec.type, nullable=spec.nullable))
+
+    source = body.field("source")
+    for m in plan.meta:
+        value = _meta(m.key, body, source)
+        arrays.append(_to_ms(value).cast(m.type) if pat.is_timestamp(m.type) else value.cast(m.type))
+        fields.append(pa.field(m.column, m.type))
+    arrays[len(plan.specs):] = [a.take(row_msg) for a in arrays[len(plan.specs):]]
+
+    record_index = pa.array(idx).take(row_msg)
+    partitions = records.column("partition").combine_chunks().take(pa.array(idx))
+    offsets = records.column("offset").combine_chunks().take(pa.array(idx))
+    seqs = _sequences(source, partitions.to_pylist(), offsets.to_pylist())
+    arrays.append(pa.array(kinds, type=pa.int8()))
+    arrays.append(seqs.take(row_msg))
+    arrays.append(records.column("topic").combine_chunks().take(record_index))
+    arrays.append(records.column("partition").combine_chunks().take(record_index))
+    arrays.append(records.column("offset").combine_chunks().take(record_index))
+    arrays.append(_to_ms(source.field("ts_ms")).take(row_msg))
+    arrays.append(source.field("db").take(row_msg))
+    arrays.append(source.field("table").take(row_msg))
+    fields.extend(METADATA_FIELDS)
+    rows = pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+    skipped = {"tombstone": tombstones} if tombstones else {}
+    return DecodeResult(rows=rows, dead_letters=DEAD_LETTER_SCHEMA.empty_table(), skipped=skipped)
+
+
+def _finish_column(spec: ColumnSpec, column: pa.Array) -> pa.Array | None:
+    t = spec.type
+    try:
+        if pat.is_timestamp(t) or pat.is_time(t) or pat.is_duration(t):
+            return _rescale(column, spec.unit or "ms", t.unit).cast(t)
+        if pat.is_date32(t):
+            if (spec.unit or "d") != "d":
+                return None
+            return column.cast(pa.int32(), safe=True).cast(t)
+        if pat.is_decimal(t):
+            return column.cast(t, safe=True)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        return None
+    return column
+
+
+def _to_ms(ints: pa.Array) -> pa.Array:
+    return ints.cast(pa.int64()).cast(METADATA_FIELDS[5].type)
+
+
+def _meta(key: str, body: pa.StructArray, source: pa.StructArray) -> pa.Array:
+    if key == "ingestion-timestamp":
+        return body.field("ts_ms")
+    return source.field({"source.timestamp": "ts_ms", "source.database": "db", "source.schema": "schema",
+                         "source.table": "table"}[key])
+
+
+def _sequences(source: pa.StructArray, partitions: list[int], offsets: list[int]) -> pa.Array:
+    """Per-message ``_seq``, the same text as :func:`changelake.formats.debezium.sequence`."""
+    files = source.field("file").to_pylist()
+    positions = source.field("pos").to_pylist()
+    rows = source.field("row").to_pylist()
+    lsns = source.field("lsn").to_pylist()
+    out = []
+    for file, pos, row, lsn, part, off in zip(files, positions, rows, lsns, partitions, offsets):
+        if file is not None and pos is not None and pos >= 0:
+            suffix = file[file.rfind(".") + 1:]
+            if suffix.isdigit():
+                out.append(f"l{int(suffix):020d}{pos:020d}{row if row is not None and row >= 0 else 0:020d}"
+                           f"{off:020d}")
+                continue
+        if lsn is not None and lsn >= 0:
+            out.append(seq_from_log_position(lsn, offset=off))
+        else:
+            out.append(seq_from_kafka(part, off))
+    return pa.array(out, type=pa.string())
