@@ -22,7 +22,7 @@ import pyarrow as pa
 from changelake.formats import debezium as dbz
 from changelake.formats.assemble import ChangeCollector, ColumnSpec, Reject, gc_paused, merge_results
 from changelake.formats.base import DecodeResult
-from changelake.formats.debezium_fast import BulkPlan, decode_chunk
+from changelake.formats.debezium_bulk import BulkPlan, decode_json_chunk
 from changelake.formats.jsonbase import JsonChangelogDecoder
 from changelake.formats.options import Option, json_format_options, parse_options
 
@@ -74,7 +74,7 @@ class DebeziumJsonDecoder(JsonChangelogDecoder):
                 result = None
                 plan = self._bulk_plan()
                 if plan is not None and self._try_bulk():
-                    result = decode_chunk(plan, chunk, upsert=self.upsert, key=self._key)
+                    result = decode_json_chunk(plan, chunk, key=self._key)
                     self._bulk_failures = 0 if result is not None else self._bulk_failures + 1
                 if result is None:
                     result = self._decode(chunk)

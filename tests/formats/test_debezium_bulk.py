@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from bench import gen
 from changelake.formats import make_decoder
-from changelake.formats.debezium_fast import decode_chunk
+from changelake.formats.debezium_bulk import decode_json_chunk
 from changelake.formats.sqltypes import sql_schema
 from tests.formats import conformance as cf
 from tests.formats.helpers import change, pg_source, records
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.unit
 def both_paths(decoder, table):
     plan = decoder._bulk_plan()
     assert plan is not None, "the bulk path is not usable for these columns"
-    bulk = decode_chunk(plan, table, upsert=decoder.upsert, key=decoder._key)
+    bulk = decode_json_chunk(plan, table, key=decoder._key)
     assert bulk is not None, "the bulk path declined a healthy chunk"
     slow = decoder._decode(table)
     return bulk, slow
@@ -99,3 +99,15 @@ def test_a_bad_message_sends_only_its_chunk_down_the_slow_path() -> None:
     good = orjson.dumps(change("c", after={"id": 1}))
     result = decoder.decode(records([good] * 10 + [b"{bad"] + [good] * 5))
     assert result.rows.num_rows == 15 and result.dead_letters.column("offset").to_pylist() == [110]
+
+
+@pytest.mark.parametrize("odd", [b"null", b"42", b"[]", b"{} {}", b'{"op":"c"}\n{"op":"c"}', b" {}", b"{}\x00"])
+def test_values_that_are_not_one_json_object_never_reach_the_bulk_reader(odd: bytes) -> None:
+    columns = sql_schema([("id", "INT NOT NULL")])
+    decoder = make_decoder("debezium-json", columns=columns)
+    good = orjson.dumps(change("c", after={"id": 1}))
+    table = records([odd, good, good])
+    assert decode_json_chunk(decoder._bulk_plan(), table, key=()) is None
+    result = decoder.decode(table)
+    assert result.rows.num_rows == 2
+    assert result.dead_letters.column("offset").to_pylist() == [100]

@@ -1,11 +1,11 @@
-"""The bulk path of the Debezium JSON decoder.
+"""The bulk path of the Debezium decoders.
 
 When a chunk of messages is healthy - every value parses as JSON of the
 expected shape, with the declared column types, and only ops c/r/u/d with the
 images they need - Arrow's JSON reader parses the whole chunk straight into
 columns, without a Python object per value, and the changelog is assembled
-with vectorized takes. Anything else (a tombstone is fine) makes
-:func:`decode_chunk` return None and the chunk goes through the per-message
+with vectorized takes (:func:`assemble`, shared with the Avro bulk path).
+Anything else (a tombstone is fine) makes :func:`decode_json_chunk` return None and the chunk goes through the per-message
 path, which isolates and explains every bad message. Both paths produce the
 same rows (a differential test holds them equal).
 """
@@ -64,18 +64,21 @@ class BulkPlan:
         self.parse_options = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
 
 
-def decode_chunk(plan: BulkPlan, records: pa.Table, *, upsert: bool, key: Sequence[str]) -> DecodeResult | None:
-    """Decode a chunk in bulk, or None when it needs the per-message path."""
+def decode_json_chunk(plan: BulkPlan, records: pa.Table, *, key: Sequence[str]) -> DecodeResult | None:
+    """Decode a chunk of Debezium JSON in bulk, or None when it needs the per-message path."""
     values = records.column("value").combine_chunks()
-    present = pc.fill_null(pc.greater(pc.binary_length(values), 0), False)
-    idx = np.flatnonzero(present.to_numpy(zero_copy_only=False))
+    idx = present_values(values)
     n = len(idx)
     if n == 0:
         return None
-    tombstones = len(values) - n
     data = b"\n".join(values.take(pa.array(idx)).to_pylist())
     if data.count(b"\n") != n - 1:
         return None   # a value holds a line break (pretty-printed JSON): one message per line is needed
+    # every message must be one JSON object: '{' after each line break, '}' before it. Besides
+    # being the shape we read, this keeps other top-level values away from Arrow's JSON reader
+    # (pyarrow 26 crashes on a first line that is a bare `null`).
+    if not (data.startswith(b"{") and data.endswith(b"}") and data.count(b"}\n{") == n - 1):
+        return None
     try:
         table = pj.read_json(io.BytesIO(data), read_options=pj.ReadOptions(use_threads=False,
                                                                           block_size=len(data) + 1),
@@ -87,6 +90,20 @@ def decode_chunk(plan: BulkPlan, records: pa.Table, *, upsert: bool, key: Sequen
     body = table.column("payload").combine_chunks() if plan.envelope else \
         pa.StructArray.from_arrays([table.column(c).combine_chunks() for c in table.column_names],
                                    names=table.column_names)
+    return assemble(body, records, idx, plan.specs, plan.meta, key=key)
+
+
+def present_values(values: pa.Array) -> np.ndarray:
+    """Indices of the records whose value is neither null nor empty (the others are tombstones)."""
+    present = pc.fill_null(pc.greater(pc.binary_length(values), 0), False)
+    return np.flatnonzero(present.to_numpy(zero_copy_only=False))
+
+
+def assemble(body: pa.StructArray, records: pa.Table, idx: np.ndarray, specs: Sequence[ColumnSpec],
+             meta: Sequence[MetaColumn], *, key: Sequence[str]) -> DecodeResult | None:
+    """The changelog of ``n`` decoded Debezium envelopes (``body``: before, after, op, source, ts_ms)
+    that came from ``records[idx]``; None if any of them needs the per-message path."""
+    n = len(idx)
     if body.null_count:
         return None
     op = body.field("op")
@@ -118,8 +135,8 @@ def decode_chunk(plan: BulkPlan, records: pa.Table, *, upsert: bool, key: Sequen
 
     images = pa.concat_arrays([before, after]).take(pa.array(take))
     arrays, fields = [], []
-    for spec, column in zip(plan.specs, images.flatten()):
-        arr = _finish_column(spec, column)
+    for spec in specs:
+        arr = _finish_column(spec, _field(images, spec.name))
         if arr is None:
             return None
         if (spec.name in key or not spec.nullable) and arr.null_count:
@@ -127,12 +144,11 @@ def decode_chunk(plan: BulkPlan, records: pa.Table, *, upsert: bool, key: Sequen
         arrays.append(arr)
         fields.append(pa.field(spec.name, spec.type, nullable=spec.nullable))
 
-    source = body.field("source")
-    for m in plan.meta:
+    source = _field(body, "source")
+    for m in meta:
         value = _meta(m.key, body, source)
-        arrays.append(_to_ms(value).cast(m.type) if pat.is_timestamp(m.type) else value.cast(m.type))
+        arrays.append((_to_ms(value) if pat.is_timestamp(m.type) else value.cast(m.type)).take(row_msg))
         fields.append(pa.field(m.column, m.type))
-    arrays[len(plan.specs):] = [a.take(row_msg) for a in arrays[len(plan.specs):]]
 
     record_index = pa.array(idx).take(row_msg)
     partitions = records.column("partition").combine_chunks().take(pa.array(idx))
@@ -143,29 +159,58 @@ def decode_chunk(plan: BulkPlan, records: pa.Table, *, upsert: bool, key: Sequen
     arrays.append(records.column("topic").combine_chunks().take(record_index))
     arrays.append(records.column("partition").combine_chunks().take(record_index))
     arrays.append(records.column("offset").combine_chunks().take(record_index))
-    arrays.append(_to_ms(source.field("ts_ms")).take(row_msg))
-    arrays.append(source.field("db").take(row_msg))
-    arrays.append(source.field("table").take(row_msg))
+    arrays.append(_to_ms(_field(source, "ts_ms")).take(row_msg))
+    arrays.append(_field(source, "db").cast(pa.string()).take(row_msg))
+    arrays.append(_field(source, "table").cast(pa.string()).take(row_msg))
     fields.extend(METADATA_FIELDS)
     rows = pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+    tombstones = records.num_rows - n
     skipped = {"tombstone": tombstones} if tombstones else {}
     return DecodeResult(rows=rows, dead_letters=DEAD_LETTER_SCHEMA.empty_table(), skipped=skipped)
 
 
+def _field(struct: pa.StructArray, name: str) -> pa.Array:
+    """A child of a struct array, or nulls when the schema has no such field."""
+    if struct.type.get_field_index(name) == -1:
+        return pa.nulls(len(struct))
+    return struct.field(name)
+
+
 def _finish_column(spec: ColumnSpec, column: pa.Array) -> pa.Array | None:
+    """The column in its declared type; None when that takes a per-value conversion."""
     t = spec.type
+    src = column.type
     try:
-        if pat.is_timestamp(t) or pat.is_time(t) or pat.is_duration(t):
+        if pat.is_null(src):
+            return pa.nulls(len(column), type=t)
+        if pat.is_integer(src) and (pat.is_timestamp(t) or pat.is_time(t) or pat.is_duration(t)):
             return _rescale(column, spec.unit or "ms", t.unit).cast(t)
-        if pat.is_date32(t):
+        if pat.is_integer(src) and pat.is_date32(t):
             if (spec.unit or "d") != "d":
                 return None
             return column.cast(pa.int32(), safe=True).cast(t)
-        if pat.is_decimal(t):
-            return column.cast(t, safe=True)
+        if src == t:
+            return column
+        if _same_kind(src, t):
+            return column.cast(t, safe=not pat.is_floating(t))
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
         return None
-    return column
+    return None
+
+
+def _same_kind(src: pa.DataType, dst: pa.DataType) -> bool:
+    kinds = (pat.is_integer, pat.is_floating, pat.is_decimal, pat.is_date, pat.is_boolean)
+    if (pat.is_string(src) or pat.is_large_string(src)) and (pat.is_string(dst) or pat.is_decimal(dst)):
+        return True
+    if (pat.is_binary(src) or pat.is_large_binary(src)) and pat.is_binary(dst):
+        return True
+    if pat.is_timestamp(src) and pat.is_timestamp(dst):
+        return True
+    if pat.is_time(src) and pat.is_time(dst):
+        return True
+    if pat.is_integer(src) and pat.is_floating(dst):
+        return True
+    return any(k(src) and k(dst) for k in kinds)
 
 
 def _to_ms(ints: pa.Array) -> pa.Array:
@@ -174,17 +219,17 @@ def _to_ms(ints: pa.Array) -> pa.Array:
 
 def _meta(key: str, body: pa.StructArray, source: pa.StructArray) -> pa.Array:
     if key == "ingestion-timestamp":
-        return body.field("ts_ms")
-    return source.field({"source.timestamp": "ts_ms", "source.database": "db", "source.schema": "schema",
-                         "source.table": "table"}[key])
+        return _field(body, "ts_ms")
+    return _field(source, {"source.timestamp": "ts_ms", "source.database": "db", "source.schema": "schema",
+                           "source.table": "table"}[key])
 
 
 def _sequences(source: pa.StructArray, partitions: list[int], offsets: list[int]) -> pa.Array:
     """Per-message ``_seq``, the same text as :func:`changelake.formats.debezium.sequence`."""
-    files = source.field("file").to_pylist()
-    positions = source.field("pos").to_pylist()
-    rows = source.field("row").to_pylist()
-    lsns = source.field("lsn").to_pylist()
+    files = _field(source, "file").to_pylist()
+    positions = _field(source, "pos").to_pylist()
+    rows = _field(source, "row").to_pylist()
+    lsns = _field(source, "lsn").to_pylist()
     out = []
     for file, pos, row, lsn, part, off in zip(files, positions, rows, lsns, partitions, offsets):
         if file is not None and pos is not None and pos >= 0:
