@@ -106,8 +106,14 @@ def assemble(body: pa.StructArray, records: pa.Table, idx: np.ndarray, specs: Se
     n = len(idx)
     if body.null_count:
         return None
-    op = body.field("op")
-    before, after = body.field("before"), body.field("after")
+    op = _field(body, "op").cast(pa.string())
+    before, after = _field(body, "before"), _field(body, "after")
+    if pat.is_null(before.type) and pat.is_struct(after.type):
+        before = pa.nulls(n, after.type)      # a writer that never sets 'before' (e.g. insert-only)
+    if pat.is_null(after.type) and pat.is_struct(before.type):
+        after = pa.nulls(n, before.type)
+    if not pat.is_struct(before.type) or before.type != after.type:
+        return None
     is_c = pc.is_in(op, pa.array(["c", "r"]))
     is_u = pc.equal(op, "u")
     is_d = pc.equal(op, "d")
@@ -171,7 +177,7 @@ def assemble(body: pa.StructArray, records: pa.Table, idx: np.ndarray, specs: Se
 
 def _field(struct: pa.StructArray, name: str) -> pa.Array:
     """A child of a struct array, or nulls when the schema has no such field."""
-    if struct.type.get_field_index(name) == -1:
+    if not pat.is_struct(struct.type) or struct.type.get_field_index(name) == -1:
         return pa.nulls(len(struct))
     return struct.field(name)
 

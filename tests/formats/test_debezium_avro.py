@@ -139,3 +139,37 @@ def test_decoder_pickles_without_its_registry_client(registry) -> None:
     decoder.decode(records([frame(42, "c", after=AFTER)]))
     clone = pickle.loads(pickle.dumps(decoder))
     assert kinds(clone.decode(records([frame(42, "c", after=AFTER)])).rows) == ["+I"]
+
+
+def _bench_decoder():
+    from bench import gen
+    schema = gen.avro_envelope_schema()
+    return gen, DebeziumAvroDecoder(columns=gen.SCHEMA, schema_lookup=lambda _id: schema,
+                                    options={"metadata": ["source.table", "ingestion-timestamp"]})
+
+
+def test_bulk_path_matches_the_per_message_path() -> None:
+    pytest.importorskip("polars", reason="the Avro bulk path needs the optional polars package")
+    gen, decoder = _bench_decoder()
+    table = gen.records(gen.debezium_avro(2000) + [None])
+    decoder.decode(table.slice(0, 1))
+    bulk = decoder._bulk(table)
+    assert bulk is not None, "the bulk path declined a healthy chunk"
+    slow = decoder._decode(table)
+    assert bulk.rows.schema == slow.rows.schema
+    assert bulk.rows.to_pylist() == slow.rows.to_pylist()
+    assert bulk.skipped == slow.skipped == {"tombstone": 1}
+
+
+def test_shifted_message_boundaries_are_caught() -> None:
+    pytest.importorskip("polars", reason="the Avro bulk path needs the optional polars package")
+    gen, decoder = _bench_decoder()
+    values = gen.debezium_avro(50)
+    values[20] = values[20][:-2]           # truncated ...
+    values[21] = values[21] + b"\x00\x00"  # ... and the next one two bytes longer: same total length
+    table = gen.records(values)
+    decoder.decode(table.slice(0, 1))
+    assert decoder._bulk(table) is None
+    result = decoder.decode(table)
+    assert result.dead_letters.column("offset").to_pylist() == [20]
+    assert len(set(result.rows.column("_offset").to_pylist())) == 49
