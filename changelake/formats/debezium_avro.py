@@ -215,21 +215,8 @@ class DebeziumAvroDecoder:
     def _event(self, out: ChangeCollector, record: int, event: Any, partition: int, offset: int) -> str | None:
         if not isinstance(event, dict):
             raise Reject("malformed", "the Avro record is not a Debezium envelope (before/after/op)")
-        got = dbz.changes(event.get("op"), event.get("before"), event.get("after"),
-                          upsert=self.upsert, on_truncate=self.on_truncate)
-        if isinstance(got, str):
-            return got
-        source = event.get("source")
-        if isinstance(source, dict):
-            ts, db, table = source.get("ts_ms"), source.get("db"), source.get("table")
-        else:
-            ts = db = table = None
-        meta = [dbz.metadata_value(m.key, event, source, None) for m in self._meta] if self._meta else ()
-        msg = out.message(record, dbz.sequence(source, partition, offset), ts if type(ts) is int else None,
-                          db if isinstance(db, str) else None, table if isinstance(table, str) else None, meta)
-        for kind, image in got:
-            out.row(msg, kind, image)
-        return None
+        return dbz.collect_event(out, record, event, schema=None, meta=self._meta, partition=partition,
+                                 offset=offset, upsert=self.upsert, on_truncate=self.on_truncate)
 
 
 # --- Avro schema -> columns ------------------------------------------------------------

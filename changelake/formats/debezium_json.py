@@ -111,24 +111,8 @@ class DebeziumJsonDecoder(JsonChangelogDecoder):
                                       "set schema-include: false for this topic")
         else:
             payload = obj
-        op = payload.get("op")
-        got = dbz.changes(op, payload.get("before"), payload.get("after"),
-                          upsert=self.upsert, on_truncate=self.on_truncate)
-        if isinstance(got, str):
-            return got
-        source = payload.get("source")
-        if isinstance(source, dict):
-            ts, db, table = source.get("ts_ms"), source.get("db"), source.get("table")
-        else:
-            ts = db = table = None
-        meta = [dbz.metadata_value(m.key, payload, source, schema) for m in self._meta] if self._meta else ()
-        msg = out.message(record, dbz.sequence(source, partition, offset),
-                          ts if type(ts) is int else None,
-                          db if isinstance(db, str) else None,
-                          table if isinstance(table, str) else None, meta)
-        for kind, image in got:
-            out.row(msg, kind, image)
-        return None
+        return dbz.collect_event(out, record, payload, schema=schema, meta=self._meta, partition=partition,
+                                 offset=offset, upsert=self.upsert, on_truncate=self.on_truncate)
 
     def _learn(self, envelope_schema: Any) -> None:
         fields = dbz.row_fields(envelope_schema)
