@@ -268,3 +268,15 @@ def test_invalid_options(options, needle) -> None:
 def test_unknown_format_lists_the_formats() -> None:
     with pytest.raises(ConfigError, match="canal-json"):
         make_decoder("protobuf")
+
+
+@pytest.mark.parametrize("fmt", ["debezium-json", "canal-json", "maxwell-json", "ogg-json"])
+def test_decoders_survive_pickling_after_use(fmt: str) -> None:
+    """Spark ships decoders to executors by pickling them, after the driver may have used them."""
+    import pickle
+
+    decoder = make_decoder(fmt, columns=COLUMNS, options={"key": ["id"]})
+    batch = records([change("c", after={"id": 1, "name": "a", "price": 1.0})] * 3)
+    first = decoder.decode(batch)
+    clone = pickle.loads(pickle.dumps(decoder))
+    assert clone.decode(batch).rows.equals(first.rows)
