@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pj
 import pyarrow.types as pat
 
-from changelake.changelog import DEAD_LETTER_SCHEMA, METADATA_FIELDS, seq_from_kafka, seq_from_log_position
+from changelake.changelog import DEAD_LETTER_SCHEMA, METADATA_FIELDS
 from changelake.formats.assemble import ColumnSpec, MetaColumn
 from changelake.formats.base import DecodeResult
 from changelake.formats.convert import _rescale
@@ -159,7 +159,9 @@ def assemble(body: pa.StructArray, records: pa.Table, idx: np.ndarray, specs: Se
     record_index = pa.array(idx).take(row_msg)
     partitions = records.column("partition").combine_chunks().take(pa.array(idx))
     offsets = records.column("offset").combine_chunks().take(pa.array(idx))
-    seqs = _sequences(source, partitions.to_pylist(), offsets.to_pylist())
+    seqs = _sequences(source, partitions, offsets)
+    if seqs is None:
+        return None
     arrays.append(pa.array(kinds, type=pa.int8()))
     arrays.append(seqs.take(row_msg))
     arrays.append(records.column("topic").combine_chunks().take(record_index))
@@ -230,22 +232,29 @@ def _meta(key: str, body: pa.StructArray, source: pa.StructArray) -> pa.Array:
                            "source.table": "table"}[key])
 
 
-def _sequences(source: pa.StructArray, partitions: list[int], offsets: list[int]) -> pa.Array:
-    """Per-message ``_seq``, the same text as :func:`changelake.formats.debezium.sequence`."""
-    files = _field(source, "file").to_pylist()
-    positions = _field(source, "pos").to_pylist()
-    rows = _field(source, "row").to_pylist()
-    lsns = _field(source, "lsn").to_pylist()
-    out = []
-    for file, pos, row, lsn, part, off in zip(files, positions, rows, lsns, partitions, offsets):
-        if file is not None and pos is not None and pos >= 0:
-            suffix = file[file.rfind(".") + 1:]
-            if suffix.isdigit():
-                out.append(f"l{int(suffix):020d}{pos:020d}{row if row is not None and row >= 0 else 0:020d}"
-                           f"{off:020d}")
-                continue
-        if lsn is not None and lsn >= 0:
-            out.append(seq_from_log_position(lsn, offset=off))
-        else:
-            out.append(seq_from_kafka(part, off))
-    return pa.array(out, type=pa.string())
+def _sequences(source: pa.StructArray, partitions: pa.Array, offsets: pa.Array) -> pa.Array:
+    """Per-message ``_seq``, the same text as :func:`changelake.formats.debezium.sequence`, built
+    column-wise: binlog (file index, pos, row) where there is one, else the LSN, else Kafka."""
+    files = _field(source, "file").cast(pa.string())
+    pos = _field(source, "pos").cast(pa.int64())
+    row = _field(source, "row").cast(pa.int64())
+    lsn = _field(source, "lsn").cast(pa.int64())
+    suffix = pc.struct_field(pc.extract_regex(files, r"\.(?P<n>[0-9]+)$"), "n")
+    if (pc.max(pc.utf8_length(suffix)).as_py() or 0) > _WIDTH:
+        return None
+    binlog = pc.and_kleene(pc.is_valid(suffix), pc.greater_equal(pos, 0))
+    off = _pad(offsets)
+    seq_binlog = pc.binary_join_element_wise(
+        "l", _pad(pc.utf8_ltrim(suffix, "0")), _pad(pos),
+        _pad(pc.if_else(pc.fill_null(pc.greater_equal(row, 0), False), row, 0)), off, "")
+    seq_lsn = pc.binary_join_element_wise("l", _pad(lsn), off, "")
+    seq_kafka = pc.binary_join_element_wise("k", _pad(partitions, 5), off, "")
+    use_lsn = pc.fill_null(pc.greater_equal(lsn, 0), False)
+    return pc.if_else(pc.fill_null(binlog, False), seq_binlog, pc.if_else(use_lsn, seq_lsn, seq_kafka))
+
+
+_WIDTH = 20
+
+
+def _pad(values: pa.Array, width: int = _WIDTH) -> pa.Array:
+    return pc.utf8_lpad(values.cast(pa.string()), width, "0")

@@ -111,3 +111,23 @@ def test_values_that_are_not_one_json_object_never_reach_the_bulk_reader(odd: by
     result = decoder.decode(table)
     assert result.rows.num_rows == 2
     assert result.dead_letters.column("offset").to_pylist() == [100]
+
+
+def test_column_wise_seq_matches_the_per_message_seq() -> None:
+    import pyarrow as pa
+
+    from changelake.formats.debezium import sequence
+    from changelake.formats.debezium_bulk import _SOURCE, _sequences
+
+    sources = [
+        {"file": "mysql-bin.000003", "pos": 154, "row": 2}, {"file": "mysql-bin.1234567", "pos": 0, "row": None},
+        {"file": "a.b.000010", "pos": 7, "row": -1}, {"file": "binlog", "pos": 7, "lsn": 99},
+        {"file": "mysql-bin.000003", "pos": -1, "lsn": 5}, {"lsn": 0}, {"lsn": -4}, {"file": None, "pos": 3},
+        {"file": "x.000000", "pos": 1, "row": 0}, {},
+    ]
+    struct = pa.array([{k: s.get(k) for k in ("ts_ms", "db", "schema", "table", "file", "pos", "row", "lsn")}
+                       for s in sources], type=_SOURCE)
+    partitions = pa.array([3, 12345, 0, 1, 2, 3, 4, 5, 6, 7], pa.int32())
+    offsets = pa.array([0, 10**12, 5, 6, 7, 8, 9, 10, 11, 12], pa.int64())
+    expected = [sequence(s, p, o) for s, p, o in zip(sources, partitions.to_pylist(), offsets.to_pylist())]
+    assert _sequences(struct, partitions, offsets).to_pylist() == expected
