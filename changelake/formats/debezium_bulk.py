@@ -87,10 +87,14 @@ def decode_json_chunk(plan: BulkPlan, records: pa.Table, *, key: Sequence[str]) 
         return None
     if table.num_rows != n:
         return None
-    body = table.column("payload").combine_chunks() if plan.envelope else \
-        pa.StructArray.from_arrays([table.column(c).combine_chunks() for c in table.column_names],
-                                   names=table.column_names)
+    body = _single(table.column("payload")) if plan.envelope else \
+        pa.StructArray.from_arrays([_single(table.column(c)) for c in table.column_names], names=table.column_names)
     return assemble(body, records, idx, plan.specs, plan.meta, key=key)
+
+
+def _single(column: pa.ChunkedArray) -> pa.Array:
+    # one block was read, so normally one chunk: take it without copying
+    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
 
 
 def present_values(values: pa.Array) -> np.ndarray:

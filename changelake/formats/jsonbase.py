@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 import pyarrow as pa
 
+from changelake.errors import ConfigError
 from changelake.formats.assemble import ChangeCollector, ColumnSpec, MetaColumn, Reject, gc_paused, infer_columns
 from changelake.formats.base import DecodeResult
 
@@ -39,11 +40,9 @@ class JsonChangelogDecoder:
             names = set(columns.names)
             missing = [k for k in self._key if k not in names]
             if missing:
-                from changelake.errors import ConfigError
                 raise ConfigError(f"option 'key' names {missing} which are not among the columns {columns.names}")
             clash = [m.column for m in self._meta if m.column in names]
             if clash:
-                from changelake.errors import ConfigError
                 raise ConfigError(f"option 'metadata': column names {clash} clash with user columns; map the "
                                   f"metadata key to another name, e.g. metadata: {{key: other_name}}")
 
