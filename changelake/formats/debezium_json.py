@@ -56,7 +56,6 @@ class DebeziumJsonDecoder(JsonChangelogDecoder):
         self.metadata: tuple[tuple[str, str], ...] = opts["metadata"]
         super().__init__(columns=columns, metadata=self.metadata, metadata_types=dbz.METADATA_TYPES,
                          key=opts["key"])
-        self._need_schema_text = any(k == "schema" for k, _ in self.metadata)
         self._seen: dict[str, ColumnSpec] = {}   # column encodings reported by envelope schemas
         self._seen_fields = -1
         self._envelope_seen = False
@@ -90,6 +89,8 @@ class DebeziumJsonDecoder(JsonChangelogDecoder):
         if self._specs is None:
             return None   # columns are inferred from the first batch, message by message
         envelope = self.schema_include or self._envelope_seen
+        if envelope and self._seen_fields == -1:
+            return None   # the first envelope tells how columns are encoded (e.g. micro- vs milliseconds)
         if self._plan is None or self._plan.specs != self._specs or self._plan_envelope != envelope:
             self._plan = BulkPlan(self._specs, self._meta, envelope=envelope)
             self._plan_envelope = envelope

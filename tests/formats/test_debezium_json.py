@@ -280,3 +280,14 @@ def test_decoders_survive_pickling_after_use(fmt: str) -> None:
     first = decoder.decode(batch)
     clone = pickle.loads(pickle.dumps(decoder))
     assert clone.decode(batch).rows.equals(first.rows)
+
+
+def test_declared_columns_with_envelope_use_its_units_on_every_path() -> None:
+    fields = [{"type": "int32", "optional": False, "field": "id"},
+              {"type": "int64", "optional": True, "name": "io.debezium.time.MicroTimestamp", "field": "at"}]
+    columns = sql_schema([("id", "INT NOT NULL"), ("at", "TIMESTAMP(3)")])
+    decoder = make_decoder("debezium-json", columns=columns, options={"schema-include": True})
+    batch = records([_envelope(fields, {"id": i, "at": 1_700_000_000_123_456}) for i in range(3)])
+    for _ in range(2):   # the second batch may take the bulk path
+        out = decoder.decode(batch).rows.column("at").to_pylist()
+        assert out == [dt.datetime(2023, 11, 14, 22, 13, 20, 123000)] * 3
