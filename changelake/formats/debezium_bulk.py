@@ -37,7 +37,9 @@ def _raw_type(spec: ColumnSpec) -> pa.DataType | None:
     t = spec.type
     if spec.pre is not None or spec.decimal_scale is not None:
         return None
-    if pat.is_boolean(t) or pat.is_integer(t) or pat.is_floating(t) or pat.is_string(t):
+    if pat.is_floating(t):
+        return pa.float64()   # then cast, as the per-message path does: same float32 rounding
+    if pat.is_boolean(t) or pat.is_integer(t) or pat.is_string(t):
         return t
     if pat.is_timestamp(t) or pat.is_time(t) or pat.is_duration(t) or pat.is_date32(t):
         return pa.int64()
