@@ -45,17 +45,14 @@ def option_specs() -> list[Option]:
 
 class DebeziumJsonDecoder(JsonChangelogDecoder):
     format_name = FORMAT
+    metadata_types = dbz.METADATA_TYPES
 
     def __init__(self, *, columns: pa.Schema | None = None, options: Mapping[str, Any] | None = None) -> None:
         opts = parse_options(FORMAT, options, option_specs())
+        super().__init__(columns=columns, opts=opts)
         self.schema_include: bool = opts["schema_include"]
-        self.ignore_parse_errors: bool = opts["ignore_parse_errors"]
-        self.timestamp_format: str = opts["timestamp_format_standard"]
         self.upsert: bool = opts["upsert"]
         self.on_truncate: str = opts["on_truncate"]
-        self.metadata: tuple[tuple[str, str], ...] = opts["metadata"]
-        super().__init__(columns=columns, metadata=self.metadata, metadata_types=dbz.METADATA_TYPES,
-                         key=opts["key"])
         self._seen: dict[str, ColumnSpec] = {}   # column encodings reported by envelope schemas
         self._seen_fields = -1
         self._envelope_seen = False

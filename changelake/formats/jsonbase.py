@@ -28,9 +28,15 @@ class JsonChangelogDecoder:
     """Base of the JSON CDC decoders (not used directly)."""
 
     format_name = "?"
+    #: readable metadata keys and their Arrow types
+    metadata_types: dict[str, pa.DataType] = {}
 
-    def __init__(self, *, columns: pa.Schema | None, metadata: Sequence[tuple[str, str]],
-                 metadata_types: dict[str, pa.DataType], key: Sequence[str] = ()) -> None:
+    def __init__(self, *, columns: pa.Schema | None, opts: dict[str, Any]) -> None:
+        """``opts``: validated options (:func:`~changelake.formats.options.parse_options`)."""
+        self.ignore_parse_errors: bool = opts["ignore_parse_errors"]
+        self.timestamp_format: str = opts["timestamp_format_standard"]
+        self.metadata: tuple[tuple[str, str], ...] = opts["metadata"]
+        metadata, metadata_types, key = self.metadata, self.metadata_types, opts["key"]
         self._declared = columns
         self._specs: list[ColumnSpec] | None = (
             [ColumnSpec(f.name, f.type, f.nullable) for f in columns] if columns is not None else None)
