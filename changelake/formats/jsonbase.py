@@ -10,7 +10,6 @@ unexpected failure become ``malformed`` dead letters, nothing raises.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import orjson
