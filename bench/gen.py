@@ -70,3 +70,94 @@ def records(values: list[bytes | None], topic: str = "shop.products") -> pa.Tabl
     return pa.Table.from_pydict({
         "topic": [topic] * n, "partition": [0] * n, "offset": list(range(n)),
         "timestamp": [1_700_000_000_000] * n, "key": [None] * n, "value": values}, schema=RAW_SCHEMA)
+
+
+def _text(v) -> str | None:
+    if v is None:
+        return None
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    if isinstance(v, int) and v > 10**11:      # epoch millis -> MySQL DATETIME(3) text
+        import datetime as dt
+        return dt.datetime.fromtimestamp(v / 1000, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+    return str(v)
+
+
+_MYSQL_TYPES = {"BIGINT NOT NULL": "bigint(20)", "INT": "int(11)", "STRING": "varchar(255)", "DOUBLE": "double",
+                "FLOAT": "float", "BOOLEAN": "tinyint(1)", "TIMESTAMP(3)": "datetime(3)", "BIGINT": "bigint(20)",
+                "SMALLINT": "smallint(6)"}
+_JDBC_TYPES = {"BIGINT NOT NULL": -5, "INT": 4, "STRING": 12, "DOUBLE": 8, "FLOAT": 7, "BOOLEAN": -6,
+               "TIMESTAMP(3)": 93, "BIGINT": -5, "SMALLINT": 5}
+
+
+def canal_json(n: int, *, seed: int = 11) -> tuple[list[bytes], int]:
+    """``n`` Canal flat messages with 1-4 rows each (values as text); returns (messages, changelog rows)."""
+    rng = random.Random(seed)
+    mysql_type = {c: _MYSQL_TYPES[t] for c, t in COLUMNS}
+    sql_type = {c: _JDBC_TYPES[t] for c, t in COLUMNS}
+    out, rows = [], 0
+    it = changes(n * 4, seed=seed)
+    for i in range(n):
+        batch = [next(it) for _ in range(rng.choice([1, 1, 2, 4]))]
+        op = batch[0][0]
+        kind = {"c": "INSERT", "u": "UPDATE", "d": "DELETE"}[op]
+        data, old = [], []
+        for _, before, after, _ in batch:
+            image = after if after is not None else before
+            if op == "u" and before is not None and after is not None:
+                old.append({k: _text(before[k]) for k in ("price", "quantity", "updated_at")})
+            elif op == "u":
+                old.append({"price": _text(image["price"])})
+            data.append({k: _text(v) for k, v in image.items()})
+        rows += len(data) * (2 if op == "u" else 1)
+        out.append(orjson.dumps({
+            "data": data, "database": "shop", "es": 1_700_000_000_000 + i, "id": i, "isDdl": False,
+            "mysqlType": mysql_type, "old": old if op == "u" else None, "pkNames": ["id"], "sql": "",
+            "sqlType": sql_type, "table": "products", "ts": 1_700_000_000_100 + i, "type": kind}))
+    return out, rows
+
+
+_AVRO = {"BIGINT NOT NULL": "long", "INT": "int", "STRING": "string", "DOUBLE": "double", "FLOAT": "float",
+         "BOOLEAN": "boolean", "BIGINT": "long", "SMALLINT": "int"}
+
+
+def avro_envelope_schema() -> dict:
+    fields = []
+    for c, t in COLUMNS:
+        if t == "TIMESTAMP(3)":
+            avro = {"type": "long", "connect.version": 1, "connect.name": "io.debezium.time.Timestamp"}
+        else:
+            avro = _AVRO[t]
+        fields.append({"name": c, "type": avro} if t.endswith("NOT NULL") else
+                      {"name": c, "type": ["null", avro], "default": None})
+    row = {"type": "record", "name": "Value", "namespace": "shop.products", "fields": fields}
+    source = {"type": "record", "name": "Source", "namespace": "io.debezium.connector.mysql", "fields": [
+        {"name": "version", "type": "string"}, {"name": "connector", "type": "string"},
+        {"name": "name", "type": "string"}, {"name": "ts_ms", "type": "long"},
+        {"name": "db", "type": "string"}, {"name": "table", "type": ["null", "string"], "default": None},
+        {"name": "server_id", "type": "long"}, {"name": "file", "type": "string"},
+        {"name": "pos", "type": "long"}, {"name": "row", "type": "int"}]}
+    return {"type": "record", "name": "Envelope", "namespace": "shop.products", "fields": [
+        {"name": "before", "type": ["null", row], "default": None},
+        {"name": "after", "type": ["null", "Value"], "default": None},
+        {"name": "source", "type": source}, {"name": "op", "type": "string"},
+        {"name": "ts_ms", "type": ["null", "long"], "default": None}]}
+
+
+def debezium_avro(n: int, schema_id: int = 1) -> list[bytes]:
+    import io
+    import struct
+
+    import fastavro
+    parsed = fastavro.parse_schema(avro_envelope_schema())
+    header = b"\x00" + struct.pack(">I", schema_id)
+    out = []
+    for op, before, after, i in changes(n):
+        source = {"version": "2.5.0.Final", "connector": "mysql", "name": "shop", "ts_ms": 1_700_000_000_000 + i,
+                  "db": "shop", "table": "products", "server_id": 1, "file": "mysql-bin.000042",
+                  "pos": 4 + 200 * i, "row": 0}
+        buf = io.BytesIO()
+        fastavro.schemaless_writer(buf, parsed, {"before": before, "after": after, "source": source, "op": op,
+                                                 "ts_ms": 1_700_000_000_100 + i})
+        out.append(header + buf.getvalue())
+    return out

@@ -255,3 +255,15 @@ def _infer_type(values: list[Any]) -> pa.DataType:
     if kinds and kinds <= {int, float}:
         return pa.float64()
     return pa.string()
+
+
+def merge_results(results: Sequence[DecodeResult]) -> DecodeResult:
+    """One result from the results of consecutive chunks of a batch (in order)."""
+    if len(results) == 1:
+        return results[0]
+    skipped: Counter[str] = Counter()
+    for r in results:
+        skipped.update(r.skipped)
+    return DecodeResult(rows=pa.concat_tables([r.rows for r in results]),
+                        dead_letters=pa.concat_tables([r.dead_letters for r in results]),
+                        skipped=dict(skipped))

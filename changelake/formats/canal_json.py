@@ -66,18 +66,16 @@ def merged_before(data: dict, old: Any) -> dict:
 
 class CanalJsonDecoder(JsonChangelogDecoder):
     format_name = FORMAT
+    metadata_types = METADATA_TYPES
 
     def __init__(self, *, columns: pa.Schema | None = None, options: Mapping[str, Any] | None = None) -> None:
         opts = parse_options(FORMAT, options, option_specs())
-        self.ignore_parse_errors: bool = opts["ignore_parse_errors"]
-        self.timestamp_format: str = opts["timestamp_format_standard"]
+        super().__init__(columns=columns, opts=opts)
         self._db_re = opts["database_include"]
         self._table_re = opts["table_include"]
         self.database_include: str | None = self._db_re.pattern if self._db_re else None
         self.table_include: str | None = self._table_re.pattern if self._table_re else None
         self.on_truncate: str = opts["on_truncate"]
-        self.metadata: tuple[tuple[str, str], ...] = opts["metadata"]
-        super().__init__(columns=columns, metadata=self.metadata, metadata_types=METADATA_TYPES, key=opts["key"])
 
     def _message(self, out: ChangeCollector, record: int, obj: Any, partition: int, offset: int) -> str | None:
         database, table = obj.get("database"), obj.get("table")

@@ -109,6 +109,11 @@ def _fast(values: Sequence[Any], target: pa.DataType, unit: str | None) -> pa.Ar
             return _rescale(inferred, unit or "ms", target.unit).cast(target)
         if pat.is_integer(src) and pat.is_date32(target) and (unit or "d") == "d":
             return inferred.cast(pa.int32(), safe=True).cast(target)
+        if pat.is_string(src) and (pat.is_integer(target) or pat.is_floating(target) or pat.is_decimal(target)
+                                   or pat.is_boolean(target) or pat.is_date32(target)
+                                   or (pat.is_timestamp(target) and target.tz is None)):
+            # numbers sent as text (Canal): Arrow parses them, strictly; failures go value by value
+            return inferred.cast(target, safe=True)
         if pat.is_date32(target) and pat.is_date(src):
             return inferred.cast(target)
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):

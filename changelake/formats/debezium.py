@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import base64
 import decimal
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
 import pyarrow as pa
 
 from changelake.changelog import RowKind, seq_from_kafka, seq_from_log_position
-from changelake.formats.assemble import ColumnSpec, Reject
+from changelake.formats.assemble import ChangeCollector, ColumnSpec, MetaColumn, Reject
 from changelake.formats.options import Option
 
 INSERT, UPDATE_BEFORE, UPDATE_AFTER, DELETE = (int(k) for k in RowKind)
@@ -71,6 +72,29 @@ def changes(op: Any, before: Any, after: Any, *, upsert: bool, on_truncate: str)
     if op == "m":
         return "message"
     raise Reject("unknown-op", f"unknown op {op!r}; Debezium change events have op c, r, u, d, t or m")
+
+
+def collect_event(out: ChangeCollector, record: int, payload: dict, *, schema: Any, meta: Sequence[MetaColumn],
+                  partition: int, offset: int, upsert: bool, on_truncate: str) -> str | None:
+    """Register one Debezium change event (JSON payload or Avro record) with the collector.
+
+    Returns the name of a counted skip, or None; raises :class:`Reject` for a bad event.
+    """
+    got = changes(payload.get("op"), payload.get("before"), payload.get("after"),
+                  upsert=upsert, on_truncate=on_truncate)
+    if isinstance(got, str):
+        return got
+    source = payload.get("source")
+    if isinstance(source, dict):
+        ts, db, table = source.get("ts_ms"), source.get("db"), source.get("table")
+    else:
+        ts = db = table = None
+    values = [metadata_value(m.key, payload, source, schema) for m in meta] if meta else ()
+    msg = out.message(record, sequence(source, partition, offset), ts if type(ts) is int else None,
+                      db if isinstance(db, str) else None, table if isinstance(table, str) else None, values)
+    for kind, image in got:
+        out.row(msg, kind, image)
+    return None
 
 
 def sequence(source: Any, partition: int, offset: int) -> str:

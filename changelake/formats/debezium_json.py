@@ -20,11 +20,16 @@ from typing import Any
 import pyarrow as pa
 
 from changelake.formats import debezium as dbz
-from changelake.formats.assemble import ChangeCollector, ColumnSpec, Reject
+from changelake.formats.assemble import ChangeCollector, ColumnSpec, Reject, gc_paused, merge_results
+from changelake.formats.base import DecodeResult
+from changelake.formats.debezium_bulk import BulkPlan, decode_json_chunk
 from changelake.formats.jsonbase import JsonChangelogDecoder
 from changelake.formats.options import Option, json_format_options, parse_options
 
 FORMAT = "debezium-json"
+
+#: messages per chunk: a bad message sends at most one chunk down the per-message path
+CHUNK = 8192
 
 
 def option_specs() -> list[Option]:
@@ -40,26 +45,60 @@ def option_specs() -> list[Option]:
 
 class DebeziumJsonDecoder(JsonChangelogDecoder):
     format_name = FORMAT
+    metadata_types = dbz.METADATA_TYPES
 
     def __init__(self, *, columns: pa.Schema | None = None, options: Mapping[str, Any] | None = None) -> None:
         opts = parse_options(FORMAT, options, option_specs())
+        super().__init__(columns=columns, opts=opts)
         self.schema_include: bool = opts["schema_include"]
-        self.ignore_parse_errors: bool = opts["ignore_parse_errors"]
-        self.timestamp_format: str = opts["timestamp_format_standard"]
         self.upsert: bool = opts["upsert"]
         self.on_truncate: str = opts["on_truncate"]
-        self.metadata: tuple[tuple[str, str], ...] = opts["metadata"]
-        super().__init__(columns=columns, metadata=self.metadata, metadata_types=dbz.METADATA_TYPES,
-                         key=opts["key"])
-        self._need_schema_text = any(k == "schema" for k, _ in self.metadata)
         self._seen: dict[str, ColumnSpec] = {}   # column encodings reported by envelope schemas
         self._seen_fields = -1
+        self._envelope_seen = False
+        self._plan: BulkPlan | None = None
+        self._plan_envelope = False
+        self._bulk_failures = 0
+        self._chunks = 0
+
+    def decode(self, records: pa.Table) -> DecodeResult:
+        """Chunks that are healthy go through the bulk path; the others, message by message."""
+        with gc_paused():
+            results = []
+            for start in range(0, max(records.num_rows, 1), CHUNK):
+                chunk = records.slice(start, CHUNK)
+                result = None
+                plan = self._bulk_plan()
+                if plan is not None and self._try_bulk():
+                    result = decode_json_chunk(plan, chunk, key=self._key)
+                    self._bulk_failures = 0 if result is not None else self._bulk_failures + 1
+                if result is None:
+                    result = self._decode(chunk)
+                results.append(result)
+            return merge_results(results)
+
+    def _try_bulk(self) -> bool:
+        # after repeated misses (a topic whose messages never fit), only probe now and then
+        self._chunks += 1
+        return self._bulk_failures < 3 or self._chunks % 16 == 0
+
+    def _bulk_plan(self) -> BulkPlan | None:
+        if self._specs is None:
+            return None   # columns are inferred from the first batch, message by message
+        envelope = self.schema_include or self._envelope_seen
+        if envelope and self._seen_fields == -1:
+            return None   # the first envelope tells how columns are encoded (e.g. micro- vs milliseconds)
+        if self._plan is None or self._plan.specs != self._specs or self._plan_envelope != envelope:
+            self._plan = BulkPlan(self._specs, self._meta, envelope=envelope)
+            self._plan_envelope = envelope
+        return self._plan if self._plan.usable else None
 
     def _message(self, out: ChangeCollector, record: int, obj: Any, partition: int, offset: int) -> str | None:
         schema = None
         if "payload" in obj and "op" not in obj:
             schema = obj.get("schema")
             payload = obj["payload"]
+            self._envelope_seen = True
             if payload is None:
                 out.skip("tombstone")   # a tombstone that went through the JSON converter
                 return None
@@ -70,24 +109,8 @@ class DebeziumJsonDecoder(JsonChangelogDecoder):
                                       "set schema-include: false for this topic")
         else:
             payload = obj
-        op = payload.get("op")
-        got = dbz.changes(op, payload.get("before"), payload.get("after"),
-                          upsert=self.upsert, on_truncate=self.on_truncate)
-        if isinstance(got, str):
-            return got
-        source = payload.get("source")
-        if isinstance(source, dict):
-            ts, db, table = source.get("ts_ms"), source.get("db"), source.get("table")
-        else:
-            ts = db = table = None
-        meta = [dbz.metadata_value(m.key, payload, source, schema) for m in self._meta] if self._meta else ()
-        msg = out.message(record, dbz.sequence(source, partition, offset),
-                          ts if type(ts) is int else None,
-                          db if isinstance(db, str) else None,
-                          table if isinstance(table, str) else None, meta)
-        for kind, image in got:
-            out.row(msg, kind, image)
-        return None
+        return dbz.collect_event(out, record, payload, schema=schema, meta=self._meta, partition=partition,
+                                 offset=offset, upsert=self.upsert, on_truncate=self.on_truncate)
 
     def _learn(self, envelope_schema: Any) -> None:
         fields = dbz.row_fields(envelope_schema)

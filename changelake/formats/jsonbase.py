@@ -10,12 +10,12 @@ unexpected failure become ``malformed`` dead letters, nothing raises.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import orjson
 import pyarrow as pa
 
+from changelake.errors import ConfigError
 from changelake.formats.assemble import ChangeCollector, ColumnSpec, MetaColumn, Reject, gc_paused, infer_columns
 from changelake.formats.base import DecodeResult
 
@@ -27,9 +27,15 @@ class JsonChangelogDecoder:
     """Base of the JSON CDC decoders (not used directly)."""
 
     format_name = "?"
+    #: readable metadata keys and their Arrow types
+    metadata_types: dict[str, pa.DataType] = {}
 
-    def __init__(self, *, columns: pa.Schema | None, metadata: Sequence[tuple[str, str]],
-                 metadata_types: dict[str, pa.DataType], key: Sequence[str] = ()) -> None:
+    def __init__(self, *, columns: pa.Schema | None, opts: dict[str, Any]) -> None:
+        """``opts``: validated options (:func:`~changelake.formats.options.parse_options`)."""
+        self.ignore_parse_errors: bool = opts["ignore_parse_errors"]
+        self.timestamp_format: str = opts["timestamp_format_standard"]
+        self.metadata: tuple[tuple[str, str], ...] = opts["metadata"]
+        metadata, metadata_types, key = self.metadata, self.metadata_types, opts["key"]
         self._declared = columns
         self._specs: list[ColumnSpec] | None = (
             [ColumnSpec(f.name, f.type, f.nullable) for f in columns] if columns is not None else None)
@@ -39,11 +45,9 @@ class JsonChangelogDecoder:
             names = set(columns.names)
             missing = [k for k in self._key if k not in names]
             if missing:
-                from changelake.errors import ConfigError
                 raise ConfigError(f"option 'key' names {missing} which are not among the columns {columns.names}")
             clash = [m.column for m in self._meta if m.column in names]
             if clash:
-                from changelake.errors import ConfigError
                 raise ConfigError(f"option 'metadata': column names {clash} clash with user columns; map the "
                                   f"metadata key to another name, e.g. metadata: {{key: other_name}}")
 

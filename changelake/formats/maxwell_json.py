@@ -56,13 +56,11 @@ def sequence(obj: dict, partition: int, offset: int) -> str:
 
 class MaxwellJsonDecoder(JsonChangelogDecoder):
     format_name = FORMAT
+    metadata_types = METADATA_TYPES
 
     def __init__(self, *, columns: pa.Schema | None = None, options: Mapping[str, Any] | None = None) -> None:
         opts = parse_options(FORMAT, options, option_specs())
-        self.ignore_parse_errors: bool = opts["ignore_parse_errors"]
-        self.timestamp_format: str = opts["timestamp_format_standard"]
-        self.metadata: tuple[tuple[str, str], ...] = opts["metadata"]
-        super().__init__(columns=columns, metadata=self.metadata, metadata_types=METADATA_TYPES, key=opts["key"])
+        super().__init__(columns=columns, opts=opts)
 
     def _message(self, out: ChangeCollector, record: int, obj: Any, partition: int, offset: int) -> str | None:
         kind = obj.get("type")

@@ -58,15 +58,13 @@ def _epoch_ms(text: Any) -> int | None:
 
 class OggJsonDecoder(JsonChangelogDecoder):
     format_name = FORMAT
+    metadata_types = METADATA_TYPES
 
     def __init__(self, *, columns: pa.Schema | None = None, options: Mapping[str, Any] | None = None) -> None:
         opts = parse_options(FORMAT, options, option_specs())
-        self.ignore_parse_errors: bool = opts["ignore_parse_errors"]
-        self.timestamp_format: str = opts["timestamp_format_standard"]
+        super().__init__(columns=columns, opts=opts)
         self.upsert: bool = opts["upsert"]
         self.on_truncate: str = opts["on_truncate"]
-        self.metadata: tuple[tuple[str, str], ...] = opts["metadata"]
-        super().__init__(columns=columns, metadata=self.metadata, metadata_types=METADATA_TYPES, key=opts["key"])
 
     def _message(self, out: ChangeCollector, record: int, obj: Any, partition: int, offset: int) -> str | None:
         op = obj.get("op_type")

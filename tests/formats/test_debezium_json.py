@@ -268,3 +268,26 @@ def test_invalid_options(options, needle) -> None:
 def test_unknown_format_lists_the_formats() -> None:
     with pytest.raises(ConfigError, match="canal-json"):
         make_decoder("protobuf")
+
+
+@pytest.mark.parametrize("fmt", ["debezium-json", "canal-json", "maxwell-json", "ogg-json"])
+def test_decoders_survive_pickling_after_use(fmt: str) -> None:
+    """Spark ships decoders to executors by pickling them, after the driver may have used them."""
+    import pickle
+
+    decoder = make_decoder(fmt, columns=COLUMNS, options={"key": ["id"]})
+    batch = records([change("c", after={"id": 1, "name": "a", "price": 1.0})] * 3)
+    first = decoder.decode(batch)
+    clone = pickle.loads(pickle.dumps(decoder))
+    assert clone.decode(batch).rows.equals(first.rows)
+
+
+def test_declared_columns_with_envelope_use_its_units_on_every_path() -> None:
+    fields = [{"type": "int32", "optional": False, "field": "id"},
+              {"type": "int64", "optional": True, "name": "io.debezium.time.MicroTimestamp", "field": "at"}]
+    columns = sql_schema([("id", "INT NOT NULL"), ("at", "TIMESTAMP(3)")])
+    decoder = make_decoder("debezium-json", columns=columns, options={"schema-include": True})
+    batch = records([_envelope(fields, {"id": i, "at": 1_700_000_000_123_456}) for i in range(3)])
+    for _ in range(2):   # the second batch may take the bulk path
+        out = decoder.decode(batch).rows.column("at").to_pylist()
+        assert out == [dt.datetime(2023, 11, 14, 22, 13, 20, 123000)] * 3

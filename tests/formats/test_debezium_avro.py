@@ -1,0 +1,175 @@
+"""Debezium Avro: registry access, caching, Connect types in Avro, bad framing."""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import io
+import json
+import pickle
+import struct
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import fastavro
+import pyarrow as pa
+import pytest
+
+from changelake.changelog import seq_from_log_position
+from changelake.errors import SourceError
+from changelake.formats import make_decoder
+from changelake.formats.debezium_avro import DebeziumAvroDecoder
+from tests.formats.helpers import kinds, mysql_source, records
+
+pytestmark = pytest.mark.unit
+
+ROW = {"type": "record", "name": "Value", "namespace": "shop.orders", "fields": [
+    {"name": "id", "type": "long"},
+    {"name": "amount", "type": ["null", {"type": "bytes", "scale": 2, "precision": 10,
+                                         "connect.version": 1, "connect.parameters": {"scale": "2"},
+                                         "connect.name": "org.apache.kafka.connect.data.Decimal",
+                                         "logicalType": "decimal"}], "default": None},
+    {"name": "at", "type": ["null", {"type": "long", "connect.version": 1,
+                                     "connect.name": "io.debezium.time.MicroTimestamp"}], "default": None},
+    {"name": "day", "type": ["null", {"type": "int", "connect.version": 1, "connect.name": "io.debezium.time.Date",
+                                      "logicalType": "date"}], "default": None},
+    {"name": "note", "type": ["null", "string"], "default": None}]}
+SOURCE = {"type": "record", "name": "Source", "namespace": "io.debezium.connector.mysql", "fields": [
+    {"name": "ts_ms", "type": "long"}, {"name": "db", "type": "string"},
+    {"name": "table", "type": ["null", "string"], "default": None}, {"name": "file", "type": "string"},
+    {"name": "pos", "type": "long"}, {"name": "row", "type": "int"}]}
+ENVELOPE = {"type": "record", "name": "Envelope", "namespace": "shop.orders", "fields": [
+    {"name": "before", "type": ["null", ROW], "default": None},
+    {"name": "after", "type": ["null", "Value"], "default": None},
+    {"name": "source", "type": SOURCE}, {"name": "op", "type": "string"},
+    {"name": "ts_ms", "type": ["null", "long"], "default": None}]}
+PARSED = fastavro.parse_schema(json.loads(json.dumps(ENVELOPE)))
+
+
+def frame(schema_id: int, op: str, before=None, after=None) -> bytes:
+    src = {k: v for k, v in mysql_source().items() if k in ("ts_ms", "db", "table", "file", "pos", "row")}
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, PARSED, {"before": before, "after": after, "source": src, "op": op,
+                                             "ts_ms": 1})
+    return b"\x00" + struct.pack(">I", schema_id) + buf.getvalue()
+
+
+AFTER = {"id": 5, "amount": decimal.Decimal("12.34"), "at": 1_700_000_000_123_456, "day": dt.date(2024, 2, 29),
+         "note": "x"}
+
+
+@pytest.fixture()
+def registry():
+    """A minimal Confluent Schema Registry: GET /schemas/ids/<id> serves schema 42, 404 otherwise."""
+    hits: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server API
+            hits.append(self.path)
+            if self.path.startswith("/schemas/ids/42"):
+                body, status = json.dumps({"schema": json.dumps(ENVELOPE)}).encode(), 200
+            else:
+                body, status = json.dumps({"error_code": 40403, "message": "Schema not found"}).encode(), 404
+            self.send_response(status)
+            self.send_header("Content-Type", "application/vnd.schemaregistry.v1+json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}", hits
+    server.shutdown()
+    server.server_close()
+
+
+def test_registry_schemas_are_fetched_once_and_unknown_ids_are_dead_letters(registry) -> None:
+    url, hits = registry
+    decoder = make_decoder("debezium-avro-confluent", options={"url": url})
+    result = decoder.decode(records([frame(42, "c", after=AFTER), frame(42, "u", before=AFTER, after=AFTER),
+                                     frame(77, "c", after=AFTER)]))
+    assert kinds(result.rows) == ["+I", "-U", "+U"]
+    assert result.dead_letters.column("reason").to_pylist() == ["malformed"]
+    assert "schema id 77" in result.dead_letters.column("error")[0].as_py()
+    assert sum("/schemas/ids/42" in h for h in hits) == 1
+    again = decoder.decode(records([frame(42, "d", before=AFTER)]))
+    assert kinds(again.rows) == ["-D"] and sum("/schemas/ids/42" in h for h in hits) == 1
+
+
+def test_unreachable_registry_raises_instead_of_dropping_data() -> None:
+    decoder = make_decoder("debezium-avro-confluent", options={"url": "http://127.0.0.1:9"})
+    with pytest.raises(SourceError, match="Schema Registry"):
+        decoder.decode(records([frame(42, "c", after=AFTER)]))
+
+
+def test_connect_types_in_avro() -> None:
+    decoder = DebeziumAvroDecoder(schema_lookup={42: ENVELOPE}.__getitem__)
+    out = decoder.decode(records([frame(42, "c", after=AFTER)]))
+    assert dict(zip(decoder.columns.names, decoder.columns.types)) == {
+        "id": pa.int64(), "amount": pa.decimal128(10, 2), "at": pa.timestamp("us"), "day": pa.date32(),
+        "note": pa.string()}
+    row = out.rows.to_pylist()[0]
+    assert row["amount"] == decimal.Decimal("12.34")
+    assert row["at"] == dt.datetime(2023, 11, 14, 22, 13, 20, 123456)
+    assert row["day"] == dt.date(2024, 2, 29)
+    assert row["_seq"] == seq_from_log_position(3, 154, 1, offset=100)
+    assert row["_db"] == "shop" and row["_table"] == "products"
+
+
+@pytest.mark.parametrize("raw", [b"\x01\x00\x00\x00\x2a\x02", b"\x00\x00", b"{\"op\":\"c\"}"])
+def test_bad_framing_is_malformed(raw: bytes) -> None:
+    decoder = DebeziumAvroDecoder(schema_lookup={42: ENVELOPE}.__getitem__)
+    dead = decoder.decode(records([raw])).dead_letters.to_pylist()[0]
+    assert dead["reason"] == "malformed" and dead["value"] == raw
+
+
+def test_truncated_body_is_malformed() -> None:
+    decoder = DebeziumAvroDecoder(schema_lookup={42: ENVELOPE}.__getitem__)
+    raw = frame(42, "c", after=AFTER)[:12]
+    assert decoder.decode(records([raw])).dead_letters.column("reason").to_pylist() == ["malformed"]
+
+
+def test_decoder_pickles_without_its_registry_client(registry) -> None:
+    url, _ = registry
+    decoder = make_decoder("debezium-avro-confluent", options={"url": url})
+    decoder.decode(records([frame(42, "c", after=AFTER)]))
+    clone = pickle.loads(pickle.dumps(decoder))
+    assert kinds(clone.decode(records([frame(42, "c", after=AFTER)])).rows) == ["+I"]
+
+
+def _bench_decoder():
+    from bench import gen
+    schema = gen.avro_envelope_schema()
+    return gen, DebeziumAvroDecoder(columns=gen.SCHEMA, schema_lookup=lambda _id: schema,
+                                    options={"metadata": ["source.table", "ingestion-timestamp"]})
+
+
+def test_bulk_path_matches_the_per_message_path() -> None:
+    pytest.importorskip("polars", reason="the Avro bulk path needs the optional polars package")
+    gen, decoder = _bench_decoder()
+    table = gen.records(gen.debezium_avro(2000) + [None])
+    decoder.decode(table.slice(0, 1))
+    bulk = decoder._bulk(table)
+    assert bulk is not None, "the bulk path declined a healthy chunk"
+    slow = decoder._decode(table)
+    assert bulk.rows.schema == slow.rows.schema
+    assert bulk.rows.to_pylist() == slow.rows.to_pylist()
+    assert bulk.skipped == slow.skipped == {"tombstone": 1}
+
+
+def test_shifted_message_boundaries_are_caught() -> None:
+    pytest.importorskip("polars", reason="the Avro bulk path needs the optional polars package")
+    gen, decoder = _bench_decoder()
+    values = gen.debezium_avro(50)
+    values[20] = values[20][:-2]           # truncated ...
+    values[21] = values[21] + b"\x00\x00"  # ... and the next one two bytes longer: same total length
+    table = gen.records(values)
+    decoder.decode(table.slice(0, 1))
+    assert decoder._bulk(table) is None
+    result = decoder.decode(table)
+    assert result.dead_letters.column("offset").to_pylist() == [20]
+    assert len(set(result.rows.column("_offset").to_pylist())) == 49

@@ -1,0 +1,170 @@
+"""Property: every input message ends as exactly one of rows, one dead letter, or a counted
+skip - whatever the bytes - and no exception escapes a decoder."""
+
+from __future__ import annotations
+
+import io
+import json
+import struct
+
+import fastavro
+import orjson
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from changelake.changelog import DEAD_LETTER_SCHEMA
+from changelake.formats import REASONS, make_decoder
+from changelake.formats.debezium_avro import DebeziumAvroDecoder
+from changelake.formats.sqltypes import sql_schema
+from tests.formats.helpers import change, records
+
+pytestmark = pytest.mark.unit
+
+COLUMNS = sql_schema([("id", "INT NOT NULL"), ("name", "STRING"), ("price", "DOUBLE"), ("ok", "BOOLEAN")])
+
+scalar = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=False),
+                   st.text(max_size=8), st.just("12"), st.just("1.5"))
+good_row = st.fixed_dictionaries({"id": st.integers(0, 10**6), "name": st.text(max_size=10),
+                                  "price": st.floats(-1e6, 1e6), "ok": st.booleans()})
+any_row = st.dictionaries(st.sampled_from(["id", "name", "price", "ok", "extra"]), scalar, max_size=5)
+op = st.sampled_from(["c", "r", "u", "d", "t", "m", "x", None, 1])
+
+
+@st.composite
+def message(draw) -> bytes | None:
+    kind = draw(st.sampled_from(["good", "good", "shaped", "truncated", "bytes", "non-utf8", "tombstone", "json"]))
+    if kind == "tombstone":
+        return draw(st.sampled_from([None, b""]))
+    if kind == "bytes":
+        return draw(st.binary(min_size=1, max_size=40))
+    if kind == "json":
+        return json.dumps(draw(st.one_of(scalar, st.lists(scalar, max_size=3)))).encode()
+    if kind == "good":
+        o = draw(st.sampled_from(["c", "u", "d"]))
+        before = draw(good_row) if o in ("u", "d") else None
+        after = draw(good_row) if o in ("c", "u") else None
+        return orjson.dumps(change(o, before=before, after=after))
+    # stdlib json: it writes integers beyond 64 bits, which orjson refuses to
+    body = json.dumps(change(draw(op), before=draw(st.one_of(st.none(), any_row)),
+                             after=draw(st.one_of(st.none(), any_row)))).encode()
+    if kind == "truncated":
+        return body[:draw(st.integers(1, max(1, len(body) - 1)))]
+    if kind == "non-utf8":
+        cut = draw(st.integers(0, len(body)))
+        return body[:cut] + b"\xff\xfe" + body[cut:]
+    return body
+
+
+def _check_accounting(values: list, result) -> None:
+    n = len(values)
+    assert result.dead_letters.schema == DEAD_LETTER_SCHEMA
+    row_offsets = set(result.rows.column("_offset").to_pylist())
+    dead_offsets = result.dead_letters.column("offset").to_pylist()
+    assert len(dead_offsets) == len(set(dead_offsets)), "a message produced two dead letters"
+    assert not row_offsets & set(dead_offsets), "a message produced rows and a dead letter"
+    assert set(result.dead_letters.column("reason").to_pylist()) <= set(REASONS)
+    # every message is accounted for exactly once
+    assert len(row_offsets) + len(dead_offsets) + sum(result.skipped.values()) == n
+    tombstones = sum(1 for v in values if not v)
+    assert result.skipped.get("tombstone", 0) >= tombstones
+    # dead letters keep the raw bytes of their message
+    first = 100
+    for d in result.dead_letters.to_pylist():
+        assert d["value"] == values[d["offset"] - first]
+        assert d["error"]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(message(), max_size=25), st.booleans())
+def test_debezium_json_accounts_for_every_message(values, upsert) -> None:
+    decoder = make_decoder("debezium-json", columns=COLUMNS, options={"upsert": upsert})
+    _check_accounting(values, decoder.decode(records(values)))
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(message(), max_size=25))
+def test_debezium_json_inferred_columns_accounts_for_every_message(values) -> None:
+    decoder = make_decoder("debezium-json")
+    _check_accounting(values, decoder.decode(records(values)))
+
+
+@st.composite
+def canal_message(draw) -> bytes | None:
+    kind = draw(st.sampled_from(["good", "shaped", "truncated", "tombstone", "ddl"]))
+    if kind == "tombstone":
+        return None
+    if kind == "ddl":
+        return orjson.dumps({"data": None, "database": "db", "table": "t", "isDdl": True, "type": "CREATE"})
+    t = draw(st.sampled_from(["INSERT", "UPDATE", "DELETE", "ERASE", "BOGUS"]))
+    text_row = st.fixed_dictionaries({"id": st.integers(0, 99).map(str), "name": st.text(max_size=5),
+                                      "price": st.floats(0, 10).map(repr), "ok": st.sampled_from(["1", "0"])})
+    rows = draw(st.lists(text_row if kind == "good" else any_row, min_size=1, max_size=3))
+    old = [dict(list(r.items())[:1]) for r in rows] if t == "UPDATE" or kind != "good" else None
+    body = json.dumps({"data": rows, "old": old, "database": "db", "table": "t", "type": t, "es": 1, "ts": 2,
+                       "isDdl": False}).encode()
+    if kind == "truncated":
+        return body[:draw(st.integers(1, len(body) - 1))]
+    return body
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(canal_message(), max_size=20))
+def test_canal_json_accounts_for_every_message(values) -> None:
+    decoder = make_decoder("canal-json", columns=COLUMNS)
+    _check_accounting(values, decoder.decode(records(values)))
+
+
+AVRO_ROW = {"type": "record", "name": "Row", "fields": [
+    {"name": "id", "type": "int"}, {"name": "name", "type": ["null", "string"], "default": None},
+    {"name": "price", "type": ["null", "double"], "default": None},
+    {"name": "ok", "type": ["null", "boolean"], "default": None}]}
+AVRO_ENVELOPE = fastavro.parse_schema({"type": "record", "name": "Envelope", "fields": [
+    {"name": "before", "type": ["null", AVRO_ROW], "default": None},
+    {"name": "after", "type": ["null", "Row"], "default": None},
+    {"name": "op", "type": "string"}]})
+
+
+@st.composite
+def avro_message(draw) -> bytes | None:
+    kind = draw(st.sampled_from(["good", "good", "truncated", "bad-magic", "unknown-id", "tombstone", "bytes"]))
+    if kind == "tombstone":
+        return None
+    if kind == "bytes":
+        return draw(st.binary(max_size=12))
+    o = draw(st.sampled_from(["c", "u", "d", "x"]))
+    row = st.fixed_dictionaries({"id": st.integers(-2**31, 2**31 - 1), "name": st.one_of(st.none(), st.text()),
+                                 "price": st.floats(allow_nan=False), "ok": st.booleans()})
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, AVRO_ENVELOPE, {"before": draw(row) if o in ("u", "d") else None,
+                                                    "after": draw(row) if o in ("c", "u") else None, "op": o})
+    schema_id = 9 if kind == "unknown-id" else 1
+    framed = (b"\x01" if kind == "bad-magic" else b"\x00") + struct.pack(">I", schema_id) + buf.getvalue()
+    if kind == "truncated":
+        return framed[:draw(st.integers(1, len(framed) - 1))]
+    return framed
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(avro_message(), max_size=20))
+def test_debezium_avro_accounts_for_every_message(values) -> None:
+    def lookup(schema_id: int):
+        if schema_id != 1:
+            raise KeyError(schema_id)
+        return AVRO_ENVELOPE
+
+    decoder = DebeziumAvroDecoder(columns=COLUMNS, schema_lookup=lookup)
+    _check_accounting(values, decoder.decode(records(values)))
+
+
+def test_rows_only_come_from_decodable_messages() -> None:
+    """A fixed mix, counted by hand: 2 good (3 rows), 1 tombstone, 3 bad."""
+    values = [orjson.dumps(change("c", after={"id": 1, "name": "a", "price": 1.0, "ok": True})), None,
+              b'{"before":', b"\xff", orjson.dumps(change("q", after={"id": 2})),
+              orjson.dumps(change("u", before={"id": 3}, after={"id": 3, "name": "b"}))]
+    result = make_decoder("debezium-json", columns=COLUMNS).decode(records(values))
+    assert result.rows.num_rows == 3
+    assert result.dead_letters.column("reason").to_pylist() == ["malformed", "malformed", "unknown-op"]
+    assert result.skipped == {"tombstone": 1}
+    assert pa.compute.sum(result.rows.column("_offset")).as_py() == 100 + 105 + 105
