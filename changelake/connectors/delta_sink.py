@@ -63,6 +63,7 @@ Engine = Literal["auto", "delta-rs", "delta-spark"]
 DELTA_SPARK_CLASS = "io.delta.tables.DeltaTable"
 DELTA_SPARK_PACKAGE = "io.delta:delta-spark_2.13:4.4.1"
 DELTA_SPARK_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
+DELTA_SPARK_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
 
 
 @dataclass(frozen=True)
@@ -386,6 +387,8 @@ def delta_spark_missing(spark: Any) -> str | None:
     extensions = spark.conf.get("spark.sql.extensions", "") or ""
     if DELTA_SPARK_EXTENSION not in extensions:
         return f"spark.sql.extensions does not include {DELTA_SPARK_EXTENSION}"
+    if spark.conf.get("spark.sql.catalog.spark_catalog", "") != DELTA_SPARK_CATALOG:
+        return f"spark.sql.catalog.spark_catalog is not {DELTA_SPARK_CATALOG}"
     return None
 
 
@@ -409,8 +412,8 @@ def open_sink(spec: TableSpec, *, pipeline_id: str, engine: Engine = "auto", spa
                                   max_commit_retries=max_commit_retries)
         if engine == "delta-spark":
             raise ConfigError(f"sink engine delta-spark is not available: {missing}. Start Spark with "
-                              f"--packages {DELTA_SPARK_PACKAGE} and "
-                              f"spark.sql.extensions={DELTA_SPARK_EXTENSION}, or use engine delta-rs")
+                              f"--packages {DELTA_SPARK_PACKAGE}, spark.sql.extensions={DELTA_SPARK_EXTENSION} "
+                              f"and spark.sql.catalog.spark_catalog={DELTA_SPARK_CATALOG}, or use engine delta-rs")
         if spark is not None:
             log.info("table %s: using delta-rs (delta-spark unavailable: %s)", spec.name, missing)
     from changelake.connectors.delta_sink_rs import DeltaRsSink

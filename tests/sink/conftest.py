@@ -13,6 +13,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from changelake.connectors.delta_sink import (
+    DELTA_SPARK_CATALOG,
     DELTA_SPARK_EXTENSION,
     TableSpec,
     delta_spark_missing,
@@ -35,7 +36,7 @@ def spark():
 
         builder = configure_spark_with_delta_pip(
             builder.config("spark.sql.extensions", DELTA_SPARK_EXTENSION)
-            .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog"))
+            .config("spark.sql.catalog.spark_catalog", DELTA_SPARK_CATALOG))
     session = builder.getOrCreate()
     yield session
     session.stop()
