@@ -185,19 +185,25 @@ class DeltaUpsertSink(abc.ABC):
                 raise SinkCommitError(
                     f"{self.engine} commit of batch {batch_id} to {self.spec.path} failed"
                     f"{' after ' + str(attempt) + ' retries' if attempt else ''}: {exc}") from exc
-        metrics.COMMIT_SECONDS.labels(table=self.spec.name, engine=self.engine).observe(
-            time.perf_counter() - started)
         if counts is not None:
+            metrics.COMMIT_SECONDS.labels(table=self.spec.name, engine=self.engine).observe(
+                time.perf_counter() - started)
             self._record_metrics(result, counts)
         return result
 
     def expire_tombstones(self, *, now: datetime | None = None) -> int:
-        """Delete tombstones older than ``tombstone_retention``; returns how many were removed."""
+        """Delete tombstones older than ``tombstone_retention`` and compact the tombstone table.
+
+        Returns how many tombstones were removed. ``apply`` calls this every
+        ``tombstone_expiry_interval``; call it directly to expire on another schedule.
+        """
         now = now or self._clock()
         self._last_expiry = now
         if self._state(self.tombstone_path) is None:
             return 0
-        return self._delete_tombstones_before(now - self.spec.tombstone_retention)
+        removed = self._delete_tombstones_before(now - self.spec.tombstone_retention)
+        self._compact_tombstones()
+        return removed
 
     def table_version(self) -> int | None:
         """Latest version of the sink table, or None before the first commit."""
@@ -223,6 +229,10 @@ class DeltaUpsertSink(abc.ABC):
 
         fields = stored_fields(changes.schema)
         if state is None:
+            missing = [c for c in spec.partition_by if c not in [f.name for f in fields]]
+            if missing:
+                raise SinkCommitError(f"cannot create table {spec.path} partitioned by {list(spec.partition_by)}: "
+                                      f"the batch has no column(s) {missing}; fix partition_by or the pipeline")
             self._create_table(pa.schema([f.with_nullable(True) for f in fields]),
                                properties=table_properties(spec.primary_key, self.tombstone_path))
             state = self._require_state(spec.path)
@@ -344,6 +354,10 @@ class DeltaUpsertSink(abc.ABC):
     @abc.abstractmethod
     def _delete_tombstones_before(self, cutoff: datetime) -> int:
         """Delete tombstones with ``_deleted_at < cutoff``; return the count."""
+
+    @abc.abstractmethod
+    def _compact_tombstones(self) -> None:
+        """Rewrite the tombstone table's small files (one is added per batch with deletes)."""
 
     @abc.abstractmethod
     def _is_conflict(self, exc: BaseException) -> bool:

@@ -28,6 +28,10 @@ from changelake.connectors.delta_sink import (
 from changelake.connectors.delta_sink_schema import DELETED_AT
 
 
+#: The tombstone table is compacted, at expiry time, once it has more files than this.
+COMPACT_ABOVE_FILES = 8
+
+
 class DeltaRsSink(DeltaUpsertSink):
     """Upsert sink that commits with delta-rs; the embedded default."""
 
@@ -96,6 +100,11 @@ class DeltaRsSink(DeltaUpsertSink):
         table = self._log(self.tombstone_path)
         stats = table.delete(f"{quote(DELETED_AT)} < '{cutoff.isoformat()}'")
         return int(stats.get("num_deleted_rows", 0))
+
+    def _compact_tombstones(self) -> None:
+        table = self._log(self.tombstone_path)
+        if len(table.file_uris()) > COMPACT_ABOVE_FILES:
+            table.optimize.compact()
 
     def _is_conflict(self, exc: BaseException) -> bool:
         return isinstance(exc, CommitFailedError)

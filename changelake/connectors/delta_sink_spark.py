@@ -160,6 +160,9 @@ class DeltaSparkSink(DeltaUpsertSink):
             return 0
         return int(self._last_operation_metrics(self.tombstone_path).get("numDeletedRows", 0))
 
+    def _compact_tombstones(self) -> None:
+        self._delta(self.tombstone_path).optimize().executeCompaction()
+
     def _is_conflict(self, exc: BaseException) -> bool:
         from delta import exceptions as delta_exceptions
 
