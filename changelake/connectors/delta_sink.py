@@ -34,7 +34,7 @@ import pyarrow as pa
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
-from changelake.changelog import KIND, SEQ
+from changelake.changelog import SEQ
 from changelake.connectors.delta_sink_kernel import (
     align_to_table,
     count_deletes,
@@ -43,7 +43,6 @@ from changelake.connectors.delta_sink_kernel import (
     validate_changes,
 )
 from changelake.connectors.delta_sink_schema import (
-    DELETED_AT,
     check_table_contract,
     default_tombstone_path,
     reconcile,
@@ -362,24 +361,6 @@ class DeltaUpsertSink(abc.ABC):
     @abc.abstractmethod
     def _is_conflict(self, exc: BaseException) -> bool:
         """True when ``exc`` is a concurrent-write conflict worth retrying."""
-
-
-# --- merge clauses shared by the engines -------------------------------------------
-
-
-def quote(name: str) -> str:
-    """A column name as a quoted SQL identifier (delta-rs / DataFusion double quotes)."""
-    return '"' + name.replace('"', '""') + '"'
-
-
-def key_predicate(primary_key: tuple[str, ...], *, quote_fn: Callable[[str], str] = quote) -> str:
-    return " AND ".join(f"t.{quote_fn(k)} = s.{quote_fn(k)}" for k in primary_key)
-
-
-IS_DELETE = f"s.{KIND} = 3"
-IS_UPSERT = f"s.{KIND} <> 3"
-NEWER = f"t.{SEQ} < s.{SEQ}"
-TOMBSTONE_COLUMNS = (SEQ, DELETED_AT)
 
 
 # --- opening ---------------------------------------------------------------------

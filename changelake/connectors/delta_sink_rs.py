@@ -14,17 +14,10 @@ import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Field, QueryBuilder, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
-from changelake.changelog import SEQ
-from changelake.connectors.delta_sink import (
-    IS_DELETE,
-    IS_UPSERT,
-    NEWER,
-    TOMBSTONE_COLUMNS,
-    DeltaUpsertSink,
-    MergeCounts,
-    key_predicate,
-    quote,
-)
+from changelake.changelog import KIND, SEQ
+from changelake.connectors.delta_sink import DeltaUpsertSink, MergeCounts
+from changelake.connectors.delta_sink_merge import MergeClauses, table_merge, tombstone_merge
+from changelake.connectors.delta_sink_merge import double_quote as quote
 from changelake.connectors.delta_sink_schema import DELETED_AT
 
 
@@ -61,30 +54,25 @@ class DeltaRsSink(DeltaUpsertSink):
         reader = QueryBuilder().register("tombstones", table).execute(f"SELECT {columns} FROM tombstones")
         return pa.table(reader)
 
+    def _merge(self, table: DeltaTable, changes: pa.Table, clauses: MergeClauses, batch_id: int) -> dict:
+        return (table.merge(changes, clauses.on, source_alias="s", target_alias="t",
+                            commit_properties=self._commit(batch_id))
+                .when_matched_update(dict(clauses.update_set), predicate=clauses.update_when)
+                .when_matched_delete(predicate=clauses.delete_when)
+                .when_not_matched_insert(dict(clauses.insert_values), predicate=clauses.insert_when)
+                .execute())
+
     def _merge_tombstones(self, changes: pa.Table, *, batch_id: int) -> None:
-        table = self._log(self.tombstone_path)
-        values = {quote(c): f"s.{quote(c)}" for c in TOMBSTONE_COLUMNS}
-        inserts = {quote(c): f"s.{quote(c)}" for c in (*self.spec.primary_key, *TOMBSTONE_COLUMNS)}
-        (table.merge(changes, key_predicate(self.spec.primary_key), source_alias="s", target_alias="t",
-                     commit_properties=self._commit(batch_id))
-         .when_matched_update(values, predicate=f"{IS_DELETE} AND {NEWER}")
-         .when_matched_delete(predicate=f"{IS_UPSERT} AND {NEWER}")
-         .when_not_matched_insert(inserts, predicate=IS_DELETE)
-         .execute())
+        self._merge(self._log(self.tombstone_path), changes, tombstone_merge(self.spec.primary_key, quote),
+                    batch_id)
 
     def _merge_table(self, changes: pa.Table, *, batch_id: int) -> MergeCounts:
         table = self._log(self.spec.path)
         before = table.version()
         inserted = updated = deleted = 0
         if changes.num_rows:
-            stored = [c for c in changes.column_names if c != "_kind"]
-            values = {quote(c): f"s.{quote(c)}" for c in stored}
-            stats = (table.merge(changes, key_predicate(self.spec.primary_key), source_alias="s",
-                                 target_alias="t", commit_properties=self._commit(batch_id))
-                     .when_matched_update(values, predicate=f"{IS_UPSERT} AND {NEWER}")
-                     .when_matched_delete(predicate=f"{IS_DELETE} AND {NEWER}")
-                     .when_not_matched_insert(values, predicate=IS_UPSERT)
-                     .execute())
+            columns = [c for c in changes.column_names if c != KIND]
+            stats = self._merge(table, changes, table_merge(self.spec.primary_key, columns, quote), batch_id)
             inserted = stats["num_target_rows_inserted"]
             updated = stats["num_target_rows_updated"]
             deleted = stats["num_target_rows_deleted"]

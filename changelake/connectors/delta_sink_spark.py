@@ -26,28 +26,12 @@ import pyarrow as pa
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from changelake.changelog import KIND, SEQ
-from changelake.connectors.delta_sink import (
-    IS_DELETE,
-    IS_UPSERT,
-    NEWER,
-    TOMBSTONE_COLUMNS,
-    DeltaUpsertSink,
-    MergeCounts,
-    key_predicate,
-)
+from changelake.connectors.delta_sink import DeltaUpsertSink, MergeCounts
+from changelake.connectors.delta_sink_merge import MergeClauses, backtick, table_merge, tombstone_merge
 from changelake.connectors.delta_sink_schema import DELETED_AT
 
 TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
-
-
-def backtick(name: str) -> str:
-    """A column name as a quoted Spark SQL identifier."""
-    return "`" + name.replace("`", "``") + "`"
-
-
-def _spark_key_predicate(primary_key: tuple[str, ...]) -> str:
-    return key_predicate(primary_key, quote_fn=backtick)
 
 
 class DeltaSparkSink(DeltaUpsertSink):
@@ -115,30 +99,24 @@ class DeltaSparkSink(DeltaUpsertSink):
         return (self._session.read.format("delta").load(self.tombstone_path)
                 .select(*[backtick(c) for c in columns]).toArrow())
 
-    def _merge_tombstones(self, changes: pa.Table, *, batch_id: int) -> None:
-        keys = self.spec.primary_key
-        values = {backtick(c): f"s.{backtick(c)}" for c in TOMBSTONE_COLUMNS}
-        inserts = {backtick(c): f"s.{backtick(c)}" for c in (*keys, *TOMBSTONE_COLUMNS)}
+    def _merge(self, path: str, changes: pa.Table, clauses: MergeClauses, batch_id: int) -> None:
         with self._txn(batch_id):
-            (self._delta(self.tombstone_path).alias("t")
-             .merge(self._frame(changes).alias("s"), _spark_key_predicate(keys))
-             .whenMatchedUpdate(condition=f"{IS_DELETE} AND {NEWER}", set=values)
-             .whenMatchedDelete(condition=f"{IS_UPSERT} AND {NEWER}")
-             .whenNotMatchedInsert(condition=IS_DELETE, values=inserts)
+            (self._delta(path).alias("t")
+             .merge(self._frame(changes).alias("s"), clauses.on)
+             .whenMatchedUpdate(condition=clauses.update_when, set=dict(clauses.update_set))
+             .whenMatchedDelete(condition=clauses.delete_when)
+             .whenNotMatchedInsert(condition=clauses.insert_when, values=dict(clauses.insert_values))
              .execute())
+
+    def _merge_tombstones(self, changes: pa.Table, *, batch_id: int) -> None:
+        self._merge(self.tombstone_path, changes, tombstone_merge(self.spec.primary_key, backtick), batch_id)
 
     def _merge_table(self, changes: pa.Table, *, batch_id: int) -> MergeCounts:
         path = self.spec.path
         inserted = updated = deleted = 0
         if changes.num_rows:
-            values = {backtick(c): f"s.{backtick(c)}" for c in changes.column_names if c != KIND}
-            with self._txn(batch_id):
-                (self._delta(path).alias("t")
-                 .merge(self._frame(changes).alias("s"), _spark_key_predicate(self.spec.primary_key))
-                 .whenMatchedUpdate(condition=f"{IS_UPSERT} AND {NEWER}", set=values)
-                 .whenMatchedDelete(condition=f"{IS_DELETE} AND {NEWER}")
-                 .whenNotMatchedInsert(condition=IS_UPSERT, values=values)
-                 .execute())
+            columns = [c for c in changes.column_names if c != KIND]
+            self._merge(path, changes, table_merge(self.spec.primary_key, columns, backtick), batch_id)
             stats = self._last_operation_metrics(path)
             inserted = int(stats.get("numTargetRowsInserted", 0))
             updated = int(stats.get("numTargetRowsUpdated", 0))

@@ -14,13 +14,9 @@ import pyarrow as pa
 import pytest
 from pyspark.sql.functions import expr
 
-from changelake.connectors.delta_sink import IS_DELETE, IS_UPSERT, NEWER, TableSpec
-from changelake.connectors.delta_sink_spark import (
-    TXN_APP_ID_CONF,
-    TXN_VERSION_CONF,
-    DeltaSparkSink,
-    _spark_key_predicate,
-)
+from changelake.connectors.delta_sink import TableSpec
+from changelake.connectors.delta_sink_merge import backtick, table_merge
+from changelake.connectors.delta_sink_spark import TXN_APP_ID_CONF, TXN_VERSION_CONF, DeltaSparkSink
 
 from .tables import seq
 
@@ -46,18 +42,25 @@ def test_arrow_batches_become_spark_frames_with_delta_compatible_types(spark_sin
 
 def test_merge_clauses_are_valid_spark_sql_and_select_the_intended_rows(spark_sink):
     keys = spark_sink.spec.primary_key
+    clauses = table_merge(keys, ["Region", "order id", "_seq"], backtick)
     target = spark_sink._frame(pa.table({"Region": ["eu", "eu", "us"], "order id": [1, 2, 3],
                                          "_seq": [seq(5), seq(5), seq(5)]}))
     source = spark_sink._frame(pa.table({
         "Region": ["eu", "eu", "us", "us"], "order id": [1, 2, 3, 4],
         "_seq": [seq(6), seq(4), seq(9), seq(1)], "_kind": pa.array([2, 2, 3, 0], pa.int8())}))
-    matched = target.alias("t").join(source.alias("s"), on=expr(_spark_key_predicate(keys)))
-    ids = lambda frame: sorted(r["order id"] for r in frame.select("s.`order id`").collect())  # noqa: E731
+    matched = target.alias("t").join(source.alias("s"), on=expr(clauses.on))
+    unmatched = source.alias("s").join(target.alias("t"), on=expr(clauses.on), how="left_anti")
+
+    def ids(frame):
+        return sorted(r["order id"] for r in frame.select("s.`order id`").collect())
+
     assert ids(matched) == [1, 2, 3]
-    assert ids(matched.where(f"{IS_UPSERT} AND {NEWER}")) == [1]
-    assert ids(matched.where(f"{IS_DELETE} AND {NEWER}")) == [3]
-    unmatched = source.alias("s").join(target.alias("t"), on=expr(_spark_key_predicate(keys)), how="left_anti")
-    assert ids(unmatched.where(IS_UPSERT)) == [4]
+    assert ids(matched.where(clauses.update_when)) == [1]
+    assert ids(matched.where(clauses.delete_when)) == [3]
+    assert ids(unmatched.where(clauses.insert_when)) == [4]
+    updated = matched.where(clauses.update_when).select(
+        *[expr(value).alias(column.strip("`")) for column, value in clauses.update_set.items()])
+    assert [tuple(r) for r in updated.collect()] == [("eu", 1, seq(6))]
 
 
 def test_transaction_settings_stay_in_the_private_session(spark, spark_sink):
