@@ -177,6 +177,7 @@ class DeltaUpsertSink(abc.ABC):
                     log.warning("table %s batch %d: concurrent write conflict, retry %d: %s",
                                 self.spec.name, batch_id, attempt, exc)
                     self._forget_logs()
+                    time.sleep(min(0.1 * 2 ** attempt, 2.0))
                     continue
                 metrics.COMMIT_FAILURES.labels(table=self.spec.name).inc()
                 if isinstance(exc, SinkCommitError):
@@ -188,6 +189,7 @@ class DeltaUpsertSink(abc.ABC):
             metrics.COMMIT_SECONDS.labels(table=self.spec.name, engine=self.engine).observe(
                 time.perf_counter() - started)
             self._record_metrics(result, counts)
+            self._maintain()
         return result
 
     def expire_tombstones(self, *, now: datetime | None = None) -> int:
@@ -273,11 +275,23 @@ class DeltaUpsertSink(abc.ABC):
             resurrections_prevented=split.resurrections_prevented,
             table_version=counts.version,
         )
-        if self._expiry_due(now):
-            removed = self.expire_tombstones(now=now)
-            if removed:
-                log.info("table %s: expired %d tombstone(s)", spec.name, removed)
         return result, counts
+
+    def _maintain(self) -> None:
+        """Expire tombstones when due. Runs after the batch committed, so it never fails the batch:
+        an error is logged and expiry is tried again with the next batch."""
+        now = self._clock()
+        if not self._expiry_due(now):
+            return
+        try:
+            removed = self.expire_tombstones(now=now)
+        except Exception:  # noqa: BLE001 - the batch is committed; tombstones merely live longer
+            self._last_expiry = None
+            log.warning("table %s: tombstone expiry failed; retrying with the next batch", self.spec.name,
+                        exc_info=True)
+            return
+        if removed:
+            log.info("table %s: expired %d tombstone(s)", self.spec.name, removed)
 
     def _expiry_due(self, now: datetime) -> bool:
         return self._last_expiry is None or now - self._last_expiry >= self.spec.tombstone_expiry_interval
