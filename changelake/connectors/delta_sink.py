@@ -78,13 +78,19 @@ class TableSpec:
     primary_key: tuple[str, ...]
     partition_by: tuple[str, ...] = ()
     tombstone_retention: timedelta = timedelta(days=7)
-    storage_options: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    storage_options: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), hash=False)
     tombstone_path: str | None = None
     tombstone_expiry_interval: timedelta = timedelta(hours=1)
 
     def __post_init__(self) -> None:
         if isinstance(self.primary_key, str) or not self.primary_key:
             raise ConfigError(f"table {self.name}: primary_key must be a non-empty tuple of column names")
+        if isinstance(self.partition_by, str):
+            raise ConfigError(f"table {self.name}: partition_by must be a tuple of column names")
+        # accept lists from config files; the spec stays immutable and hashable
+        object.__setattr__(self, "primary_key", tuple(self.primary_key))
+        object.__setattr__(self, "partition_by", tuple(self.partition_by))
+        object.__setattr__(self, "storage_options", MappingProxyType(dict(self.storage_options)))
         reserved = [c for c in (*self.primary_key, *self.partition_by) if c.startswith("_")]
         if reserved:
             raise ConfigError(f"table {self.name}: key and partition columns cannot be reserved "
