@@ -34,6 +34,11 @@ TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
 
 
+def expired_before(cutoff: datetime) -> str:
+    """Spark SQL predicate selecting tombstones committed before ``cutoff``."""
+    return f"{backtick(DELETED_AT)} < timestamp'{cutoff.isoformat()}'"
+
+
 class DeltaSparkSink(DeltaUpsertSink):
     """Upsert sink that commits through delta-spark's ``DeltaTable.merge``."""
 
@@ -133,7 +138,7 @@ class DeltaSparkSink(DeltaUpsertSink):
     def _delete_tombstones_before(self, cutoff: datetime) -> int:
         table = self._delta(self.tombstone_path)
         before = table.history(1).select("version").first().version
-        table.delete(f"{backtick(DELETED_AT)} < timestamp'{cutoff.isoformat()}'")
+        table.delete(expired_before(cutoff))
         if table.history(1).select("version").first().version == before:
             return 0
         return int(self._last_operation_metrics(self.tombstone_path).get("numDeletedRows", 0))

@@ -16,7 +16,12 @@ from pyspark.sql.functions import expr
 
 from changelake.connectors.delta_sink import TableSpec
 from changelake.connectors.delta_sink_merge import backtick, table_merge
-from changelake.connectors.delta_sink_spark import TXN_APP_ID_CONF, TXN_VERSION_CONF, DeltaSparkSink
+from changelake.connectors.delta_sink_spark import (
+    TXN_APP_ID_CONF,
+    TXN_VERSION_CONF,
+    DeltaSparkSink,
+    expired_before,
+)
 
 from .tables import seq
 
@@ -69,3 +74,11 @@ def test_transaction_settings_stay_in_the_private_session(spark, spark_sink):
         assert spark_sink._session.conf.get(TXN_VERSION_CONF) == "7"
         assert spark.conf.get(TXN_VERSION_CONF, None) is None
     assert spark_sink._session.conf.get(TXN_VERSION_CONF, None) is None
+
+
+def test_expiry_predicate_selects_tombstones_older_than_the_cutoff(spark_sink):
+    moments = [datetime(2026, 1, d, 12, tzinfo=timezone.utc) for d in (1, 2, 3)]
+    frame = spark_sink._frame(pa.table({"id": [1, 2, 3],
+                                        "_deleted_at": pa.array(moments, pa.timestamp("us", tz="UTC"))}))
+    cutoff = datetime(2026, 1, 2, 12, tzinfo=timezone.utc)
+    assert sorted(r["id"] for r in frame.where(expired_before(cutoff)).collect()) == [1]
