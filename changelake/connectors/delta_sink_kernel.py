@@ -70,15 +70,14 @@ def latest_per_key(changes: pa.Table, *, primary_key: Sequence[str]) -> pa.Table
         return kept
     order = pc.sort_indices(kept, sort_keys=[(k, "ascending") for k in primary_key]
                             + [(SEQ, "descending"), (KIND, "descending")])
-    ordered = kept.take(order)
-    n = ordered.num_rows
+    n = kept.num_rows
     starts = np.zeros(n, dtype=bool)
     starts[0] = True
     for name in primary_key:
-        col = ordered[name].combine_chunks()
+        col = kept[name].take(order).combine_chunks()
         differs = pc.not_equal(col.slice(1), col.slice(0, n - 1))
         starts[1:] |= differs.to_numpy(zero_copy_only=False)
-    return ordered.filter(pa.array(starts))
+    return kept.take(order.filter(pa.array(starts)))
 
 
 @dataclass(frozen=True)
