@@ -20,7 +20,9 @@ from changelake.connectors.delta_sink import (
     open_sink,
 )
 
-ENGINES = ("delta-rs", "delta-spark")
+#: delta-rs runs in-process (no JVM): the ``unit`` tier; delta-spark needs a Spark session.
+ENGINES = (pytest.param("delta-rs", marks=pytest.mark.unit),
+           pytest.param("delta-spark", marks=pytest.mark.spark))
 
 
 @pytest.fixture(scope="session")

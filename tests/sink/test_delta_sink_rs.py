@@ -13,6 +13,8 @@ from changelake.service import metrics
 
 from .tables import changes, live, seq, tombstones
 
+pytestmark = pytest.mark.unit
+
 
 def _metric(counter, **labels) -> float:
     return counter.labels(**labels)._value.get()
