@@ -134,6 +134,13 @@ def _lookup_tombstone_seq(reduced: pa.Table, tombstones: pa.Table, primary_key: 
         _ROW, pa.array(np.arange(reduced.num_rows, dtype=np.int64)))
     right = pa.table({k: tombstones[k].cast(reduced.schema.field(k).type) for k in primary_key}
                      | {_TOMB_SEQ: tombstones[SEQ].cast(pa.string())})
+    if right.num_rows > reduced.num_rows:
+        # The tombstone table can be far larger than the batch: keep only the batch's keys first
+        # (a semi join hashes the batch side), so the outer join below stays batch-sized.
+        numbered = right.select(list(primary_key)).append_column(
+            _ROW, pa.array(np.arange(right.num_rows, dtype=np.int64)))
+        hits = numbered.join(reduced.select(list(primary_key)), keys=list(primary_key), join_type="left semi")
+        right = right.take(hits[_ROW])
     joined = left.join(right, keys=list(primary_key), join_type="left outer")
     order = pc.sort_indices(joined[_ROW])
     return joined[_TOMB_SEQ].take(order).combine_chunks()
