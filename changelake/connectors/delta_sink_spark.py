@@ -74,8 +74,10 @@ class DeltaSparkSink(DeltaUpsertSink):
                 conf.unset(TXN_APP_ID_CONF)
                 conf.unset(TXN_VERSION_CONF)
 
-    def _last_operation_metrics(self, path: str) -> Mapping[str, str]:
-        row = self._delta(path).history(1).select("operationMetrics").first()
+    def _metrics_of_commit(self, path: str, version: int) -> Mapping[str, str]:
+        """``operationMetrics`` of commit ``version`` of the table at ``path``."""
+        row = (self._delta(path).history(1).where(f"version = {int(version)}")
+               .select("operationMetrics").first())
         return (row.operationMetrics or {}) if row is not None else {}
 
     # --- engine I/O ------------------------------------------------------------------
@@ -118,30 +120,30 @@ class DeltaSparkSink(DeltaUpsertSink):
 
     def _merge_table(self, changes: pa.Table, *, batch_id: int) -> MergeCounts:
         path = self.spec.path
-        inserted = updated = deleted = 0
+        before = self._require_state(path).version
         if changes.num_rows:
             columns = [c for c in changes.column_names if c != KIND]
             self._merge(path, changes, table_merge(self.spec.primary_key, columns, backtick), batch_id)
-            stats = self._last_operation_metrics(path)
-            inserted = int(stats.get("numTargetRowsInserted", 0))
-            updated = int(stats.get("numTargetRowsUpdated", 0))
-            deleted = int(stats.get("numTargetRowsDeleted", 0))
         state = self._require_state(path)
+        stats = self._metrics_of_commit(path, state.version) if state.version > before else {}
         if state.txn_version != batch_id:
             # Nothing was committed (an empty or all-stale batch): record the txn with an
             # empty idempotent append, so that a replay of this batch is recognised.
             (self._frame(state.schema.empty_table()).write.format("delta").mode("append")
              .option("txnAppId", self.app_id).option("txnVersion", batch_id).save(path))
             state = self._require_state(path)
-        return MergeCounts(inserted=inserted, updated=updated, deleted=deleted, version=state.version)
+        return MergeCounts(inserted=int(stats.get("numTargetRowsInserted", 0)),
+                           updated=int(stats.get("numTargetRowsUpdated", 0)),
+                           deleted=int(stats.get("numTargetRowsDeleted", 0)),
+                           version=state.version)
 
     def _delete_tombstones_before(self, cutoff: datetime) -> int:
-        table = self._delta(self.tombstone_path)
-        before = table.history(1).select("version").first().version
-        table.delete(expired_before(cutoff))
-        if table.history(1).select("version").first().version == before:
+        before = self._require_state(self.tombstone_path).version
+        self._delta(self.tombstone_path).delete(expired_before(cutoff))
+        after = self._require_state(self.tombstone_path).version
+        if after == before:
             return 0
-        return int(self._last_operation_metrics(self.tombstone_path).get("numDeletedRows", 0))
+        return int(self._metrics_of_commit(self.tombstone_path, after).get("numDeletedRows", 0))
 
     def _compact_tombstones(self) -> None:
         self._delta(self.tombstone_path).optimize().executeCompaction()
