@@ -44,6 +44,7 @@ from changelake.connectors.delta_sink_kernel import (
 )
 from changelake.connectors.delta_sink_schema import (
     check_table_contract,
+    check_tombstone_contract,
     default_tombstone_path,
     reconcile,
     stored_fields,
@@ -161,6 +162,7 @@ class DeltaUpsertSink(abc.ABC):
         self._max_commit_retries = max_commit_retries
         self._last_expiry: datetime | None = None
         self._contract_checked = False
+        self._tombstone_contract_checked = False
         self._logs: dict[str, DeltaTable] = {}
 
     # --- public -----------------------------------------------------------------
@@ -256,6 +258,10 @@ class DeltaUpsertSink(abc.ABC):
         now = self._clock()
         reduced = align_to_table(latest_per_key(changes, primary_key=spec.primary_key), plan.target_schema)
         tomb_state = self._state(self.tombstone_path)
+        if tomb_state is not None and not self._tombstone_contract_checked:
+            check_tombstone_contract(path=self.tombstone_path, properties=tomb_state.properties,
+                                     table_path=spec.path)
+            self._tombstone_contract_checked = True
         tombstones = (self._read_tombstones() if tomb_state is not None
                       else pa.table({SEQ: pa.array([], pa.string())}))
         split = split_against_tombstones(reduced, tombstones, primary_key=spec.primary_key, now=now)

@@ -250,6 +250,15 @@ def test_declared_key_must_match_the_table(make_sink, tmp_path):
         other.apply(changes([("+I", 1, 2, "a")]), batch_id=1)
 
 
+def test_two_tables_cannot_share_a_tombstone_table(make_sink, tmp_path):
+    shared = str(tmp_path / "tombs")
+    make_sink(name="a", tombstone_path=shared).apply(changes([("-D", 1, 1, None)]), batch_id=0)
+    other = make_sink(name="b", tombstone_path=shared)
+    with pytest.raises(SinkCommitError, match=r"belongs to .*/a, not to .*/b; give every sink table its own"):
+        other.apply(changes([("+I", 1, 2, "x")]), batch_id=0)
+    assert tombstones(shared) == {1: seq(1)}
+
+
 def test_composite_key_and_quoted_column_names(make_sink):
     sink = make_sink(primary_key=("Region", "order id"))
     batch = pa.table({
