@@ -27,8 +27,14 @@ ENGINES = (pytest.param("delta-rs", marks=pytest.mark.unit),
 
 @pytest.fixture(scope="session")
 def spark():
+    """The test process's one Spark session: an active one is reused (e.g. started by the
+    suite-wide fixture), else a local[2] session is started here and stopped at the end."""
     from pyspark.sql import SparkSession
 
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        yield active
+        return
     builder = (SparkSession.builder.master("local[2]").appName("changelake-sink-tests")
                .config("spark.sql.shuffle.partitions", "2")
                .config("spark.ui.enabled", "false")
