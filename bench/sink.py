@@ -1,12 +1,17 @@
 """Throughput of DeltaUpsertSink.apply(): changes merged per second.
 
-    /tmp/venv/bin/python bench/sink.py                      # 1M changes, 200k keys, batches of 100k
-    /tmp/venv/bin/python bench/sink.py --preload 1000000 --changes 100000 --batch 100000
+    PYTHONPATH=. python bench/sink.py                  # 1M changes, 200k keys, batches of 100k
+    PYTHONPATH=. python bench/sink.py --preload 1000000 --changes 100000 --hot recent
+    PYTHONPATH=. python bench/sink.py --preload 1000000 --changes 100000 --hot uniform
 
 Every change is a +I (first change of a key), +U or -D (``--delete-ratio``), with
 strictly increasing ``_seq`` per key; each batch is shuffled, and ``--late-ratio``
 of the changes are held back one batch (out-of-order delivery across batches).
-The table is checked against the expected final state at the end.
+``--preload N`` first inserts N rows (ids 0..N-1, not timed); the changed keys are
+then either the newest ids half inside and half beyond the preloaded range
+(``--hot recent``: updates of recent rows plus inserts, as with auto-increment keys)
+or spread over the whole table (``--hot uniform``: every file is touched).
+The whole table is checked against the expected final state at the end.
 """
 
 from __future__ import annotations
@@ -28,9 +33,11 @@ from changelake.connectors.delta_sink import TableSpec, open_sink
 KIND_I, KIND_U, KIND_D = 0, 2, 3
 
 
-def make_changes(n: int, keys: int, delete_ratio: float, rng: np.random.Generator) -> pa.Table:
-    key = rng.integers(0, keys, n, dtype=np.int64)
-    offset = np.arange(n, dtype=np.int64)
+def make_changes(key: np.ndarray, delete_ratio: float, rng: np.random.Generator, *,
+                 first_offset: int = 0) -> pa.Table:
+    """One change per entry of ``key``; Kafka offsets (hence ``_seq``) count up from ``first_offset``."""
+    n = len(key)
+    offset = np.arange(first_offset, first_offset + n, dtype=np.int64)
     order = np.lexsort((offset, key))
     first = np.ones(n, dtype=bool)
     first[order[1:]] = key[order[1:]] != key[order[:-1]]
@@ -46,11 +53,35 @@ def make_changes(n: int, keys: int, delete_ratio: float, rng: np.random.Generato
         "qty": rng.integers(0, 1000, n, dtype=np.int32),
         "_kind": kind,
         "_seq": seqs,
-        "_topic": pa.array(["bench.items"] * n),
+        "_topic": pa.array(["bench.items"] * n, pa.string()),
         "_partition": pa.array((key % 4).astype(np.int32)),
         "_offset": offset,
         "_source_ts": pa.array(1_700_000_000_000 + offset, pa.timestamp("ms", tz="UTC")),
     })
+
+
+def instrument_phases() -> dict[str, float]:
+    """Wrap the sink's phases with timers (bench only); returns the running totals in seconds."""
+    from changelake.connectors import delta_sink
+    from changelake.connectors.delta_sink_rs import DeltaRsSink
+
+    phases = [
+        (delta_sink, ("validate_changes", "latest_per_key", "align_to_table", "split_against_tombstones")),
+        (DeltaRsSink, ("_state", "_create_table", "_read_tombstones", "_merge_tombstones", "_merge_table",
+                       "_delete_tombstones_before", "_compact_tombstones")),
+    ]
+    totals: dict[str, float] = {}
+    for owner, names in phases:
+        for name in names:
+            def timed(*args, __original=getattr(owner, name), __name=name, **kwargs):
+                started = time.perf_counter()
+                try:
+                    return __original(*args, **kwargs)
+                finally:
+                    totals[__name] = totals.get(__name, 0.0) + time.perf_counter() - started
+
+            setattr(owner, name, timed)
+    return totals
 
 
 def expected_state(changes: pa.Table) -> dict[int, str]:
@@ -82,9 +113,13 @@ def main() -> None:
     parser.add_argument("--delete-ratio", type=float, default=0.05)
     parser.add_argument("--late-ratio", type=float, default=0.02)
     parser.add_argument("--preload", type=int, default=0, help="rows inserted (not timed) before the run")
+    parser.add_argument("--hot", choices=["recent", "uniform"], default="recent",
+                        help="with --preload: which existing rows the changes hit")
     parser.add_argument("--engine", default="delta-rs", choices=["delta-rs"])
     parser.add_argument("--dir", default=None, help="where to write the table (default: a temp dir)")
+    parser.add_argument("--profile", action="store_true", help="print time per sink phase (timed batches)")
     args = parser.parse_args()
+    phases = instrument_phases() if args.profile else {}
 
     rng = np.random.default_rng(7)
     root = Path(args.dir or tempfile.mkdtemp(prefix="changelake-bench-"))
@@ -92,15 +127,18 @@ def main() -> None:
     spec = TableSpec(name="bench", path=str(root / "lake" / "items"), primary_key=("id",))
     sink = open_sink(spec, pipeline_id="bench", engine=args.engine)
     batch_id = 0
-    if args.preload:
-        ids = np.arange(args.preload, dtype=np.int64) + args.keys  # disjoint from the changed keys
-        preload = make_changes(args.preload, args.preload, 0.0, rng)
-        preload = preload.set_column(0, "id", pa.array(ids))
-        preload = preload.set_column(4, "_kind", pa.array(np.zeros(args.preload, np.int8)))
-        sink.apply(preload, batch_id=batch_id)
+    preload = make_changes(np.arange(args.preload, dtype=np.int64), 0.0, rng)
+    for start in range(0, args.preload, args.batch):  # built over several batches, like a live table
+        sink.apply(preload.slice(start, args.batch), batch_id=batch_id)
         batch_id += 1
+    if args.preload and args.hot == "uniform":
+        pool = np.linspace(0, args.preload - 1, args.keys).astype(np.int64)
+    else:
+        pool = np.arange(args.keys, dtype=np.int64) + max(args.preload - args.keys // 2, 0)
 
-    changes = make_changes(args.changes, args.keys, args.delete_ratio, rng)
+    changes = make_changes(pool[rng.integers(0, len(pool), args.changes)], args.delete_ratio, rng,
+                           first_offset=args.preload)
+    phases.clear()  # only the timed batches
     applied = 0
     elapsed = 0.0
     for batch in batches(changes, args.batch, args.late_ratio, rng):
@@ -115,13 +153,15 @@ def main() -> None:
         batch_id += 1
 
     table = DeltaTable(spec.path)
-    got = pa.table(QueryBuilder().register("t", table).execute(
-        f"SELECT id, _seq FROM t WHERE id < {args.keys}"))
+    got = pa.table(QueryBuilder().register("t", table).execute("SELECT id, _seq FROM t"))
     actual = dict(zip(got["id"].to_pylist(), got["_seq"].to_pylist()))
-    ok = actual == expected_state(changes)
-    print(f"{applied} changes over {args.keys} keys in batches of {args.batch} "
-          f"(preloaded {args.preload} rows): {elapsed:.2f} s, {applied / elapsed:,.0f} changes/s; "
+    ok = actual == expected_state(pa.concat_tables([preload, changes]))
+    layout = f"preloaded {args.preload} rows, {args.hot} keys" if args.preload else "empty table"
+    print(f"{applied} changes over {args.keys} keys in batches of {args.batch} ({layout}): "
+          f"{elapsed:.2f} s, {applied / elapsed:,.0f} changes/s; "
           f"final state {'matches' if ok else 'DOES NOT MATCH'} the expected rows")
+    for name, seconds in sorted(phases.items(), key=lambda item: -item[1]):
+        print(f"  {name:28s} {seconds:7.3f} s  {100 * seconds / elapsed:5.1f} %")
     if not args.dir:
         shutil.rmtree(root, ignore_errors=True)
     if not ok:

@@ -34,7 +34,7 @@ import pyarrow as pa
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
-from changelake.changelog import KIND, SEQ
+from changelake.changelog import SEQ
 from changelake.connectors.delta_sink_kernel import (
     align_to_table,
     count_deletes,
@@ -43,8 +43,8 @@ from changelake.connectors.delta_sink_kernel import (
     validate_changes,
 )
 from changelake.connectors.delta_sink_schema import (
-    DELETED_AT,
     check_table_contract,
+    check_tombstone_contract,
     default_tombstone_path,
     reconcile,
     stored_fields,
@@ -63,6 +63,7 @@ Engine = Literal["auto", "delta-rs", "delta-spark"]
 DELTA_SPARK_CLASS = "io.delta.tables.DeltaTable"
 DELTA_SPARK_PACKAGE = "io.delta:delta-spark_2.13:4.4.1"
 DELTA_SPARK_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
+DELTA_SPARK_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
 
 
 @dataclass(frozen=True)
@@ -78,13 +79,19 @@ class TableSpec:
     primary_key: tuple[str, ...]
     partition_by: tuple[str, ...] = ()
     tombstone_retention: timedelta = timedelta(days=7)
-    storage_options: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    storage_options: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), hash=False)
     tombstone_path: str | None = None
     tombstone_expiry_interval: timedelta = timedelta(hours=1)
 
     def __post_init__(self) -> None:
         if isinstance(self.primary_key, str) or not self.primary_key:
             raise ConfigError(f"table {self.name}: primary_key must be a non-empty tuple of column names")
+        if isinstance(self.partition_by, str):
+            raise ConfigError(f"table {self.name}: partition_by must be a tuple of column names")
+        # accept lists from config files; the spec stays immutable and hashable
+        object.__setattr__(self, "primary_key", tuple(self.primary_key))
+        object.__setattr__(self, "partition_by", tuple(self.partition_by))
+        object.__setattr__(self, "storage_options", MappingProxyType(dict(self.storage_options)))
         reserved = [c for c in (*self.primary_key, *self.partition_by) if c.startswith("_")]
         if reserved:
             raise ConfigError(f"table {self.name}: key and partition columns cannot be reserved "
@@ -155,6 +162,7 @@ class DeltaUpsertSink(abc.ABC):
         self._max_commit_retries = max_commit_retries
         self._last_expiry: datetime | None = None
         self._contract_checked = False
+        self._tombstone_contract_checked = False
         self._logs: dict[str, DeltaTable] = {}
 
     # --- public -----------------------------------------------------------------
@@ -177,6 +185,7 @@ class DeltaUpsertSink(abc.ABC):
                     log.warning("table %s batch %d: concurrent write conflict, retry %d: %s",
                                 self.spec.name, batch_id, attempt, exc)
                     self._forget_logs()
+                    time.sleep(min(0.1 * 2 ** attempt, 2.0))
                     continue
                 metrics.COMMIT_FAILURES.labels(table=self.spec.name).inc()
                 if isinstance(exc, SinkCommitError):
@@ -184,19 +193,26 @@ class DeltaUpsertSink(abc.ABC):
                 raise SinkCommitError(
                     f"{self.engine} commit of batch {batch_id} to {self.spec.path} failed"
                     f"{' after ' + str(attempt) + ' retries' if attempt else ''}: {exc}") from exc
-        metrics.COMMIT_SECONDS.labels(table=self.spec.name, engine=self.engine).observe(
-            time.perf_counter() - started)
         if counts is not None:
+            metrics.COMMIT_SECONDS.labels(table=self.spec.name, engine=self.engine).observe(
+                time.perf_counter() - started)
             self._record_metrics(result, counts)
+            self._maintain()
         return result
 
     def expire_tombstones(self, *, now: datetime | None = None) -> int:
-        """Delete tombstones older than ``tombstone_retention``; returns how many were removed."""
+        """Delete tombstones older than ``tombstone_retention`` and compact the tombstone table.
+
+        Returns how many tombstones were removed. ``apply`` calls this every
+        ``tombstone_expiry_interval``; call it directly to expire on another schedule.
+        """
         now = now or self._clock()
         self._last_expiry = now
         if self._state(self.tombstone_path) is None:
             return 0
-        return self._delete_tombstones_before(now - self.spec.tombstone_retention)
+        removed = self._delete_tombstones_before(now - self.spec.tombstone_retention)
+        self._compact_tombstones()
+        return removed
 
     def table_version(self) -> int | None:
         """Latest version of the sink table, or None before the first commit."""
@@ -222,6 +238,10 @@ class DeltaUpsertSink(abc.ABC):
 
         fields = stored_fields(changes.schema)
         if state is None:
+            missing = [c for c in spec.partition_by if c not in [f.name for f in fields]]
+            if missing:
+                raise SinkCommitError(f"cannot create table {spec.path} partitioned by {list(spec.partition_by)}: "
+                                      f"the batch has no column(s) {missing}; fix partition_by or the pipeline")
             self._create_table(pa.schema([f.with_nullable(True) for f in fields]),
                                properties=table_properties(spec.primary_key, self.tombstone_path))
             state = self._require_state(spec.path)
@@ -238,6 +258,10 @@ class DeltaUpsertSink(abc.ABC):
         now = self._clock()
         reduced = align_to_table(latest_per_key(changes, primary_key=spec.primary_key), plan.target_schema)
         tomb_state = self._state(self.tombstone_path)
+        if tomb_state is not None and not self._tombstone_contract_checked:
+            check_tombstone_contract(path=self.tombstone_path, properties=tomb_state.properties,
+                                     table_path=spec.path)
+            self._tombstone_contract_checked = True
         tombstones = (self._read_tombstones() if tomb_state is not None
                       else pa.table({SEQ: pa.array([], pa.string())}))
         split = split_against_tombstones(reduced, tombstones, primary_key=spec.primary_key, now=now)
@@ -263,11 +287,23 @@ class DeltaUpsertSink(abc.ABC):
             resurrections_prevented=split.resurrections_prevented,
             table_version=counts.version,
         )
-        if self._expiry_due(now):
-            removed = self.expire_tombstones(now=now)
-            if removed:
-                log.info("table %s: expired %d tombstone(s)", spec.name, removed)
         return result, counts
+
+    def _maintain(self) -> None:
+        """Expire tombstones when due. Runs after the batch committed, so it never fails the batch:
+        an error is logged and expiry is tried again with the next batch."""
+        now = self._clock()
+        if not self._expiry_due(now):
+            return
+        try:
+            removed = self.expire_tombstones(now=now)
+        except Exception:  # noqa: BLE001 - the batch is committed; tombstones merely live longer
+            self._last_expiry = None
+            log.warning("table %s: tombstone expiry failed; retrying with the next batch", self.spec.name,
+                        exc_info=True)
+            return
+        if removed:
+            log.info("table %s: expired %d tombstone(s)", self.spec.name, removed)
 
     def _expiry_due(self, now: datetime) -> bool:
         return self._last_expiry is None or now - self._last_expiry >= self.spec.tombstone_expiry_interval
@@ -345,26 +381,12 @@ class DeltaUpsertSink(abc.ABC):
         """Delete tombstones with ``_deleted_at < cutoff``; return the count."""
 
     @abc.abstractmethod
+    def _compact_tombstones(self) -> None:
+        """Rewrite the tombstone table's small files (one is added per batch with deletes)."""
+
+    @abc.abstractmethod
     def _is_conflict(self, exc: BaseException) -> bool:
         """True when ``exc`` is a concurrent-write conflict worth retrying."""
-
-
-# --- merge clauses shared by the engines -------------------------------------------
-
-
-def quote(name: str) -> str:
-    """A column name as a quoted SQL identifier (delta-rs / DataFusion double quotes)."""
-    return '"' + name.replace('"', '""') + '"'
-
-
-def key_predicate(primary_key: tuple[str, ...], *, quote_fn: Callable[[str], str] = quote) -> str:
-    return " AND ".join(f"t.{quote_fn(k)} = s.{quote_fn(k)}" for k in primary_key)
-
-
-IS_DELETE = f"s.{KIND} = 3"
-IS_UPSERT = f"s.{KIND} <> 3"
-NEWER = f"t.{SEQ} < s.{SEQ}"
-TOMBSTONE_COLUMNS = (SEQ, DELETED_AT)
 
 
 # --- opening ---------------------------------------------------------------------
@@ -386,6 +408,8 @@ def delta_spark_missing(spark: Any) -> str | None:
     extensions = spark.conf.get("spark.sql.extensions", "") or ""
     if DELTA_SPARK_EXTENSION not in extensions:
         return f"spark.sql.extensions does not include {DELTA_SPARK_EXTENSION}"
+    if spark.conf.get("spark.sql.catalog.spark_catalog", "") != DELTA_SPARK_CATALOG:
+        return f"spark.sql.catalog.spark_catalog is not {DELTA_SPARK_CATALOG}"
     return None
 
 
@@ -409,8 +433,8 @@ def open_sink(spec: TableSpec, *, pipeline_id: str, engine: Engine = "auto", spa
                                   max_commit_retries=max_commit_retries)
         if engine == "delta-spark":
             raise ConfigError(f"sink engine delta-spark is not available: {missing}. Start Spark with "
-                              f"--packages {DELTA_SPARK_PACKAGE} and "
-                              f"spark.sql.extensions={DELTA_SPARK_EXTENSION}, or use engine delta-rs")
+                              f"--packages {DELTA_SPARK_PACKAGE}, spark.sql.extensions={DELTA_SPARK_EXTENSION} "
+                              f"and spark.sql.catalog.spark_catalog={DELTA_SPARK_CATALOG}, or use engine delta-rs")
         if spark is not None:
             log.info("table %s: using delta-rs (delta-spark unavailable: %s)", spec.name, missing)
     from changelake.connectors.delta_sink_rs import DeltaRsSink

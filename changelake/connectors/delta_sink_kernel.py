@@ -70,15 +70,14 @@ def latest_per_key(changes: pa.Table, *, primary_key: Sequence[str]) -> pa.Table
         return kept
     order = pc.sort_indices(kept, sort_keys=[(k, "ascending") for k in primary_key]
                             + [(SEQ, "descending"), (KIND, "descending")])
-    ordered = kept.take(order)
-    n = ordered.num_rows
+    n = kept.num_rows
     starts = np.zeros(n, dtype=bool)
     starts[0] = True
     for name in primary_key:
-        col = ordered[name].combine_chunks()
+        col = kept[name].take(order).combine_chunks()
         differs = pc.not_equal(col.slice(1), col.slice(0, n - 1))
         starts[1:] |= differs.to_numpy(zero_copy_only=False)
-    return ordered.filter(pa.array(starts))
+    return kept.take(order.filter(pa.array(starts)))
 
 
 @dataclass(frozen=True)
@@ -135,6 +134,13 @@ def _lookup_tombstone_seq(reduced: pa.Table, tombstones: pa.Table, primary_key: 
         _ROW, pa.array(np.arange(reduced.num_rows, dtype=np.int64)))
     right = pa.table({k: tombstones[k].cast(reduced.schema.field(k).type) for k in primary_key}
                      | {_TOMB_SEQ: tombstones[SEQ].cast(pa.string())})
+    if right.num_rows > reduced.num_rows:
+        # The tombstone table can be far larger than the batch: keep only the batch's keys first
+        # (a semi join hashes the batch side), so the outer join below stays batch-sized.
+        numbered = right.select(list(primary_key)).append_column(
+            _ROW, pa.array(np.arange(right.num_rows, dtype=np.int64)))
+        hits = numbered.join(reduced.select(list(primary_key)), keys=list(primary_key), join_type="left semi")
+        right = right.take(hits[_ROW])
     joined = left.join(right, keys=list(primary_key), join_type="left outer")
     order = pc.sort_indices(joined[_ROW])
     return joined[_TOMB_SEQ].take(order).combine_chunks()

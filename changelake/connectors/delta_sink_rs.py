@@ -14,18 +14,15 @@ import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Field, QueryBuilder, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
-from changelake.changelog import SEQ
-from changelake.connectors.delta_sink import (
-    IS_DELETE,
-    IS_UPSERT,
-    NEWER,
-    TOMBSTONE_COLUMNS,
-    DeltaUpsertSink,
-    MergeCounts,
-    key_predicate,
-    quote,
-)
+from changelake.changelog import KIND, SEQ
+from changelake.connectors.delta_sink import DeltaUpsertSink, MergeCounts
+from changelake.connectors.delta_sink_merge import MergeClauses, table_merge, tombstone_merge
+from changelake.connectors.delta_sink_merge import double_quote as quote
 from changelake.connectors.delta_sink_schema import DELETED_AT
+
+
+#: The tombstone table is compacted, at expiry time, once it has more files than this.
+COMPACT_ABOVE_FILES = 8
 
 
 class DeltaRsSink(DeltaUpsertSink):
@@ -57,30 +54,28 @@ class DeltaRsSink(DeltaUpsertSink):
         reader = QueryBuilder().register("tombstones", table).execute(f"SELECT {columns} FROM tombstones")
         return pa.table(reader)
 
+    def _merge(self, table: DeltaTable, changes: pa.Table, clauses: MergeClauses, batch_id: int) -> dict:
+        # streamed_exec=False: the (driver-sized) source is buffered, which lets delta-rs derive
+        # key-range filters from it and skip target files no change can touch (4x faster on
+        # key-clustered changes in docs/benchmarks-sink.md; equal on random keys).
+        return (table.merge(changes, clauses.on, source_alias="s", target_alias="t", streamed_exec=False,
+                            commit_properties=self._commit(batch_id))
+                .when_matched_update(dict(clauses.update_set), predicate=clauses.update_when)
+                .when_matched_delete(predicate=clauses.delete_when)
+                .when_not_matched_insert(dict(clauses.insert_values), predicate=clauses.insert_when)
+                .execute())
+
     def _merge_tombstones(self, changes: pa.Table, *, batch_id: int) -> None:
-        table = self._log(self.tombstone_path)
-        values = {quote(c): f"s.{quote(c)}" for c in TOMBSTONE_COLUMNS}
-        inserts = {quote(c): f"s.{quote(c)}" for c in (*self.spec.primary_key, *TOMBSTONE_COLUMNS)}
-        (table.merge(changes, key_predicate(self.spec.primary_key), source_alias="s", target_alias="t",
-                     commit_properties=self._commit(batch_id))
-         .when_matched_update(values, predicate=f"{IS_DELETE} AND {NEWER}")
-         .when_matched_delete(predicate=f"{IS_UPSERT} AND {NEWER}")
-         .when_not_matched_insert(inserts, predicate=IS_DELETE)
-         .execute())
+        self._merge(self._log(self.tombstone_path), changes, tombstone_merge(self.spec.primary_key, quote),
+                    batch_id)
 
     def _merge_table(self, changes: pa.Table, *, batch_id: int) -> MergeCounts:
         table = self._log(self.spec.path)
         before = table.version()
         inserted = updated = deleted = 0
         if changes.num_rows:
-            stored = [c for c in changes.column_names if c != "_kind"]
-            values = {quote(c): f"s.{quote(c)}" for c in stored}
-            stats = (table.merge(changes, key_predicate(self.spec.primary_key), source_alias="s",
-                                 target_alias="t", commit_properties=self._commit(batch_id))
-                     .when_matched_update(values, predicate=f"{IS_UPSERT} AND {NEWER}")
-                     .when_matched_delete(predicate=f"{IS_DELETE} AND {NEWER}")
-                     .when_not_matched_insert(values, predicate=IS_UPSERT)
-                     .execute())
+            columns = [c for c in changes.column_names if c != KIND]
+            stats = self._merge(table, changes, table_merge(self.spec.primary_key, columns, quote), batch_id)
             inserted = stats["num_target_rows_inserted"]
             updated = stats["num_target_rows_updated"]
             deleted = stats["num_target_rows_deleted"]
@@ -96,6 +91,11 @@ class DeltaRsSink(DeltaUpsertSink):
         table = self._log(self.tombstone_path)
         stats = table.delete(f"{quote(DELETED_AT)} < '{cutoff.isoformat()}'")
         return int(stats.get("num_deleted_rows", 0))
+
+    def _compact_tombstones(self) -> None:
+        table = self._log(self.tombstone_path)
+        if len(table.file_uris()) > COMPACT_ABOVE_FILES:
+            table.optimize.compact()
 
     def _is_conflict(self, exc: BaseException) -> bool:
         return isinstance(exc, CommitFailedError)

@@ -108,6 +108,15 @@ def check_table_contract(*, path: str, properties: Mapping[str, str], partition_
                               "write to a new table")
 
 
+def check_tombstone_contract(*, path: str, properties: Mapping[str, str], table_path: str) -> None:
+    """Refuse a tombstone table that belongs to another sink table."""
+    owner = properties.get(PROP_TOMBSTONES_OF)
+    if owner != table_path:
+        raise SinkCommitError(
+            f"tombstone table {path} belongs to {owner or 'no changelake table'}, not to {table_path}; "
+            "give every sink table its own tombstone_path")
+
+
 @dataclass(frozen=True)
 class SchemaPlan:
     """How to write a batch into a table: columns to add first, then the Arrow schema to cast to."""

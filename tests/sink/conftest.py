@@ -13,19 +13,28 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from changelake.connectors.delta_sink import (
+    DELTA_SPARK_CATALOG,
     DELTA_SPARK_EXTENSION,
     TableSpec,
     delta_spark_missing,
     open_sink,
 )
 
-ENGINES = ("delta-rs", "delta-spark")
+#: delta-rs runs in-process (no JVM): the ``unit`` tier; delta-spark needs a Spark session.
+ENGINES = (pytest.param("delta-rs", marks=pytest.mark.unit),
+           pytest.param("delta-spark", marks=pytest.mark.spark))
 
 
 @pytest.fixture(scope="session")
 def spark():
+    """The test process's one Spark session: an active one is reused (e.g. started by the
+    suite-wide fixture), else a local[2] session is started here and stopped at the end."""
     from pyspark.sql import SparkSession
 
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        yield active
+        return
     builder = (SparkSession.builder.master("local[2]").appName("changelake-sink-tests")
                .config("spark.sql.shuffle.partitions", "2")
                .config("spark.ui.enabled", "false")
@@ -35,7 +44,7 @@ def spark():
 
         builder = configure_spark_with_delta_pip(
             builder.config("spark.sql.extensions", DELTA_SPARK_EXTENSION)
-            .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog"))
+            .config("spark.sql.catalog.spark_catalog", DELTA_SPARK_CATALOG))
     session = builder.getOrCreate()
     yield session
     session.stop()

@@ -250,6 +250,15 @@ def test_declared_key_must_match_the_table(make_sink, tmp_path):
         other.apply(changes([("+I", 1, 2, "a")]), batch_id=1)
 
 
+def test_two_tables_cannot_share_a_tombstone_table(make_sink, tmp_path):
+    shared = str(tmp_path / "tombs")
+    make_sink(name="a", tombstone_path=shared).apply(changes([("-D", 1, 1, None)]), batch_id=0)
+    other = make_sink(name="b", tombstone_path=shared)
+    with pytest.raises(SinkCommitError, match=r"belongs to .*/a, not to .*/b; give every sink table its own"):
+        other.apply(changes([("+I", 1, 2, "x")]), batch_id=0)
+    assert tombstones(shared) == {1: seq(1)}
+
+
 def test_composite_key_and_quoted_column_names(make_sink):
     sink = make_sink(primary_key=("Region", "order id"))
     batch = pa.table({
@@ -323,3 +332,20 @@ def test_empty_batch_creates_the_table_and_records_the_batch(make_sink):
     assert result.committed and result.upserts == 0
     assert DeltaTable.is_deltatable(sink.spec.path)
     assert sink.committed_batch_id() == 0
+
+
+def test_expiry_compacts_the_tombstone_table_and_keeps_live_tombstones(make_sink):
+    sink = make_sink(tombstone_expiry_interval=timedelta(days=365))
+    for batch_id in range(12):
+        sink.apply(changes([("-D", batch_id, 1, None)]), batch_id=batch_id)
+    files_before = len(DeltaTable(sink.tombstone_path).file_uris())
+    assert sink.expire_tombstones() == 0
+    assert len(DeltaTable(sink.tombstone_path).file_uris()) < files_before
+    assert tombstones(sink.tombstone_path) == {k: seq(1) for k in range(12)}
+
+
+def test_partition_column_missing_from_the_first_batch_is_an_error(make_sink):
+    sink = make_sink(partition_by=("region",))
+    with pytest.raises(SinkCommitError, match=r"no column\(s\) \['region'\]; fix partition_by"):
+        sink.apply(changes([("+I", 1, 1, "a")]), batch_id=0)
+    assert not DeltaTable.is_deltatable(sink.spec.path)

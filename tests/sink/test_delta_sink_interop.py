@@ -15,7 +15,7 @@ from deltalake import DeltaTable
 
 from changelake.connectors.delta_sink import TableSpec, open_sink
 
-from .tables import changes, seq
+from .tables import changes, read_rows, seq
 
 pytestmark = pytest.mark.spark
 
@@ -53,3 +53,17 @@ def test_spark_reads_partitioned_output_with_partition_discovery(spark, tmp_path
     sink.apply(changes([("+U", 2, 2, "b2")], extra={"region": pa.array(["eu"])}), batch_id=1)
     df = spark.read.option("basePath", path).parquet(*DeltaTable(path).file_uris())
     assert sorted(tuple(r) for r in df.select("id", "v", "region").collect()) == [(1, "a", "eu"), (2, "b2", "eu")]
+
+
+def test_a_spark_micro_batch_converted_with_toArrow_is_accepted(spark, tmp_path):
+    """What the pipeline does in foreachBatch: ``sink.apply(batch_df.toArrow(), batch_id=...)``."""
+    batch = changes([("+I", 1, 1, "a"), ("+I", 2, 1, "b"), ("-U", 1, 2, "a"), ("+U", 1, 2, "a2")])
+    batch = batch.append_column("_source_ts", pa.array([1_700_000_000_000] * 4, pa.timestamp("ms", tz="UTC")))
+    batch_df = spark.createDataFrame(batch)
+    sink = open_sink(TableSpec(name="from_spark", path=str(tmp_path / "from_spark"), primary_key=("id",)),
+                     pipeline_id="p", engine="delta-rs")
+    result = sink.apply(batch_df.toArrow(), batch_id=0)
+    assert (result.committed, result.upserts) == (True, 2)
+    rows = read_rows(sink.spec.path, columns='id, v, "_seq", "_source_ts"')
+    assert [(r["id"], r["v"], r["_seq"]) for r in rows] == [(1, "a2", seq(2)), (2, "b", seq(1))]
+    assert rows[0]["_source_ts"] == datetime(2023, 11, 14, 22, 13, 20, tzinfo=timezone.utc)

@@ -60,6 +60,16 @@ def test_split_against_tombstones():
     assert split.tombstone_changes["_deleted_at"].to_pylist() == [NOW, NOW]
 
 
+def test_split_against_a_tombstone_table_larger_than_the_batch():
+    reduced = changes([("+U", 3, 2, "blocked"), ("+I", 500, 9, "newer"), ("+I", 7, 1, "no tomb")])
+    ids = list(range(0, 1000, 3)) + [500]  # 335 tombstones, keys 3 and 500 among them
+    tombs = pa.table({"id": pa.array(ids, pa.int32()), "_seq": pa.array([seq(5)] * len(ids), pa.string_view())})
+    split = split_against_tombstones(reduced, tombs, primary_key=("id",), now=NOW)
+    assert sorted(split.table_changes["id"].to_pylist()) == [7, 500]
+    assert split.resurrections_prevented == 1
+    assert _rows(split.tombstone_changes) == [(500, 0, seq(9))]
+
+
 def test_reconcile_lists_every_conflict_in_one_message():
     table = pa.schema([("id", pa.int64()), ("n", pa.int32()), ("ts", pa.timestamp("us", tz="UTC"))])
     batch = [pa.field("id", pa.int64()), pa.field("n", pa.float64()), pa.field("ts", pa.string())]

@@ -66,3 +66,15 @@ def test_auto_picks_the_engine_the_session_can_run(spark, tmp_path):
         assert "io.delta:delta-spark_2.13:4.4.1" in missing
         with pytest.raises(ConfigError, match="delta-spark is not available.*--packages io.delta"):
             open_sink(spec, pipeline_id="p", engine="delta-spark", spark=spark)
+
+
+@pytest.mark.unit
+def test_specs_from_config_lists_are_normalised_and_hashable():
+    spec = TableSpec(name="t", path="/tmp/t", primary_key=["a", "b"], partition_by=["p"],
+                     storage_options={"AWS_REGION": "eu-west-1"})
+    assert (spec.primary_key, spec.partition_by) == (("a", "b"), ("p",))
+    same = TableSpec(name="t", path="/tmp/t", primary_key=("a", "b"), partition_by=("p",),
+                     storage_options={"AWS_REGION": "eu-west-1"})
+    assert {spec: 1}[same] == 1
+    with pytest.raises(TypeError):
+        spec.storage_options["AWS_REGION"] = "us-east-1"

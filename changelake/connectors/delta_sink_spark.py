@@ -1,0 +1,154 @@
+"""delta-spark engine of the Delta upsert sink: the MERGE runs distributed on Spark.
+
+Needs the Delta jars (``io.delta:delta-spark_2.13:4.4.1``) on the Spark classpath and
+the session configured with ``spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension``
+(``open_sink`` checks both). The batch is reduced on the driver in Arrow by the
+same kernel as the delta-rs engine (it arrives there as a ``pyarrow.Table``);
+the reduced changes become a DataFrame and Delta's MERGE joins them with the
+table on the executors.
+
+Exactly-once: every commit runs with ``spark.databricks.delta.write.txnAppId`` /
+``txnVersion`` set, in a private child session (``spark.newSession()``) so that
+the session-wide settings never leak into other writes of the application.
+The recorded version is read back through delta-rs (a log-only read; see
+``DeltaUpsertSink``), so ``TableSpec.storage_options`` must let delta-rs reach the
+table too (environment credentials work for both).
+"""
+
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any, Callable, Iterator, Mapping
+
+import pyarrow as pa
+from pyspark.sql.pandas.types import from_arrow_schema
+
+from changelake.changelog import KIND, SEQ
+from changelake.connectors.delta_sink import DeltaUpsertSink, MergeCounts
+from changelake.connectors.delta_sink_merge import MergeClauses, backtick, table_merge, tombstone_merge
+from changelake.connectors.delta_sink_schema import DELETED_AT
+
+TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
+TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
+
+
+def expired_before(cutoff: datetime) -> str:
+    """Spark SQL predicate selecting tombstones committed before ``cutoff``."""
+    return f"{backtick(DELETED_AT)} < timestamp'{cutoff.isoformat()}'"
+
+
+class DeltaSparkSink(DeltaUpsertSink):
+    """Upsert sink that commits through delta-spark's ``DeltaTable.merge``."""
+
+    engine = "delta-spark"
+
+    def __init__(self, spec, *, pipeline_id: str, spark: Any, clock: Callable[[], datetime],
+                 max_commit_retries: int) -> None:
+        super().__init__(spec, pipeline_id=pipeline_id, clock=clock, max_commit_retries=max_commit_retries)
+        self._session = spark.newSession()
+        self._txn_lock = threading.Lock()
+
+    # --- helpers -------------------------------------------------------------------
+
+    def _delta(self, path: str):
+        from delta.tables import DeltaTable
+
+        return DeltaTable.forPath(self._session, path)
+
+    def _frame(self, table: pa.Table):
+        schema = from_arrow_schema(table.schema, prefer_timestamp_ntz=True)
+        return self._session.createDataFrame(table, schema=schema)
+
+    @contextmanager
+    def _txn(self, batch_id: int) -> Iterator[None]:
+        """Run the enclosed commit with this sink's Delta transaction id."""
+        with self._txn_lock:
+            conf = self._session.conf
+            conf.set(TXN_APP_ID_CONF, self.app_id)
+            conf.set(TXN_VERSION_CONF, str(batch_id))
+            try:
+                yield
+            finally:
+                conf.unset(TXN_APP_ID_CONF)
+                conf.unset(TXN_VERSION_CONF)
+
+    def _metrics_of_commit(self, path: str, version: int) -> Mapping[str, str]:
+        """``operationMetrics`` of commit ``version`` of the table at ``path``."""
+        row = (self._delta(path).history(1).where(f"version = {int(version)}")
+               .select("operationMetrics").first())
+        return (row.operationMetrics or {}) if row is not None else {}
+
+    # --- engine I/O ------------------------------------------------------------------
+
+    def _create_table(self, schema: pa.Schema, *, properties: Mapping[str, str], path: str | None = None,
+                      partition_by: tuple[str, ...] | None = None) -> None:
+        from delta.tables import DeltaTable
+
+        parts = self.spec.partition_by if partition_by is None else partition_by
+        builder = (DeltaTable.createIfNotExists(self._session)
+                   .location(path or self.spec.path)
+                   .addColumns(from_arrow_schema(schema, prefer_timestamp_ntz=True)))
+        if parts:
+            builder = builder.partitionedBy(*parts)
+        for key, value in properties.items():
+            builder = builder.property(key, value)
+        builder.execute()
+
+    def _add_columns(self, fields: list[pa.Field]) -> None:
+        struct = from_arrow_schema(pa.schema(fields), prefer_timestamp_ntz=True)
+        columns = ", ".join(f"{backtick(f.name)} {f.dataType.simpleString()}" for f in struct.fields)
+        self._session.sql(f"ALTER TABLE delta.{backtick(self.spec.path)} ADD COLUMNS ({columns})")
+
+    def _read_tombstones(self) -> pa.Table:
+        columns = [*self.spec.primary_key, SEQ]
+        return (self._session.read.format("delta").load(self.tombstone_path)
+                .select(*[backtick(c) for c in columns]).toArrow())
+
+    def _merge(self, path: str, changes: pa.Table, clauses: MergeClauses, batch_id: int) -> None:
+        with self._txn(batch_id):
+            (self._delta(path).alias("t")
+             .merge(self._frame(changes).alias("s"), clauses.on)
+             .whenMatchedUpdate(condition=clauses.update_when, set=dict(clauses.update_set))
+             .whenMatchedDelete(condition=clauses.delete_when)
+             .whenNotMatchedInsert(condition=clauses.insert_when, values=dict(clauses.insert_values))
+             .execute())
+
+    def _merge_tombstones(self, changes: pa.Table, *, batch_id: int) -> None:
+        self._merge(self.tombstone_path, changes, tombstone_merge(self.spec.primary_key, backtick), batch_id)
+
+    def _merge_table(self, changes: pa.Table, *, batch_id: int) -> MergeCounts:
+        path = self.spec.path
+        before = self._require_state(path).version
+        if changes.num_rows:
+            columns = [c for c in changes.column_names if c != KIND]
+            self._merge(path, changes, table_merge(self.spec.primary_key, columns, backtick), batch_id)
+        state = self._require_state(path)
+        stats = self._metrics_of_commit(path, state.version) if state.version > before else {}
+        if state.txn_version != batch_id:
+            # Nothing was committed (an empty or all-stale batch): record the txn with an
+            # empty idempotent append, so that a replay of this batch is recognised.
+            (self._frame(state.schema.empty_table()).write.format("delta").mode("append")
+             .option("txnAppId", self.app_id).option("txnVersion", batch_id).save(path))
+            state = self._require_state(path)
+        return MergeCounts(inserted=int(stats.get("numTargetRowsInserted", 0)),
+                           updated=int(stats.get("numTargetRowsUpdated", 0)),
+                           deleted=int(stats.get("numTargetRowsDeleted", 0)),
+                           version=state.version)
+
+    def _delete_tombstones_before(self, cutoff: datetime) -> int:
+        before = self._require_state(self.tombstone_path).version
+        self._delta(self.tombstone_path).delete(expired_before(cutoff))
+        after = self._require_state(self.tombstone_path).version
+        if after == before:
+            return 0
+        return int(self._metrics_of_commit(self.tombstone_path, after).get("numDeletedRows", 0))
+
+    def _compact_tombstones(self) -> None:
+        self._delta(self.tombstone_path).optimize().executeCompaction()
+
+    def _is_conflict(self, exc: BaseException) -> bool:
+        from delta import exceptions as delta_exceptions
+
+        return isinstance(exc, tuple(getattr(delta_exceptions, name) for name in delta_exceptions.__all__))

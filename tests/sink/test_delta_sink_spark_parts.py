@@ -1,0 +1,84 @@
+"""The parts of the delta-spark engine that run without the Delta jars.
+
+The engine's MERGE needs the jars (absent here; the behavioural suite runs on it
+where they are present). What is checked here: its Arrow-to-Spark conversion, that
+its merge clauses are valid Spark SQL selecting the intended rows, and that the
+transaction id settings stay inside its private session.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import pyarrow as pa
+import pytest
+from pyspark.sql.functions import expr
+
+from changelake.connectors.delta_sink import TableSpec
+from changelake.connectors.delta_sink_merge import backtick, table_merge
+from changelake.connectors.delta_sink_spark import (
+    TXN_APP_ID_CONF,
+    TXN_VERSION_CONF,
+    DeltaSparkSink,
+    expired_before,
+)
+
+from .tables import seq
+
+pytestmark = pytest.mark.spark
+
+
+@pytest.fixture
+def spark_sink(spark, tmp_path, clock):
+    spec = TableSpec(name="parts", path=str(tmp_path / "t"), primary_key=("Region", "order id"))
+    return DeltaSparkSink(spec, pipeline_id="p", spark=spark, clock=clock, max_commit_retries=0)
+
+
+def test_arrow_batches_become_spark_frames_with_delta_compatible_types(spark_sink):
+    ts = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+    table = pa.table({"Region": ["eu"], "order id": pa.array([1], pa.int64()),
+                      "_seq": [seq(1)], "_source_ts": pa.array([ts], pa.timestamp("us", tz="UTC")),
+                      "_kind": pa.array([2], pa.int8())})
+    frame = spark_sink._frame(table)
+    assert frame.dtypes == [("Region", "string"), ("order id", "bigint"), ("_seq", "string"),
+                            ("_source_ts", "timestamp"), ("_kind", "tinyint")]
+    assert frame.first()["_source_ts"] == datetime(2026, 1, 2, 3, 4, 5)  # session time zone is UTC
+
+
+def test_merge_clauses_are_valid_spark_sql_and_select_the_intended_rows(spark_sink):
+    keys = spark_sink.spec.primary_key
+    clauses = table_merge(keys, ["Region", "order id", "_seq"], backtick)
+    target = spark_sink._frame(pa.table({"Region": ["eu", "eu", "us"], "order id": [1, 2, 3],
+                                         "_seq": [seq(5), seq(5), seq(5)]}))
+    source = spark_sink._frame(pa.table({
+        "Region": ["eu", "eu", "us", "us"], "order id": [1, 2, 3, 4],
+        "_seq": [seq(6), seq(4), seq(9), seq(1)], "_kind": pa.array([2, 2, 3, 0], pa.int8())}))
+    matched = target.alias("t").join(source.alias("s"), on=expr(clauses.on))
+    unmatched = source.alias("s").join(target.alias("t"), on=expr(clauses.on), how="left_anti")
+
+    def ids(frame):
+        return sorted(r["order id"] for r in frame.select("s.`order id`").collect())
+
+    assert ids(matched) == [1, 2, 3]
+    assert ids(matched.where(clauses.update_when)) == [1]
+    assert ids(matched.where(clauses.delete_when)) == [3]
+    assert ids(unmatched.where(clauses.insert_when)) == [4]
+    updated = matched.where(clauses.update_when).select(
+        *[expr(value).alias(column.strip("`")) for column, value in clauses.update_set.items()])
+    assert [tuple(r) for r in updated.collect()] == [("eu", 1, seq(6))]
+
+
+def test_transaction_settings_stay_in_the_private_session(spark, spark_sink):
+    with spark_sink._txn(7):
+        assert spark_sink._session.conf.get(TXN_APP_ID_CONF) == "changelake:p:parts"
+        assert spark_sink._session.conf.get(TXN_VERSION_CONF) == "7"
+        assert spark.conf.get(TXN_VERSION_CONF, None) is None
+    assert spark_sink._session.conf.get(TXN_VERSION_CONF, None) is None
+
+
+def test_expiry_predicate_selects_tombstones_older_than_the_cutoff(spark_sink):
+    moments = [datetime(2026, 1, d, 12, tzinfo=timezone.utc) for d in (1, 2, 3)]
+    frame = spark_sink._frame(pa.table({"id": [1, 2, 3],
+                                        "_deleted_at": pa.array(moments, pa.timestamp("us", tz="UTC"))}))
+    cutoff = datetime(2026, 1, 2, 12, tzinfo=timezone.utc)
+    assert sorted(r["id"] for r in frame.where(expired_before(cutoff)).collect()) == [1]
