@@ -157,6 +157,8 @@ def main() -> int:
         steady = first_batch_done[-1] - first_batch_done[0]
         print(f"batches: {len(first_batch_done)}; after the first batch: "
               f"{(records - args.batch) / steady:,.0f} events/s" if steady > 0 else "")
+    for p in result.progress:
+        print(f"  spark batch {p['batchId']}: {p['numInputRows']:,} rows, durations (ms) {p['durationMs']}")
     print(f"expired offsets (must be 0): {result.totals.expired}")
     for k, v in mem.peak_mb.items():
         print(f"peak RSS {k}: {v:,.0f} MB")

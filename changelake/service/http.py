@@ -2,8 +2,8 @@
 
 ``/healthz`` answers 200 while the process serves requests. ``/readyz`` answers
 200 only while the streaming query is active and a batch finished within
-``ready_after_intervals`` trigger intervals (the first batch gets a start-up
-grace of the same length); otherwise 503 with the reason in the body.
+``ready_after_intervals`` trigger intervals; before the first batch has finished it
+is not ready. Otherwise 503 with the reason in the body.
 """
 
 from __future__ import annotations
@@ -35,11 +35,11 @@ class Health:
     def ready(self) -> tuple[bool, str]:
         if not self.query_active():
             return False, "the streaming query is not running"
-        reference = self.last_batch_at or self.started_at
-        silence = time.time() - reference
+        if self.last_batch_at is None:
+            return False, f"no micro-batch has finished yet (started {time.time() - self.started_at:.0f}s ago)"
+        silence = time.time() - self.last_batch_at
         if silence > self.max_silence_s:
-            what = "no micro-batch has finished" if self.last_batch_at is None else "the last micro-batch finished"
-            return False, f"{what} {silence:.0f}s ago (limit {self.max_silence_s:.0f}s)"
+            return False, f"the last micro-batch finished {silence:.0f}s ago (limit {self.max_silence_s:.0f}s)"
         return True, "ok"
 
 

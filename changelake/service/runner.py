@@ -23,6 +23,7 @@ class RunResult:
     totals: BatchReport
     lag: dict[tuple[str, str], int]
     end_offsets: dict[str, dict[str, int]]
+    progress: list[dict[str, Any]]
     metrics_url: str | None
     stopped_by_signal: bool
 
@@ -76,6 +77,7 @@ class PipelineRunner:
             listener.record_progress(last)
             end_offsets = _parse_offsets(last["sources"][0].get("endOffset")) if last.get("sources") else {}
         return RunResult(totals=processor.totals, lag=dict(listener.last_lag), end_offsets=end_offsets,
+                         progress=list(query.recentProgress),
                          metrics_url=self.endpoint.url() if self.endpoint else None,
                          stopped_by_signal=self._stop.is_set())
 

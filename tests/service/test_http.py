@@ -27,6 +27,9 @@ def test_health_readiness_and_metrics():
         status, body = _get(endpoint.url("/readyz"))
         assert status == 503 and "not running" in body
         health.query_active = lambda: True
+        status, body = _get(endpoint.url("/readyz"))
+        assert status == 503 and "no micro-batch has finished yet" in body
+        health.batch_finished()
         assert _get(endpoint.url("/readyz"))[0] == 200
         health.last_batch_at = health.started_at - 3600     # an hour without a finished batch
         status, body = _get(endpoint.url("/readyz"))
