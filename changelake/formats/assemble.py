@@ -268,3 +268,10 @@ def merge_results(results: Sequence[DecodeResult]) -> DecodeResult:
     return DecodeResult(rows=pa.concat_tables([r.rows for r in results]),
                         dead_letters=pa.concat_tables([r.dead_letters for r in results]),
                         skipped=dict(skipped))
+
+
+def output_schema(columns: pa.Schema | None, meta_columns: Sequence[MetaColumn]) -> pa.Schema | None:
+    """The schema of a decoder's rows: user columns, metadata columns, then the reserved ones."""
+    if columns is None:
+        return None
+    return pa.schema([*columns, *(pa.field(m.column, m.type) for m in meta_columns), *METADATA_FIELDS])
