@@ -131,7 +131,7 @@ class ChangeCollector:
         images = self.images
         arrays: list[pa.Array] = []
         fields: list[pa.Field] = []
-        bad_msgs: dict[int, str] = {}
+        bad_msgs: dict[int, tuple[str, str]] = {}   # message -> (reason, error)
         row_msg = self.row_msg
         for spec, values in zip(columns, _transpose(images, [c.name for c in columns])):
             name = spec.name
@@ -139,17 +139,18 @@ class ChangeCollector:
                 values = _apply_pre(values, spec.pre, name, row_msg, bad_msgs)
             arr, bad = to_arrow(values, spec.type, unit=spec.unit, decimal_scale=spec.decimal_scale)
             for i, why in bad.items():
-                bad_msgs.setdefault(row_msg[i], f"schema-mismatch\0column {name!r}: {why}; fix the producer "
-                                                f"or declare the column with a type that holds this value")
+                bad_msgs.setdefault(row_msg[i], (
+                    "schema-mismatch", f"column {name!r}: {why}; fix the producer or declare the column with a "
+                                       f"type that holds this value"))
             must_have = name in key or not spec.nullable
             if must_have and arr.null_count:
                 reason = "missing-key" if name in key else "schema-mismatch"
                 for i in pc.indices_nonzero(pc.is_null(arr)).to_pylist():
                     if i not in bad:
-                        bad_msgs.setdefault(row_msg[i], f"{reason}\0column {name!r} is "
-                                                        f"{'a key column' if name in key else 'NOT NULL'} but the "
-                                                        f"change has no value for it; fix the producer or the "
-                                                        f"declared {'key' if name in key else 'column'}")
+                        bad_msgs.setdefault(row_msg[i], (
+                            reason, f"column {name!r} is {'a key column' if name in key else 'NOT NULL'} but the "
+                                    f"change has no value for it; fix the producer or the declared "
+                                    f"{'key' if name in key else 'column'}"))
             arrays.append(arr)
             fields.append(pa.field(name, spec.type, nullable=spec.nullable))
 
@@ -157,7 +158,7 @@ class ChangeCollector:
         for j, meta in enumerate(meta_columns):
             arr, bad = to_arrow(self.meta[j], meta.type)
             for i, why in bad.items():
-                bad_msgs.setdefault(i, f"schema-mismatch\0metadata {meta.key!r}: {why}")
+                bad_msgs.setdefault(i, ("schema-mismatch", f"metadata {meta.key!r}: {why}"))
             arrays.append(arr.take(msg_index))
             fields.append(pa.field(meta.column, meta.type))
 
@@ -178,8 +179,7 @@ class ChangeCollector:
         if bad_msgs:
             keep = pa.array([m not in bad_msgs for m in row_msg], type=pa.bool_())
             rows = rows.filter(keep)
-            for m, text in bad_msgs.items():
-                reason, error = text.split("\0", 1)
+            for m, (reason, error) in bad_msgs.items():
                 dead.append((self.msg_record[m], reason, error))
         return DecodeResult(rows=rows, dead_letters=dead_letters(self.records, dead),
                             skipped=dict(self.skipped))
@@ -202,7 +202,7 @@ def _transpose(images: list[dict], names: list[str]) -> list[Sequence[Any]]:
 
 
 def _apply_pre(values: Sequence[Any], pre: Callable[[Any], Any], name: str, row_msg: list[int],
-               bad_msgs: dict[int, str]) -> list[Any]:
+               bad_msgs: dict[int, tuple[str, str]]) -> list[Any]:
     out = []
     for i, v in enumerate(values):
         if v is None:
@@ -211,8 +211,9 @@ def _apply_pre(values: Sequence[Any], pre: Callable[[Any], Any], name: str, row_
         try:
             out.append(pre(v))
         except Exception as exc:  # noqa: BLE001 - any failure of a value is a dead letter, never a crash
-            bad_msgs.setdefault(row_msg[i], f"schema-mismatch\0column {name!r}: value {v!r:.80} cannot be "
-                                            f"read: {exc}; fix the producer or the declared column type")
+            bad_msgs.setdefault(row_msg[i], ("schema-mismatch", f"column {name!r}: value {v!r:.80} cannot be "
+                                                                f"read: {exc}; fix the producer or the declared "
+                                                                f"column type"))
             out.append(None)
     return out
 
@@ -267,3 +268,10 @@ def merge_results(results: Sequence[DecodeResult]) -> DecodeResult:
     return DecodeResult(rows=pa.concat_tables([r.rows for r in results]),
                         dead_letters=pa.concat_tables([r.dead_letters for r in results]),
                         skipped=dict(skipped))
+
+
+def output_schema(columns: pa.Schema | None, meta_columns: Sequence[MetaColumn]) -> pa.Schema | None:
+    """The schema of a decoder's rows: user columns, metadata columns, then the reserved ones."""
+    if columns is None:
+        return None
+    return pa.schema([*columns, *(pa.field(m.column, m.type) for m in meta_columns), *METADATA_FIELDS])

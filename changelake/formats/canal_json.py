@@ -97,6 +97,8 @@ class CanalJsonDecoder(JsonChangelogDecoder):
         if not isinstance(data, list) or not all(isinstance(d, dict) for d in data):
             raise Reject("malformed", f"Canal {kind} without a 'data' array of rows; check the Canal "
                                       f"flatMessage setting (canal.mq.flatMessage=true)")
+        if not data:
+            return "empty"   # a change message without rows: nothing to apply, counted
         old = obj.get("old")
         if kind == "UPDATE" and (not isinstance(old, list) or len(old) != len(data)):
             raise Reject("missing-before", f"Canal UPDATE whose 'old' does not hold one entry per row of "

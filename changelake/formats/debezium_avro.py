@@ -25,7 +25,7 @@ from changelake.errors import ConfigError, SourceError
 from changelake.formats import debezium as dbz
 from changelake.formats import debezium_avro_bulk as bulk
 from changelake.formats.assemble import (ChangeCollector, ColumnSpec, MetaColumn, Reject, gc_paused, infer_columns,
-                                         merge_results)
+                                         merge_results, output_schema)
 from changelake.formats.base import DecodeResult
 from changelake.formats.debezium_bulk import present_values
 from changelake.formats.options import Option, parse_options
@@ -85,6 +85,11 @@ class DebeziumAvroDecoder:
         if self._specs is None:
             return None
         return pa.schema([pa.field(s.name, s.type, s.nullable) for s in self._specs])
+
+    @property
+    def output_schema(self) -> pa.Schema | None:
+        """Schema of ``decode(...).rows`` (None while the user columns are not known yet)."""
+        return output_schema(self.columns, self._meta)
 
     def __getstate__(self) -> dict:
         # the registry client holds connections: executors create their own

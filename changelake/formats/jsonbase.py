@@ -16,7 +16,8 @@ import orjson
 import pyarrow as pa
 
 from changelake.errors import ConfigError
-from changelake.formats.assemble import ChangeCollector, ColumnSpec, MetaColumn, Reject, gc_paused, infer_columns
+from changelake.formats.assemble import (ChangeCollector, ColumnSpec, MetaColumn, Reject, gc_paused, infer_columns,
+                                         output_schema)
 from changelake.formats.base import DecodeResult
 
 _loads = orjson.loads
@@ -57,6 +58,12 @@ class JsonChangelogDecoder:
         if self._specs is None:
             return None
         return pa.schema([pa.field(s.name, s.type, s.nullable) for s in self._specs])
+
+    @property
+    def output_schema(self) -> pa.Schema | None:
+        """Schema of ``decode(...).rows``: user columns, requested metadata, reserved columns
+        (None while the user columns are not known yet)."""
+        return output_schema(self.columns, self._meta)
 
     # --- to implement -------------------------------------------------------------
 

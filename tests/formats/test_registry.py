@@ -5,6 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
+from changelake.changelog import RAW_SCHEMA
 from changelake.errors import ConfigError
 from changelake.formats import FORMATS, make_decoder
 from changelake.formats.sqltypes import sql_schema, sql_type
@@ -74,3 +75,15 @@ def test_unsupported_sql_types(text: str) -> None:
 
 def test_not_null_makes_a_non_nullable_field() -> None:
     assert [f.nullable for f in COLUMNS] == [False, True]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_output_schema_is_the_schema_of_the_rows(fmt: str) -> None:
+    options = {"url": "http://registry:8081"} if fmt == "debezium-avro-confluent" else {}
+    options["metadata"] = {"debezium-json": ["source.table"], "debezium-avro-confluent": ["source.table"],
+                           "canal-json": ["table"], "maxwell-json": ["table"], "ogg-json": ["table"]}[fmt]
+    decoder = make_decoder(fmt, columns=COLUMNS, options=options)
+    empty = decoder.decode(RAW_SCHEMA.empty_table())
+    assert decoder.output_schema == empty.rows.schema
+    assert decoder.output_schema.names[:3] == ["id", "name", options["metadata"][0]]
+    assert make_decoder("debezium-json").output_schema is None
