@@ -36,6 +36,7 @@ from changelake.errors import DecodeError
 from changelake.formats import make_decoder
 from changelake.service import metrics
 from changelake.service.config import ChangelakeConfig, SourceSpec, parse_duration
+from changelake.service.decode_stage import DecodeStage
 from changelake.types import arrow_schema
 
 log = logging.getLogger(__name__)
@@ -92,34 +93,70 @@ class BatchProcessor:
         }
         self.dead_letters = DeadLetterStore(config.dead_letter_path(), pipeline_id=config.pipeline.id,
                                             storage_options=storage or None)
+        self.stage: DecodeStage | None = None
         self.last_report: BatchReport | None = None
         self.totals = BatchReport(batch_id=-1)
 
     # Spark calls this with the batch DataFrame and its id.
     def __call__(self, batch_df: Any, batch_id: int) -> None:
-        self.process(batch_df.toArrow(), batch_id)
+        if self.stage is None:
+            self.stage = DecodeStage(self.routes)
+        decoded = batch_df.mapInArrow(self.stage, self.stage.spark_schema()).toArrow()
+        self.process_decoded(decoded, batch_id)
 
     def process(self, raw: pa.Table, batch_id: int) -> BatchReport:
+        """Decode on this process (no Spark): ``raw`` has the Kafka source's columns."""
+        records, expired = split_markers(raw)
+        stats = {k: (0, n) for k, n in expired.items()}
+        if records.num_rows:
+            grouped = records.group_by(["topic", "partition"]).aggregate([("offset", "count")])
+            for t, p, n in zip(grouped["topic"].to_pylist(), grouped["partition"].to_pylist(),
+                               grouped["offset_count"].to_pylist()):
+                stats[(t, p)] = (n, stats.get((t, p), (0, 0))[1])
+        decoded = []
+        topics = records["topic"]
+        present = pc.unique(topics).to_pylist()
+        for route in self.routes:
+            names = [t for t in present if route.matches(t)]
+            if names:
+                result = route.decoder.decode(records.filter(pc.is_in(topics, pa.array(names, pa.string()))))
+                decoded.append((route, result.rows, result.dead_letters))
+        return self._apply(stats, decoded, batch_id)
+
+    def process_decoded(self, out: pa.Table, batch_id: int) -> BatchReport:
+        """Apply the collected output of the executors' :class:`DecodeStage`."""
+        assert self.stage is not None
+        stats, parts = self.stage.split(out)
+        decoded = []
+        for i, got in parts.items():
+            route = self.routes[i]
+            if "raw" in got:                      # columns learnt at run time: decode here
+                records, _ = split_markers(got["raw"])
+                result = route.decoder.decode(records)
+                decoded.append((route, result.rows, result.dead_letters))
+            rows = got.get(f"r{i}")
+            dead = got.get("dl")
+            if rows is not None or dead is not None:
+                decoded.append((route, rows if rows is not None else _empty(route),
+                                dead if dead is not None else DEAD_LETTER_SCHEMA.empty_table()))
+        return self._apply(stats, decoded, batch_id)
+
+    def _apply(self, stats: dict[tuple[str, int], tuple[int, int]],
+               decoded: list[tuple["_Route", pa.Table, pa.Table]], batch_id: int) -> BatchReport:
         started = time.monotonic()
         report = BatchReport(batch_id=batch_id)
-        records, expired = split_markers(raw)
-        for (topic, partition), n in expired.items():
-            metrics.EXPIRED_OFFSETS.labels(topic, str(partition)).inc(n)
-            report.expired += n
-        report.records = records.num_rows
+        for (topic, partition), (n, expired) in stats.items():
+            report.records += n
+            if expired:
+                metrics.EXPIRED_OFFSETS.labels(topic, str(partition)).inc(expired)
+                report.expired += expired
+            route = next((r for r in self.routes if r.matches(topic)), None)
+            metrics.RECORDS_IN.labels(topic, route.spec.format if route else "unrouted").inc(n)
 
         per_table: dict[str, list[pa.Table]] = {}
         letters: list[tuple[str, pa.Table]] = []
-        topics = records["topic"]
-        for route in self.routes:
-            names = [t for t in pc.unique(topics).to_pylist() if route.matches(t)]
-            if not names:
-                continue
-            mine = records.filter(pc.is_in(topics, pa.array(names, pa.string())))
-            for t in names:
-                metrics.RECORDS_IN.labels(t, route.spec.format).inc(pc.sum(pc.equal(mine["topic"], t)).as_py() or 0)
-            result = route.decoder.decode(mine)
-            rows, bad = self._check_keys(route, result.rows, result.dead_letters)
+        for route, rows, dead in decoded:
+            rows, bad = self._check_keys(route, rows, dead)
             if bad.num_rows:
                 self._handle_bad(route, bad, batch_id, report)
                 if route.spec.on_error == "dlq":
@@ -155,7 +192,7 @@ class BatchProcessor:
         """Rows whose primary key is absent or null become dead letters: they could not be applied."""
         key = self.config.table(route.spec.table).primary_key
         if rows.num_rows == 0:
-            return rows, bad
+            return rows, bad.cast(DEAD_LETTER_SCHEMA)
         missing = [k for k in key if k not in rows.column_names]
         if missing:
             raise DecodeError(
@@ -208,6 +245,11 @@ class BatchProcessor:
                 acc[k] = acc.get(k, 0) + n
         for reason, n in report.dead_letters.items():
             t.dead_letters[reason] = t.dead_letters.get(reason, 0) + n
+
+
+def _empty(route: "_Route") -> pa.Table:
+    schema = getattr(route.decoder, "output_schema", None)
+    return schema.empty_table() if schema is not None else pa.table({})
 
 
 def _count_kinds(changes: pa.Table) -> dict[str, int]:

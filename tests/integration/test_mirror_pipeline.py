@@ -128,3 +128,16 @@ def test_on_error_fail_stops_before_anything_is_written(spark, kafka, tmp_path):
         query.awaitTermination()
     assert "on_error: fail" in str(info.value) and topic in str(info.value)
     assert not (tmp_path / "lake" / "customers").exists()
+
+
+def test_sources_with_and_without_declared_columns_both_arrive(spark, kafka, tmp_path):
+    """Declared columns: decoded in the executors. No columns (types inferred at run time): on the driver."""
+    prefix = kafka.topic("mixed")
+    db = write_history(kafka.bootstrap_servers, seed=17, changes=400, topic_prefix=prefix)
+    config, _ = pipeline_config(kafka.bootstrap_servers, tmp_path, topic_prefix=prefix)
+    sources = [s.model_copy(update={"columns": None}) if s.table == "customers" else s for s in config.sources]
+    config = config.model_copy(update={"sources": sources})
+    processor, _ = _run(spark, config)
+    on_executors = {processor.routes[i].spec.table for i in processor.stage.executor_routes}
+    assert on_executors == {"products", "orders"}
+    assert verify(config, db.state) == {t: "ok" for t in db.state}
