@@ -270,8 +270,25 @@ def merge_results(results: Sequence[DecodeResult]) -> DecodeResult:
                         skipped=dict(skipped))
 
 
-def output_schema(columns: pa.Schema | None, meta_columns: Sequence[MetaColumn]) -> pa.Schema | None:
-    """The schema of a decoder's rows: user columns, metadata columns, then the reserved ones."""
-    if columns is None:
-        return None
-    return pa.schema([*columns, *(pa.field(m.column, m.type) for m in meta_columns), *METADATA_FIELDS])
+class SchemaMixin:
+    """``columns`` and ``output_schema`` of a decoder that keeps ``_specs`` (user columns, None
+    while unknown) and ``_meta`` (requested metadata columns)."""
+
+    _specs: list[ColumnSpec] | None
+    _meta: list[MetaColumn]
+
+    @property
+    def columns(self) -> pa.Schema | None:
+        """The user columns (None until the first batch with data, when neither declared nor in a schema)."""
+        if self._specs is None:
+            return None
+        return pa.schema([pa.field(s.name, s.type, s.nullable) for s in self._specs])
+
+    @property
+    def output_schema(self) -> pa.Schema | None:
+        """Schema of ``decode(...).rows``: user columns, requested metadata columns, then the reserved
+        columns (None while the user columns are not known yet)."""
+        columns = self.columns
+        if columns is None:
+            return None
+        return pa.schema([*columns, *(pa.field(m.column, m.type) for m in self._meta), *METADATA_FIELDS])

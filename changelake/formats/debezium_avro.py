@@ -25,7 +25,7 @@ from changelake.errors import ConfigError, SourceError
 from changelake.formats import debezium as dbz
 from changelake.formats import debezium_avro_bulk as bulk
 from changelake.formats.assemble import (ChangeCollector, ColumnSpec, MetaColumn, Reject, gc_paused, infer_columns,
-                                         merge_results, output_schema)
+                                         SchemaMixin, merge_results)
 from changelake.formats.base import DecodeResult
 from changelake.formats.debezium_bulk import present_values
 from changelake.formats.options import Option, parse_options
@@ -53,7 +53,7 @@ def option_specs() -> list[Option]:
     ]
 
 
-class DebeziumAvroDecoder:
+class DebeziumAvroDecoder(SchemaMixin):
     """Decodes Confluent-framed Debezium Avro change events."""
 
     format_name = FORMAT
@@ -79,17 +79,6 @@ class DebeziumAvroDecoder:
         self._specs = [ColumnSpec(f.name, f.type, f.nullable) for f in columns] if columns is not None else None
         self._meta = [MetaColumn(k, c, METADATA_TYPES[k]) for k, c in self.metadata]
         self._key = opts["key"]
-
-    @property
-    def columns(self) -> pa.Schema | None:
-        if self._specs is None:
-            return None
-        return pa.schema([pa.field(s.name, s.type, s.nullable) for s in self._specs])
-
-    @property
-    def output_schema(self) -> pa.Schema | None:
-        """Schema of ``decode(...).rows`` (None while the user columns are not known yet)."""
-        return output_schema(self.columns, self._meta)
 
     def __getstate__(self) -> dict:
         # the registry client holds connections: executors create their own

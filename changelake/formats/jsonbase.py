@@ -16,15 +16,15 @@ import orjson
 import pyarrow as pa
 
 from changelake.errors import ConfigError
-from changelake.formats.assemble import (ChangeCollector, ColumnSpec, MetaColumn, Reject, gc_paused, infer_columns,
-                                         output_schema)
+from changelake.formats.assemble import (ChangeCollector, ColumnSpec, MetaColumn, Reject, SchemaMixin, gc_paused,
+                                         infer_columns)
 from changelake.formats.base import DecodeResult
 
 _loads = orjson.loads
 _JSONDecodeError = orjson.JSONDecodeError
 
 
-class JsonChangelogDecoder:
+class JsonChangelogDecoder(SchemaMixin):
     """Base of the JSON CDC decoders (not used directly)."""
 
     format_name = "?"
@@ -51,19 +51,6 @@ class JsonChangelogDecoder:
             if clash:
                 raise ConfigError(f"option 'metadata': column names {clash} clash with user columns; map the "
                                   f"metadata key to another name, e.g. metadata: {{key: other_name}}")
-
-    @property
-    def columns(self) -> pa.Schema | None:
-        """The user columns (None until the first batch with data, when neither declared nor in a schema)."""
-        if self._specs is None:
-            return None
-        return pa.schema([pa.field(s.name, s.type, s.nullable) for s in self._specs])
-
-    @property
-    def output_schema(self) -> pa.Schema | None:
-        """Schema of ``decode(...).rows``: user columns, requested metadata, reserved columns
-        (None while the user columns are not known yet)."""
-        return output_schema(self.columns, self._meta)
 
     # --- to implement -------------------------------------------------------------
 

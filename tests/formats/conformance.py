@@ -154,8 +154,7 @@ def run_case(fmt: str, path: Path, *, decoder_options: dict | None = None, decod
     else:
         assert case["expected_compare"] == "exact_order"
         if "pipeline" in case:
-            pytest.skip(f"{case['case']}: a filesystem round trip through the {fmt} encoder; changelake has "
-                        f"decoders only")
+            return result   # the expectation is after a round trip: see test_json_encoders.py
         assert got == expected_changelog(case["expected"], case["schema"])
         if not case["expected"]:
             assert result.skipped.get("tombstone") == len(values)
