@@ -56,6 +56,8 @@ from changelake.connectors.delta_sink_schema import (
 from changelake.errors import ConfigError, SinkCommitError
 from changelake.service import metrics
 
+__all__ = ["ApplyResult", "DeltaUpsertSink", "Engine", "TableSpec", "delta_spark_missing", "open_sink"]
+
 log = logging.getLogger(__name__)
 
 Engine = Literal["auto", "delta-rs", "delta-spark"]
