@@ -71,16 +71,19 @@ def instrument_phases() -> dict[str, float]:
                        "_delete_tombstones_before", "_compact_tombstones")),
     ]
     totals: dict[str, float] = {}
+
+    def timer(name: str, original):
+        def timed(*args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                totals[name] = totals.get(name, 0.0) + time.perf_counter() - started
+        return timed
+
     for owner, names in phases:
         for name in names:
-            def timed(*args, __original=getattr(owner, name), __name=name, **kwargs):
-                started = time.perf_counter()
-                try:
-                    return __original(*args, **kwargs)
-                finally:
-                    totals[__name] = totals.get(__name, 0.0) + time.perf_counter() - started
-
-            setattr(owner, name, timed)
+            setattr(owner, name, timer(name, getattr(owner, name)))
     return totals
 
 

@@ -25,10 +25,11 @@ from __future__ import annotations
 import abc
 import logging
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from types import MappingProxyType
-from typing import Any, Callable, ClassVar, Literal, Mapping
+from typing import Any, ClassVar, Literal
 
 import pyarrow as pa
 from deltalake import DeltaTable
@@ -54,6 +55,8 @@ from changelake.connectors.delta_sink_schema import (
 )
 from changelake.errors import ConfigError, SinkCommitError
 from changelake.service import metrics
+
+__all__ = ["ApplyResult", "DeltaUpsertSink", "Engine", "TableSpec", "delta_spark_missing", "open_sink"]
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +181,7 @@ class DeltaUpsertSink(abc.ABC):
             try:
                 result, counts = self._apply_once(changes, batch_id)
                 break
-            except Exception as exc:  # noqa: BLE001 - classified below, always re-raised typed
+            except Exception as exc:  # classified below and always re-raised, typed
                 if self._is_conflict(exc) and attempt < self._max_commit_retries:
                     attempt += 1
                     metrics.COMMIT_RETRIES.labels(table=self.spec.name).inc()
@@ -297,7 +300,7 @@ class DeltaUpsertSink(abc.ABC):
             return
         try:
             removed = self.expire_tombstones(now=now)
-        except Exception:  # noqa: BLE001 - the batch is committed; tombstones merely live longer
+        except Exception:  # the batch is committed; tombstones merely live longer
             self._last_expiry = None
             log.warning("table %s: tombstone expiry failed; retrying with the next batch", self.spec.name,
                         exc_info=True)
@@ -399,10 +402,12 @@ def delta_spark_missing(spark: Any) -> str | None:
     jvm = getattr(spark, "_jvm", None)
     if jvm is None:
         return "the Spark session has no JVM gateway (Spark Connect); the delta-spark engine needs classic PySpark"
+    from py4j.protocol import Py4JJavaError
+
     try:
         loader = jvm.java.lang.Thread.currentThread().getContextClassLoader()
         jvm.java.lang.Class.forName(DELTA_SPARK_CLASS, False, loader)
-    except Exception:  # noqa: BLE001 - py4j raises Py4JJavaError wrapping ClassNotFoundException
+    except Py4JJavaError:  # wraps java.lang.ClassNotFoundException
         return (f"{DELTA_SPARK_PACKAGE} jars are not on the Spark classpath "
                 f"({DELTA_SPARK_CLASS} is not loadable)")
     extensions = spark.conf.get("spark.sql.extensions", "") or ""

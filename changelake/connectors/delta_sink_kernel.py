@@ -17,9 +17,9 @@ The MERGE itself (``row < seq``) runs in the engine; everything above is here.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -123,7 +123,7 @@ def split_against_tombstones(reduced: pa.Table, tombstones: pa.Table, *, primary
 def _micros(moment: datetime) -> int:
     if moment.tzinfo is None:
         raise ValueError("the sink's clock must return timezone-aware datetimes")
-    return int(round(moment.timestamp() * 1_000_000))
+    return round(moment.timestamp() * 1_000_000)
 
 
 def _lookup_tombstone_seq(reduced: pa.Table, tombstones: pa.Table, primary_key: Sequence[str]) -> pa.Array:

@@ -17,8 +17,8 @@ clauses are built with the engine's quoting function.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
 
 from changelake.changelog import KIND, SEQ, RowKind
 from changelake.connectors.delta_sink_schema import DELETED_AT

@@ -7,8 +7,8 @@ Reads go through ``deltalake.QueryBuilder`` only: a process that reads through
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
-from typing import Mapping
 
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Field, QueryBuilder, Transaction, write_deltalake
@@ -19,7 +19,6 @@ from changelake.connectors.delta_sink import DeltaUpsertSink, MergeCounts
 from changelake.connectors.delta_sink_merge import MergeClauses, table_merge, tombstone_merge
 from changelake.connectors.delta_sink_merge import double_quote as quote
 from changelake.connectors.delta_sink_schema import DELETED_AT
-
 
 #: The tombstone table is compacted, at expiry time, once it has more files than this.
 COMPACT_ABOVE_FILES = 8

@@ -22,8 +22,8 @@ any other difference                   :class:`SinkCommitError` naming the colum
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 import pyarrow as pa
 from deltalake import Schema as DeltaSchema
@@ -65,7 +65,7 @@ def default_tombstone_path(table_path: str) -> str:
     """
     trimmed = table_path.rstrip("/")
     parent, sep, leaf = trimmed.rpartition("/")
-    if not sep or not leaf or parent.endswith(":/") or parent.endswith(":"):
+    if not sep or not leaf or parent.endswith((":/", ":")):
         raise SinkCommitError(
             f"cannot place the tombstone table next to {table_path!r}: it has no parent directory; "
             "set TableSpec.tombstone_path explicitly")

@@ -18,9 +18,10 @@ table too (environment credentials work for both).
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any
 
 import pyarrow as pa
 from pyspark.sql.pandas.types import from_arrow_schema

@@ -8,6 +8,7 @@ reachable to put the Delta jars on its classpath and run the suite on delta-spar
 from __future__ import annotations
 
 import os
+import sys
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -35,6 +36,10 @@ def spark():
     if active is not None:
         yield active
         return
+    # Python workers run this interpreter, so that a session started here also serves tests
+    # that ship Python code to executors (they need the same packages).
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     builder = (SparkSession.builder.master("local[2]").appName("changelake-sink-tests")
                .config("spark.sql.shuffle.partitions", "2")
                .config("spark.ui.enabled", "false")

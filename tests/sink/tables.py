@@ -6,7 +6,8 @@ whose process may abort at exit).
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import pyarrow as pa
 from deltalake import DeltaTable, QueryBuilder
@@ -22,13 +23,12 @@ def seq(n: int) -> str:
     return f"s{n:010d}"
 
 
-def changes(rows: Iterable[tuple[str, int, int, Any]], *, value_type: pa.DataType = pa.string(),
-            extra: dict[str, pa.Array] | None = None) -> pa.Table:
+def changes(rows: Iterable[tuple[str, int, int, Any]], *, extra: dict[str, pa.Array] | None = None) -> pa.Table:
     """A changelog batch from ``(kind, id, seq number, value)`` tuples."""
     rows = list(rows)
     table = pa.table({
         "id": pa.array([r[1] for r in rows], pa.int64()),
-        "v": pa.array([r[3] for r in rows], value_type),
+        "v": pa.array([r[3] for r in rows], pa.string()),
         "_kind": pa.array([int(KIND_CODES[r[0]]) for r in rows], pa.int8()),
         "_seq": pa.array([seq(r[2]) for r in rows], pa.string()),
     })

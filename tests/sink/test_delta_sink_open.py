@@ -22,7 +22,7 @@ def test_default_tombstone_table_sits_next_to_the_table(path, expected):
 @pytest.mark.unit
 def test_table_at_a_bucket_root_needs_an_explicit_tombstone_path():
     with pytest.raises(SinkCommitError, match="set TableSpec.tombstone_path"):
-        TableSpec(name="t", path="s3://bucket", primary_key=("id",)).resolved_tombstone_path
+        _ = TableSpec(name="t", path="s3://bucket", primary_key=("id",)).resolved_tombstone_path
     spec = TableSpec(name="t", path="s3://bucket", primary_key=("id",), tombstone_path="s3://other/tombs/t")
     assert spec.resolved_tombstone_path == "s3://other/tombs/t"
 

@@ -28,7 +28,7 @@ def deliveries(draw):
     order = draw(st.permutations(history))
     cuts = sorted(set(draw(st.lists(st.integers(0, len(order)), max_size=5))))
     bounds = [0, *cuts, len(order)]
-    batches = [order[a:b] for a, b in zip(bounds, bounds[1:])]
+    batches = [order[a:b] for a, b in itertools.pairwise(bounds)]
     return history, batches
 
 
