@@ -73,13 +73,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    configure_logging(str(args.log_level))
     try:
         return _dispatch(args)
     except ChangelakeError as exc:
         print(f"changelake: {exc}", file=sys.stderr)
         return 2
+
+
+def configure_logging(level: str) -> None:
+    """Log to stderr at ``level``; py4j stays at WARNING because at DEBUG it logs every
+    command sent to the JVM, Kafka credentials in reader options included."""
+    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.getLogger("py4j").setLevel(logging.WARNING)
 
 
 def _dispatch(args: argparse.Namespace) -> int:

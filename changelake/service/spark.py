@@ -39,7 +39,9 @@ def build_session(*, app_name: str = "changelake", master: str = "local[2]",
                .config("spark.sql.execution.arrow.pyspark.enabled", "true")
                .config("spark.ui.enabled", "true" if ui else "false")
                .config("spark.ui.showConsoleProgress", "false")
-               .config("spark.sql.streaming.stopGracefullyOnShutdown", "true"))
+               .config("spark.sql.streaming.stopGracefullyOnShutdown", "true")
+               # Python workers connect back to the JVM; on a loaded 2-core machine 15 s (the default) is not enough
+               .config("spark.python.authenticate.socketTimeout", "120s"))
     if master.startswith("local"):
         builder = builder.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
     if delta_jars_on_classpath():
