@@ -133,15 +133,15 @@ def main() -> int:
         profiler = cProfile.Profile() if args.profile else None
         first_batch_done: list[float] = []
         from changelake.service import pipeline as pl
-        original = pl.BatchProcessor.process
+        original = pl.BatchProcessor._apply
 
-        def timed(self, raw_table, batch_id):
-            out = original(self, raw_table, batch_id)
+        def timed(self, stats, decoded, batch_id):
+            out = original(self, stats, decoded, batch_id)
             first_batch_done.append(time.monotonic())
-            print(f"  batch {batch_id}: {out.records:,} records, processed on the driver in {out.seconds:.2f}s",
+            print(f"  batch {batch_id}: {out.records:,} records, merged on the driver in {out.seconds:.2f}s",
                   flush=True)
             return out
-        pl.BatchProcessor.process = timed
+        pl.BatchProcessor._apply = timed
         with PeakMemory() as mem:
             start = time.monotonic()
             if profiler:

@@ -36,6 +36,7 @@ from changelake.errors import DecodeError
 from changelake.formats import make_decoder
 from changelake.service import metrics
 from changelake.service.config import ChangelakeConfig, SourceSpec, parse_duration
+from changelake.service.decode_stage import SPARK_SCHEMA as DECODE_STAGE_SCHEMA
 from changelake.service.decode_stage import DecodeStage
 from changelake.types import arrow_schema
 
@@ -101,7 +102,7 @@ class BatchProcessor:
     def __call__(self, batch_df: Any, batch_id: int) -> None:
         if self.stage is None:
             self.stage = DecodeStage(self.routes)
-        decoded = batch_df.mapInArrow(self.stage, self.stage.spark_schema()).toArrow()
+        decoded = batch_df.mapInArrow(self.stage, DECODE_STAGE_SCHEMA).toArrow()
         self.process_decoded(decoded, batch_id)
 
     def process(self, raw: pa.Table, batch_id: int) -> BatchReport:
@@ -131,10 +132,9 @@ class BatchProcessor:
         for i, got in parts.items():
             route = self.routes[i]
             if "raw" in got:                      # columns learnt at run time: decode here
-                records, _ = split_markers(got["raw"])
-                result = route.decoder.decode(records)
+                result = route.decoder.decode(got["raw"])
                 decoded.append((route, result.rows, result.dead_letters))
-            rows = got.get(f"r{i}")
+            rows = got.get("rows")
             dead = got.get("dl")
             if rows is not None or dead is not None:
                 decoded.append((route, rows if rows is not None else _empty(route),

@@ -39,6 +39,9 @@ def build_session(*, app_name: str = "changelake", master: str = "local[2]",
                .config("spark.sql.execution.arrow.pyspark.enabled", "true")
                .config("spark.ui.enabled", "true" if ui else "false")
                .config("spark.ui.showConsoleProgress", "false")
+               # A micro-batch's decoded rows are collected on the driver: 1 GB (Spark's default) is too small
+               # for 250k-record batches. Overridden by pipeline.spark_conf["spark.driver.memory"].
+               .config("spark.driver.memory", "2g")
                .config("spark.sql.streaming.stopGracefullyOnShutdown", "true")
                # Python workers connect back to the JVM; on a loaded 2-core machine 15 s (the default) is not enough
                .config("spark.python.authenticate.socketTimeout", "120s"))
