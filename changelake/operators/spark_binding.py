@@ -25,6 +25,7 @@ mini-batch mode on), which lets GroupAggregate and Deduplicate take their vector
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any, Callable, Iterator, Sequence
 
 import pyarrow as pa
@@ -114,8 +115,9 @@ def _to_pandas(table: pa.Table):
 
 
 def _processing_time(timer_values) -> int:
-    t = timer_values.getCurrentProcessingTimeInMs()
-    return int(t) if t is not None and t >= 0 else 0
+    # Wall clock, not timerValues: timeMode "ProcessingTime" makes Spark schedule a no-data batch
+    # after every batch, so an availableNow query never ends (pyspark 4.2.0).
+    return int(time.time() * 1000)
 
 
 def apply_kernel(df, kernel_cls: type, config: Any, *, key_columns: Sequence[str], output_schema,
@@ -146,4 +148,4 @@ def apply_kernel(df, kernel_cls: type, config: Any, *, key_columns: Sequence[str
     processor = _processor_class()(kernel_cls, config, input_schema, arrow_schema, _processing_time)
     return (bucketed.groupBy(BUCKET)
             .transformWithStateInPandas(statefulProcessor=processor, outputStructType=spark_out,
-                                        outputMode="Append", timeMode="ProcessingTime"))
+                                        outputMode="Append", timeMode="None"))
