@@ -19,6 +19,9 @@ Designs:
   sum(sign * price))``, RocksDB state, Update mode.
 * ``per-key-row``: ``groupBy(category).transformWithState`` (Row API), one ValueState
   (count, sum) per group key, rows folded in Python one by one; on ``--per-key-events`` only.
+* ``normalize``: not the GROUP BY, for contrast: a keep-last Deduplicate keyed by product id
+  (ChangelogNormalize, 200k keys of state) through the same binding; its final rows, summed per
+  category, must give the same result.
 * ``pyflink``: Flink SQL 2.3 in a subprocess (filesystem source, debezium-json, parallelism 2),
   once into a blackhole sink (timed) and once into a print sink (results, not timed).
 
@@ -165,6 +168,36 @@ def run_bucketed(spark, root: Path, work: Path, buckets: int) -> tuple[float, di
     return secs, result
 
 
+def run_bucketed_normalize(spark, root: Path, work: Path, buckets: int) -> tuple[float, dict]:
+    """Keep-last Deduplicate keyed by product id (ChangelogNormalize): 200k keys of state."""
+    from pyspark.sql.types import StructType
+
+    from changelake.operators import Deduplicate, DeduplicateConfig
+    from changelake.operators.spark_binding import apply_kernel
+
+    config = DeduplicateConfig(keys=(0,), keep="last", input_insert_only=False, mini_batch_size=1 << 20)
+    out_schema = StructType.fromDDL("id BIGINT, category STRING, price BIGINT")
+    out = apply_kernel(_source(spark, root), Deduplicate, config, key_columns=["id"], output_schema=out_schema,
+                       buckets=buckets)
+    rows: dict = {}
+
+    def collect(d, _):  # the driver replays the output changelog (included in the time)
+        t = d.toArrow()
+        for i, cat, price, kind in zip(*(t.column(c).to_pylist() for c in ("id", "category", "price", KIND))):
+            if kind in (0, 2):
+                rows[i] = (cat, price)
+            elif kind == 3:
+                rows.pop(i, None)
+
+    secs = _timed(out, "append", work / f"ckpt-normalize-{buckets}", collect)
+    result: dict = {}
+    for cat, price in rows.values():
+        a = result.setdefault(cat, [0, 0])
+        a[0] += 1
+        a[1] += price
+    return secs, {k: tuple(v) for k, v in result.items()}
+
+
 def run_jvm_signed(spark, root: Path, work: Path) -> tuple[float, dict]:
     from pyspark.sql import functions as F
 
@@ -272,6 +305,7 @@ def run_pyflink(python: str, root: Path, work: Path) -> tuple[float, float, dict
     if done.returncode:
         raise RuntimeError(done.stderr[-3000:])
     inner = float(next(l.split()[1] for l in done.stdout.splitlines() if l.startswith("SECONDS")))
+    print(f"pyflink blackhole run: {wall:.1f}s wall ({inner:.1f}s in the job)", flush=True)
     res = subprocess.run(cmd + ["print"], capture_output=True, text=True, check=False)
     if res.returncode:
         raise RuntimeError(res.stderr[-3000:])
@@ -291,7 +325,9 @@ def main() -> None:
     ap.add_argument("--buckets", default="8,32,128")
     ap.add_argument("--per-key-files", type=int, default=2, help="parquet files (of 10) for per-key-row")
     ap.add_argument("--flink-python", default="/tmp/venv-flink/bin/python")
-    ap.add_argument("--skip", default="", help="comma list of designs to skip: bucketed,jvm,per-key,pyflink")
+    ap.add_argument("--normalize-buckets", default="32,128")
+    ap.add_argument("--skip", default="",
+                    help="comma list of designs to skip: bucketed,jvm,normalize,per-key,pyflink")
     args = ap.parse_args()
     skip = set(filter(None, args.skip.split(",")))
 
@@ -332,6 +368,11 @@ def main() -> None:
         for b in (int(x) for x in args.buckets.split(",")):
             secs, res = run_bucketed(spark, work / "data", work, b)
             report(f"bucketed kernel B={b}", args.events, secs, res, expected)
+    if "normalize" not in skip:
+        for b in (int(x) for x in args.normalize_buckets.split(",")):
+            secs, res = run_bucketed_normalize(spark, work / "data", work, b)
+            report(f"normalize by id (keep-last Deduplicate, 200k keys) bucketed B={b}", args.events, secs, res,
+                   expected)
     if "per-key" not in skip:
         n = args.per_key_files
         secs, res = run_per_key(spark, work / "data", work, n)
