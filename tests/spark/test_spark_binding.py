@@ -13,8 +13,14 @@ import pyarrow.parquet as pq
 import pytest
 
 from changelake.changelog import KIND, SEQ
-from changelake.operators import (AggCall, Changes, Deduplicate, DeduplicateConfig, GroupAggregate,
-                                  GroupAggregateConfig)
+from changelake.operators import (
+    AggCall,
+    Changes,
+    Deduplicate,
+    DeduplicateConfig,
+    GroupAggregate,
+    GroupAggregateConfig,
+)
 from changelake.operators.spark_binding import apply_kernel, run_bucket
 
 pytestmark = pytest.mark.spark
@@ -70,8 +76,9 @@ def rocksdb(spark):
 
 def _run(spark, tmp_path, kernel_cls, config, *, keys, columns, out_schema) -> list[tuple]:
     """Feeds FILES[:2] (two micro-batches), stops, restarts from the checkpoint with FILES[2:]."""
-    from changelake.changelog import RowKind
     from pyspark.sql.types import StructType
+
+    from changelake.changelog import RowKind
 
     src, ckpt = tmp_path / "in", tmp_path / "ckpt"
     src.mkdir()
@@ -83,7 +90,7 @@ def _run(spark, tmp_path, kernel_cls, config, *, keys, columns, out_schema) -> l
             d = r.asDict()
             emitted.append((RowKind(d.pop(KIND)).short, tuple(d[c] for c in out_schema.names)))
 
-    def run_once(first: int, last: int) -> None:
+    def run_once(first: int, last: int):
         for i in range(first, last):  # one file per micro-batch
             pq.write_table(pa.concat_tables(_table(j, BATCHES[j]) for j in FILES[i]), src / f"part-{i:03d}.parquet")
         df = spark.readStream.schema(spark_in).option("maxFilesPerTrigger", 1).parquet(str(src))
