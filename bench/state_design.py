@@ -3,7 +3,8 @@
 One generated input, four designs, one run::
 
     nice -n 19 /tmp/venv/bin/python bench/state_design.py [--events 1000000] [--keys 200000]
-        [--buckets 8,32,128] [--per-key-events 100000] [--flink-python /tmp/venv-flink/bin/python]
+        [--buckets 8,32,128] [--normalize-buckets 32,128] [--per-key-files 2]
+        [--flink-python /tmp/venv-flink/bin/python] [--skip pyflink,jvm,bucketed,normalize,per-key]
 
 Input: ``--events`` Debezium-style change events over ``--keys`` product ids (9 categories,
 integer prices in cents). Per event a random id is drawn: absent -> insert; present -> update
@@ -18,7 +19,8 @@ Designs:
 * ``jvm-signed``: Spark's own streaming aggregation ``groupBy(category).agg(sum(sign),
   sum(sign * price))``, RocksDB state, Update mode.
 * ``per-key-row``: ``groupBy(category).transformWithState`` (Row API), one ValueState
-  (count, sum) per group key, rows folded in Python one by one; on ``--per-key-events`` only.
+  (count, sum) per group key, rows folded in Python one by one; on the first ``--per-key-files``
+  of the 10 parquet files only.
 * ``normalize``: not the GROUP BY, for contrast: a keep-last Deduplicate keyed by product id
   (ChangelogNormalize, 200k keys of state) through the same binding; its final rows, summed per
   category, must give the same result.
