@@ -89,16 +89,8 @@ RAW_SCHEMA = pa.schema([
 ])
 
 #: Dead letters: the raw bytes and position of a message that could not be decoded.
-DEAD_LETTER_SCHEMA = pa.schema([
-    pa.field("topic", pa.string(), nullable=False),
-    pa.field("partition", pa.int32(), nullable=False),
-    pa.field("offset", pa.int64(), nullable=False),
-    pa.field("timestamp", pa.timestamp("ms", tz="UTC")),
-    pa.field("key", pa.binary()),
-    pa.field("value", pa.binary()),
-    pa.field("reason", pa.string(), nullable=False),
-    pa.field("error", pa.string(), nullable=False),
-])
+DEAD_LETTER_SCHEMA = RAW_SCHEMA.append(pa.field("reason", pa.string(), nullable=False)).append(
+    pa.field("error", pa.string(), nullable=False))
 
 _SEQ_WIDTH = 20
 

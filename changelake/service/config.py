@@ -41,6 +41,11 @@ class _Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+def _check_duration(value: str) -> str:
+    parse_duration(value)
+    return value
+
+
 class PipelineSettings(_Model):
     id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="stable pipeline id; part of the Delta transaction ids")
     checkpoint: str = Field(description="Spark checkpoint directory (one writer per checkpoint)")
@@ -51,11 +56,7 @@ class PipelineSettings(_Model):
     master: str = "local[2]"
     spark_conf: dict[str, str] = Field(default_factory=dict)
 
-    @field_validator("trigger_interval")
-    @classmethod
-    def _interval(cls, v: str) -> str:
-        parse_duration(v)
-        return v
+    _interval = field_validator("trigger_interval")(_check_duration)
 
 
 class KafkaSettings(_Model):
@@ -97,11 +98,7 @@ class TableSpecModel(_Model):
     partition_by: list[str] = Field(default_factory=list)
     tombstone_retention: str = "7 days"
 
-    @field_validator("tombstone_retention")
-    @classmethod
-    def _retention(cls, v: str) -> str:
-        parse_duration(v)
-        return v
+    _retention = field_validator("tombstone_retention")(_check_duration)
 
 
 class StorageSettings(_Model):
