@@ -24,8 +24,8 @@ def _cases(kind: str) -> list:
     for fmt in ENCODER_FORMATS:
         for p in cf.case_params(fmt):
             path = p.values[0]
-            if path is None:
-                params.append(p)
+            if path is None:        # the corpus is missing: keep its skip, with the arity of this test
+                params.append(pytest.param(fmt, None, marks=p.marks, id=f"{fmt}/{p.id}"))
                 continue
             case = cf.load(path)
             if (kind == "serialization" and "serialization" in case) or (kind == "pipeline" and "pipeline" in case):
