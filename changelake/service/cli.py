@@ -67,6 +67,18 @@ def build_parser() -> argparse.ArgumentParser:
     exp = sub.add_parser("explain", help="print the pipeline's operator graph with changelog modes")
     _config_option(exp)
 
+    dlq = sub.add_parser("dlq", help="dead letters: replay quarantined messages once their cause is fixed")
+    dlq_sub = dlq.add_subparsers(dest="dlq_command", required=True, metavar="DLQ_COMMAND")
+    rep = dlq_sub.add_parser("replay", help="produce quarantined messages again to their topic (once each)")
+    _config_option(rep)
+    rep.add_argument("--source", action=_EnvDefault, envvar="CHANGELAKE_DLQ_SOURCE",
+                     help="only dead letters of this source")
+    rep.add_argument("--reason", action=_EnvDefault, envvar="CHANGELAKE_DLQ_REASON",
+                     help="only dead letters with this reason (malformed, schema-mismatch, ...)")
+    rep.add_argument("--to-topic", action=_EnvDefault, envvar="CHANGELAKE_DLQ_TO_TOPIC",
+                     help="produce to this topic instead of each message's own")
+    rep.add_argument("--dry-run", action="store_true", help="count what would be replayed, send nothing")
+
     sub.add_parser("version", help="print the changelake, Spark and Delta versions")
     return parser
 
@@ -104,6 +116,17 @@ def _dispatch(args: argparse.Namespace) -> int:
         from changelake.service.config import load_config
         from changelake.service.explain import explain
         print(explain(load_config(args.config)))
+        return 0
+    if args.command == "dlq":
+        from changelake.service.config import load_config
+        from changelake.service.dlq import replay
+        result = replay(load_config(args.config), source=args.source, reason=args.reason,
+                        to_topic=args.to_topic, dry_run=args.dry_run)
+        if args.dry_run:
+            print(f"would replay {sum(result.remaining_by_reason.values())} dead letter(s) "
+                  f"{result.remaining_by_reason}; {result.already_replayed} already replayed")
+        else:
+            print(f"replayed {result.replayed} dead letter(s); {result.already_replayed} already replayed before")
         return 0
     if args.command == "run":
         from changelake.service.config import load_config

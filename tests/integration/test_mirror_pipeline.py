@@ -141,3 +141,30 @@ def test_sources_with_and_without_declared_columns_both_arrive(spark, kafka, tmp
     on_executors = {processor.routes[i].spec.table for i in processor.stage.executor_routes}
     assert on_executors == {"products", "orders"}
     assert verify(config, db.state) == {t: "ok" for t in db.state}
+
+
+def test_dead_letters_are_replayed_once_after_the_cause_is_fixed(spark, kafka, tmp_path):
+    from changelake.service.dlq import replay
+
+    prefix = kafka.topic("replay")
+    topic = f"{prefix}.inventory.orders"
+    p = Producer({"bootstrap.servers": kafka.bootstrap_servers, "log_level": 3})
+    row = {"order_id": 7, "order_date": 19000, "purchaser": 1, "quantity": "a dozen", "product_id": 3}
+    p.produce(topic, key=b'{"order_id": 7}', value=json.dumps(
+        {"op": "c", "after": row, "source": {"ts_ms": 1, "file": "mysql-bin.000001", "pos": 4, "row": 0}}).encode())
+    p.flush(30)
+    config, _ = pipeline_config(kafka.bootstrap_servers, tmp_path, topic_prefix=prefix)
+    _run(spark, config)
+    letters = read_delta(config.dead_letter_path())
+    assert letters.num_rows == 1 and letters["reason"][0].as_py() == "schema-mismatch"
+    assert not (tmp_path / "lake" / "orders").exists()
+
+    # The fix: quantity is declared as text, which is what this producer sends.
+    fixed = [s.model_copy(update={"columns": {**s.columns, "quantity": "string"}}) if s.table == "orders" else s
+             for s in config.sources]
+    config = config.model_copy(update={"sources": fixed})
+    assert replay(config).replayed == 1
+    assert replay(config).replayed == 0                    # never sent twice
+    _run(spark, config)
+    table = read_delta(config.table_path("orders"))
+    assert table.select(["order_id", "quantity"]).to_pylist() == [{"order_id": 7, "quantity": "a dozen"}]
