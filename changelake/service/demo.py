@@ -54,8 +54,7 @@ def verify(config: ChangelakeConfig, expected: dict[str, dict[int, dict[str, Any
             results[name] = f"cannot read the table: {exc}"
             continue
         got = {r[key]: r for r in _comparable(actual, columns)}
-        want = {k: {c: v[c] for c in columns} for k, v in rows.items()}
-        want = {k: r for k, r in _normalise(want.values(), columns, key).items()}
+        want = _normalise(rows.values(), columns, key)
         missing = sorted(set(want) - set(got))
         extra = sorted(set(got) - set(want))
         wrong = sorted(k for k in set(want) & set(got) if want[k] != got[k])

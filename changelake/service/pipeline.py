@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 from changelake.changelog import DEAD_LETTER_SCHEMA, KIND, RowKind
 from changelake.connectors.dead_letters import DeadLetterStore
 from changelake.connectors.delta_sink import TableSpec, open_sink
-from changelake.connectors.kafka_source import SOURCE_NAME, KafkaSource, split_markers
+from changelake.connectors.kafka_source import SOURCE_NAME, KafkaSource
 from changelake.errors import DecodeError
 from changelake.formats import make_decoder
 from changelake.service import metrics
@@ -104,25 +104,6 @@ class BatchProcessor:
             self.stage = DecodeStage(self.routes)
         decoded = batch_df.mapInArrow(self.stage, DECODE_STAGE_SCHEMA).toArrow()
         self.process_decoded(decoded, batch_id)
-
-    def process(self, raw: pa.Table, batch_id: int) -> BatchReport:
-        """Decode on this process (no Spark): ``raw`` has the Kafka source's columns."""
-        records, expired = split_markers(raw)
-        stats = {k: (0, n) for k, n in expired.items()}
-        if records.num_rows:
-            grouped = records.group_by(["topic", "partition"]).aggregate([("offset", "count")])
-            for t, p, n in zip(grouped["topic"].to_pylist(), grouped["partition"].to_pylist(),
-                               grouped["offset_count"].to_pylist()):
-                stats[(t, p)] = (n, stats.get((t, p), (0, 0))[1])
-        decoded = []
-        topics = records["topic"]
-        present = pc.unique(topics).to_pylist()
-        for route in self.routes:
-            names = [t for t in present if route.matches(t)]
-            if names:
-                result = route.decoder.decode(records.filter(pc.is_in(topics, pa.array(names, pa.string()))))
-                decoded.append((route, result.rows, result.dead_letters))
-        return self._apply(stats, decoded, batch_id)
 
     def process_decoded(self, out: pa.Table, batch_id: int) -> BatchReport:
         """Apply the collected output of the executors' :class:`DecodeStage`."""

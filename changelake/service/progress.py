@@ -15,14 +15,17 @@ from changelake.service.http import Health
 log = logging.getLogger(__name__)
 
 
+def parse_offsets(value: Any) -> dict[str, dict[str, int]]:
+    """Offsets from a progress entry, which Spark gives as JSON text or as a dict."""
+    if not value:
+        return {}
+    return json.loads(value) if isinstance(value, str) else dict(value)
+
+
 def lag_by_partition(source_progress: dict[str, Any]) -> dict[tuple[str, str], int]:
     """End offset minus the last committed offset, from one source's progress entry."""
-    def parse(v: Any) -> dict[str, dict[str, int]]:
-        if not v:
-            return {}
-        return json.loads(v) if isinstance(v, str) else v
-    latest = parse(source_progress.get("latestOffset"))
-    done = parse(source_progress.get("endOffset"))
+    latest = parse_offsets(source_progress.get("latestOffset"))
+    done = parse_offsets(source_progress.get("endOffset"))
     lag: dict[tuple[str, str], int] = {}
     for topic, parts in latest.items():
         for p, high in parts.items():

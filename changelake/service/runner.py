@@ -12,7 +12,7 @@ from typing import Any
 from changelake.service.config import ChangelakeConfig, parse_duration
 from changelake.service.http import Health, HttpEndpoint
 from changelake.service.pipeline import BatchProcessor, BatchReport, start_query
-from changelake.service.progress import ProgressListener
+from changelake.service.progress import ProgressListener, parse_offsets
 from changelake.service.spark import build_session
 
 log = logging.getLogger(__name__)
@@ -75,7 +75,7 @@ class PipelineRunner:
         end_offsets = {}
         if last:
             listener.record_progress(last)
-            end_offsets = _parse_offsets(last["sources"][0].get("endOffset")) if last.get("sources") else {}
+            end_offsets = parse_offsets(last["sources"][0].get("endOffset")) if last.get("sources") else {}
         return RunResult(totals=processor.totals, lag=dict(listener.last_lag), end_offsets=end_offsets,
                          progress=list(query.recentProgress),
                          metrics_url=self.endpoint.url() if self.endpoint else None,
@@ -83,13 +83,6 @@ class PipelineRunner:
 
     #: keep the endpoint up after the query ends (the demo prints the URL and lets you scrape it)
     serve_http_after_stop = False
-
-
-def _parse_offsets(value: Any) -> dict[str, dict[str, int]]:
-    import json
-    if not value:
-        return {}
-    return json.loads(value) if isinstance(value, str) else dict(value)
 
 
 def wait_for(predicate: Any, *, timeout_s: float, interval_s: float = 0.5) -> bool:
