@@ -1,0 +1,57 @@
+"""A physical plan as text, like Flink's ``EXPLAIN CHANGELOG_MODE``: one tree per table sink,
+each node with its changelog mode, upsert key and what its state holds."""
+
+from __future__ import annotations
+
+from changelake.plan.physical import PhysicalNode, PhysicalPlan
+
+_NAMES = {"source": "Source", "normalize": "ChangelogNormalize", "deduplicate": "Deduplicate",
+          "aggregate": "GroupAggregate", "join": "Join", "rank": "Rank", "materialize": "SinkUpsertMaterializer",
+          "filter": "Filter", "project": "Calc", "sink": "Sink"}
+
+
+def describe(node: PhysicalNode) -> str:
+    """One line: operator, its arguments, changelog mode, upsert key, state."""
+    args = [f"name=[{node.id}]"]
+    c = node.config
+    if node.op == "source":
+        args.append(f"columns=[{', '.join(node.schema.names)}]")
+    elif node.op == "sink":
+        args.append(f"table=[{node.table}], primaryKey=[{', '.join(node.primary_key)}]")
+    elif node.op == "filter":
+        args.append(f"where=[{node.predicate}]")
+    elif node.op == "project":
+        args.append("select=[" + ", ".join(e if e == n else f"{e} AS {n}" for n, e in node.projections) + "]")
+    elif node.op == "join":
+        args.append(f"joinType=[{c.join_type}]")
+    elif node.op == "aggregate":
+        args.append(f"groupBy=[{', '.join(node.state_keys[0])}]")
+        args.append("select=[" + ", ".join(node.schema.names) + "]")
+    elif node.op == "rank":
+        args.append(f"strategy=[{c.strategy}], rankRange=[1..{c.rank_end}], "
+                    f"partitionBy=[{', '.join(node.state_keys[0])}], rankNumber=[{c.output_rank_number}]")
+    if node.drop_update_before:
+        args.append("dropsInput=[-U]")
+    line = f"{_NAMES[node.op]}({', '.join(args)}) changelogMode=[{','.join(k.short for k in sorted(node.mode.kinds))}]"
+    if node.upsert_key is not None and node.op != "sink":
+        line += f" upsertKey=[{', '.join(node.upsert_key)}]"
+    if node.state_layout:
+        line += f" state=[{node.state_layout}]"
+    if node.note:
+        line += f"  -- {node.note}"
+    return line
+
+
+def explain_plan(plan: PhysicalPlan) -> str:
+    out: list[str] = []
+
+    def walk(node: PhysicalNode, prefix: str, child_prefix: str) -> None:
+        out.append(prefix + describe(node))
+        for i, inp in enumerate(node.inputs):
+            last = i == len(node.inputs) - 1
+            walk(plan[inp], child_prefix + ("+- " if last else ":- "), child_prefix + ("   " if last else ":  "))
+
+    for sink in plan.sinks:
+        walk(sink, "", "")
+        out.append("")
+    return "\n".join(out).rstrip() + "\n"

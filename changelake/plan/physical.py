@@ -1,0 +1,101 @@
+"""The physical plan: what the planner hands to an executor (in-process or Spark).
+
+A :class:`PhysicalPlan` is a DAG of :class:`PhysicalNode` in topological order. Every node
+knows its output columns (Arrow schema, user columns only: the reserved ``_kind`` travels
+beside them), the row kinds it emits (its changelog mode, after the planner decided
+whether ``-U`` is needed downstream) and its upsert key. Stateful nodes carry a kernel
+class and its config (column positions refer to the node's input schema(s)); an executor
+runs ``kernel(config)`` over the input changelog, partitioned by ``state_keys``.
+
+Executors must honour, per node kind (``op``):
+
+==============  ==========================================================================
+``source``      the decoded rows of source ``source`` (its declared columns)
+``normalize``   ``Deduplicate`` keep-last on arrival, keyed by the source's primary key:
+                drop the input's ``-U`` rows first (``drop_update_before``), so a
+                re-delivered change is suppressed as a no-op (Flink's ChangelogNormalize)
+``deduplicate`` ``Deduplicate`` kernel
+``aggregate``   ``GroupAggregate`` kernel
+``join``        ``StreamingJoin`` / ``StreamingSemiAntiJoin``: two inputs (left, right);
+                ``state_keys`` gives each side's join key columns, equal values of which
+                must meet in the same kernel instance
+``rank``        Top-N kernel built by ``make_rank(config)``
+``materialize`` ``SinkUpsertMaterializer`` keyed by the sink's primary key
+``filter``      keep rows for which the SQL predicate ``predicate`` is true (row kinds kept)
+``project``     SQL expressions ``projections`` ((name, expression) pairs), row kinds kept
+``sink``        apply the input changelog to Delta table ``table``
+==============  ==========================================================================
+
+``state_keys`` holds, per input, the column names whose values partition the node's state
+(an empty tuple: one partition, e.g. a global aggregate). Rows of one key must reach the
+same kernel instance in their order of arrival.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Literal
+
+import pyarrow as pa
+
+from changelake.operators.changelog_mode import ChangelogMode
+
+Op = Literal["source", "normalize", "deduplicate", "aggregate", "join", "rank", "materialize",
+             "filter", "project", "sink"]
+#: ops whose node runs a kernel with keyed state
+STATEFUL_OPS = frozenset({"normalize", "deduplicate", "aggregate", "join", "rank", "materialize"})
+
+
+@dataclass(frozen=True)
+class PhysicalNode:
+    id: str
+    op: Op
+    inputs: tuple[str, ...]
+    schema: pa.Schema
+    mode: ChangelogMode
+    upsert_key: tuple[str, ...] | None
+    kernel: Any = None                      # kernel class, or make_rank for "rank"
+    config: Any = None                      # the kernel's config
+    state_keys: tuple[tuple[str, ...], ...] = ()
+    drop_update_before: bool = False        # drop the input's -U rows before the kernel
+    predicate: str | None = None            # filter
+    projections: tuple[tuple[str, str], ...] = ()   # project: (output column, SQL expression)
+    source: str | None = None               # source: the SourceSpec name
+    table: str | None = None                # sink: the table name
+    primary_key: tuple[str, ...] = ()       # sink: the table's primary key
+    state_layout: str = ""                  # what the state holds, for explain
+    note: str = ""                          # why the planner added or changed the node
+
+    @property
+    def stateful(self) -> bool:
+        return self.op in STATEFUL_OPS
+
+    def make_kernel(self):
+        """A fresh kernel for this node (stateful nodes only)."""
+        return self.kernel(self.config)
+
+
+@dataclass(frozen=True)
+class PhysicalPlan:
+    nodes: tuple[PhysicalNode, ...]         # topological order: inputs before their consumers
+    by_id: dict[str, PhysicalNode] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "by_id", {n.id: n for n in self.nodes})
+
+    def __iter__(self) -> Iterator[PhysicalNode]:
+        return iter(self.nodes)
+
+    def __getitem__(self, node_id: str) -> PhysicalNode:
+        return self.by_id[node_id]
+
+    @property
+    def sources(self) -> list[PhysicalNode]:
+        return [n for n in self.nodes if n.op == "source"]
+
+    @property
+    def sinks(self) -> list[PhysicalNode]:
+        return [n for n in self.nodes if n.op == "sink"]
+
+    def consumers(self, node_id: str) -> list[PhysicalNode]:
+        return [n for n in self.nodes if node_id in n.inputs]

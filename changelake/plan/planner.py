@@ -1,0 +1,356 @@
+"""From the logical graph to the physical plan: schemas, upsert keys, changelog modes.
+
+Three passes, as Flink's changelog-mode inference:
+
+1. **Bottom-up** (definition order): each node's output columns and upsert key; a
+   ChangelogNormalize behind every source with ``normalize``; a SinkUpsertMaterializer in
+   front of every sink whose primary key is not its input's upsert key.
+2. **Top-down** (reverse order): whether a node must emit ``-U``. A node's consumers
+   decide: GroupAggregate, the joins, a retracting Top-N, the materializer and a filter
+   need ``-U`` to retract what they hold; a sink keyed by its input's upsert key needs
+   only ``+U`` (Delta MERGE replaces the row by key); a projection passes its consumers'
+   need through unless it drops the upsert key.
+3. **Configs** (definition order): every stateful node's kernel config is built with
+   ``generate_update_before`` set from pass 2, and the node's changelog mode is what its
+   kernel declares for that config (``Kernel.contract()``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import pyarrow as pa
+
+from changelake.errors import ConfigError
+from changelake.operators import changelog_mode as cm
+from changelake.operators import (
+    AggCall, Deduplicate, DeduplicateConfig, GroupAggregate, GroupAggregateConfig, InputSpec, RankConfig,
+    SinkUpsertMaterializer, SinkUpsertMaterializerConfig, SortColumn, StreamingJoin, StreamingJoinConfig,
+    StreamingSemiAntiJoin, make_rank)
+from changelake.plan import sql
+from changelake.plan.graph import LogicalNode, Pipeline, _check_columns
+from changelake.plan.physical import PhysicalNode, PhysicalPlan
+
+#: Bundle size of the mini-batch operators in the in-process runner; on Spark the micro-batch is the bundle.
+MINI_BATCH_SIZE = 10_000
+
+
+@dataclass
+class _Draft:
+    id: str
+    op: str
+    inputs: tuple[str, ...]
+    schema: pa.Schema
+    upsert_key: tuple[str, ...] | None
+    #: the node's config for a given generate_update_before (stateful nodes)
+    configure: Callable[[bool], Any] | None = None
+    kernel: Any = None
+    #: whether the node needs -U from its input, given whether its consumers need -U from it
+    needs_ub: Callable[[bool], bool] = lambda required: False
+    extra: dict = field(default_factory=dict)
+    required: bool = False
+
+
+def plan(pipeline: Pipeline, *, mini_batch: bool = True) -> PhysicalPlan:
+    if not any(n.op == "sink" for n in pipeline.nodes.values()):
+        raise ConfigError("the pipeline writes no table; end it with .to_table(...) (YAML: tables[].from)")
+    builder = _Builder(mini_batch)
+    for node in pipeline.nodes.values():
+        builder.add(node)
+    drafts = builder.drafts
+    for d in reversed(list(drafts.values())):                     # pass 2
+        consumers = [c for c in drafts.values() if d.id in c.inputs]
+        d.required = any(c.needs_ub(c.required) for c in consumers)
+    nodes: dict[str, PhysicalNode] = {}
+    for d in drafts.values():                                      # pass 3
+        nodes[d.id] = _finish(d, nodes)
+    return PhysicalPlan(tuple(nodes.values()))
+
+
+def _finish(d: _Draft, done: dict[str, PhysicalNode]) -> PhysicalNode:
+    config = d.configure(d.required) if d.configure else None
+    if d.op == "source":
+        mode = cm.ALL
+    elif config is not None:
+        kernel = d.kernel(config)
+        mode = kernel.contract().produces
+        if d.op == "join" and all(done[i].mode.is_insert_only for i in d.inputs) and \
+                d.extra.get("join_type") in ("INNER", "SEMI"):
+            mode = cm.INSERT_ONLY                       # no retraction in, none out
+    elif d.op == "sink":
+        mode = done[d.inputs[0]].mode
+    else:                                               # filter / project keep the input's kinds
+        mode = done[d.inputs[0]].mode
+    extra = {k: v for k, v in d.extra.items() if k in PhysicalNode.__dataclass_fields__}
+    return PhysicalNode(id=d.id, op=d.op, inputs=d.inputs, schema=d.schema, mode=mode, upsert_key=d.upsert_key,
+                        kernel=d.kernel, config=config, **extra)
+
+
+def _idx(schema: pa.Schema, columns) -> tuple[int, ...]:
+    return tuple(schema.get_field_index(c) for c in columns)
+
+
+class _Builder:
+    def __init__(self, mini_batch: bool) -> None:
+        self.mini_batch = MINI_BATCH_SIZE if mini_batch else None
+        self.drafts: dict[str, _Draft] = {}
+        #: logical name -> physical id of the node that carries its output
+        self.output: dict[str, str] = {}
+
+    def _put(self, d: _Draft) -> str:
+        self.drafts[d.id] = d
+        return d.id
+
+    def _input(self, name: str) -> _Draft:
+        return self.drafts[self.output[name]]
+
+    def add(self, node: LogicalNode) -> None:
+        self.output[node.name] = getattr(self, f"_{node.op}")(node)
+
+    # -- sources ---------------------------------------------------------------------------------
+    def _source(self, node: LogicalNode) -> str:
+        p = node.params
+        src = self._put(_Draft(node.name, "source", (), p["schema"], p["primary_key"],
+                               extra={"source": node.name, "state_layout": ""}))
+        if not p["normalize"]:
+            return src
+        key = p["primary_key"]
+        schema = p["schema"]
+        mb = self.mini_batch
+
+        def configure(gub: bool) -> DeduplicateConfig:
+            return DeduplicateConfig(keys=_idx(schema, key), keep="last", generate_update_before=gub,
+                                     input_insert_only=False, mini_batch_size=mb)
+
+        return self._put(_Draft(
+            f"normalize_{node.name}", "normalize", (src,), schema, key, configure, Deduplicate,
+            extra={"state_keys": (key,), "drop_update_before": True,
+                   "state_layout": f"{list(key)} -> last row",
+                   "note": "ChangelogNormalize: re-delivered changes become no-ops (source normalize: true)"}))
+
+    # -- single-input operators ------------------------------------------------------------------
+    def _deduplicate(self, node: LogicalNode) -> str:
+        inp = self._input(node.inputs[0])
+        p = node.params
+        keys, keep, order_by = p["keys"], p["keep"], p["order_by"]
+        _check_columns(node.name, "keys", keys, inp.schema.names)
+        if order_by is not None:
+            _check_columns(node.name, "order_by", [order_by], inp.schema.names)
+        insert_only = self._insert_only(inp)
+        if not insert_only and (keep != "last" or order_by is not None):
+            raise ConfigError(
+                f"deduplicate {node.name!r}: its input {node.inputs[0]!r} carries updates and deletes, which only "
+                "keep='last' by arrival (no order_by) can apply; deduplicate an insert-only stream instead")
+        schema, mb = inp.schema, self.mini_batch
+
+        def configure(gub: bool) -> DeduplicateConfig:
+            return DeduplicateConfig(
+                keys=_idx(schema, keys), keep=keep, order="proctime" if order_by is None else "rowtime",
+                rowtime_index=None if order_by is None else schema.get_field_index(order_by),
+                generate_update_before=gub, input_insert_only=insert_only, mini_batch_size=mb)
+
+        order = "arrival" if order_by is None else order_by
+        return self._put(_Draft(node.name, "deduplicate", (inp.id,), schema, keys, configure, Deduplicate,
+                                extra={"state_keys": (keys,),
+                                       "state_layout": f"{list(keys)} -> {keep} row by {order}"}))
+
+    def _insert_only(self, d: _Draft) -> bool:
+        """Whether ``d`` emits only +I whatever its consumers need (decided before pass 2)."""
+        if d.op == "source":
+            return False
+        if d.op in ("filter", "project"):
+            return self._insert_only(self.drafts[d.inputs[0]])
+        if d.configure is None:
+            return False
+        return d.kernel(d.configure(True)).contract().produces.is_insert_only
+
+    def _filter(self, node: LogicalNode) -> str:
+        inp = self._input(node.inputs[0])
+        predicate = node.params["predicate"]
+        sql.check_predicate(node.name, inp.schema, predicate)
+        return self._put(_Draft(node.name, "filter", (inp.id,), inp.schema, inp.upsert_key,
+                                needs_ub=lambda required: True, extra={"predicate": predicate}))
+
+    def _project(self, node: LogicalNode) -> str:
+        inp = self._input(node.inputs[0])
+        pairs = node.params["projections"]
+        schema = sql.project_schema(node.name, inp.schema, pairs)
+        passed = {expr.strip(): name for name, expr in pairs if expr.strip() in inp.schema.names}
+        key = None
+        if inp.upsert_key and all(c in passed for c in inp.upsert_key):
+            key = tuple(passed[c] for c in inp.upsert_key)
+        return self._put(_Draft(node.name, "project", (inp.id,), schema, key,
+                                needs_ub=lambda required: required or key is None,
+                                extra={"projections": pairs}))
+
+    def _aggregate(self, node: LogicalNode) -> str:
+        inp = self._input(node.inputs[0])
+        group_by, aggs = node.params["group_by"], node.params["aggregates"]
+        _check_columns(node.name, "group_by", group_by, inp.schema.names)
+        _check_columns(node.name, "aggregates", [a.column for a in aggs if a.column], inp.schema.names)
+        fields = [inp.schema.field(c) for c in group_by]
+        fields += [pa.field(a.output, _agg_type(node.name, a, inp.schema)) for a in aggs]
+        schema = _unique_schema(node.name, fields)
+        in_schema, mb = inp.schema, self.mini_batch
+        calls = tuple(AggCall(a.function, None if a.column is None else in_schema.get_field_index(a.column),
+                              a.distinct) for a in aggs)
+
+        def configure(gub: bool) -> GroupAggregateConfig:
+            return GroupAggregateConfig(group_keys=_idx(in_schema, group_by), aggregates=calls,
+                                        generate_update_before=gub, mini_batch_size=mb)
+
+        accs = ", ".join(str(a) for a in aggs)
+        return self._put(_Draft(node.name, "aggregate", (inp.id,), schema, tuple(group_by), configure,
+                                GroupAggregate, needs_ub=lambda required: True,
+                                extra={"state_keys": (tuple(group_by),),
+                                       "state_layout": f"{list(group_by)} -> accumulators of {accs}"}))
+
+    def _rank(self, node: LogicalNode) -> str:
+        inp = self._input(node.inputs[0])
+        p = node.params
+        n, sorts, partition, rank_column = p["n"], p["order_by"], p["partition_by"], p["rank_column"]
+        _check_columns(node.name, "partition_by", partition, inp.schema.names)
+        _check_columns(node.name, "order_by", [s.column for s in sorts], inp.schema.names)
+        in_schema = inp.schema
+        fields = list(in_schema)
+        if rank_column:
+            fields.append(pa.field(rank_column, pa.int64()))
+        schema = _unique_schema(node.name, fields)
+        key = (*partition, rank_column) if rank_column else inp.upsert_key
+        strategy = "append_only" if self._insert_only(inp) else "retract"
+        sort_columns = tuple(SortColumn(in_schema.get_field_index(s.column), s.ascending,
+                                        s.ascending if s.nulls_last is None else s.nulls_last) for s in sorts)
+
+        def configure(gub: bool) -> RankConfig:
+            return RankConfig(strategy=strategy, partition_keys=_idx(in_schema, partition), sort_keys=sort_columns,
+                              rank_end=n, generate_update_before=gub, output_rank_number=bool(rank_column),
+                              input_schema=in_schema)
+
+        order = ", ".join(str(s) for s in sorts)
+        return self._put(_Draft(node.name, "rank", (inp.id,), schema, key, configure, make_rank,
+                                needs_ub=lambda required: strategy == "retract",
+                                extra={"state_keys": (tuple(partition),),
+                                       "state_layout": f"{list(partition) or 'one partition'} -> rows sorted by {order} "
+                                                       f"({strategy} strategy, top {n} emitted)"}))
+
+    # -- join ------------------------------------------------------------------------------------
+    def _join(self, node: LogicalNode) -> str:
+        left, right = self._input(node.inputs[0]), self._input(node.inputs[1])
+        pairs, how, where = node.params["on"], node.params["how"], node.params["where"]
+        lkey, rkey = tuple(a for a, _ in pairs), tuple(b for _, b in pairs)
+        _check_columns(node.name, "on (left)", lkey, left.schema.names)
+        _check_columns(node.name, "on (right)", rkey, right.schema.names)
+        for a, b in pairs:
+            lt, rt = left.schema.field(a).type, right.schema.field(b).type
+            if lt != rt:
+                raise ConfigError(f"join {node.name!r}: key {a} is {lt} on the left but {b} is {rt} on the right; "
+                                  "cast one side with a select first")
+        join_type = how.upper()
+        semi = join_type in ("SEMI", "ANTI")
+        renamed = {c: (f"{node.inputs[1]}_{c}" if c in left.schema.names else c) for c in right.schema.names}
+        if semi:
+            fields = list(left.schema)
+        else:
+            fields = list(left.schema) + [f.with_name(renamed[f.name]) for f in right.schema]
+            if left.schema.names and join_type in ("RIGHT", "FULL"):
+                fields[:len(left.schema)] = [f.with_nullable(True) for f in fields[:len(left.schema)]]
+            if join_type in ("LEFT", "FULL"):
+                fields[len(left.schema):] = [f.with_nullable(True) for f in fields[len(left.schema):]]
+        schema = _unique_schema(node.name, fields)
+        lspec, llayout = _join_input(left, lkey)
+        rspec, rlayout = _join_input(right, rkey)
+        key = _join_upsert_key(left, right, lkey, rkey, renamed, join_type)
+        condition = None if where is None else RowPredicate(where, tuple(left.schema.names),
+                                                             tuple(right.schema.names))
+        config = StreamingJoinConfig(
+            join_type=join_type, left_key=_idx(left.schema, lkey), right_key=_idx(right.schema, rkey),
+            left_arity=len(left.schema), right_arity=len(right.schema), left_input=lspec, right_input=rspec,
+            condition=condition, mini_batch_size=self.mini_batch)
+        on = " AND ".join(f"{a} = {b}" for a, b in pairs)
+        return self._put(_Draft(
+            node.name, "join", (left.id, right.id), schema, key, lambda gub: config,
+            StreamingSemiAntiJoin if semi else StreamingJoin, needs_ub=lambda required: True,
+            extra={"state_keys": (lkey, rkey), "join_type": join_type,
+                   "state_layout": f"left {llayout}; right {rlayout}; by join key ({on})"
+                                   + ("" if where is None else " with a residual predicate")}))
+
+    # -- sinks -----------------------------------------------------------------------------------
+    def _sink(self, node: LogicalNode) -> str:
+        inp = self._input(node.inputs[0])
+        table, pk = node.params["table"], node.params["primary_key"]
+        _check_columns(f"table {table}", "primary_key", pk, inp.schema.names)
+        source = inp.id
+        if inp.upsert_key is None or set(inp.upsert_key) != set(pk):
+            in_schema, key = inp.schema, inp.upsert_key
+            config = SinkUpsertMaterializerConfig(
+                keys=_idx(in_schema, pk), upsert_key=None if not key else _idx(in_schema, key), table=table)
+            why = ("its input has no upsert key" if not key else
+                   f"the input's upsert key {list(key)} is not the table's primary key {list(pk)}")
+            source = self._put(_Draft(
+                f"materialize_{table}", "materialize", (inp.id,), in_schema, tuple(pk), lambda gub: config,
+                SinkUpsertMaterializer, needs_ub=lambda required: True,
+                extra={"state_keys": (tuple(pk),),
+                       "state_layout": f"{list(pk)} -> rows not yet retracted, in arrival order",
+                       "note": f"SinkUpsertMaterializer: {why}"}))
+        return self._put(_Draft(node.name, "sink", (source,), inp.schema, tuple(pk),
+                                extra={"table": table, "primary_key": tuple(pk)}))
+
+
+class RowPredicate:
+    """A join's residual predicate over (left row, right row) tuples, called with dicts by column name."""
+
+    def __init__(self, fn: Callable[[dict, dict], bool], left: tuple[str, ...], right: tuple[str, ...]) -> None:
+        self.fn, self.left, self.right = fn, left, right
+
+    def __call__(self, lrow: tuple, rrow: tuple) -> bool:
+        return bool(self.fn(dict(zip(self.left, lrow)), dict(zip(self.right, rrow))))
+
+
+def _join_input(d: _Draft, key: tuple[str, ...]) -> tuple[InputSpec, str]:
+    uk = d.upsert_key
+    if not uk:
+        return InputSpec(), "no unique key: each distinct row with a count"
+    layout = "join_key_contains_unique_key" if set(uk) <= set(key) else "has_unique_key"
+    text = ("join key contains the unique key: one row per join key" if layout == "join_key_contains_unique_key"
+            else f"unique key {list(uk)}: one row per unique key")
+    return InputSpec(layout, _idx(d.schema, uk)), text
+
+
+def _join_upsert_key(left: _Draft, right: _Draft, lkey, rkey, renamed: dict[str, str],
+                     join_type: str) -> tuple[str, ...] | None:
+    lu, ru = left.upsert_key, right.upsert_key
+    ru_out = None if ru is None else tuple(renamed[c] for c in ru)
+    if join_type in ("SEMI", "ANTI"):
+        return lu
+    if lu and ru and set(ru) <= set(rkey) and join_type in ("INNER", "LEFT"):
+        return lu                     # each left row meets at most one right row
+    if lu and ru and set(lu) <= set(lkey) and join_type in ("INNER", "RIGHT"):
+        return ru_out
+    if lu and ru:
+        return (*lu, *ru_out)
+    return None
+
+
+def _agg_type(node: str, a, schema: pa.Schema) -> pa.DataType:
+    if a.function == "COUNT":
+        return pa.int64()
+    t = schema.field(a.column).type
+    if a.function in ("MIN", "MAX"):
+        return t
+    if pa.types.is_integer(t):
+        return pa.int64()
+    if pa.types.is_floating(t):
+        return pa.float64()
+    if pa.types.is_decimal(t):
+        return pa.decimal128(38, t.scale)
+    raise ConfigError(f"aggregate {node!r}: {a.function}({a.column}) needs a numeric column; {a.column} is {t}")
+
+
+def _unique_schema(node: str, fields: list[pa.Field]) -> pa.Schema:
+    names = [f.name for f in fields]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ConfigError(f"{node!r}: output column(s) {dup} appear twice; rename them with a select first")
+    return pa.schema(fields)
+

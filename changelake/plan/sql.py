@@ -1,0 +1,76 @@
+"""Filter and projection expressions, in SQL, evaluated with DuckDB over Arrow.
+
+The planner uses DuckDB to check an expression and derive its output type before the
+pipeline runs; the in-process runner evaluates with it; the Spark executor hands the same
+text to Spark SQL (``F.expr``) and casts to the planned type. Write expressions in the
+common subset of Spark SQL and DuckDB (column references, arithmetic, comparisons,
+``AND``/``OR``/``NOT``, ``CASE``, ``COALESCE``, ``CAST``, ``IS NULL``, ``IN``, ``LIKE``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import duckdb
+import pyarrow as pa
+
+from changelake.changelog import KIND
+from changelake.errors import ConfigError
+
+
+def _query(table: pa.Table, sql: str) -> pa.Table:
+    con = duckdb.connect()
+    try:
+        con.register("t", table)
+        return con.sql(sql).to_arrow_table()
+    finally:
+        con.close()
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _empty(schema: pa.Schema) -> pa.Table:
+    return schema.append(pa.field(KIND, pa.int8())).empty_table()
+
+
+def check_predicate(node: str, schema: pa.Schema, predicate: str) -> None:
+    try:
+        out = _query(_empty(schema), f"SELECT ({predicate}) AS p FROM t")
+    except duckdb.Error as exc:
+        raise ConfigError(f"filter {node!r}: cannot evaluate {predicate!r} over columns {schema.names}: {exc}") from None
+    if not pa.types.is_boolean(out.schema.field("p").type):
+        raise ConfigError(f"filter {node!r}: {predicate!r} is {out.schema.field('p').type}, not a boolean condition")
+
+
+def project_schema(node: str, schema: pa.Schema, projections: Sequence[tuple[str, str]]) -> pa.Schema:
+    names = [n for n, _ in projections]
+    bad = [n for n in names if n.startswith("_")]
+    if bad or len(set(names)) != len(names):
+        raise ConfigError(f"select {node!r}: output columns must be unique and not start with '_'; got {names}")
+    try:
+        out = _query(_empty(schema), _select_sql(projections))
+    except duckdb.Error as exc:
+        raise ConfigError(f"select {node!r}: cannot evaluate {dict(projections)} over columns {schema.names}: "
+                          f"{exc}") from None
+    return pa.schema([out.schema.field(n) for n in names])
+
+
+def _select_sql(projections: Sequence[tuple[str, str]]) -> str:
+    items = ", ".join(f"({expr}) AS {_quote(name)}" for name, expr in projections)
+    return f"SELECT {items}, {_quote(KIND)} FROM t"
+
+
+def apply_filter(table: pa.Table, predicate: str) -> pa.Table:
+    """The rows of a changelog batch for which ``predicate`` is true (kinds kept, order kept)."""
+    if table.num_rows == 0:
+        return table
+    mask = _query(table, f"SELECT COALESCE(({predicate}), FALSE) AS p FROM t")["p"]
+    return table.filter(mask)
+
+
+def apply_project(table: pa.Table, projections: Sequence[tuple[str, str]], schema: pa.Schema) -> pa.Table:
+    """The projected changelog batch (``schema`` + ``_kind``, order kept)."""
+    out = _query(table, _select_sql(projections))
+    return out.cast(schema.append(pa.field(KIND, pa.int8())))
