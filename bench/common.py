@@ -1,11 +1,15 @@
-"""Helpers shared by the benchmarks: process-tree memory sampling and machine facts."""
+"""Helpers shared by the benchmarks: process-tree memory sampling, machine facts, and running
+a job in another interpreter (PyFlink lives in its own venv)."""
 
 from __future__ import annotations
 
 import os
 import platform
+import subprocess
 import threading
 import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -38,30 +42,42 @@ def _cmdline(pid: int) -> str:
 
 
 class PeakMemory:
-    """Samples the RSS of this process, the Spark JVM and the Python workers every ``interval`` s."""
+    """Samples the RSS of a process tree every ``interval`` s: the root process (default: this
+    one), the JVMs below it and the other Python processes below it (Spark's Python workers).
 
-    def __init__(self, interval: float = 0.25) -> None:
+    ``exclude``: pids whose subtrees are not counted (e.g. an embedded broker started by the
+    benchmark, which is not part of the system measured). ``total_mb`` is the peak of the sum.
+    """
+
+    def __init__(self, interval: float = 0.25, *, root: int | None = None, exclude: Iterable[int] = ()) -> None:
         self.interval = interval
+        self.root = root
+        self.exclude = frozenset(exclude)
         self.peak_mb = {"driver (python)": 0.0, "spark jvm": 0.0, "python workers (sum)": 0.0}
+        self.total_mb = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
-        me = os.getpid()
+        me = os.getpid() if self.root is None else self.root
         while not self._stop.is_set():
             jvm = workers = 0
             stack = _children(me)
             while stack:
                 pid = stack.pop()
+                if pid in self.exclude:
+                    continue
                 cmd = _cmdline(pid)
                 if "java" in cmd.split(" ", 1)[0]:
                     jvm += _rss_kb(pid)
                 elif "pyspark" in cmd or "python" in cmd:
                     workers += _rss_kb(pid)
                 stack.extend(_children(pid))
-            self._update("driver (python)", _rss_kb(me))
+            driver = _rss_kb(me)
+            self._update("driver (python)", driver)
             self._update("spark jvm", jvm)
             self._update("python workers (sum)", workers)
+            self.total_mb = max(self.total_mb, (driver + jvm + workers) / 1024)
             time.sleep(self.interval)
 
     def _update(self, key: str, kb: int) -> None:
@@ -89,3 +105,24 @@ def dir_size(path: Path) -> tuple[int, int]:
             size += p.stat().st_size
             files += p.suffix == ".parquet"
     return size, files
+
+
+@dataclass
+class JobRun:
+    seconds: float                  # wall time of the subprocess, interpreter and JVM start included
+    stdout: str
+    peak_mb: dict[str, float]       # as PeakMemory.peak_mb, for the subprocess's tree
+    total_mb: float
+
+
+def run_python_job(python: str, script: Path, args: Sequence[str], *, nice: int = 19) -> JobRun:
+    """Run ``script`` with another interpreter (e.g. PyFlink's venv) and time it; raise on failure."""
+    cmd = ["nice", "-n", str(nice), python, str(script), *args]
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with PeakMemory(root=proc.pid) as mem:
+        out, err = proc.communicate()
+    seconds = time.perf_counter() - start
+    if proc.returncode:
+        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}:\n{err[-3000:]}")
+    return JobRun(seconds, out, dict(mem.peak_mb), mem.total_mb)

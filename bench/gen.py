@@ -54,6 +54,15 @@ def changes(n: int, *, seed: int = 7, keys: int = 50_000):
             yield "d", _row(rng, key), None, i
 
 
+def debezium_envelope(op: str, before: dict | None, after: dict | None, *, table: str, pos: int, ts: int,
+                      snapshot: str = "false") -> bytes:
+    """One Debezium JSON change event (MySQL connector, no schema envelope) at binlog position ``pos``."""
+    return orjson.dumps({"before": before, "after": after, "source": {
+        "version": "2.7.0.Final", "connector": "mysql", "name": "bench", "ts_ms": ts, "snapshot": snapshot,
+        "db": "shop", "table": table, "server_id": 1, "file": "mysql-bin.000007", "pos": pos, "row": 0},
+        "op": op, "ts_ms": ts + 2, "transaction": None})
+
+
 def debezium_json(n: int) -> list[bytes]:
     out = []
     for op, before, after, i in changes(n):

@@ -25,6 +25,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import PeakMemory, dir_size, machine  # noqa: E402
+from gen import debezium_envelope  # noqa: E402
 
 from changelake.connectors.delta_read import read_delta  # noqa: E402
 from changelake.connectors.embedded_broker import EmbeddedBroker  # noqa: E402
@@ -52,10 +53,7 @@ def generate(events: int, keys: int, seed: int = 42):
         nonlocal pos, ts
         pos += 200
         ts += 1
-        return orjson.dumps({"before": before, "after": after, "source": {
-            "version": "2.7.0.Final", "connector": "mysql", "name": "bench", "ts_ms": ts, "snapshot": "false",
-            "db": "shop", "table": "products", "server_id": 1, "file": "mysql-bin.000007", "pos": pos, "row": 0},
-            "op": op, "ts_ms": ts + 2, "transaction": None})
+        return debezium_envelope(op, before, after, table="products", pos=pos, ts=ts)
 
     deleted: list[int] = []
     for i in range(1, keys + 1):

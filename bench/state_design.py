@@ -38,7 +38,6 @@ import argparse
 import json
 import random
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -49,7 +48,7 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import machine
+from bench.common import machine, run_python_job
 from changelake.changelog import KIND, SEQ
 
 CATEGORIES = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india"]
@@ -299,17 +298,11 @@ def run_pyflink(python: str, root: Path, work: Path) -> tuple[float, float, dict
     job = work / "flink_job.py"
     job.write_text(FLINK_JOB)
     path = str(root / "debezium")
-    cmd = ["nice", "-n", "19", python, str(job), path]
-    start = time.perf_counter()
-    done = subprocess.run(cmd + ["blackhole"], capture_output=True, text=True, check=False)
-    wall = time.perf_counter() - start
-    if done.returncode:
-        raise RuntimeError(done.stderr[-3000:])
+    done = run_python_job(python, job, [path, "blackhole"])
+    wall = done.seconds
     inner = float(next(l.split()[1] for l in done.stdout.splitlines() if l.startswith("SECONDS")))
     print(f"pyflink blackhole run: {wall:.1f}s wall ({inner:.1f}s in the job)", flush=True)
-    res = subprocess.run(cmd + ["print"], capture_output=True, text=True, check=False)
-    if res.returncode:
-        raise RuntimeError(res.stderr[-3000:])
+    res = run_python_job(python, job, [path, "print"])
     result = {}
     for line in res.stdout.splitlines():
         if line.startswith("RESULT"):
