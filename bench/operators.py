@@ -51,6 +51,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,8 +59,8 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import PeakMemory, machine, run_python_job  # noqa: E402
-from bench.gen import debezium_envelope  # noqa: E402
+from bench.common import PeakMemory, machine, run_python_job
+from bench.gen import debezium_envelope
 
 CATEGORIES = ["tools", "garden", "kitchen", "toys", "sports", "office", "auto", "outdoor", "books", "music"]
 PRODUCT_COLUMNS = {"id": "bigint", "category": "string", "price": "bigint"}
@@ -175,13 +176,14 @@ def write_and_produce(w: Workload, bootstrap: str, data: Path, *, topics: int, f
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 50, "batch.num.messages": 10_000,
                          "batch.size": 4_000_000, "compression.type": "zstd",
                          "queue.buffering.max.messages": 1_000_000, "log_level": 3})
-    files = {}
-    for table in ("products", "orders"):
-        (data / table).mkdir(parents=True)
-        files[table] = [open(data / table / f"part-{i}.json", "wb") for i in range(flink_files)]
     w.ops = {"products": Counter(), "orders": Counter()}
     pos, ts = 154, 1_700_000_000_000
-    try:
+    with ExitStack() as stack:
+        files = {}
+        for table in ("products", "orders"):
+            (data / table).mkdir(parents=True)
+            files[table] = [stack.enter_context(open(data / table / f"part-{i}.json", "wb"))
+                            for i in range(flink_files)]
         for table, key, op, before, after in changes(w):
             pos += 200
             ts += 1
@@ -196,10 +198,6 @@ def write_and_produce(w: Workload, bootstrap: str, data: Path, *, topics: int, f
                     break
                 except BufferError:
                     producer.poll(0.05)
-    finally:
-        for fs in files.values():
-            for f in fs:
-                f.close()
     if producer.flush(300):
         raise RuntimeError("the producer could not deliver every event to the embedded broker")
     return time.perf_counter() - start

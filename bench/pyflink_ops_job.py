@@ -17,8 +17,8 @@ import sys
 import time
 
 t0 = time.perf_counter()
-from pyflink.common import RowKind  # noqa: E402
-from pyflink.table import EnvironmentSettings, TableEnvironment  # noqa: E402
+from pyflink.common import RowKind
+from pyflink.table import EnvironmentSettings, TableEnvironment
 
 QUERIES = {
     "a": "SELECT category, COUNT(*), SUM(price) FROM products GROUP BY category",
