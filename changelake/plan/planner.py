@@ -229,7 +229,10 @@ class _Builder:
         if rank_column:
             fields.append(pa.field(rank_column, pa.int64()))
         schema = _unique_schema(node.name, fields)
-        key = (*partition, rank_column) if rank_column else inp.upsert_key
+        # without the rank number, rows are keyed by the input's key, which the sink can rely on
+        # only when a key's rows stay in one partition
+        stable = inp.upsert_key and set(partition) <= set(inp.upsert_key)
+        key = (*partition, rank_column) if rank_column else (inp.upsert_key if stable else None)
         strategy = "append_only" if self._insert_only(inp) else "retract"
         sort_columns = tuple(SortColumn(in_schema.get_field_index(s.column), s.ascending,
                                         s.ascending if s.nulls_last is None else s.nulls_last) for s in sorts)
@@ -331,7 +334,15 @@ def _join_input(d: _Draft, key: tuple[str, ...]) -> tuple[InputSpec, str]:
 
 def _join_upsert_key(left: _Draft, right: _Draft, lkey, rkey, renamed: dict[str, str],
                      join_type: str) -> tuple[str, ...] | None:
-    lu, ru = left.upsert_key, right.upsert_key
+    """The join output's upsert key, as far as the sink may rely on it.
+
+    A side's unique key carries over only when it contains that side's join key: otherwise an
+    update that changes the join key retracts the old joined row in one join partition and adds
+    the new one in another, and the two may reach the sink in either order (or the new row may
+    match nothing). Then the output has no upsert key and a sink gets a materializer.
+    """
+    lu = left.upsert_key if left.upsert_key and set(lkey) <= set(left.upsert_key) else None
+    ru = right.upsert_key if right.upsert_key and set(rkey) <= set(right.upsert_key) else None
     ru_out = None if ru is None else tuple(renamed[c] for c in ru)
     if join_type in ("SEMI", "ANTI"):
         return lu
