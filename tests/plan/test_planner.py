@@ -188,3 +188,20 @@ def test_aggregate_uses_the_kernel_modes_it_declares():
     assert node.kernel is GroupAggregate
     assert [str(f.type) for f in node.schema] == ["string", "int32", "int32", "int64"]
     assert p.plan()["aggregate_orders"].inputs == ("orders",)      # no normalize when switched off
+
+
+def test_with_state_sets_ttl_and_policy_of_one_node_and_is_refused_where_there_is_no_state():
+    from changelake.plan.graph import StateOptions
+
+    p = Pipeline(state=StateOptions(ttl="10 minutes"))
+    orders = p.source("orders", columns=ORDERS, primary_key=["order_id"])
+    agg = orders.group_by("status").agg(n="count(*)").with_state(ttl="1 hour", on_stale_retraction="fail")
+    agg.to_table("t", primary_key=["status"])
+    plan = p.plan()
+    assert (plan["aggregate_orders"].config.state_ttl_ms, plan["aggregate_orders"].config.on_stale_retraction) == \
+        (3_600_000, "fail")
+    assert plan["normalize_orders"].config.state_ttl_ms == 600_000
+    with pytest.raises(ConfigError, match="keeps no state"):
+        orders.filter("qty > 1").with_state(ttl="1 hour")
+    with pytest.raises(ConfigError, match="is not a duration"):
+        StateOptions(ttl="a while")
