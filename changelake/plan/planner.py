@@ -56,7 +56,7 @@ def plan(pipeline: Pipeline, *, mini_batch: bool = True) -> PhysicalPlan:
     if not any(n.op == "sink" for n in pipeline.nodes.values()):
         raise ConfigError("the pipeline writes no table; end it with .to_table(...) (YAML: tables[].from)")
     builder = _Builder(mini_batch)
-    for node in pipeline.nodes.values():
+    for node in _feeding_a_table(pipeline):
         builder.add(node)
     drafts = builder.drafts
     for d in reversed(list(drafts.values())):                     # pass 2
@@ -66,6 +66,18 @@ def plan(pipeline: Pipeline, *, mini_batch: bool = True) -> PhysicalPlan:
     for d in drafts.values():                                      # pass 3
         nodes[d.id] = _finish(d, nodes)
     return PhysicalPlan(tuple(nodes.values()))
+
+
+def _feeding_a_table(pipeline: Pipeline) -> list[LogicalNode]:
+    """The nodes some table depends on, in definition order (the others would compute for nothing)."""
+    needed: set[str] = set()
+    stack = [n.name for n in pipeline.nodes.values() if n.op == "sink"]
+    while stack:
+        name = stack.pop()
+        if name not in needed:
+            needed.add(name)
+            stack.extend(pipeline.nodes[name].inputs)
+    return [n for n in pipeline.nodes.values() if n.name in needed]
 
 
 def _finish(d: _Draft, done: dict[str, PhysicalNode]) -> PhysicalNode:

@@ -109,8 +109,13 @@ def _dispatch(args: argparse.Namespace) -> int:
         return 0
     if args.command == "validate":
         from changelake.service.config import load_config
+        from changelake.plan.yaml import pipeline_from_config
         config = load_config(args.config)
-        print(f"{args.config}: ok ({len(config.sources)} source(s), {len(config.tables)} table(s))")
+        graph = pipeline_from_config(config)
+        if graph is not None:
+            graph.plan()        # the planner's checks: columns, keys, join key types, expressions
+        print(f"{args.config}: ok ({len(config.sources)} source(s), {len(config.views)} view(s), "
+              f"{len(config.tables)} table(s))")
         return 0
     if args.command == "explain":
         from changelake.service.config import load_config

@@ -38,7 +38,7 @@ def parse_duration(text: str) -> float:
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
 
 def _check_duration(value: str) -> str:
@@ -77,7 +77,11 @@ class SourceSpec(_Model):
     columns: dict[str, str] | None = Field(None, description="column name -> type (int, bigint, double, string, boolean, timestamp, date, decimal(p,s))")
     starting_offsets: Literal["earliest", "latest"] | dict[str, dict[str, int]] = "earliest"
     on_error: Literal["fail", "skip", "dlq"] = "dlq"
-    table: str
+    table: str | None = Field(None, description="mirror the source into this table; omit when only views read it")
+    primary_key: list[str] | None = Field(None, description="the source rows' key, for views that read the source "
+                                          "(default: the primary key of its table)")
+    normalize: bool | None = Field(None, description="ChangelogNormalize behind the source for views: re-delivered "
+                                   "changes become no-ops; default on when it has a primary key")
 
     @model_validator(mode="after")
     def _one_topic_selector(self) -> "SourceSpec":
@@ -93,12 +97,75 @@ class SourceSpec(_Model):
 
 class TableSpecModel(_Model):
     name: str
+    from_: str | None = Field(None, alias="from", description="the view or source whose changelog the table holds; "
+                              "omit for a table that sources mirror through their 'table' key")
     path: str | None = Field(None, description="table URI; default <storage.root>/<name>")
     primary_key: list[str] = Field(min_length=1)
     partition_by: list[str] = Field(default_factory=list)
     tombstone_retention: str = "7 days"
 
     _retention = field_validator("tombstone_retention")(_check_duration)
+
+
+class JoinSpec(_Model):
+    left: str
+    right: str
+    on: dict[str, str] = Field(min_length=1, description="left column -> right column")
+    how: Literal["inner", "left", "right", "full", "semi", "anti"] = "inner"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _yaml_on(cls, data: Any) -> Any:
+        # YAML 1.1 reads an unquoted key `on` as the boolean true (a key "True" once environment-expanded)
+        if isinstance(data, dict) and "on" not in data:
+            data = {("on" if k is True or k == "True" else k): v for k, v in data.items()}
+        return data
+
+
+class DeduplicateSpec(_Model):
+    keys: list[str] = Field(min_length=1)
+    keep: Literal["first", "last"] = "last"
+    order_by: str | None = Field(None, description="keep by this column's order instead of arrival (insert-only input)")
+
+
+class TopNSpec(_Model):
+    n: int = Field(gt=0)
+    order_by: list[str] = Field(min_length=1, description="'column', 'column desc', 'column asc nulls first'")
+    partition_by: list[str] = Field(default_factory=list)
+    rank_column: str | None = None
+
+
+#: the keys of a view that name its operation; exactly one per view (group_by goes with aggregates)
+VIEW_OPERATIONS = ("join", "deduplicate", "filter", "select", "aggregates", "top_n")
+
+
+class ViewSpec(_Model):
+    """One operator of the graph: ``from`` (its input) plus exactly one operation; a join names both inputs."""
+
+    name: str = Field(pattern=r"^[A-Za-z][A-Za-z0-9_]*$")
+    from_: str | None = Field(None, alias="from")
+    join: JoinSpec | None = None
+    deduplicate: DeduplicateSpec | None = None
+    filter: str | None = Field(None, description="SQL predicate")
+    select: dict[str, str] | list[str] | None = Field(None, description="output column -> SQL expression, or names")
+    group_by: list[str] | None = None
+    aggregates: dict[str, str] | None = Field(None, description="output column -> 'count(*)', 'sum(col)', ...")
+    top_n: TopNSpec | None = None
+
+    @model_validator(mode="after")
+    def _one_operation(self) -> "ViewSpec":
+        given = [k for k in VIEW_OPERATIONS if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"view {self.name!r} must have exactly one of {list(VIEW_OPERATIONS)}; it has {given}")
+        if self.group_by is not None and self.aggregates is None:
+            raise ValueError(f"view {self.name!r}: group_by needs aggregates")
+        if (self.join is None) == (self.from_ is None):
+            raise ValueError(f"view {self.name!r}: give 'from' (its input), or 'join' with left and right, not both")
+        return self
+
+    @property
+    def inputs(self) -> list[str]:
+        return [self.join.left, self.join.right] if self.join else [self.from_]
 
 
 class StorageSettings(_Model):
@@ -124,6 +191,7 @@ class ChangelakeConfig(_Model):
     pipeline: PipelineSettings
     kafka: KafkaSettings
     sources: list[SourceSpec] = Field(min_length=1)
+    views: list[ViewSpec] = Field(default_factory=list)
     tables: list[TableSpecModel] = Field(min_length=1)
     storage: StorageSettings = StorageSettings()
     dead_letter: DeadLetterSettings = DeadLetterSettings()
@@ -136,10 +204,42 @@ class ChangelakeConfig(_Model):
         if dup:
             raise ValueError(f"table names must be unique; repeated: {sorted(dup)}")
         for s in self.sources:
-            if s.table not in names:
+            if s.table is not None and s.table not in names:
                 raise ValueError(f"source {s.name!r} writes to table {s.table!r}, which is not under 'tables' "
                                  f"(known: {names})")
+        self._check_graph()
         return self
+
+    def _check_graph(self) -> None:
+        """Views and tables with 'from' read defined names; every source is used; the graph has no cycle."""
+        sources = [s.name for s in self.sources]
+        defined = list(sources)
+        for v in self.views:
+            for i in v.inputs:
+                if i not in defined:
+                    raise ValueError(f"view {v.name!r} reads {i!r}, which is neither a source nor a view defined "
+                                     f"above it (defined: {defined})")
+            if v.name in defined:
+                raise ValueError(f"view {v.name!r}: the name is already used by a source or view")
+            defined.append(v.name)
+        read = {i for v in self.views for i in v.inputs} | {t.from_ for t in self.tables if t.from_}
+        for t in self.tables:
+            if t.from_ is not None and t.from_ not in defined:
+                raise ValueError(f"table {t.name!r} reads from {t.from_!r}, which is neither a source nor a view "
+                                 f"(defined: {defined})")
+            mirrors = [s.name for s in self.sources if s.table == t.name]
+            if t.from_ is not None and mirrors:
+                raise ValueError(f"table {t.name!r} has 'from: {t.from_}' and is also the table of source(s) "
+                                 f"{mirrors}; a table has one writer")
+            if t.from_ is None and not mirrors:
+                raise ValueError(f"table {t.name!r} has no writer: give it 'from' (a view or source) or name it "
+                                 "as a source's 'table'")
+        unused = [s.name for s in self.sources if s.table is None and s.name not in read]
+        if unused:
+            raise ValueError(f"source(s) {unused} have no 'table' and no view or table reads them")
+        unread = [v.name for v in self.views if v.name not in read]
+        if unread:
+            raise ValueError(f"view(s) {unread} are not read by any view or table")
 
     def table(self, name: str) -> TableSpecModel:
         return next(t for t in self.tables if t.name == name)

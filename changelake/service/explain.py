@@ -1,22 +1,35 @@
-"""``changelake explain``: the operator graph with each node's changelog mode."""
+"""``changelake explain``: the pipeline's operator graph with each node's changelog mode.
+
+Tables that sources mirror come first (decode -> upsert sink); the operator graph of
+``views`` and ``tables[].from`` follows as the planner decided it
+(:mod:`changelake.plan.explain`), with each node's changelog mode, upsert key and state.
+"""
 
 from __future__ import annotations
 
+from changelake.plan.explain import explain_plan
+from changelake.plan.yaml import pipeline_from_config
 from changelake.service.config import ChangelakeConfig
 
 
 def explain(config: ChangelakeConfig) -> str:
-    lines = [f"pipeline {config.pipeline.id}  (checkpoint {config.pipeline.checkpoint})"]
+    lines = [f"pipeline {config.pipeline.id}  (checkpoint {config.pipeline.checkpoint})", ""]
     for table in config.tables:
-        lines.append(f"Sink: delta-upsert table={table.name} path={config.table_path(table.name)} "
-                     f"primary_key={table.primary_key}  needs [+I, +U, -D] (upsert by key, newest _seq wins, "
-                     f"tombstones kept {table.tombstone_retention})")
-        for s in config.sources:
-            if s.table != table.name:
-                continue
-            what = f"topics={s.topics}" if s.topics else f"topic_pattern={s.topic_pattern!r}"
-            lines.append(f"+- Decode: {s.format} source={s.name} on_error={s.on_error}  "
-                         f"changelogMode=[+I, -U, +U, -D]")
-            lines.append(f"   +- KafkaSource: {what} starting_offsets={s.starting_offsets}  "
-                         f"changelogMode=[+I] (raw records)")
-    return "\n".join(lines)
+        mirrors = [s for s in config.sources if s.table == table.name]
+        if not mirrors:
+            continue
+        lines.append(f"Sink(table=[{table.name}], path=[{config.table_path(table.name)}], "
+                     f"primaryKey=[{', '.join(table.primary_key)}]) needs [+I,+U,-D] (upsert by key, newest _seq "
+                     f"wins, tombstones kept {table.tombstone_retention})")
+        for i, s in enumerate(mirrors):
+            branch, cont = ("+- ", "   ") if i == len(mirrors) - 1 else (":- ", ":  ")
+            what = f"topics=[{', '.join(s.topics)}]" if s.topics else f"topicPattern=[{s.topic_pattern}]"
+            lines.append(f"{branch}Decode(format=[{s.format}], source=[{s.name}], onError=[{s.on_error}]) "
+                         "changelogMode=[+I,-U,+U,-D]")
+            lines.append(f"{cont}+- KafkaSource({what}, startingOffsets=[{s.starting_offsets}]) "
+                         "changelogMode=[+I] (raw records)")
+        lines.append("")
+    graph = pipeline_from_config(config)
+    if graph is not None:
+        lines.append(explain_plan(graph.plan()))
+    return "\n".join(lines).rstrip() + "\n"

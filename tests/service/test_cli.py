@@ -50,7 +50,8 @@ def test_explain_shows_source_decode_and_sink_with_modes(tmp_path, capsys):
     path.write_text(GOOD)
     assert main(["explain", "-c", str(path)]) == 0
     out = capsys.readouterr().out
-    assert "delta-upsert table=products" in out and "debezium-json" in out and "changelogMode" in out
+    assert "Sink(table=[products]" in out and "Decode(format=[debezium-json], source=[p]" in out
+    assert "changelogMode=[+I,-U,+U,-D]" in out
 
 
 def test_version(capsys):

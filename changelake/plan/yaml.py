@@ -1,0 +1,70 @@
+"""The operator graph of a service config: ``views`` and ``tables[].from`` as a :class:`Pipeline`.
+
+::
+
+    sources:
+      - {name: orders, topics: [shop.orders], columns: {...}, primary_key: [order_id]}
+      - {name: products, topics: [shop.products], columns: {...}, primary_key: [id]}
+    views:
+      - name: enriched
+        join: {left: orders, right: products, on: {product_id: id}, how: inner}
+      - name: by_category
+        from: enriched
+        group_by: [category]
+        aggregates: {orders: "count(*)", revenue: "sum(price)"}
+    tables:
+      - {name: category_sales, from: by_category, primary_key: [category]}
+
+A view has ``from`` (or a ``join`` with ``left`` and ``right``) and one operation:
+``deduplicate``, ``filter``, ``select``, ``group_by`` + ``aggregates``, ``top_n``, ``join``.
+Sources that only mirror into a table (``sources[].table``) stay outside the graph.
+"""
+
+from __future__ import annotations
+
+from changelake.errors import ConfigError
+from changelake.plan.graph import Pipeline, Stream
+from changelake.service.config import ChangelakeConfig, SourceSpec, ViewSpec
+
+
+def pipeline_from_config(config: ChangelakeConfig) -> Pipeline | None:
+    """The graph of ``views`` and ``tables[].from``, or None when the config has none."""
+    graph_tables = [t for t in config.tables if t.from_ is not None]
+    if not graph_tables:
+        return None
+    read = {i for v in config.views for i in v.inputs} | {t.from_ for t in graph_tables}
+    p = Pipeline()
+    for s in config.sources:
+        if s.name in read:
+            _source(p, config, s)
+    for v in config.views:
+        _view(p, v)
+    for t in graph_tables:
+        p.stream(t.from_).to_table(t.name, primary_key=t.primary_key)
+    return p
+
+
+def _source(p: Pipeline, config: ChangelakeConfig, s: SourceSpec) -> Stream:
+    if not s.columns:
+        raise ConfigError(f"source {s.name!r} feeds views or tables through 'from', so it must declare its columns "
+                          "(sources[].columns: name -> type)")
+    key = s.primary_key or (config.table(s.table).primary_key if s.table else None)
+    return p.source(s.name, columns=s.columns, primary_key=key, normalize=s.normalize)
+
+
+def _view(p: Pipeline, v: ViewSpec) -> Stream:
+    if v.join is not None:
+        j = v.join
+        return p.stream(j.left).join(p.stream(j.right), on=j.on, how=j.how, name=v.name)
+    inp = p.stream(v.from_)
+    if v.deduplicate is not None:
+        d = v.deduplicate
+        return inp.deduplicate(d.keys, keep=d.keep, order_by=d.order_by, name=v.name)
+    if v.filter is not None:
+        return inp.filter(v.filter, name=v.name)
+    if v.select is not None:
+        return inp.select(v.select, name=v.name)
+    if v.aggregates is not None:
+        return inp.group_by(*(v.group_by or ())).agg(v.aggregates, name=v.name)
+    t = v.top_n
+    return inp.top_n(t.n, order_by=t.order_by, partition_by=t.partition_by, rank_column=t.rank_column, name=v.name)
