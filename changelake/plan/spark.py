@@ -99,3 +99,38 @@ def _compile_node(node: PhysicalNode, ins: list, sources: Mapping[str, Any], pla
     (keys,) = node.state_keys
     return apply_kernel(ins[0], cls, node.config, key_columns=keys, output_schema=spark_schema(node),
                         buckets=buckets if keys else 1)
+
+
+#: Spark schema of packed changes (the same columns as the decode stage's payloads).
+PACKED_SCHEMA = "_route smallint, part string, payload binary"
+#: ``part`` of a payload holding sink-table changes; ``_route`` is the table's index.
+CHANGES_PART = "changes"
+
+
+class _Pack:
+    """mapInArrow: a task's rows of one table as Arrow IPC payloads (one per input batch)."""
+
+    def __init__(self, route: int) -> None:
+        self.route = route
+
+    def __call__(self, batches):
+        import pyarrow as pa
+
+        from changelake.service.decode_stage import SCHEMA, to_ipc
+
+        for batch in batches:
+            if batch.num_rows:
+                yield pa.RecordBatch.from_arrays(
+                    [pa.array([self.route], pa.int16()), pa.array([CHANGES_PART]),
+                     pa.array([to_ipc(pa.Table.from_batches([batch]))], pa.binary())], schema=SCHEMA)
+
+
+def packed_changes(tables: Mapping[str, Any]) -> tuple[Any, list[str]]:
+    """All tables' changelogs as one DataFrame of IPC payloads (``PACKED_SCHEMA``), and the table
+    name of each ``_route`` index: one Spark action collects every table of a micro-batch."""
+    names = list(tables)
+    frames = [tables[name].mapInArrow(_Pack(i), PACKED_SCHEMA) for i, name in enumerate(names)]
+    out = frames[0]
+    for f in frames[1:]:
+        out = out.unionByName(f)
+    return out, names
