@@ -49,6 +49,23 @@ ORACLE = {
 }
 
 
+def graph_config(servers: str, workdir, prefix: str, graph: dict):
+    """The mirror pipeline of the integration tests plus ``graph`` (views, graph tables, settings)."""
+    import yaml
+
+    from changelake.service.config import load_config
+
+    _, path = pipeline_config(servers, workdir, topic_prefix=prefix, max_records=150)
+    data = yaml.safe_load(path.read_text())
+    data["views"] = graph["views"]
+    data["tables"] += graph["tables"]
+    data["pipeline"].update(graph["pipeline"])
+    for s in data["sources"]:
+        s["primary_key"] = ["order_id" if s["name"] == "orders" else "id"]
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return load_config(path), path
+
+
 def _expected(db) -> dict[str, set[tuple]]:
     con = duckdb.connect()
     for name in ("orders", "products"):
@@ -73,23 +90,10 @@ def test_graph_pipeline_sigkill_then_restart_equals_batch_query(kafka, tmp_path)
     prefix = kafka.topic("graph")
     db = write_history(kafka.bootstrap_servers, seed=5, changes=300, topic_prefix=prefix, redeliver=30,
                        sizes={"customers": 10, "products": 15, "orders": 40})
-    tables = [{"name": t, "from": src, "primary_key": key} for t, (key, _), src in
-              zip(GRAPH_TABLES, GRAPH_TABLES.values(), ("by_category", "top3", "lines"))]
-    config, path = pipeline_config(kafka.bootstrap_servers, tmp_path, topic_prefix=prefix, max_records=150,
-                                   overrides={"views": VIEWS, "pipeline": {"spark_conf": {
-                                       "spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2"}}})
-    raw_tables = config.model_dump(by_alias=True, mode="json")["tables"]
-    assert not any(t.get("from") for t in raw_tables)  # the helper wrote the mirrors only; add the graph tables
-    import yaml
-
-    data = yaml.safe_load(path.read_text())
-    data["tables"] += tables
-    for s in data["sources"]:
-        s["primary_key"] = [{"orders": "order_id"}.get(s["name"], "id")]
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    from changelake.service.config import load_config
-
-    config = load_config(path)
+    graph = {"views": VIEWS, "tables": [{"name": t, "from": src, "primary_key": key} for (t, (key, _)), src in
+                                        zip(GRAPH_TABLES.items(), ("by_category", "top3", "lines"))],
+             "pipeline": {"spark_conf": {"spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2"}}}
+    config, path = graph_config(kafka.bootstrap_servers, tmp_path, prefix, graph)
     want = _expected(db)
     assert all(want.values()), want
 
