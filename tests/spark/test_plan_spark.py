@@ -23,7 +23,6 @@ from changelake.service.decode_stage import from_ipc
 
 pytestmark = pytest.mark.spark
 
-ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 ORDERS = {"order_id": "bigint", "product_id": "bigint", "qty": "bigint"}
 PRODUCTS = {"id": "bigint", "category": "string", "price": "bigint"}
 K = {"+I": 0, "-U": 1, "+U": 2, "-D": 3}
@@ -131,14 +130,6 @@ def spark_changes(spark, tmp_path, plan) -> tuple[dict[str, list[tuple[int, dict
     assert q.exception() is None
     assert len([p for p in q.recentProgress if p["numInputRows"]]) == 3, "expected one micro-batch per file"
     return out, actions
-
-
-@pytest.fixture
-def rocksdb(spark):
-    old = spark.conf.get("spark.sql.streaming.stateStore.providerClass")
-    spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
-    yield spark
-    spark.conf.set("spark.sql.streaming.stateStore.providerClass", old)
 
 
 def test_spark_executor_equals_local_runner(rocksdb, tmp_path):
