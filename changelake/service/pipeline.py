@@ -142,21 +142,18 @@ class BatchProcessor:
 
     def stream(self, records: Any) -> Any:
         """The streaming DataFrame ``foreachBatch`` receives: payloads (``DECODE_STAGE_SCHEMA``)."""
-        from pyspark.sql import functions as F
-
         from changelake.plan.spark import compile_plan, packed_changes
 
         decoded = records.mapInArrow(self.stage, DECODE_STAGE_SCHEMA)
         if self.plan is None:
             return decoded
-        # Both branches read the decoded payloads: an exchange between lets Spark decode once and
-        # reuse its output (ReusedExchange) instead of reading and decoding Kafka twice per batch.
+        # Both branches read the decoded payloads. Behind an exchange, and selecting in Python (a
+        # DataFrame filter would be pushed below the exchange, making the two exchanges differ),
+        # Spark decodes once per batch; without it, it reads and decodes Kafka once per branch.
         decoded = decoded.repartition(self.config.pipeline.read_tasks)
-        graph_only = [i for i in self.graph_routes if self.routes[i].spec.table is None]
-        rows = F.col("part") == "rows"
-        to_driver = decoded.filter(~(rows & F.col("_route").isin(graph_only))) if graph_only else decoded
-        sources = {node.source: decoded.filter(rows & (F.col("_route") == i))
-                   .mapInArrow(_Unpack(node.schema), _unpacked_ddl(node.schema))
+        graph_only = {i for i in self.graph_routes if self.routes[i].spec.table is None}
+        to_driver = decoded.mapInArrow(_DropRows(graph_only), DECODE_STAGE_SCHEMA) if graph_only else decoded
+        sources = {node.source: decoded.mapInArrow(_Unpack(i, node.schema), _unpacked_ddl(node.schema))
                    for i, node in self.graph_routes.items()}
         packed, self.graph_tables = packed_changes(compile_plan(self.plan, sources, buckets=self.buckets))
         return to_driver.unionByName(packed)
@@ -282,17 +279,31 @@ class BatchProcessor:
             t.dead_letters[reason] = t.dead_letters.get(reason, 0) + n
 
 
-class _Unpack:
-    """mapInArrow: a graph source's ``rows`` payloads -> typed rows (its columns, ``_kind``, ``_seq``)."""
+class _DropRows:
+    """mapInArrow: the decode stage's payloads without the ``rows`` of graph-only routes."""
 
-    def __init__(self, schema: pa.Schema) -> None:
+    def __init__(self, routes: set[int]) -> None:
+        self.routes = pa.array(sorted(routes), pa.int16())
+
+    def __call__(self, batches):
+        for batch in batches:
+            yield batch.filter(pc.invert(pc.and_(pc.equal(batch.column("part"), "rows"),
+                                                 pc.is_in(batch.column("_route"), self.routes))))
+
+
+class _Unpack:
+    """mapInArrow: route ``route``'s ``rows`` payloads -> typed rows (its columns, ``_kind``, ``_seq``)."""
+
+    def __init__(self, route: int, schema: pa.Schema) -> None:
+        self.route = route
         self.schema = schema.append(pa.field(KIND, pa.int8())).append(pa.field(SEQ, pa.string()))
 
     def __call__(self, batches):
         for batch in batches:
-            for payload in batch.column("payload").to_pylist():
-                table = from_ipc(payload)
-                yield from table.select(self.schema.names).cast(self.schema).to_batches()
+            mine = batch.filter(pc.and_(pc.equal(batch.column("_route"), self.route),
+                                        pc.equal(batch.column("part"), "rows")))
+            for payload in mine.column("payload").to_pylist():
+                yield from from_ipc(payload).select(self.schema.names).cast(self.schema).to_batches()
 
 
 def _unpacked_ddl(schema: pa.Schema) -> Any:
