@@ -25,7 +25,6 @@ from changelake.operators.spark_binding import apply_kernel, run_bucket
 
 pytestmark = pytest.mark.spark
 
-ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 INPUT = pa.schema([("id", pa.int64()), ("category", pa.string()), ("price", pa.int64()),
                    (KIND, pa.int8()), (SEQ, pa.string())])
 
@@ -64,14 +63,6 @@ def _per_key(pairs, key_len: int) -> dict:
     for kind, row in pairs:
         by_key[row[:key_len]].append((kind, row))
     return dict(by_key)
-
-
-@pytest.fixture
-def rocksdb(spark):
-    old = spark.conf.get("spark.sql.streaming.stateStore.providerClass")
-    spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
-    yield spark
-    spark.conf.set("spark.sql.streaming.stateStore.providerClass", old)
 
 
 def _run(spark, tmp_path, kernel_cls, config, *, keys, columns, out_schema) -> list[tuple]:
