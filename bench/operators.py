@@ -341,27 +341,102 @@ def run_changelake_spark(queries: list[str], *, bootstrap: str, work: Path, batc
     out = {}
     with PeakMemory(exclude=exclude_pids) as mem:
         t = time.perf_counter()
-        spark = build_session(app_name="bench-operators", master=first.master, conf=first.spark_conf, ui=False)
+        (work / "eventlog").mkdir(exist_ok=True)
+        conf = {**first.spark_conf, "spark.eventLog.enabled": "true", "spark.eventLog.dir": str(work / "eventlog"),
+                "spark.eventLog.compress": "false", "spark.eventLog.rolling.enabled": "false"}
+        spark = build_session(app_name="bench-operators", master=first.master, conf=conf, ui=False)
         startup = time.perf_counter() - t
         print(f"changelake: Spark session started in {startup:.1f}s", flush=True)
         for q in queries:
             t = time.perf_counter()
-            run = PipelineRunner(configs[q], serve_http=False, spark=spark).run(
-                available_now=True, install_signal_handlers=False)
+            with _BatchClock() as clock:
+                run = PipelineRunner(configs[q], serve_http=False, spark=spark).run(
+                    available_now=True, install_signal_handlers=False)
             seconds = time.perf_counter() - t
             if run.totals.expired:
                 raise SystemExit(f"changelake ({q}): {run.totals.expired} offsets had expired in the broker")
             result = result_of(read_delta(configs[q].table_path(QUERIES[q]["table"])), q)
-            out[q] = Timing(seconds + startup, startup, result,
-                            extra={"records": run.totals.records, "batches": [
-                                (p["batchId"], p["numInputRows"], p["durationMs"]) for p in run.progress]})
+            out[q] = Timing(seconds + startup, startup, result, extra={
+                "records": run.totals.records, "query_id": run.progress[0]["id"] if run.progress else None,
+                "batches": [(p["batchId"], p["numInputRows"], p["durationMs"], *clock.batches[i])
+                            for i, p in enumerate(run.progress)]})
             print(f"changelake ({q}): {run.totals.records:,} records in {seconds:.1f}s after the session start",
                   flush=True)
         spark.stop()
+    stages = spark_stages(work / "eventlog")
     for timing in out.values():
         timing.peak_mb = mem.total_mb
         timing.extra["peak_mb"] = dict(mem.peak_mb)
+        timing.extra["stages"] = stages.get(timing.extra["query_id"], [])
     return out
+
+
+class _BatchClock:
+    """Times each micro-batch's Spark action (read, decode, operators, collect) and driver part (Delta)."""
+
+    def __enter__(self):
+        from changelake.service import pipeline
+
+        self.batches: list[tuple[float, float]] = []        # (spark action s, driver s)
+        cls = self._cls = pipeline.BatchProcessor
+        self._call, self._process = call, process = cls.__call__, cls.process_decoded
+        driver: list[float] = []
+
+        def timed_process(proc, out, batch_id):
+            t = time.perf_counter()
+            try:
+                return process(proc, out, batch_id)
+            finally:
+                driver.append(time.perf_counter() - t)
+
+        def timed_call(proc, batch_df, batch_id):
+            t = time.perf_counter()
+            driver.clear()
+            call(proc, batch_df, batch_id)
+            total = time.perf_counter() - t
+            self.batches.append((total - sum(driver), sum(driver)))
+
+        cls.__call__, cls.process_decoded = timed_call, timed_process
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._cls.__call__, self._cls.process_decoded = self._call, self._process
+
+
+def spark_stages(eventlog: Path) -> dict[str, list[dict]]:
+    """Per streaming query id: its stages by position in the micro-batch job, summed over batches
+    (wall ms, task time ms, Python code ms, output rows), from Spark's event log."""
+    import json
+
+    stage_query: dict[int, tuple[str, int]] = {}
+    out: dict[str, dict[int, dict]] = {}
+    for path in sorted(eventlog.rglob("*")):
+        if not path.is_file() or path.name.startswith(".") or "appstatus" in path.name:
+            continue
+        for line in path.read_text().splitlines():
+            e = json.loads(line)
+            if e["Event"] == "SparkListenerJobStart":
+                qid = (e.get("Properties") or {}).get("sql.streaming.queryId")
+                if qid:
+                    for i, sid in enumerate(sorted(e["Stage IDs"])):
+                        stage_query[sid] = (qid, i)
+            elif e["Event"] == "SparkListenerStageCompleted" and e["Stage Info"]["Stage ID"] in stage_query:
+                info = e["Stage Info"]
+                qid, pos = stage_query[info["Stage ID"]]
+                acc = {a["Name"]: a.get("Value") for a in info.get("Accumulables", [])}
+                rdds = {r["Name"] for r in info["RDD Info"]}
+                what = ("read Kafka + decode" if "DataSourceRDD" in rdds else
+                        "stateful operator (transformWithStateInPandas)" if "StateStoreRDD" in rdds else
+                        "unpack sources + shuffle")
+                s = out.setdefault(qid, {}).setdefault(pos, {"what": what, "tasks": 0, "wall_ms": 0, "task_ms": 0,
+                                                             "python_ms": 0, "rows": 0, "batches": 0})
+                s["batches"] += 1
+                s["tasks"] += info["Number of Tasks"]
+                s["wall_ms"] += info.get("Completion Time", 0) - info.get("Submission Time", 0)
+                s["task_ms"] += int(acc.get("internal.metrics.executorRunTime", 0))
+                s["python_ms"] += int(acc.get("time to execute Python code", 0))
+                s["rows"] += int(acc.get("number of output rows", 0))
+    return {qid: [stages[p] for p in sorted(stages)] for qid, stages in out.items()}
 
 
 def consume(bootstrap: str, tables: tuple[str, ...], topics: int) -> dict[str, list[pa.Table]]:
@@ -547,8 +622,13 @@ def report(args, w: Workload, queries: list[str], figures: dict, want: dict[str,
             if f.extra.get("peak_mb"):
                 print("  changelake peak RSS: " + ", ".join(f"{k} {v:,.0f} MB" for k, v in f.extra["peak_mb"].items())
                       + f"; total {f.peak_mb:,.0f} MB")
-            for batch_id, rows, durations in f.extra.get("batches", []):
-                print(f"  batch {batch_id}: {rows:,} rows, durations (ms) {durations}")
+            for batch_id, rows, durations, action, driver in f.extra.get("batches", []):
+                print(f"  batch {batch_id}: {rows:,} records; Spark action (read, decode, operators, collect) "
+                      f"{action:.1f}s, driver (Delta) {driver:.1f}s; Spark durations (ms) {durations}")
+            for i, st in enumerate(f.extra.get("stages", [])):
+                print(f"  stage {i} {st['what']}: {st['batches']} batch(es), {st['tasks']} tasks, "
+                      f"wall {st['wall_ms'] / 1000:.1f}s, task time {st['task_ms'] / 1000:.1f}s "
+                      f"(Python code {st['python_ms'] / 1000:.1f}s), {st['rows']:,} rows out")
         if not any(fq == q for fq, _ in figures):
             print(f"{q}: nothing ran")
     for q in queries:
