@@ -45,20 +45,30 @@ def main() -> None:
         env.execute_sql(f"INSERT INTO out_t {QUERIES[query]}").wait()
         print("SECONDS", time.perf_counter() - t0, flush=True)
         return
+    final = collect_final(env, QUERIES[query])
+    print("SECONDS", time.perf_counter() - t0, flush=True)
+    for k, (count, total) in sorted(final.items()):
+        print("RESULT", k, count, total)
+
+
+def collect_final(env, sql: str) -> dict:
+    """The final rows of a ``key, a, b`` query, keyed by ``key``: its changelog collected and applied.
+
+    Mini-batch is switched on so that the collect sink receives few updates, not one per event.
+    """
+    conf = env.get_config()
     conf.set("table.exec.mini-batch.enabled", "true")
     conf.set("table.exec.mini-batch.allow-latency", "5 s")
     conf.set("table.exec.mini-batch.size", "100000")
     final = {}
-    with env.execute_sql(QUERIES[query]).collect() as rows:
+    with env.execute_sql(sql).collect() as rows:
         for r in rows:
             kind = r.get_row_kind()
             if kind in (RowKind.INSERT, RowKind.UPDATE_AFTER):
                 final[r[0]] = (r[1], r[2])
             elif kind == RowKind.DELETE:
                 final.pop(r[0], None)
-    print("SECONDS", time.perf_counter() - t0, flush=True)
-    for k, (count, total) in sorted(final.items()):
-        print("RESULT", k, count, total)
+    return final
 
 
 if __name__ == "__main__":

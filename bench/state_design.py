@@ -276,19 +276,10 @@ if sink == "blackhole":
     env.execute_sql("INSERT INTO out_t SELECT category, COUNT(*), SUM(price) FROM products GROUP BY category").wait()
     print("SECONDS", time.perf_counter() - t0)
 else:
-    # untimed result run: mini-batch so that the collect sink receives few updates, not one per event
-    env.get_config().set("table.exec.mini-batch.enabled", "true")
-    env.get_config().set("table.exec.mini-batch.allow-latency", "5 s")
-    env.get_config().set("table.exec.mini-batch.size", "100000")
-    with env.execute_sql("SELECT category, COUNT(*), SUM(price) FROM products GROUP BY category").collect() as rows:
-        from pyflink.common import RowKind
-        final = {}
-        for r in rows:
-            kind = r.get_row_kind()
-            if kind in (RowKind.INSERT, RowKind.UPDATE_AFTER):
-                final[r[0]] = (r[1], r[2])
-            elif kind == RowKind.DELETE:
-                final.pop(r[0], None)
+    # untimed result run (mini-batch on, see bench/pyflink_ops_job.py)
+    sys.path.insert(0, "@BENCH@")
+    from pyflink_ops_job import collect_final
+    final = collect_final(env, "SELECT category, COUNT(*), SUM(price) FROM products GROUP BY category")
     for k, v in sorted(final.items()):
         print("RESULT", k, v[0], v[1])
 '''
@@ -296,7 +287,7 @@ else:
 
 def run_pyflink(python: str, root: Path, work: Path) -> tuple[float, float, dict]:
     job = work / "flink_job.py"
-    job.write_text(FLINK_JOB)
+    job.write_text(FLINK_JOB.replace("@BENCH@", str(Path(__file__).resolve().parent)))
     path = str(root / "debezium")
     done = run_python_job(python, job, [path, "blackhole"])
     wall = done.seconds
