@@ -353,11 +353,13 @@ def run_changelake_spark(queries: list[str], *, bootstrap: str, work: Path, batc
                 run = PipelineRunner(configs[q], serve_http=False, spark=spark).run(
                     available_now=True, install_signal_handlers=False)
             seconds = time.perf_counter() - t
+            in_batches = sum(p["durationMs"].get("triggerExecution", 0) for p in run.progress) / 1000
             if run.totals.expired:
                 raise SystemExit(f"changelake ({q}): {run.totals.expired} offsets had expired in the broker")
             result = result_of(read_delta(configs[q].table_path(QUERIES[q]["table"])), q)
             out[q] = Timing(seconds + startup, startup, result, extra={
                 "records": run.totals.records, "query_id": run.progress[0]["id"] if run.progress else None,
+                "outside_batches": seconds - in_batches,
                 "batches": [(p["batchId"], p["numInputRows"], p["durationMs"], *clock.batches[i])
                             for i, p in enumerate(run.progress)]})
             print(f"changelake ({q}): {run.totals.records:,} records in {seconds:.1f}s after the session start",
@@ -405,7 +407,8 @@ class _BatchClock:
 
 def spark_stages(eventlog: Path) -> dict[str, list[dict]]:
     """Per streaming query id: its stages by position in the micro-batch job, summed over batches
-    (wall ms, task time ms, Python code ms, output rows), from Spark's event log."""
+    (wall ms, task time ms, Python code ms), from Spark's event log. ``what`` is a guess from the
+    stage's RDDs: a stage ends at a shuffle, so it may hold more than the operator it is named for."""
     import json
 
     stage_query: dict[int, tuple[str, int]] = {}
@@ -429,13 +432,12 @@ def spark_stages(eventlog: Path) -> dict[str, list[dict]]:
                         "stateful operator (transformWithStateInPandas)" if "StateStoreRDD" in rdds else
                         "unpack sources + shuffle")
                 s = out.setdefault(qid, {}).setdefault(pos, {"what": what, "tasks": 0, "wall_ms": 0, "task_ms": 0,
-                                                             "python_ms": 0, "rows": 0, "batches": 0})
+                                                             "python_ms": 0, "batches": 0})
                 s["batches"] += 1
                 s["tasks"] += info["Number of Tasks"]
                 s["wall_ms"] += info.get("Completion Time", 0) - info.get("Submission Time", 0)
                 s["task_ms"] += int(acc.get("internal.metrics.executorRunTime", 0))
                 s["python_ms"] += int(acc.get("time to execute Python code", 0))
-                s["rows"] += int(acc.get("number of output rows", 0))
     return {qid: [stages[p] for p in sorted(stages)] for qid, stages in out.items()}
 
 
@@ -622,13 +624,16 @@ def report(args, w: Workload, queries: list[str], figures: dict, want: dict[str,
             if f.extra.get("peak_mb"):
                 print("  changelake peak RSS: " + ", ".join(f"{k} {v:,.0f} MB" for k, v in f.extra["peak_mb"].items())
                       + f"; total {f.peak_mb:,.0f} MB")
+            if "outside_batches" in f.extra:
+                print(f"  outside micro-batches (pipeline set-up, query start and stop): "
+                      f"{f.extra['outside_batches']:.1f}s")
             for batch_id, rows, durations, action, driver in f.extra.get("batches", []):
                 print(f"  batch {batch_id}: {rows:,} records; Spark action (read, decode, operators, collect) "
                       f"{action:.1f}s, driver (Delta) {driver:.1f}s; Spark durations (ms) {durations}")
             for i, st in enumerate(f.extra.get("stages", [])):
                 print(f"  stage {i} {st['what']}: {st['batches']} batch(es), {st['tasks']} tasks, "
                       f"wall {st['wall_ms'] / 1000:.1f}s, task time {st['task_ms'] / 1000:.1f}s "
-                      f"(Python code {st['python_ms'] / 1000:.1f}s), {st['rows']:,} rows out")
+                      f"(Python code {st['python_ms'] / 1000:.1f}s)")
         if not any(fq == q for fq, _ in figures):
             print(f"{q}: nothing ran")
     for q in queries:
