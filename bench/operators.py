@@ -359,7 +359,7 @@ def run_changelake_spark(queries: list[str], *, bootstrap: str, work: Path, batc
             result = result_of(read_delta(configs[q].table_path(QUERIES[q]["table"])), q)
             out[q] = Timing(seconds + startup, startup, result, extra={
                 "records": run.totals.records, "query_id": run.progress[0]["id"] if run.progress else None,
-                "outside_batches": seconds - in_batches,
+                "outside_batches": seconds - in_batches, "setup": dict(clock.setup),
                 "batches": [(p["batchId"], p["numInputRows"], p["durationMs"], *clock.batches[i])
                             for i, p in enumerate(run.progress)]})
             print(f"changelake ({q}): {run.totals.records:,} records in {seconds:.1f}s after the session start",
@@ -377,12 +377,26 @@ class _BatchClock:
     """Times each micro-batch's Spark action (read, decode, operators, collect) and driver part (Delta)."""
 
     def __enter__(self):
-        from changelake.service import pipeline
+        from changelake.service import pipeline, runner
 
         self.batches: list[tuple[float, float]] = []        # (spark action s, driver s)
+        self.setup: dict[str, float] = {}                   # pipeline set-up steps outside the batches
         cls = self._cls = pipeline.BatchProcessor
+        self._runner = runner
+        self._init, self._start = init, start = cls.__init__, runner.start_query
         self._call, self._process = call, process = cls.__call__, cls.process_decoded
         driver: list[float] = []
+
+        def timed_init(proc, *args, **kwargs):
+            t = time.perf_counter()
+            init(proc, *args, **kwargs)
+            self.setup["plan, sinks, decode stage"] = time.perf_counter() - t
+
+        def timed_start(*args, **kwargs):
+            t = time.perf_counter()
+            query = start(*args, **kwargs)
+            self.setup["query start (streaming graph, Python data source)"] = time.perf_counter() - t
+            return query
 
         def timed_process(proc, out, batch_id):
             t = time.perf_counter()
@@ -398,11 +412,13 @@ class _BatchClock:
             total = time.perf_counter() - t
             self.batches.append((total - sum(driver), sum(driver)))
 
-        cls.__call__, cls.process_decoded = timed_call, timed_process
+        cls.__call__, cls.process_decoded, cls.__init__ = timed_call, timed_process, timed_init
+        runner.start_query = timed_start
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._cls.__call__, self._cls.process_decoded = self._call, self._process
+        self._cls.__call__, self._cls.process_decoded, self._cls.__init__ = self._call, self._process, self._init
+        self._runner.start_query = self._start
 
 
 def spark_stages(eventlog: Path) -> dict[str, list[dict]]:
@@ -626,7 +642,8 @@ def report(args, w: Workload, queries: list[str], figures: dict, want: dict[str,
                       + f"; total {f.peak_mb:,.0f} MB")
             if "outside_batches" in f.extra:
                 print(f"  outside micro-batches (pipeline set-up, query start and stop): "
-                      f"{f.extra['outside_batches']:.1f}s")
+                      f"{f.extra['outside_batches']:.1f}s, of which "
+                      + ", ".join(f"{k} {v:.1f}s" for k, v in f.extra["setup"].items()))
             for batch_id, rows, durations, action, driver in f.extra.get("batches", []):
                 print(f"  batch {batch_id}: {rows:,} records; Spark action (read, decode, operators, collect) "
                       f"{action:.1f}s, driver (Delta) {driver:.1f}s; Spark durations (ms) {durations}")
