@@ -77,6 +77,8 @@ class SourceSpec(_Model):
     columns: dict[str, str] | None = Field(None, description="column name -> type (int, bigint, double, string, boolean, timestamp, date, decimal(p,s))")
     starting_offsets: Literal["earliest", "latest"] | dict[str, dict[str, int]] = "earliest"
     on_error: Literal["fail", "skip", "dlq"] = "dlq"
+    dead_letter_topic: str | None = Field(None, description="Kafka topic for this source's dead letters "
+                                          "(overrides dead_letter.topic); else the dead-letter Delta table")
     table: str
 
     @model_validator(mode="after")
@@ -112,6 +114,8 @@ class StorageSettings(_Model):
 
 class DeadLetterSettings(_Model):
     path: str | None = Field(None, description="Delta quarantine table; default <storage.root>/_dead_letters")
+    topic: str | None = Field(None, description="Kafka topic for dead letters (every source with on_error: dlq "
+                              "that names no dead_letter_topic of its own); unset: the Delta table")
 
 
 class MetricsSettings(_Model):
@@ -150,6 +154,11 @@ class ChangelakeConfig(_Model):
 
     def dead_letter_path(self) -> str:
         return self.dead_letter.path or _join(self.storage.root, "_dead_letters")
+
+    def dead_letter_topic(self, source: str) -> str | None:
+        """The Kafka topic that receives ``source``'s dead letters, or None for the Delta table."""
+        spec = next(s for s in self.sources if s.name == source)
+        return spec.dead_letter_topic or self.dead_letter.topic
 
     def redacted(self) -> dict[str, Any]:
         """A log-safe dump: secrets shown as '**********'."""

@@ -29,13 +29,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from changelake.changelog import DEAD_LETTER_SCHEMA, KIND, RowKind
-from changelake.connectors.dead_letters import DeadLetterStore
 from changelake.connectors.delta_sink import TableSpec, open_sink
 from changelake.connectors.kafka_source import SOURCE_NAME, KafkaSource
 from changelake.errors import DecodeError
 from changelake.formats import make_decoder
 from changelake.service import metrics
 from changelake.service.config import ChangelakeConfig, SourceSpec, parse_duration
+from changelake.service.dead_letter_paths import DeadLetterPaths
 from changelake.service.decode_stage import SPARK_SCHEMA as DECODE_STAGE_SCHEMA
 from changelake.service.decode_stage import DecodeStage
 from changelake.types import arrow_schema
@@ -92,8 +92,7 @@ class BatchProcessor:
                 pipeline_id=config.pipeline.id, engine=config.storage.engine, spark=spark)
             for t in config.tables
         }
-        self.dead_letters = DeadLetterStore(config.dead_letter_path(), pipeline_id=config.pipeline.id,
-                                            storage_options=storage or None)
+        self.dead_letters = DeadLetterPaths(config)
         self.stage: DecodeStage | None = None
         self.last_report: BatchReport | None = None
         self.totals = BatchReport(batch_id=-1)
@@ -146,10 +145,7 @@ class BatchProcessor:
                 per_table.setdefault(route.spec.table, []).append(rows)
 
         _fault("before-sinks", batch_id)
-        if letters:
-            table = pa.concat_tables([t.cast(DEAD_LETTER_SCHEMA) for _, t in letters])
-            source = pa.array([name for name, t in letters for _ in range(t.num_rows)], pa.string())
-            self.dead_letters.append(table, source=source, batch_id=batch_id)
+        self.dead_letters.write(letters, batch_id=batch_id)
         for i, (name, parts) in enumerate(sorted(per_table.items())):
             changes = pa.concat_tables(parts, promote_options="permissive")
             kinds = _count_kinds(changes)
