@@ -73,7 +73,7 @@ class DebeziumAvroDecoder(SchemaMixin):
         self._client = None
         self._schemas: dict[int, Any] = {}           # schema id -> parsed writer schema
         self._columns_by_id: dict[int, dict[str, ColumnSpec]] = {}
-        self._raw: dict[int, Any] = {}               # schema id -> writer schema as JSON data
+        self._raw: dict[int, Any] = {}               # schema id -> registered schema as JSON data
         self._framed: dict[int, bytes] = {}          # schema id -> bulk container schema
         self._declared = columns
         self._specs = [ColumnSpec(f.name, f.type, f.nullable) for f in columns] if columns is not None else None
@@ -88,13 +88,19 @@ class DebeziumAvroDecoder(SchemaMixin):
 
     # --- schemas -----------------------------------------------------------------------
 
+    def registered_schema(self, schema_id: int) -> Any:
+        """The schema registered under ``schema_id`` as JSON data (fetched once)."""
+        raw = self._raw.get(schema_id)
+        if raw is None:
+            text = self._fetch(schema_id)
+            raw = self._raw[schema_id] = orjson.loads(text) if isinstance(text, (str, bytes)) else text
+        return raw
+
     def _writer_schema(self, schema_id: int) -> Any:
         parsed = self._schemas.get(schema_id)
         if parsed is None:
-            text = self._fetch(schema_id)
-            raw = orjson.loads(text) if isinstance(text, (str, bytes)) else text
+            raw = self.registered_schema(schema_id)
             parsed = fastavro.parse_schema(raw)
-            self._raw[schema_id] = raw
             self._schemas[schema_id] = parsed
             self._columns_by_id[schema_id] = _row_columns(raw)
             if self._specs is None:

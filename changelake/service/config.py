@@ -96,7 +96,8 @@ class SourceSpec(_Model):
 class TableSpecModel(_Model):
     name: str
     path: str | None = Field(None, description="table URI; default <storage.root>/<name>")
-    primary_key: list[str] = Field(min_length=1)
+    primary_key: list[str] | None = Field(None, min_length=1, description="key columns; default: the field "
+                                          "names of the Kafka message keys (Debezium key struct), learnt once")
     partition_by: list[str] = Field(default_factory=list)
     tombstone_retention: str = "7 days"
 

@@ -9,7 +9,7 @@ def explain(config: ChangelakeConfig) -> str:
     lines = [f"pipeline {config.pipeline.id}  (checkpoint {config.pipeline.checkpoint})"]
     for table in config.tables:
         lines.append(f"Sink: delta-upsert table={table.name} path={config.table_path(table.name)} "
-                     f"primary_key={table.primary_key}  needs [+I, +U, -D] (upsert by key, newest _seq wins, "
+                     f"primary_key={table.primary_key or '(from the message keys)'}  needs [+I, +U, -D] (upsert by key, newest _seq wins, "
                      f"tombstones kept {table.tombstone_retention})")
         for s in config.sources:
             if s.table != table.name:
