@@ -37,6 +37,7 @@ from changelake.service import metrics
 from changelake.service.config import ChangelakeConfig, SourceSpec, parse_duration
 from changelake.service.dead_letter_paths import DeadLetterPaths
 from changelake.service.key_inference import TableKeys
+from changelake.service.quarantine import Quarantine
 from changelake.service.decode_stage import SPARK_SCHEMA as DECODE_STAGE_SCHEMA
 from changelake.service.decode_stage import DecodeStage
 from changelake.types import arrow_schema
@@ -87,6 +88,7 @@ class BatchProcessor:
         self._spark = spark
         self.sinks: dict[str, DeltaUpsertSink] = {}     # opened once the table's key is known
         self.dead_letters = DeadLetterPaths(config)
+        self.quarantine = Quarantine(config, self.routes, self.keys)
         self.stage: DecodeStage | None = None
         self.last_report: BatchReport | None = None
         self.totals = BatchReport(batch_id=-1)
@@ -146,6 +148,7 @@ class BatchProcessor:
         for route, rows, dead in decoded:
             rows, bad = self._check_keys(route, rows, dead)
             if bad.num_rows:
+                self.quarantine.observe(route, bad)
                 self._handle_bad(route, bad, batch_id, report)
                 if route.spec.on_error == "dlq":
                     letters.append((route.spec.name, bad))
