@@ -40,3 +40,13 @@ V1 = envelope([ID, NAME])
 V2_ADDS_EMAIL = envelope([ID, NAME, EMAIL])
 V3_NAME_IS_LONG = envelope([ID, {"name": "name", "type": ["null", "long"], "default": None}])
 V4_DROPS_ID = envelope([{"name": "sku", "type": "string"}, NAME])
+
+
+KEY = {"type": "record", "name": "Key", "namespace": "shop.items", "fields": [ID]}
+
+
+def framed_key(schema_id: int, key: int) -> bytes:
+    """A Confluent-framed Avro message key {id}."""
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, fastavro.parse_schema(KEY), {"id": key})
+    return b"\x00" + struct.pack(">I", schema_id) + buf.getvalue()

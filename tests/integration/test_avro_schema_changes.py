@@ -4,7 +4,8 @@ Two tables read Avro with their columns taken from the writer schemas. ``people`
 gets a new writer schema that adds a column: the table gains it, older rows read
 null. ``items`` gets an incompatible one (a column's type changes): its source is
 quarantined, all of its later messages go to the dead-letter table, and ``people``
-keeps committing.
+keeps committing. ``people`` has no ``primary_key``: it is learnt from the Avro
+message keys (their schema comes from the registry).
 """
 
 from __future__ import annotations
@@ -19,12 +20,12 @@ from changelake.connectors.delta_read import read_delta
 from changelake.service import metrics
 from changelake.service.config import ChangelakeConfig
 from changelake.service.pipeline import BatchProcessor, start_query
-from tests.formats.avro_envelopes import V1, V2_ADDS_EMAIL, V3_NAME_IS_LONG, framed
+from tests.formats.avro_envelopes import KEY, V1, V2_ADDS_EMAIL, V3_NAME_IS_LONG, framed, framed_key
 from tests.registry_stub import schema_registry
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.kafka]
 
-SCHEMAS = {1: V1, 2: V2_ADDS_EMAIL, 3: V3_NAME_IS_LONG}
+SCHEMAS = {1: V1, 2: V2_ADDS_EMAIL, 3: V3_NAME_IS_LONG, 100: KEY}
 
 
 def _config(servers: str, url: str, tmp_path, prefix: str) -> ChangelakeConfig:
@@ -34,15 +35,17 @@ def _config(servers: str, url: str, tmp_path, prefix: str) -> ChangelakeConfig:
         "kafka": {"bootstrap_servers": servers},
         "sources": [{**source, "name": "people", "topics": [f"{prefix}.people"], "table": "people"},
                     {**source, "name": "items", "topics": [f"{prefix}.items"], "table": "items"}],
-        "tables": [{"name": "people", "primary_key": ["id"]}, {"name": "items", "primary_key": ["id"]}],
+        "tables": [{"name": "people"}, {"name": "items", "primary_key": ["id"]}],
         "storage": {"root": str(tmp_path / "lake")},
     })
 
 
 def _produce(servers: str, topic: str, messages: list[tuple[int, bytes]]) -> None:
+    """Keys: Avro (registry id 100) for people, JSON for items."""
     p = Producer({"bootstrap.servers": servers, "log_level": 3})
     for key, value in messages:
-        p.produce(topic, key=b'{"id": %d}' % key, value=value, partition=0)
+        raw_key = framed_key(100, key) if topic.endswith(".people") else b'{"id": %d}' % key
+        p.produce(topic, key=raw_key, value=value, partition=0)
     p.flush(30)
 
 
@@ -81,6 +84,7 @@ def test_a_new_column_evolves_one_table_while_an_incompatible_schema_quarantines
         assert table["id"].to_pylist() == list(range(1, 61))
         assert table["email"].to_pylist() == [None] * 30 + [f"p{i}@x" for i in range(31, 61)]
         assert processor.totals.changes["people"] == {"+I": 60}
+        assert processor.keys.key_of("people") == ("id",)                 # from the Avro message keys
 
         # items: what landed before the incompatible schema stays; everything from then on is a dead letter
         landed = set(read_delta(config.table_path("items"))["id"].to_pylist())
