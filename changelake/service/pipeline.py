@@ -36,10 +36,10 @@ from changelake.formats import make_decoder
 from changelake.service import metrics
 from changelake.service.config import ChangelakeConfig, SourceSpec, parse_duration
 from changelake.service.dead_letter_paths import DeadLetterPaths
-from changelake.service.key_inference import TableKeys
-from changelake.service.quarantine import Quarantine
 from changelake.service.decode_stage import SPARK_SCHEMA as DECODE_STAGE_SCHEMA
 from changelake.service.decode_stage import DecodeStage
+from changelake.service.key_inference import TableKeys
+from changelake.service.quarantine import Quarantine
 from changelake.types import arrow_schema
 
 log = logging.getLogger(__name__)
