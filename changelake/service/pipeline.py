@@ -51,6 +51,7 @@ from changelake.formats import make_decoder
 from changelake.plan.graph import Pipeline
 from changelake.plan.physical import PhysicalPlan
 from changelake.plan.spark import CHANGES_PART
+from changelake.operators.spark_binding import StateStats
 from changelake.plan.yaml import pipeline_from_config
 from changelake.service import metrics
 from changelake.service.config import ChangelakeConfig, SourceSpec, parse_duration
@@ -124,6 +125,8 @@ class BatchProcessor:
                     self.graph_routes[i] = by_name[r.spec.name]
         #: graph table of each ``_route`` index of the packed changes (set by :meth:`stream`)
         self.graph_tables: list[str] = []
+        #: Spark accumulator of the graph operators' state sizes (set by :meth:`stream`)
+        self.state_stats: Any = None
         storage = config.storage.plain_options()
         self.sinks = {
             t.name: open_sink(
@@ -155,12 +158,18 @@ class BatchProcessor:
         to_driver = decoded.mapInArrow(_DropRows(graph_only), DECODE_STAGE_SCHEMA) if graph_only else decoded
         sources = {node.source: decoded.mapInArrow(_Unpack(i, node.schema), _unpacked_ddl(node.schema))
                    for i, node in self.graph_routes.items()}
-        packed, self.graph_tables = packed_changes(compile_plan(self.plan, sources, buckets=self.buckets))
+        self.state_stats = StateStats.accumulator(records.sparkSession)
+        packed, self.graph_tables = packed_changes(compile_plan(self.plan, sources, buckets=self.buckets,
+                                                                state_stats=self.state_stats))
         return to_driver.unionByName(packed)
 
     # Spark calls this with the batch DataFrame and its id.
     def __call__(self, batch_df: Any, batch_id: int) -> None:
         self.process_decoded(batch_df.toArrow(), batch_id)    # the batch's only Spark action
+        if self.state_stats is not None:
+            for operator, (rows, size) in StateStats.totals(self.state_stats.value).items():
+                metrics.STATE_ROWS.labels(operator=operator).set(rows)
+                metrics.STATE_BYTES.labels(operator=operator).set(size)
 
     def process_decoded(self, out: pa.Table, batch_id: int) -> BatchReport:
         """Apply the collected output of the executors' :class:`DecodeStage` and graph."""

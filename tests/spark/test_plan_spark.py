@@ -17,6 +17,7 @@ import pytest
 
 from changelake.changelog import KIND, SEQ, RowKind
 from changelake.plan import Pipeline
+from changelake.operators.spark_binding import StateStats
 from changelake.plan.local import LocalRunner
 from changelake.plan.spark import compile_plan, packed_changes
 from changelake.service.decode_stage import from_ipc
@@ -79,8 +80,7 @@ def fold(changes: list[tuple[int, dict]], key: list[str]) -> dict:
     return table
 
 
-def local_changes(plan) -> dict[str, list[tuple[int, dict]]]:
-    runner = LocalRunner(plan)
+def local_changes(plan, runner: LocalRunner) -> dict[str, list[tuple[int, dict]]]:
     out = collections.defaultdict(list)
     for i, (orders, products) in enumerate(zip(ORDER_BATCHES, PRODUCT_BATCHES)):
         step = runner.step({"orders": _batch(ORDERS, orders, i), "products": _batch(PRODUCTS, products, i)})
@@ -90,7 +90,7 @@ def local_changes(plan) -> dict[str, list[tuple[int, dict]]]:
     return out
 
 
-def spark_changes(spark, tmp_path, plan) -> tuple[dict[str, list[tuple[int, dict]]], list]:
+def spark_changes(spark, tmp_path, plan, state_stats) -> tuple[dict[str, list[tuple[int, dict]]], list]:
     from pyspark.sql.types import StructType
 
     dirs = {name: tmp_path / name for name in ("orders", "products")}
@@ -105,7 +105,7 @@ def spark_changes(spark, tmp_path, plan) -> tuple[dict[str, list[tuple[int, dict
             .parquet(str(dirs[name]))
 
     tables = compile_plan(plan, {"orders": stream("orders", ORDERS), "products": stream("products", PRODUCTS)},
-                          buckets=3)
+                          buckets=3, state_stats=state_stats)
     packed, names = packed_changes(tables)
     out = collections.defaultdict(list)
     actions = []
@@ -135,8 +135,10 @@ def spark_changes(spark, tmp_path, plan) -> tuple[dict[str, list[tuple[int, dict
 def test_spark_executor_equals_local_runner(rocksdb, tmp_path):
     plan = shop().plan()
     assert [n.op for n in plan].count("materialize") == 1
-    want = local_changes(plan)
-    got, actions = spark_changes(rocksdb, tmp_path, plan)
+    runner = LocalRunner(plan)
+    want = local_changes(plan, runner)
+    stats = StateStats.accumulator(rocksdb)
+    got, actions = spark_changes(rocksdb, tmp_path, plan, stats)
     assert actions == [0, 1, 2]
     keys = {n.table: list(n.primary_key) for n in plan.sinks}
     for table, key in keys.items():
@@ -148,5 +150,9 @@ def test_spark_executor_equals_local_runner(rocksdb, tmp_path):
         for kind, row in changes["category_sales"]:
             per_key[who][row["category"]].append((kind, row))
     assert per_key["spark"] == per_key["local"]
+    # the state sizes reported from the Python workers add up to the one-kernel state of each node
+    rows = {node: r for node, (r, _) in StateStats.totals(stats.value).items()}
+    assert rows == {node: k.state_rows for node, k in runner.kernels.items()}
+    assert all(b > 0 for r, b in StateStats.totals(stats.value).values() if r)
     # state survived from batch to batch: product 1 moved to toys in batch 1, order 10 left it
     assert fold(got["category_sales"], ["category"])[("toys",)]["orders"] == 3
