@@ -113,6 +113,18 @@ def seq_from_log_position(*parts: int, offset: int) -> str:
     return f"l{body}{offset:0{_SEQ_WIDTH}d}"
 
 
+def with_batch_seq(changes: pa.Table, batch_id: int) -> pa.Table:
+    """``changes`` (an operator's output, in order) with ``_seq`` = batch id and position.
+
+    Operators emit new rows with no log position; what orders them for the sink is the
+    micro-batch they come from and, within it, their position (a key's changes are in order).
+    """
+    seqs = pa.array([f"b{batch_id:0{_SEQ_WIDTH}d}{i:0{_SEQ_WIDTH}d}" for i in range(changes.num_rows)], pa.string())
+    if SEQ in changes.column_names:
+        return changes.set_column(changes.schema.get_field_index(SEQ), SEQ, seqs)
+    return changes.append_column(SEQ, seqs)
+
+
 def user_columns(table: pa.Table) -> list[str]:
     """The user's columns of a changelog batch (everything not reserved)."""
     return [n for n in table.column_names if not n.startswith("_")]

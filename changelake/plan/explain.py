@@ -37,6 +37,9 @@ def describe(node: PhysicalNode) -> str:
         line += f" upsertKey=[{', '.join(node.upsert_key)}]"
     if node.state_layout:
         line += f" state=[{node.state_layout}]"
+        ttl = getattr(c, "state_ttl_ms", None) or getattr(c, "left_state_ttl_ms", 0)
+        if ttl:
+            line += f" stateTtl=[{ttl} ms]"
     if node.note:
         line += f"  -- {node.note}"
     return line

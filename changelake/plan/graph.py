@@ -102,11 +102,45 @@ class LogicalNode:
     params: Mapping[str, Any] = field(default_factory=dict)
 
 
-class Pipeline:
-    """A graph of sources, operators and table sinks; see the module docstring."""
+@dataclass(frozen=True)
+class StateOptions:
+    """Idle-state retention of a stateful node and what a retraction that finds no state does.
 
-    def __init__(self) -> None:
+    ``ttl``: a duration ('1 day', '30 minutes') after which a key's untouched state is dropped;
+    None keeps state forever. ``on_stale_retraction``: 'warn' (log, count, skip, as Flink) or
+    'fail' (stop the pipeline). Either way ``changelake_stale_retractions_total`` counts them.
+    """
+
+    ttl: str | None = None
+    on_stale_retraction: str = "warn"
+
+    def __post_init__(self) -> None:
+        if self.on_stale_retraction not in ("warn", "fail"):
+            raise ConfigError(f"on_stale_retraction must be 'warn' or 'fail', got {self.on_stale_retraction!r}")
+        self.ttl_ms  # validates the duration
+
+    @property
+    def ttl_ms(self) -> int:
+        if self.ttl is None:
+            return 0
+        from changelake.service.config import parse_duration
+
+        try:
+            return int(parse_duration(self.ttl) * 1000)
+        except ValueError as exc:
+            raise ConfigError(f"state ttl: {exc}") from None
+
+
+class Pipeline:
+    """A graph of sources, operators and table sinks; see the module docstring.
+
+    ``state`` is the default :class:`StateOptions` of every stateful node
+    (:meth:`Stream.with_state` overrides it for one node).
+    """
+
+    def __init__(self, *, state: StateOptions | None = None) -> None:
         self.nodes: dict[str, LogicalNode] = {}
+        self.state = state or StateOptions()
 
     # -- building ------------------------------------------------------------------------------
     def source(self, name: str, *, columns: Mapping[str, str] | pa.Schema, primary_key: Sequence[str] | None = None,
@@ -174,6 +208,15 @@ class Stream:
     def _then(self, op: str, name: str | None, inputs: tuple[str, ...] | None = None, **params: Any) -> "Stream":
         node_name = name or self.pipeline._fresh(f"{op}_{self.name}")
         return self.pipeline._add(node_name, op, inputs or (self.name,), **params)
+
+    def with_state(self, *, ttl: str | None = None, on_stale_retraction: str = "warn") -> "Stream":
+        """Set this node's state retention and stale-retraction policy (see :class:`StateOptions`)."""
+        node = self.pipeline.nodes[self.name]
+        if node.op in ("source", "sink", "filter", "project"):
+            raise ConfigError(f"{node.op} {self.name!r} keeps no state; set with_state on a stateful operator")
+        options = StateOptions(ttl, on_stale_retraction)
+        self.pipeline.nodes[self.name] = LogicalNode(node.name, node.op, node.inputs, {**node.params, "state": options})
+        return self
 
     def deduplicate(self, keys: Sequence[str], *, keep: str = "last", order_by: str | None = None,
                     name: str | None = None) -> "Stream":

@@ -23,7 +23,7 @@ Executors must honour, per node kind (``op``):
 ``materialize`` ``SinkUpsertMaterializer`` keyed by the sink's primary key
 ``filter``      keep rows for which the SQL predicate ``predicate`` is true (row kinds kept)
 ``project``     SQL expressions ``projections`` ((name, expression) pairs), row kinds kept
-``sink``        apply the input changelog to Delta table ``table``
+``sink``        apply the input changelog to Delta table ``table`` (:func:`sink_changes`)
 ==============  ==========================================================================
 
 ``state_keys`` holds, per input, the column names whose values partition the node's state
@@ -33,11 +33,15 @@ same kernel instance in their order of arrival.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Literal
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
+from changelake.changelog import KIND, RowKind, with_batch_seq
 from changelake.operators.changelog_mode import ChangelogMode
 
 Op = Literal["source", "normalize", "deduplicate", "aggregate", "join", "rank", "materialize",
@@ -99,3 +103,26 @@ class PhysicalPlan:
 
     def consumers(self, node_id: str) -> list[PhysicalNode]:
         return [n for n in self.nodes if node_id in n.inputs]
+
+
+def sink_changes(changes: pa.Table, *, primary_key: Sequence[str], batch_id: int) -> pa.Table:
+    """A sink node's output of one micro-batch, ready for the Delta upsert sink.
+
+    ``changes`` must list each key's changes in order. They get a ``_seq`` from the batch id and
+    their position, and a key whose last change is a ``-U`` gets that row as a ``-D``: the row
+    was retracted and no ``+U`` replaced it under this key (the sink ignores ``-U``, which is
+    right for a before-image followed by its after-image, not for an operator's retraction whose
+    new row went to another key or was filtered out).
+    """
+    out = with_batch_seq(changes, batch_id)
+    kinds = out[KIND]
+    ub = pa.scalar(int(RowKind.UPDATE_BEFORE), pa.int8())
+    if out.num_rows == 0 or not pc.any(pc.equal(kinds, ub)).as_py():
+        return out
+    positions = out.select(list(primary_key)).append_column("pos", pa.array(np.arange(out.num_rows)))
+    last = positions.group_by(list(primary_key), use_threads=False).aggregate([("pos", "max")])["pos_max"]
+    lone = pc.filter(last, pc.equal(pc.take(kinds, last), ub)).to_numpy()
+    mask = np.zeros(out.num_rows, dtype=bool)
+    mask[lone] = True
+    fixed = pc.if_else(pa.array(mask), pa.scalar(int(RowKind.DELETE), pa.int8()), kinds)
+    return out.set_column(out.schema.get_field_index(KIND), KIND, fixed)

@@ -29,7 +29,7 @@ from changelake.operators import (
     SinkUpsertMaterializer, SinkUpsertMaterializerConfig, SortColumn, StreamingJoin, StreamingJoinConfig,
     StreamingSemiAntiJoin, make_rank)
 from changelake.plan import sql
-from changelake.plan.graph import LogicalNode, Pipeline, _check_columns
+from changelake.plan.graph import LogicalNode, Pipeline, StateOptions, _check_columns
 from changelake.plan.physical import PhysicalNode, PhysicalPlan
 
 #: Bundle size of the mini-batch operators in the in-process runner; on Spark the micro-batch is the bundle.
@@ -55,7 +55,7 @@ class _Draft:
 def plan(pipeline: Pipeline, *, mini_batch: bool = True) -> PhysicalPlan:
     if not any(n.op == "sink" for n in pipeline.nodes.values()):
         raise ConfigError("the pipeline writes no table; end it with .to_table(...) (YAML: tables[].from)")
-    builder = _Builder(mini_batch)
+    builder = _Builder(mini_batch, pipeline.state)
     for node in _feeding_a_table(pipeline):
         builder.add(node)
     drafts = builder.drafts
@@ -104,8 +104,9 @@ def _idx(schema: pa.Schema, columns) -> tuple[int, ...]:
 
 
 class _Builder:
-    def __init__(self, mini_batch: bool) -> None:
+    def __init__(self, mini_batch: bool, state: StateOptions) -> None:
         self.mini_batch = MINI_BATCH_SIZE if mini_batch else None
+        self.state = state
         self.drafts: dict[str, _Draft] = {}
         #: logical name -> physical id of the node that carries its output
         self.output: dict[str, str] = {}
@@ -120,6 +121,11 @@ class _Builder:
     def add(self, node: LogicalNode) -> None:
         self.output[node.name] = getattr(self, f"_{node.op}")(node)
 
+    def _state(self, node: LogicalNode | None = None) -> dict[str, Any]:
+        """The kernel config fields of a node's state options (the pipeline's default if it set none)."""
+        options = (node.params.get("state") if node else None) or self.state
+        return {"state_ttl_ms": options.ttl_ms, "on_stale_retraction": options.on_stale_retraction}
+
     # -- sources ---------------------------------------------------------------------------------
     def _source(self, node: LogicalNode) -> str:
         p = node.params
@@ -129,11 +135,11 @@ class _Builder:
             return src
         key = p["primary_key"]
         schema = p["schema"]
-        mb = self.mini_batch
+        mb, state = self.mini_batch, self._state()
 
         def configure(gub: bool) -> DeduplicateConfig:
             return DeduplicateConfig(keys=_idx(schema, key), keep="last", generate_update_before=gub,
-                                     input_insert_only=False, mini_batch_size=mb)
+                                     input_insert_only=False, mini_batch_size=mb, **state)
 
         return self._put(_Draft(
             f"normalize_{node.name}", "normalize", (src,), schema, key, configure, Deduplicate,
@@ -154,13 +160,13 @@ class _Builder:
             raise ConfigError(
                 f"deduplicate {node.name!r}: its input {node.inputs[0]!r} carries updates and deletes, which only "
                 "keep='last' by arrival (no order_by) can apply; deduplicate an insert-only stream instead")
-        schema, mb = inp.schema, self.mini_batch
+        schema, mb, state = inp.schema, self.mini_batch, self._state(node)
 
         def configure(gub: bool) -> DeduplicateConfig:
             return DeduplicateConfig(
                 keys=_idx(schema, keys), keep=keep, order="proctime" if order_by is None else "rowtime",
                 rowtime_index=None if order_by is None else schema.get_field_index(order_by),
-                generate_update_before=gub, input_insert_only=insert_only, mini_batch_size=mb)
+                generate_update_before=gub, input_insert_only=insert_only, mini_batch_size=mb, **state)
 
         order = "arrival" if order_by is None else order_by
         return self._put(_Draft(node.name, "deduplicate", (inp.id,), schema, keys, configure, Deduplicate,
@@ -204,13 +210,13 @@ class _Builder:
         fields = [inp.schema.field(c) for c in group_by]
         fields += [pa.field(a.output, _agg_type(node.name, a, inp.schema)) for a in aggs]
         schema = _unique_schema(node.name, fields)
-        in_schema, mb = inp.schema, self.mini_batch
+        in_schema, mb, state = inp.schema, self.mini_batch, self._state(node)
         calls = tuple(AggCall(a.function, None if a.column is None else in_schema.get_field_index(a.column),
                               a.distinct) for a in aggs)
 
         def configure(gub: bool) -> GroupAggregateConfig:
             return GroupAggregateConfig(group_keys=_idx(in_schema, group_by), aggregates=calls,
-                                        generate_update_before=gub, mini_batch_size=mb)
+                                        generate_update_before=gub, mini_batch_size=mb, **state)
 
         accs = ", ".join(str(a) for a in aggs)
         return self._put(_Draft(node.name, "aggregate", (inp.id,), schema, tuple(group_by), configure,
@@ -229,15 +235,19 @@ class _Builder:
         if rank_column:
             fields.append(pa.field(rank_column, pa.int64()))
         schema = _unique_schema(node.name, fields)
-        key = (*partition, rank_column) if rank_column else inp.upsert_key
+        # without the rank number, rows are keyed by the input's key, which the sink can rely on
+        # only when a key's rows stay in one partition
+        stable = inp.upsert_key and set(partition) <= set(inp.upsert_key)
+        key = (*partition, rank_column) if rank_column else (inp.upsert_key if stable else None)
         strategy = "append_only" if self._insert_only(inp) else "retract"
+        state = self._state(node)
         sort_columns = tuple(SortColumn(in_schema.get_field_index(s.column), s.ascending,
                                         s.ascending if s.nulls_last is None else s.nulls_last) for s in sorts)
 
         def configure(gub: bool) -> RankConfig:
             return RankConfig(strategy=strategy, partition_keys=_idx(in_schema, partition), sort_keys=sort_columns,
                               rank_end=n, generate_update_before=gub, output_rank_number=bool(rank_column),
-                              input_schema=in_schema)
+                              input_schema=in_schema, **state)
 
         order = ", ".join(str(s) for s in sorts)
         return self._put(_Draft(node.name, "rank", (inp.id,), schema, key, configure, make_rank,
@@ -273,12 +283,14 @@ class _Builder:
         lspec, llayout = _join_input(left, lkey)
         rspec, rlayout = _join_input(right, rkey)
         key = _join_upsert_key(left, right, lkey, rkey, renamed, join_type)
+        state = self._state(node)
         condition = None if where is None else RowPredicate(where, tuple(left.schema.names),
                                                              tuple(right.schema.names))
         config = StreamingJoinConfig(
             join_type=join_type, left_key=_idx(left.schema, lkey), right_key=_idx(right.schema, rkey),
             left_arity=len(left.schema), right_arity=len(right.schema), left_input=lspec, right_input=rspec,
-            condition=condition, mini_batch_size=self.mini_batch)
+            condition=condition, mini_batch_size=self.mini_batch, left_state_ttl_ms=state["state_ttl_ms"],
+            right_state_ttl_ms=state["state_ttl_ms"], on_stale_retraction=state["on_stale_retraction"])
         on = " AND ".join(f"{a} = {b}" for a, b in pairs)
         return self._put(_Draft(
             node.name, "join", (left.id, right.id), schema, key, lambda gub: config,
@@ -296,7 +308,8 @@ class _Builder:
         if inp.upsert_key is None or set(inp.upsert_key) != set(pk):
             in_schema, key = inp.schema, inp.upsert_key
             config = SinkUpsertMaterializerConfig(
-                keys=_idx(in_schema, pk), upsert_key=None if not key else _idx(in_schema, key), table=table)
+                keys=_idx(in_schema, pk), upsert_key=None if not key else _idx(in_schema, key), table=table,
+                **self._state())
             why = ("its input has no upsert key" if not key else
                    f"the input's upsert key {list(key)} is not the table's primary key {list(pk)}")
             source = self._put(_Draft(
@@ -331,7 +344,15 @@ def _join_input(d: _Draft, key: tuple[str, ...]) -> tuple[InputSpec, str]:
 
 def _join_upsert_key(left: _Draft, right: _Draft, lkey, rkey, renamed: dict[str, str],
                      join_type: str) -> tuple[str, ...] | None:
-    lu, ru = left.upsert_key, right.upsert_key
+    """The join output's upsert key, as far as the sink may rely on it.
+
+    A side's unique key carries over only when it contains that side's join key: otherwise an
+    update that changes the join key retracts the old joined row in one join partition and adds
+    the new one in another, and the two may reach the sink in either order (or the new row may
+    match nothing). Then the output has no upsert key and a sink gets a materializer.
+    """
+    lu = left.upsert_key if left.upsert_key and set(lkey) <= set(left.upsert_key) else None
+    ru = right.upsert_key if right.upsert_key and set(rkey) <= set(right.upsert_key) else None
     ru_out = None if ru is None else tuple(renamed[c] for c in ru)
     if join_type in ("SEMI", "ANTI"):
         return lu

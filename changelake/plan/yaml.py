@@ -18,12 +18,14 @@
 A view has ``from`` (or a ``join`` with ``left`` and ``right``) and one operation:
 ``deduplicate``, ``filter``, ``select``, ``group_by`` + ``aggregates``, ``top_n``, ``join``.
 Sources that only mirror into a table (``sources[].table``) stay outside the graph.
+``pipeline.state_ttl`` / ``pipeline.on_stale_retraction`` set every operator's state options;
+a view's own ``state_ttl`` / ``on_stale_retraction`` override them.
 """
 
 from __future__ import annotations
 
 from changelake.errors import ConfigError
-from changelake.plan.graph import Pipeline, Stream
+from changelake.plan.graph import Pipeline, StateOptions, Stream
 from changelake.service.config import ChangelakeConfig, SourceSpec, ViewSpec
 
 
@@ -33,12 +35,16 @@ def pipeline_from_config(config: ChangelakeConfig) -> Pipeline | None:
     if not graph_tables:
         return None
     read = {i for v in config.views for i in v.inputs} | {t.from_ for t in graph_tables}
-    p = Pipeline()
+    defaults = StateOptions(config.pipeline.state_ttl, config.pipeline.on_stale_retraction)
+    p = Pipeline(state=defaults)
     for s in config.sources:
         if s.name in read:
             _source(p, config, s)
     for v in config.views:
-        _view(p, v)
+        stream = _view(p, v)
+        if v.state_ttl is not None or v.on_stale_retraction is not None:
+            stream.with_state(ttl=v.state_ttl or defaults.ttl,
+                              on_stale_retraction=v.on_stale_retraction or defaults.on_stale_retraction)
     for t in graph_tables:
         p.stream(t.from_).to_table(t.name, primary_key=t.primary_key)
     return p

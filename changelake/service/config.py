@@ -53,10 +53,18 @@ class PipelineSettings(_Model):
     available_now: bool = Field(False, description="read what is there, then stop (batch-style catch-up)")
     max_records_per_batch: int | None = Field(200_000, gt=0)
     read_tasks: int = Field(2, gt=0, description="Spark tasks that read Kafka per micro-batch; about the executor cores")
+    state_ttl: str | None = Field(None, description="idle-state retention of every operator ('1 day'); none: forever")
+    on_stale_retraction: Literal["warn", "fail"] = Field(
+        "warn", description="a retraction that finds no state (expired or never seen): warn and skip, or fail")
     master: str = "local[2]"
     spark_conf: dict[str, str] = Field(default_factory=dict)
 
     _interval = field_validator("trigger_interval")(_check_duration)
+
+    @field_validator("state_ttl")
+    @classmethod
+    def _ttl(cls, value: str | None) -> str | None:
+        return None if value is None else _check_duration(value)
 
 
 class KafkaSettings(_Model):
@@ -151,6 +159,13 @@ class ViewSpec(_Model):
     group_by: list[str] | None = None
     aggregates: dict[str, str] | None = Field(None, description="output column -> 'count(*)', 'sum(col)', ...")
     top_n: TopNSpec | None = None
+    state_ttl: str | None = Field(None, description="this view's idle-state retention (default: pipeline.state_ttl)")
+    on_stale_retraction: Literal["warn", "fail"] | None = None
+
+    @field_validator("state_ttl")
+    @classmethod
+    def _ttl(cls, value: str | None) -> str | None:
+        return None if value is None else _check_duration(value)
 
     @model_validator(mode="after")
     def _one_operation(self) -> "ViewSpec":

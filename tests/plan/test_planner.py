@@ -52,18 +52,31 @@ def test_a_second_consumer_that_retracts_keeps_update_before_on_the_shared_node(
 
 
 def test_materializer_inserted_only_when_the_table_key_is_not_the_upsert_key():
-    p, orders, products = shop()
-    joined = orders.join(products, on={"product_id": "id"})
-    joined.to_table("by_order", primary_key=["order_id"])
-    joined.to_table("by_category", primary_key=["category"])
+    p, orders, _ = shop()
+    shipments = p.source("shipments", columns={"order_id": "bigint", "carrier": "string"}, primary_key=["order_id"])
+    shipped = orders.join(shipments, on=["order_id"])
+    shipped.to_table("by_order", primary_key=["order_id"])
+    shipped.to_table("by_carrier", primary_key=["carrier"])
     plan = p.plan()
-    assert plan["join_orders_products"].upsert_key == ("order_id",)     # each order meets one product
-    assert plan["sink_by_order"].inputs == ("join_orders_products",)
-    mat = plan["materialize_by_category"]
-    assert plan["sink_by_category"].inputs == (mat.id,)
-    assert mat.kernel is SinkUpsertMaterializer and mat.state_keys == (("category",),)
-    assert mat.config.keys == (plan["join_orders_products"].schema.get_field_index("category"),)
-    assert "order_id" in mat.note and "category" in mat.note
+    assert plan["join_orders_shipments"].upsert_key == ("order_id",)   # one shipment per order, same key
+    assert plan["sink_by_order"].inputs == ("join_orders_shipments",)
+    mat = plan["materialize_by_carrier"]
+    assert plan["sink_by_carrier"].inputs == (mat.id,)
+    assert mat.kernel is SinkUpsertMaterializer and mat.state_keys == (("carrier",),)
+    assert mat.config.keys == (plan["join_orders_shipments"].schema.get_field_index("carrier"),)
+    assert mat.config.upsert_key == (0,)
+    assert "order_id" in mat.note and "carrier" in mat.note
+
+
+def test_a_join_on_a_column_outside_the_unique_key_loses_the_upsert_key():
+    # an order moving to another product is retracted under one join key and added under another:
+    # the two may reach the sink in either order, so the table keyed by order_id is materialized
+    p, orders, products = shop()
+    orders.join(products, on={"product_id": "id"}).to_table("enriched", primary_key=["order_id"])
+    plan = p.plan()
+    assert plan["join_orders_products"].upsert_key is None
+    assert plan["sink_enriched"].inputs == ("materialize_enriched",)
+    assert "no upsert key" in plan["materialize_enriched"].note
 
 
 def test_join_state_layouts_follow_the_unique_keys():
@@ -175,3 +188,20 @@ def test_aggregate_uses_the_kernel_modes_it_declares():
     assert node.kernel is GroupAggregate
     assert [str(f.type) for f in node.schema] == ["string", "int32", "int32", "int64"]
     assert p.plan()["aggregate_orders"].inputs == ("orders",)      # no normalize when switched off
+
+
+def test_with_state_sets_ttl_and_policy_of_one_node_and_is_refused_where_there_is_no_state():
+    from changelake.plan.graph import StateOptions
+
+    p = Pipeline(state=StateOptions(ttl="10 minutes"))
+    orders = p.source("orders", columns=ORDERS, primary_key=["order_id"])
+    agg = orders.group_by("status").agg(n="count(*)").with_state(ttl="1 hour", on_stale_retraction="fail")
+    agg.to_table("t", primary_key=["status"])
+    plan = p.plan()
+    assert (plan["aggregate_orders"].config.state_ttl_ms, plan["aggregate_orders"].config.on_stale_retraction) == \
+        (3_600_000, "fail")
+    assert plan["normalize_orders"].config.state_ttl_ms == 600_000
+    with pytest.raises(ConfigError, match="keeps no state"):
+        orders.filter("qty > 1").with_state(ttl="1 hour")
+    with pytest.raises(ConfigError, match="is not a duration"):
+        StateOptions(ttl="a while")

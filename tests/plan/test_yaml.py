@@ -96,3 +96,20 @@ def test_cli_validate_plans_and_explain_prints_the_graph(tmp_path, capsys):
     path.write_text(SHOP.replace("sum(price)", "sum(category)"))
     assert main(["validate", "-c", str(path)]) == 2
     assert "SUM(category) needs a numeric column" in capsys.readouterr().err
+
+
+def test_state_ttl_and_stale_policy_reach_the_kernels_and_explain():
+    text = SHOP.replace("pipeline: {id: shop, checkpoint: /tmp/ckpt}",
+                        "pipeline: {id: shop, checkpoint: /tmp/ckpt, state_ttl: 1 day}")
+    text = text.replace("    aggregates: {orders:", "    state_ttl: 2 hours\n    on_stale_retraction: fail\n"
+                                                     "    aggregates: {orders:")
+    plan = pipeline_from_config(parse_config(text, environ={})).plan()
+    agg = plan["by_category"].config
+    assert (agg.state_ttl_ms, agg.on_stale_retraction) == (7_200_000, "fail")
+    join = plan["enriched"].config
+    assert (join.left_state_ttl_ms, join.right_state_ttl_ms, join.on_stale_retraction) == (86_400_000,) * 2 + ("warn",)
+    assert plan["normalize_orders"].config.state_ttl_ms == 86_400_000
+    from changelake.plan.explain import explain_plan
+    assert "stateTtl=[7200000 ms]" in explain_plan(plan)
+    with pytest.raises(ConfigError, match="views.1.state_ttl"):
+        parse_config(text.replace("2 hours", "soon"), environ={})
