@@ -12,9 +12,9 @@ The query (:meth:`BatchProcessor.stream`)::
 Every micro-batch runs :class:`BatchProcessor` through ``foreachBatch`` on the driver:
 
 1. collect the payloads and report offsets that expired upstream;
-2. the rows of mirrored sources go to their table; graph tables' changes get a fresh
-   ``_seq`` (zero-padded batch id, then the position in the per-key ordered output) that
-   orders them after every earlier batch;
+2. the rows of mirrored sources go to their table; graph tables' changes, ordered per key
+   as the last kernel emitted them, get a fresh ``_seq`` (batch id, then position) that orders
+   them after every earlier batch, and a lone ``-U`` becomes a ``-D`` (``sink_changes``);
 3. apply each source's ``on_error`` policy to the dead letters (fail: stop before
    anything is written; skip: count and drop; dlq: quarantine with raw bytes); rows of
    graph sources with a null primary key are dead letters from the executors on;
@@ -35,6 +35,7 @@ import os
 import re
 import signal
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -49,7 +50,7 @@ from changelake.connectors.kafka_source import SOURCE_NAME, KafkaSource
 from changelake.errors import ConfigError, DecodeError
 from changelake.formats import make_decoder
 from changelake.plan.graph import Pipeline
-from changelake.plan.physical import PhysicalPlan
+from changelake.plan.physical import PhysicalPlan, sink_changes
 from changelake.plan.spark import CHANGES_PART
 from changelake.operators.spark_binding import StateStats
 from changelake.plan.yaml import pipeline_from_config
@@ -215,7 +216,8 @@ class BatchProcessor:
             if rows.num_rows and route.spec.table is not None:
                 per_table.setdefault(route.spec.table, []).append(rows)
         for name, changes in (graph_changes or {}).items():
-            per_table.setdefault(name, []).append(sequenced(changes, batch_id))
+            pk = self.config.table(name).primary_key
+            per_table.setdefault(name, []).append(graph_sink_changes(changes, primary_key=pk, batch_id=batch_id))
 
         _fault("before-sinks", batch_id)
         if letters:
@@ -323,13 +325,16 @@ def _unpacked_ddl(schema: pa.Schema) -> Any:
                       + [StructField(KIND, ByteType(), False), StructField(SEQ, StringType(), False)])
 
 
-def sequenced(changes: pa.Table, batch_id: int) -> pa.Table:
-    """A graph table's changes of one batch with a fresh ``_seq``: the batch id, zero-padded, then the
-    row's position once sorted (stably) by the order the graph gave it (its ``_seq``), so the sink
-    orders them after every earlier batch and, per key, in the order the last kernel emitted them."""
+def graph_sink_changes(changes: pa.Table, *, primary_key: Sequence[str], batch_id: int) -> pa.Table:
+    """A graph table's collected changes of one batch, ready for the Delta sink.
+
+    The payloads of the executors' tasks arrive in no particular order; sorted stably by the
+    ``_seq`` the graph gave them (the last kernel's output positions), each key's changes are in
+    the order that kernel emitted them. Then :func:`~changelake.plan.physical.sink_changes`:
+    ``_seq`` from the batch id and position (after every earlier batch), a lone ``-U`` as ``-D``.
+    """
     changes = changes.sort_by([(SEQ, "ascending")]) if changes.num_rows > 1 else changes
-    seq = pa.array([f"{batch_id:012d}-{i:012d}" for i in range(changes.num_rows)], pa.string())
-    return changes.set_column(changes.schema.get_field_index(SEQ), SEQ, seq)
+    return sink_changes(changes, primary_key=primary_key, batch_id=batch_id)
 
 
 def _empty(route: "_Route") -> pa.Table:

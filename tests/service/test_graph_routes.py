@@ -8,7 +8,7 @@ import pytest
 
 from changelake.connectors.kafka_source import ARROW_SCHEMA, EXPIRED
 from changelake.service.config import parse_config
-from changelake.service.pipeline import BatchProcessor, sequenced
+from changelake.service.pipeline import BatchProcessor, graph_sink_changes
 
 pytestmark = pytest.mark.unit
 
@@ -47,11 +47,13 @@ def test_null_key_rows_of_a_graph_source_become_dead_letters_in_the_executors(tm
     assert "table" not in dead["error"][0].as_py() and "source 'products'" in dead["error"][0].as_py()
 
 
-def test_graph_changes_get_a_seq_after_every_earlier_batch_in_emitted_order():
-    changes = pa.table({"id": [7, 7, 8], "_kind": pa.array([1, 2, 0], pa.int8()),
-                        "_seq": ["000000000001", "000000000002", "000000000000"]})
-    got = sequenced(changes, 12)
-    assert got["_seq"].to_pylist() == ["000000000012-000000000000", "000000000012-000000000001",
-                                       "000000000012-000000000002"]
-    assert got["id"].to_pylist() == [8, 7, 7] and got["_kind"].to_pylist() == [0, 1, 2]
-    assert max(got["_seq"].to_pylist()) < sequenced(changes, 13)["_seq"][0].as_py()
+def test_graph_changes_ordered_by_the_graph_then_sequenced_after_earlier_batches():
+    # payloads of two tasks, collected out of order: the graph's _seq (positions) restores the order
+    changes = pa.table({"id": [7, 7, 8, 9], "_kind": pa.array([1, 2, 0, 1], pa.int8()),
+                        "_seq": ["000000000001", "000000000002", "000000000000", "000000000003"]})
+    got = graph_sink_changes(changes, primary_key=["id"], batch_id=12)
+    assert got["id"].to_pylist() == [8, 7, 7, 9]
+    assert got["_kind"].to_pylist() == [0, 1, 2, 3]       # 9's lone -U (retracted, not replaced) is a -D
+    seqs = got["_seq"].to_pylist()
+    assert seqs == sorted(seqs) and len(set(seqs)) == 4
+    assert seqs[-1] < graph_sink_changes(changes, primary_key=["id"], batch_id=13)["_seq"][0].as_py()

@@ -19,8 +19,10 @@ from changelake.changelog import KIND, SEQ, RowKind
 from changelake.plan import Pipeline
 from changelake.operators.spark_binding import StateStats
 from changelake.plan.local import LocalRunner
+from changelake.plan.physical import sink_changes
 from changelake.plan.spark import compile_plan, packed_changes
 from changelake.service.decode_stage import from_ipc
+from changelake.service.pipeline import graph_sink_changes
 
 pytestmark = pytest.mark.spark
 
@@ -69,7 +71,8 @@ def _batch(columns: dict[str, str], rows, batch_no: int) -> pa.Table:
 
 
 def fold(changes: list[tuple[int, dict]], key: list[str]) -> dict:
-    """What the Delta sink holds after applying ``changes`` in order: -U ignored, latest per key."""
+    """What the Delta sink holds after applying ``changes`` (from sink_changes) in order: -U ignored,
+    latest per key."""
     table: dict = {}
     for kind, row in changes:
         k = tuple(row[c] for c in key)
@@ -80,12 +83,17 @@ def fold(changes: list[tuple[int, dict]], key: list[str]) -> dict:
     return table
 
 
+def keys(plan) -> dict[str, list[str]]:
+    return {n.table: list(n.primary_key) for n in plan.sinks}
+
+
 def local_changes(plan, runner: LocalRunner) -> dict[str, list[tuple[int, dict]]]:
     out = collections.defaultdict(list)
     for i, (orders, products) in enumerate(zip(ORDER_BATCHES, PRODUCT_BATCHES)):
         step = runner.step({"orders": _batch(ORDERS, orders, i), "products": _batch(PRODUCTS, products, i)})
         for table, changes in step.items():
-            for row in changes.to_pylist():
+            for row in sink_changes(changes, primary_key=keys(plan)[table], batch_id=i).to_pylist():
+                row.pop(SEQ)
                 out[table].append((row.pop(KIND), row))
     return out
 
@@ -117,10 +125,9 @@ def spark_changes(spark, tmp_path, plan, state_stats) -> tuple[dict[str, list[tu
         for route, payload in zip(got["_route"].to_pylist(), got["payload"].to_pylist()):
             per_table[names[route]].append(from_ipc(payload))
         for table, parts in per_table.items():
-            rows = pa.concat_tables(parts).to_pylist()
-            # the order downstream of the last kernel: by _seq (positions), stably
-            rows.sort(key=lambda r: r[SEQ])
-            for row in rows:
+            # what the service does: order by the graph's _seq (positions), then sink_changes
+            changes = graph_sink_changes(pa.concat_tables(parts), primary_key=keys(plan)[table], batch_id=batch_id)
+            for row in changes.to_pylist():
                 row.pop(SEQ)
                 out[table].append((row.pop(KIND), row))
 
@@ -140,8 +147,7 @@ def test_spark_executor_equals_local_runner(rocksdb, tmp_path):
     stats = StateStats.accumulator(rocksdb)
     got, actions = spark_changes(rocksdb, tmp_path, plan, stats)
     assert actions == [0, 1, 2]
-    keys = {n.table: list(n.primary_key) for n in plan.sinks}
-    for table, key in keys.items():
+    for table, key in keys(plan).items():
         assert fold(got[table], key) == fold(want[table], key), table
         assert fold(want[table], key), f"{table}: the input should leave rows in it"
     # one aggregate bucket holds all of a category's rows: its changes match per key and in order
