@@ -178,7 +178,7 @@ def _processor_class():
                      stats: bool = False) -> None:
             self.kernel_cls, self.config, self.clock = kernel_cls, config, clock
             self.input_schema, self.output_schema, self.sides = input_schema, output_schema, sides
-            self.stats = stats
+            self.stats = stats          # emit one stats row per bucket (StateStats)
 
         def init(self, handle) -> None:
             self.state = handle.getValueState(STATE_KERNEL_SNAPSHOT, _STATE_SCHEMA)
@@ -202,7 +202,7 @@ def _processor_class():
                 self.state.update((data,))
             if out.num_rows:
                 yield _to_pandas(with_positions(out))
-            if self.stats is not None:
+            if self.stats:
                 yield _to_pandas(_stats_row(self.output_schema, key, rows, 0 if data is None else len(data)))
 
         def _split(self, table: pa.Table) -> pa.Table | list[pa.Table]:
