@@ -10,8 +10,10 @@ a few seconds as IPC payloads on 2 cores). Each output row is one payload:
 ``part``   what the payload holds
 =========  ==========================================================================
 ``stats``  per topic-partition counts of the task: records read, offsets expired upstream
-``rows``   changelog rows of route ``_route`` (its decoder's ``output_schema``)
-``dl``     dead letters of route ``_route`` (raw bytes, position, reason, error)
+``rows``   changelog rows of route ``_route`` (its decoder's ``output_schema``); for a route that
+           feeds the operator graph, only rows whose graph key (``graph_keys``) is not null
+``dl``     dead letters of route ``_route`` (raw bytes, position, reason, error), including the
+           rows whose graph key is null (reason ``missing-key``): they never reach a kernel
 ``raw``    raw records of route ``_route`` whose decoder learns its columns at run
            time (no ``columns`` configured): decoded on the driver
 ``keys``   the distinct message-key field lists of route ``_route``, while its table's
@@ -26,7 +28,7 @@ from typing import Any, Iterator, Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from changelake.changelog import DEAD_LETTER_SCHEMA
+from changelake.changelog import DEAD_LETTER_SCHEMA, OFFSET, PARTITION, TOPIC
 from changelake.connectors.kafka_source import ARROW_SCHEMA, split_markers
 from changelake.formats.message_key import key_shapes
 
@@ -50,8 +52,10 @@ def from_ipc(payload: bytes) -> pa.Table:
 class DecodeStage:
     """Built on the driver from the routes; pickled into every task."""
 
-    def __init__(self, routes: Sequence[Any]) -> None:
+    def __init__(self, routes: Sequence[Any], *, graph_keys: dict[int, tuple[str, ...]] | None = None) -> None:
         self.routes = list(routes)
+        #: route -> key columns of the graph source it feeds: rows with a null key become dead letters here
+        self.graph_keys = dict(graph_keys or {})
         #: routes decoded in the executors (their columns are known up front)
         self.executor_routes = {i for i, r in enumerate(self.routes)
                                 if getattr(r.decoder, "output_schema", None) is not None}
@@ -88,10 +92,13 @@ class DecodeStage:
                 out.append((i, "raw", to_ipc(mine)))
                 continue
             result = route.decoder.decode(mine)
-            if result.rows.num_rows:
-                out.append((i, "rows", to_ipc(result.rows)))
-            if result.dead_letters.num_rows:
-                out.append((i, "dl", to_ipc(result.dead_letters.cast(DEAD_LETTER_SCHEMA))))
+            rows, dead = result.rows, result.dead_letters.cast(DEAD_LETTER_SCHEMA)
+            if self.graph_keys.get(i):
+                rows, dead = split_null_keys(rows, dead, self.graph_keys[i], f"source {route.spec.name!r}")
+            if rows.num_rows:
+                out.append((i, "rows", to_ipc(rows)))
+            if dead.num_rows:
+                out.append((i, "dl", to_ipc(dead)))
         return pa.RecordBatch.from_arrays(
             [pa.array([o[0] for o in out], pa.int16()), pa.array([o[1] for o in out], pa.string()),
              pa.array([o[2] for o in out], pa.binary())], schema=SCHEMA)
@@ -114,6 +121,26 @@ class DecodeStage:
         parts = {route: {part: pa.concat_tables(ts) for part, ts in by_part.items()}
                  for route, by_part in tables.items()}
         return stats, parts
+
+
+def split_null_keys(rows: pa.Table, dead: pa.Table, key: Sequence[str], what: str) -> tuple[pa.Table, pa.Table]:
+    """Rows whose ``key`` is null become ``missing-key`` dead letters (appended to ``dead``): they could
+    not be applied (``what`` names the table or graph source, for the error text)."""
+    if rows.num_rows == 0:
+        return rows, dead
+    null_key = pc.or_(*[pc.is_null(rows[k]) for k in key]) if len(key) > 1 else pc.is_null(rows[key[0]])
+    if not pc.any(null_key).as_py():
+        return rows, dead
+    offending = rows.filter(null_key)
+    n = offending.num_rows
+    extra = pa.table({
+        "topic": offending[TOPIC], "partition": offending[PARTITION], "offset": offending[OFFSET],
+        "timestamp": pa.nulls(n, pa.timestamp("ms", tz="UTC")),
+        "key": pa.nulls(n, pa.binary()), "value": pa.nulls(n, pa.binary()),
+        "reason": pa.array(["missing-key"] * n),
+        "error": pa.array([f"primary key {list(key)} is null; the change cannot be applied to {what}"] * n),
+    }).cast(DEAD_LETTER_SCHEMA)
+    return rows.filter(pc.invert(null_key)), pa.concat_tables([dead, extra])
 
 
 def _stats(records: pa.Table, expired: dict[tuple[str, int], int]) -> pa.Table:

@@ -1,16 +1,30 @@
 """Pipeline assembly: Kafka source -> decode -> (operators) -> Delta sinks, one Spark query.
 
-Every micro-batch runs :class:`BatchProcessor` through ``foreachBatch``:
+The query (:meth:`BatchProcessor.stream`)::
 
-1. collect the batch's raw records (Arrow) and report offsets that expired upstream;
-2. route records to their source by topic and decode them;
+    Kafka records -> DecodeStage (mapInArrow, executors): IPC payloads of rows, dead letters, stats
+        -> payloads for the driver: stats, dead letters, rows of sources mirrored into a table
+        -> per source read by the operator graph: typed rows (unpacked from the payloads)
+           -> the compiled graph (changelake.plan.spark) -> each graph table's changes as payloads
+    foreachBatch(the union of both): ONE Spark action per micro-batch (``toArrow``), so the
+    stateful operators run once per batch
+
+Every micro-batch runs :class:`BatchProcessor` through ``foreachBatch`` on the driver:
+
+1. collect the payloads and report offsets that expired upstream;
+2. the rows of mirrored sources go to their table; graph tables' changes, ordered per key
+   as the last kernel emitted them, get a fresh ``_seq`` (batch id, then position) that orders
+   them after every earlier batch, and a lone ``-U`` becomes a ``-D`` (``sink_changes``);
 3. apply each source's ``on_error`` policy to the dead letters (fail: stop before
-   anything is written; skip: count and drop; dlq: quarantine with raw bytes);
+   anything is written; skip: count and drop; dlq: quarantine with raw bytes); rows of
+   graph sources with a null primary key are dead letters from the executors on;
 4. apply each table's changes through its idempotent Delta sink.
 
 Every write is keyed by (pipeline id, batch id) through Delta transaction ids and
 Spark only advances its offsets after the batch function returns, so a crash
-anywhere in between replays the batch, and the replay writes nothing twice.
+anywhere in between replays the batch, and the replay writes nothing twice. The
+operators' state store versions are per batch too: a replayed batch recomputes from
+the state of the batch before it, so it emits the same changes again.
 """
 
 from __future__ import annotations
@@ -21,6 +35,7 @@ import os
 import re
 import signal
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -28,16 +43,21 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from changelake.changelog import DEAD_LETTER_SCHEMA, KIND, RowKind
+from changelake.changelog import DEAD_LETTER_SCHEMA, KIND, SEQ, RowKind
 from changelake.connectors.delta_sink import DeltaUpsertSink, TableSpec, open_sink
 from changelake.connectors.kafka_source import SOURCE_NAME, KafkaSource
-from changelake.errors import DecodeError
+from changelake.errors import ConfigError, DecodeError
 from changelake.formats import make_decoder
+from changelake.plan.graph import Pipeline
+from changelake.plan.physical import PhysicalPlan, sink_changes
+from changelake.plan.spark import CHANGES_PART
+from changelake.operators.spark_binding import StateStats
+from changelake.plan.yaml import pipeline_from_config
 from changelake.service import metrics
 from changelake.service.config import ChangelakeConfig, SourceSpec, parse_duration
-from changelake.service.dead_letter_paths import DeadLetterPaths
 from changelake.service.decode_stage import SPARK_SCHEMA as DECODE_STAGE_SCHEMA
-from changelake.service.decode_stage import DecodeStage
+from changelake.service.dead_letter_paths import DeadLetterPaths
+from changelake.service.decode_stage import DecodeStage, from_ipc, split_null_keys
 from changelake.service.key_inference import TableKeys
 from changelake.service.quarantine import Quarantine
 from changelake.types import arrow_schema
@@ -47,6 +67,7 @@ log = logging.getLogger(__name__)
 #: Test hook: ``CHANGELAKE_FAULT=<point>@<batch id>`` kills the process with SIGKILL at that point.
 FAULT_ENV = "CHANGELAKE_FAULT"
 _KIND_LABEL = {k.value: k.short for k in RowKind}
+ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
 
 def _fault(point: str, batch_id: int) -> None:
@@ -78,18 +99,47 @@ class _Route:
         return topic in self._topics if self._rx is None else bool(self._rx.fullmatch(topic))
 
 
-class BatchProcessor:
-    """The ``foreachBatch`` function of a pipeline."""
+_NO_GRAPH: Any = object()
 
-    def __init__(self, config: ChangelakeConfig, *, spark: Any = None) -> None:
+
+class BatchProcessor:
+    """The ``foreachBatch`` function of a pipeline.
+
+    ``graph`` is the operator graph (default: the config's ``views`` and ``tables[].from``,
+    :func:`~changelake.plan.yaml.pipeline_from_config`); None runs only the mirrors.
+    """
+
+    def __init__(self, config: ChangelakeConfig, *, spark: Any = None, graph: Pipeline | None = _NO_GRAPH,
+                 buckets: int = 32) -> None:
         self.config = config
         self.routes = [_Route(s) for s in config.sources]
+        graph = pipeline_from_config(config) if graph is _NO_GRAPH else graph
+        self.plan: PhysicalPlan | None = None if graph is None else graph.plan()
+        self.buckets = buckets
+        #: route index -> the graph source node it feeds
+        self.graph_routes = {}
+        if self.plan is not None:
+            by_name = {n.source: n for n in self.plan.sources}
+            for i, r in enumerate(self.routes):
+                if r.spec.name in by_name:
+                    if getattr(r.decoder, "output_schema", None) is None:
+                        raise ConfigError(f"source {r.spec.name!r} feeds the operator graph, so it must declare "
+                                          "its columns (sources[].columns)")
+                    self.graph_routes[i] = by_name[r.spec.name]
+        #: graph table of each ``_route`` index of the packed changes (set by :meth:`stream`)
+        self.graph_tables: list[str] = []
+        #: Spark accumulator of the graph operators' state sizes (set by :meth:`stream`)
+        self.state_stats: Any = None
         self.keys = TableKeys(config)
         self._spark = spark
         self.sinks: dict[str, DeltaUpsertSink] = {}     # opened once the table's key is known
         self.dead_letters = DeadLetterPaths(config)
         self.quarantine = Quarantine(config, self.routes, self.keys)
-        self.stage: DecodeStage | None = None
+        self.stage = DecodeStage(self.routes, graph_keys={i: n.upsert_key or () for i, n in self.graph_routes.items()})
+        # The stage goes to the executors once, with the query: routes whose table's key is unknown at
+        # start report their message keys' fields every batch; the first batch that has some teaches it.
+        unknown = self.keys.unknown()
+        self.stage.learn_keys = {i for i, r in enumerate(self.routes) if r.spec.table in unknown}
         self.last_report: BatchReport | None = None
         self.totals = BatchReport(batch_id=-1)
 
@@ -104,22 +154,44 @@ class BatchProcessor:
                 pipeline_id=self.config.pipeline.id, engine=self.config.storage.engine, spark=self._spark)
         return self.sinks[name]
 
+    def stream(self, records: Any) -> Any:
+        """The streaming DataFrame ``foreachBatch`` receives: payloads (``DECODE_STAGE_SCHEMA``)."""
+        from changelake.plan.spark import compile_plan, packed_changes
+
+        decoded = records.mapInArrow(self.stage, DECODE_STAGE_SCHEMA)
+        if self.plan is None:
+            return decoded
+        # Both branches read the decoded payloads. Behind an exchange, and selecting in Python (a
+        # DataFrame filter would be pushed below the exchange, making the two exchanges differ),
+        # Spark decodes once per batch; without it, it reads and decodes Kafka once per branch.
+        decoded = decoded.repartition(self.config.pipeline.read_tasks)
+        graph_only = {i for i in self.graph_routes if self.routes[i].spec.table is None}
+        to_driver = decoded.mapInArrow(_DropRows(graph_only), DECODE_STAGE_SCHEMA) if graph_only else decoded
+        sources = {node.source: decoded.mapInArrow(_Unpack(i, node.schema), _unpacked_ddl(node.schema))
+                   for i, node in self.graph_routes.items()}
+        self.state_stats = StateStats.accumulator(records.sparkSession)
+        packed, self.graph_tables = packed_changes(compile_plan(self.plan, sources, buckets=self.buckets,
+                                                                state_stats=self.state_stats))
+        return to_driver.unionByName(packed)
+
     # Spark calls this with the batch DataFrame and its id.
     def __call__(self, batch_df: Any, batch_id: int) -> None:
-        if self.stage is None:
-            self.stage = DecodeStage(self.routes)
-        unknown = self.keys.unknown()
-        self.stage.learn_keys = {i for i, r in enumerate(self.routes) if r.spec.table in unknown}
-        decoded = batch_df.mapInArrow(self.stage, DECODE_STAGE_SCHEMA).toArrow()
-        self.process_decoded(decoded, batch_id)
+        self.process_decoded(batch_df.toArrow(), batch_id)    # the batch's only Spark action
+        if self.state_stats is not None:
+            for operator, (rows, size) in StateStats.totals(self.state_stats.value).items():
+                metrics.STATE_ROWS.labels(operator=operator).set(rows)
+                metrics.STATE_BYTES.labels(operator=operator).set(size)
 
     def process_decoded(self, out: pa.Table, batch_id: int) -> BatchReport:
-        """Apply the collected output of the executors' :class:`DecodeStage`."""
-        assert self.stage is not None
+        """Apply the collected output of the executors' :class:`DecodeStage` and graph."""
         stats, parts = self.stage.split(out)
         self.keys.learn(_key_shapes(self.routes, parts))
+        graph_changes = {self.graph_tables[i]: got.pop(CHANGES_PART) for i, got in parts.items()
+                         if CHANGES_PART in got}
         decoded = []
         for i, got in parts.items():
+            if not got:
+                continue
             route = self.routes[i]
             if "raw" in got:                      # columns learnt at run time: decode here
                 result = route.decoder.decode(got["raw"])
@@ -129,10 +201,11 @@ class BatchProcessor:
             if rows is not None or dead is not None:
                 decoded.append((route, rows if rows is not None else _empty(route),
                                 dead if dead is not None else DEAD_LETTER_SCHEMA.empty_table()))
-        return self._apply(stats, decoded, batch_id)
+        return self._apply(stats, decoded, batch_id, graph_changes)
 
     def _apply(self, stats: dict[tuple[str, int], tuple[int, int]],
-               decoded: list[tuple["_Route", pa.Table, pa.Table]], batch_id: int) -> BatchReport:
+               decoded: list[tuple["_Route", pa.Table, pa.Table]], batch_id: int,
+               graph_changes: dict[str, pa.Table] | None = None) -> BatchReport:
         started = time.monotonic()
         report = BatchReport(batch_id=batch_id)
         for (topic, partition), (n, expired) in stats.items():
@@ -152,8 +225,11 @@ class BatchProcessor:
                 self._handle_bad(route, bad, batch_id, report)
                 if route.spec.on_error == "dlq":
                     letters.append((route.spec.name, bad))
-            if rows.num_rows:
+            if rows.num_rows and route.spec.table is not None:
                 per_table.setdefault(route.spec.table, []).append(rows)
+        for name, changes in (graph_changes or {}).items():
+            pk = self.config.table(name).primary_key
+            per_table.setdefault(name, []).append(graph_sink_changes(changes, primary_key=pk, batch_id=batch_id))
 
         _fault("before-sinks", batch_id)
         self.dead_letters.write(letters, batch_id=batch_id)
@@ -178,9 +254,10 @@ class BatchProcessor:
 
     def _check_keys(self, route: _Route, rows: pa.Table, bad: pa.Table) -> tuple[pa.Table, pa.Table]:
         """Rows whose primary key is absent or null become dead letters: they could not be applied."""
+        bad = bad.cast(DEAD_LETTER_SCHEMA)
+        if rows.num_rows == 0 or route.spec.table is None:
+            return rows, bad
         key = self.keys.key_of(route.spec.table)
-        if rows.num_rows == 0:
-            return rows, bad.cast(DEAD_LETTER_SCHEMA)
         if key is None:
             raise DecodeError(f"table {route.spec.table!r} has no primary_key and none was learnt from the "
                               "message keys; set tables[].primary_key", reason="missing-key")
@@ -190,20 +267,7 @@ class BatchProcessor:
                 f"source {route.spec.name!r}: the decoded rows have no column(s) {missing} that table "
                 f"{route.spec.table!r} uses as primary key; fix tables[].primary_key or the source's columns",
                 reason="missing-key")
-        null_key = pc.or_(*[pc.is_null(rows[k]) for k in key]) if len(key) > 1 else pc.is_null(rows[key[0]])
-        if not pc.any(null_key).as_py():
-            return rows, bad
-        offending = rows.filter(null_key)
-        extra = pa.table({
-            "topic": offending["_topic"], "partition": offending["_partition"], "offset": offending["_offset"],
-            "timestamp": pa.nulls(offending.num_rows, pa.timestamp("ms", tz="UTC")),
-            "key": pa.nulls(offending.num_rows, pa.binary()),
-            "value": pa.nulls(offending.num_rows, pa.binary()),
-            "reason": pa.array(["missing-key"] * offending.num_rows),
-            "error": pa.array([f"primary key {key} is null; the change cannot be applied to table "
-                               f"{route.spec.table!r}"] * offending.num_rows),
-        }).cast(DEAD_LETTER_SCHEMA)
-        return rows.filter(pc.invert(null_key)), pa.concat_tables([bad.cast(DEAD_LETTER_SCHEMA), extra])
+        return split_null_keys(rows, bad, key, f"table {route.spec.table!r}")
 
     def _handle_bad(self, route: _Route, bad: pa.Table, batch_id: int, report: BatchReport) -> None:
         reasons = bad["reason"].to_pylist()
@@ -238,11 +302,58 @@ class BatchProcessor:
             t.dead_letters[reason] = t.dead_letters.get(reason, 0) + n
 
 
+class _DropRows:
+    """mapInArrow: the decode stage's payloads without the ``rows`` of graph-only routes."""
+
+    def __init__(self, routes: set[int]) -> None:
+        self.routes = pa.array(sorted(routes), pa.int16())
+
+    def __call__(self, batches):
+        for batch in batches:
+            yield batch.filter(pc.invert(pc.and_(pc.equal(batch.column("part"), "rows"),
+                                                 pc.is_in(batch.column("_route"), self.routes))))
+
+
+class _Unpack:
+    """mapInArrow: route ``route``'s ``rows`` payloads -> typed rows (its columns, ``_kind``, ``_seq``)."""
+
+    def __init__(self, route: int, schema: pa.Schema) -> None:
+        self.route = route
+        self.schema = schema.append(pa.field(KIND, pa.int8())).append(pa.field(SEQ, pa.string()))
+
+    def __call__(self, batches):
+        for batch in batches:
+            mine = batch.filter(pc.and_(pc.equal(batch.column("_route"), self.route),
+                                        pc.equal(batch.column("part"), "rows")))
+            for payload in mine.column("payload").to_pylist():
+                yield from from_ipc(payload).select(self.schema.names).cast(self.schema).to_batches()
+
+
+def _unpacked_ddl(schema: pa.Schema) -> Any:
+    from pyspark.sql.pandas.types import from_arrow_schema
+    from pyspark.sql.types import ByteType, StringType, StructField, StructType
+
+    return StructType(list(from_arrow_schema(schema).fields)
+                      + [StructField(KIND, ByteType(), False), StructField(SEQ, StringType(), False)])
+
+
+def graph_sink_changes(changes: pa.Table, *, primary_key: Sequence[str], batch_id: int) -> pa.Table:
+    """A graph table's collected changes of one batch, ready for the Delta sink.
+
+    The payloads of the executors' tasks arrive in no particular order; sorted stably by the
+    ``_seq`` the graph gave them (the last kernel's output positions), each key's changes are in
+    the order that kernel emitted them. Then :func:`~changelake.plan.physical.sink_changes`:
+    ``_seq`` from the batch id and position (after every earlier batch), a lone ``-U`` as ``-D``.
+    """
+    changes = changes.sort_by([(SEQ, "ascending")]) if changes.num_rows > 1 else changes
+    return sink_changes(changes, primary_key=primary_key, batch_id=batch_id)
+
+
 def _key_shapes(routes: list["_Route"], parts: dict[int, dict[str, pa.Table]]) -> dict[str, list[pa.Table]]:
     """The ``keys`` payloads of the decode stage, by table."""
     shapes: dict[str, list[pa.Table]] = {}
     for i, got in parts.items():
-        if "keys" in got:
+        if "keys" in got and routes[i].spec.table is not None:
             shapes.setdefault(routes[i].spec.table, []).append(got["keys"])
     return shapes
 
@@ -288,10 +399,12 @@ def start_query(spark: Any, config: ChangelakeConfig, processor: BatchProcessor,
                 available_now: bool | None = None) -> Any:
     """Start the streaming query; returns Spark's StreamingQuery."""
     spark.dataSource.register(KafkaSource)
+    if processor.plan is not None:        # the operators' state (changelake.operators.spark_binding)
+        spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER)
     reader = spark.readStream.format(SOURCE_NAME)
     for k, v in kafka_reader_options(config).items():
         reader = reader.option(k, v)
-    writer = (reader.load().writeStream.queryName(config.pipeline.id)
+    writer = (processor.stream(reader.load()).writeStream.queryName(config.pipeline.id)
               .foreachBatch(processor)
               .option("checkpointLocation", config.pipeline.checkpoint))
     once = config.pipeline.available_now if available_now is None else available_now

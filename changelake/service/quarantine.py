@@ -43,6 +43,8 @@ class Quarantine:
             metrics.TABLE_QUARANTINED.labels(table=t.name).set(0)
         for route in routes:
             adopt = getattr(route.decoder, "adopt_table", None)
+            if route.spec.table is None:          # feeds only the operator graph: declared columns
+                continue
             path = config.table_path(route.spec.table)
             if adopt is not None and DeltaTable.is_deltatable(path, storage_options=storage):
                 schema = pa.schema(DeltaTable(path, storage_options=storage).schema().to_arrow())
@@ -55,6 +57,7 @@ class Quarantine:
         if incompatible.num_rows == 0 or route.spec.name in self.sources:
             return
         self.sources.add(route.spec.name)
-        metrics.TABLE_QUARANTINED.labels(table=route.spec.table).set(1)
+        if route.spec.table is not None:
+            metrics.TABLE_QUARANTINED.labels(table=route.spec.table).set(1)
         log.error("source %s is quarantined, table %s receives none of its changes until a restart: %s",
                   route.spec.name, route.spec.table, incompatible["error"][0].as_py())

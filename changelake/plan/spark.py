@@ -1,0 +1,138 @@
+"""Run a physical plan on Spark Structured Streaming: one streaming DataFrame per sink table.
+
+:func:`compile_plan` takes one typed, decoded streaming DataFrame per source (the source's
+columns, ``_kind``, ``_seq``) and returns, per sink table, its changelog as a streaming
+DataFrame (the sink input's columns, ``_kind``, ``_seq``). Every node of the plan becomes::
+
+    source       select the node's columns, cast to its schema
+    filter       rows where the SQL predicate is true (F.expr, the text the planner checked)
+    project      F.expr per output column, cast to the planned type
+    stateful     drop -U first when drop_update_before; then the kernel in bucketed state:
+                 groupBy(pmod(hash(state keys), B)).transformWithStateInPandas (spark_binding)
+    join         both inputs unioned with a side tag, bucketed by the join-key values
+    sink         its input
+
+Ordering: a stateful node's rows carry ``_seq`` (the source's ordering token, or the row's
+position in its upstream bucket's output of the micro-batch), and each bucket sorts its rows
+by it stably, so the rows of one key reach the kernel in the order their upstream emitted
+them, whatever the shuffle did. Rows of different upstream buckets have no order between
+them (as rows of different keys in :class:`~changelake.plan.local.LocalRunner` may
+interleave differently); the final state of every table is the same.
+
+The state of each stateful node lives in the RocksDB state store of its
+``transformWithStateInPandas`` operator, checkpointed with the query. Spark identifies that
+state by the operator's position in the query: changing the plan's shape (adding, removing
+or reordering stateful nodes) needs a new checkpoint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from changelake.changelog import KIND, SEQ, RowKind
+from changelake.errors import ConfigError
+from changelake.operators.spark_binding import StateStats, apply_join_kernel, apply_kernel
+from changelake.plan.physical import PhysicalNode, PhysicalPlan
+
+#: Buckets per stateful node unless the caller says otherwise (docs/state-design.md: B=32 for keys
+#: of many values; a low-cardinality key touches at most as many buckets as it has values).
+DEFAULT_BUCKETS = 32
+
+
+def spark_schema(node: PhysicalNode):
+    """The Spark StructType of ``node``'s user columns (all nullable: outer joins pad with nulls)."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+    from pyspark.sql.types import StructField, StructType
+
+    return StructType([StructField(f.name, f.dataType, True) for f in from_arrow_schema(node.schema).fields])
+
+
+def kernel_class(node: PhysicalNode) -> type:
+    """The class whose ``restore`` continues a snapshot of ``node``'s kernel (rank: a factory's product)."""
+    return node.kernel if isinstance(node.kernel, type) else type(node.make_kernel())
+
+
+def compile_plan(plan: PhysicalPlan, sources: Mapping[str, Any], *,
+                 buckets: int | Mapping[str, int] = DEFAULT_BUCKETS, state_stats: Any = None) -> dict[str, Any]:
+    """``{table: changelog DataFrame}`` for every sink of ``plan``.
+
+    ``sources`` maps each source name to its decoded streaming DataFrame (at least the
+    source's columns, ``_kind`` and ``_seq``). ``buckets`` is one bucket count for every stateful
+    node, or per node id (missing ids get :data:`DEFAULT_BUCKETS`). ``state_stats``, an accumulator
+    from :meth:`StateStats.accumulator`, receives each stateful node's state size by node id.
+    """
+    missing = sorted({n.source for n in plan.sources} - set(sources))
+    if missing:
+        raise ConfigError(f"no streaming DataFrame for source(s) {missing}")
+    frames: dict[str, Any] = {}
+    for node in plan:
+        ins = [frames[i] for i in node.inputs]
+        b = buckets if isinstance(buckets, int) else buckets.get(node.id, DEFAULT_BUCKETS)
+        stats = None if state_stats is None else StateStats(state_stats, node.id)
+        frames[node.id] = _compile_node(node, ins, sources, b, stats)
+    return {n.table: frames[n.id] for n in plan.sinks}
+
+
+def _compile_node(node: PhysicalNode, ins: list, sources: Mapping[str, Any], buckets: int, stats):
+    from pyspark.sql import functions as F
+
+    if node.op == "source":
+        types = spark_schema(node)
+        return sources[node.source].select(*[F.col(f.name).cast(f.dataType).alias(f.name) for f in types.fields],
+                                           F.col(KIND).cast("tinyint").alias(KIND), F.col(SEQ))
+    if node.op == "filter":
+        return ins[0].filter(F.coalesce(F.expr(node.predicate), F.lit(False)))
+    if node.op == "project":
+        types = {f.name: f.dataType for f in spark_schema(node).fields}
+        return ins[0].select(*[F.expr(expr).cast(types[name]).alias(name) for name, expr in node.projections],
+                             F.col(KIND), F.col(SEQ))
+    if node.op == "sink":
+        return ins[0]
+    if not node.stateful:
+        raise ConfigError(f"node {node.id!r}: the Spark executor has no rule for op {node.op!r}")
+    if node.drop_update_before:
+        ins = [df.filter(F.col(KIND) != int(RowKind.UPDATE_BEFORE)) for df in ins]
+    cls = kernel_class(node)
+    if node.op == "join":
+        lkeys, rkeys = node.state_keys
+        return apply_join_kernel(ins[0], ins[1], cls, node.config, left_keys=lkeys, right_keys=rkeys,
+                                 output_schema=spark_schema(node), buckets=buckets, stats=stats)
+    (keys,) = node.state_keys
+    return apply_kernel(ins[0], cls, node.config, key_columns=keys, output_schema=spark_schema(node),
+                        buckets=buckets if keys else 1, stats=stats)
+
+
+#: Spark schema of packed changes (the same columns as the decode stage's payloads).
+PACKED_SCHEMA = "_route smallint, part string, payload binary"
+#: ``part`` of a payload holding sink-table changes; ``_route`` is the table's index.
+CHANGES_PART = "changes"
+
+
+class _Pack:
+    """mapInArrow: a task's rows of one table as Arrow IPC payloads (one per input batch)."""
+
+    def __init__(self, route: int) -> None:
+        self.route = route
+
+    def __call__(self, batches):
+        import pyarrow as pa
+
+        from changelake.service.decode_stage import SCHEMA, to_ipc
+
+        for batch in batches:
+            if batch.num_rows:
+                yield pa.RecordBatch.from_arrays(
+                    [pa.array([self.route], pa.int16()), pa.array([CHANGES_PART]),
+                     pa.array([to_ipc(pa.Table.from_batches([batch]))], pa.binary())], schema=SCHEMA)
+
+
+def packed_changes(tables: Mapping[str, Any]) -> tuple[Any, list[str]]:
+    """All tables' changelogs as one DataFrame of IPC payloads (``PACKED_SCHEMA``), and the table
+    name of each ``_route`` index: one Spark action collects every table of a micro-batch."""
+    names = list(tables)
+    frames = [tables[name].mapInArrow(_Pack(i), PACKED_SCHEMA) for i, name in enumerate(names)]
+    out = frames[0]
+    for f in frames[1:]:
+        out = out.unionByName(f)
+    return out, names
