@@ -63,13 +63,13 @@ def _bundle_config(config: Any, rows: int) -> Any:
 
 
 def run_bucket(kernel_cls: type, config: Any, snapshot: bytes | None, table: pa.Table | Sequence[pa.Table],
-               output_schema: pa.Schema, *, now: int = 0) -> tuple[pa.Table, bytes | None]:
+               output_schema: pa.Schema, *, now: int = 0) -> tuple[pa.Table, bytes | None, int]:
     """One bucket's step: restore, process the micro-batch rows, finish, snapshot.
 
     ``table`` is the bucket's changelog rows, or for a join the pair (left rows, right rows).
     Returns the output changelog (``output_schema`` + ``_kind``) and the new snapshot
-    (None when the kernel holds no state, so the caller clears the bucket's state).
-    Pure: usable and testable without Spark.
+    (None when the kernel holds no state, so the caller clears the bucket's state), and the number
+    of entries the kernel holds. Pure: usable and testable without Spark.
     """
     inputs = [table] if isinstance(table, pa.Table) else list(table)
     inputs = [_kernel_input(t) for t in inputs]
@@ -82,7 +82,7 @@ def run_bucket(kernel_cls: type, config: Any, snapshot: bytes | None, table: pa.
         out.extend(kernel.process(inputs[1], side=SIDES[1], now=now))
     out.extend(kernel.finish(now=now))
     data = kernel.snapshot() if kernel.state_rows else None
-    return out.to_arrow(output_schema), data
+    return out.to_arrow(output_schema), data, kernel.state_rows
 
 
 def _kernel_input(table: pa.Table) -> pa.Table:
@@ -97,6 +97,72 @@ def with_positions(out: pa.Table) -> pa.Table:
     return out.append_column(SEQ, pa.array([f"{i:012d}" for i in range(out.num_rows)], pa.string()))
 
 
+#: ``_kind`` of a row that carries a bucket's state size instead of a change (never leaves the binding).
+STATS_KIND = 4
+
+
+def _stats_row(schema: pa.Schema, key: Any, rows: int, size: int) -> pa.Table:
+    bucket = key[0] if isinstance(key, tuple) else key
+    table = pa.table({f.name: pa.nulls(1, f.type) for f in schema})
+    table = table.append_column(KIND, pa.array([STATS_KIND], pa.int8()))
+    return table.append_column(SEQ, pa.array([f"{int(bucket)} {rows} {size}"]))
+
+
+class StateStats:
+    """State size per bucket of one operator, carried from the Python workers to the driver.
+
+    The kernels' gauges (``changelake_state_rows``) are set in the worker processes that run
+    them, not in the driver's registry. Each touched bucket emits one extra row (``_kind`` =
+    :data:`STATS_KIND`, its bucket, state rows and snapshot bytes in ``_seq``), which a
+    ``mapInArrow`` right behind the operator strips and adds to a Spark accumulator. (An
+    accumulator updated inside the transformWithStateInPandas worker itself corrupted the
+    operator's output on pyspark 4.2.0: rows went missing.) A bucket's state only changes when it
+    is touched, so the latest report per bucket is its current size and the sum over buckets is
+    the operator's. Buckets not touched since the driver started are unknown (after a restart the
+    figures grow back as buckets are touched). Reports are latest-per-bucket, so a retried task
+    does not count twice.
+    """
+
+    def __init__(self, accumulator: Any, operator: str) -> None:
+        self.accumulator, self.operator = accumulator, operator
+
+    @classmethod
+    def accumulator(cls, spark: Any) -> Any:
+        """A Spark accumulator that every operator's :class:`StateStats` reports into."""
+        from pyspark.accumulators import AccumulatorParam
+
+        class LatestPerBucket(AccumulatorParam):
+            def zero(self, value: dict) -> dict:
+                return {}
+
+            def addInPlace(self, a: dict, b: dict) -> dict:
+                a.update(b)
+                return a
+
+        return spark.sparkContext.accumulator({}, LatestPerBucket())
+
+    def strip(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        """mapInArrow behind the operator: report the stats rows, pass the changes on."""
+        for batch in batches:
+            is_stats = pc.equal(batch.column(KIND), STATS_KIND)
+            reports = {}
+            for text in batch.filter(is_stats).column(SEQ).to_pylist():
+                bucket, rows, size = (int(x) for x in text.split())
+                reports[(self.operator, bucket)] = (rows, size)
+            if reports:
+                self.accumulator.add(reports)
+            yield batch.filter(pc.invert(is_stats))
+
+    @staticmethod
+    def totals(value: dict) -> dict[str, tuple[int, int]]:
+        """An accumulator's value -> operator -> (state rows, state bytes) over its buckets."""
+        out: dict[str, tuple[int, int]] = {}
+        for (operator, _), (rows, size) in value.items():
+            r, b = out.get(operator, (0, 0))
+            out[operator] = (r + rows, b + size)
+        return out
+
+
 def _processor_class():
     from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
@@ -108,9 +174,11 @@ def _processor_class():
         """
 
         def __init__(self, kernel_cls: type, config: Any, input_schema: pa.Schema, output_schema: pa.Schema,
-                     clock: Callable[[Any], int], sides: Sequence[tuple[list[int], pa.Schema]] | None = None) -> None:
+                     clock: Callable[[Any], int], sides: Sequence[tuple[list[int], pa.Schema]] | None = None,
+                     stats: bool = False) -> None:
             self.kernel_cls, self.config, self.clock = kernel_cls, config, clock
             self.input_schema, self.output_schema, self.sides = input_schema, output_schema, sides
+            self.stats = stats          # emit one stats row per bucket (StateStats)
 
         def init(self, handle) -> None:
             self.state = handle.getValueState(STATE_KERNEL_SNAPSHOT, _STATE_SCHEMA)
@@ -126,14 +194,16 @@ def _processor_class():
             table = pa.Table.from_pandas(frame, schema=self.input_schema, preserve_index=False)
             stored = self.state.get() if self.state.exists() else None
             snapshot = bytes(stored[0]) if stored is not None else None
-            out, data = run_bucket(self.kernel_cls, self.config, snapshot, self._split(table), self.output_schema,
-                                   now=self.clock(timerValues))
+            out, data, rows = run_bucket(self.kernel_cls, self.config, snapshot, self._split(table),
+                                         self.output_schema, now=self.clock(timerValues))
             if data is None:
                 self.state.clear()
             else:
                 self.state.update((data,))
             if out.num_rows:
                 yield _to_pandas(with_positions(out))
+            if self.stats:
+                yield _to_pandas(_stats_row(self.output_schema, key, rows, 0 if data is None else len(data)))
 
         def _split(self, table: pa.Table) -> pa.Table | list[pa.Table]:
             if self.sides is None:
@@ -163,7 +233,7 @@ def _processing_time(timer_values) -> int:
 
 
 def apply_kernel(df, kernel_cls: type, config: Any, *, key_columns: Sequence[str], output_schema,
-                 buckets: int = 32):
+                 buckets: int = 32, stats: StateStats | None = None):
     """Run ``kernel_cls(config)`` over the streaming changelog ``df`` (user columns, ``_kind``, ``_seq``).
 
     ``key_columns`` are the kernel's state key (a GroupAggregate's group keys, a Deduplicate's
@@ -171,19 +241,20 @@ def apply_kernel(df, kernel_cls: type, config: Any, *, key_columns: Sequence[str
     ``StructType`` of the kernel's output user columns. Returns the output changelog as a
     streaming DataFrame (Append mode): those columns, ``_kind`` and ``_seq`` (the row's position
     in its bucket's output of the micro-batch). Needs the RocksDB state store provider
-    (``spark.sql.streaming.stateStore.providerClass``).
+    (``spark.sql.streaming.stateStore.providerClass``). ``stats`` receives every touched bucket's
+    state size (:class:`StateStats`).
     """
     from pyspark.sql.pandas.types import to_arrow_schema
 
     _check_columns(df, (*key_columns, KIND))
     bucketed = df.withColumn(BUCKET, _bucket(key_columns, buckets))
     processor = _processor_class()(kernel_cls, config, to_arrow_schema(bucketed.schema),
-                                   to_arrow_schema(output_schema), _processing_time)
-    return _transform(bucketed, processor, output_schema)
+                                   to_arrow_schema(output_schema), _processing_time, stats=stats is not None)
+    return _transform(bucketed, processor, output_schema, stats)
 
 
 def apply_join_kernel(left, right, kernel_cls: type, config: Any, *, left_keys: Sequence[str],
-                      right_keys: Sequence[str], output_schema, buckets: int = 32):
+                      right_keys: Sequence[str], output_schema, buckets: int = 32, stats: StateStats | None = None):
     """Run a two-input kernel (the joins) over two streaming changelogs, in one bucketed state.
 
     Both inputs (user columns, ``_kind``, ``_seq``) are unioned into one DataFrame with a
@@ -229,8 +300,8 @@ def apply_join_kernel(left, right, kernel_cls: type, config: Any, *, left_keys: 
         schema = to_arrow_schema(df.select(*src, KIND, SEQ).schema)
         sides.append(([names.index(n) for n in own] + kind_seq, schema))
     processor = _processor_class()(kernel_cls, config, input_schema, to_arrow_schema(output_schema),
-                                   _processing_time, sides)
-    return _transform(bucketed, processor, output_schema)
+                                   _processing_time, sides, stats is not None)
+    return _transform(bucketed, processor, output_schema, stats)
 
 
 def _check_columns(df, columns: Sequence[str]) -> None:
@@ -250,11 +321,12 @@ def _bucket(key_columns: Sequence[str], buckets: int):
     return F.pmod(F.hash(*[F.col(c) for c in key_columns]), F.lit(buckets))
 
 
-def _transform(bucketed, processor, output_schema):
+def _transform(bucketed, processor, output_schema, stats: StateStats | None = None):
     from pyspark.sql.types import ByteType, StringType, StructField, StructType
 
     spark_out = StructType([f for f in output_schema.fields if f.name not in (KIND, SEQ)]
                            + [StructField(KIND, ByteType(), False), StructField(SEQ, StringType(), False)])
-    return (bucketed.groupBy(BUCKET)
-            .transformWithStateInPandas(statefulProcessor=processor, outputStructType=spark_out,
-                                        outputMode="Append", timeMode="None"))
+    out = (bucketed.groupBy(BUCKET)
+           .transformWithStateInPandas(statefulProcessor=processor, outputStructType=spark_out,
+                                       outputMode="Append", timeMode="None"))
+    return out if stats is None else out.mapInArrow(stats.strip, spark_out)

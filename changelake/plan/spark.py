@@ -32,7 +32,7 @@ from typing import Any
 
 from changelake.changelog import KIND, SEQ, RowKind
 from changelake.errors import ConfigError
-from changelake.operators.spark_binding import apply_join_kernel, apply_kernel
+from changelake.operators.spark_binding import StateStats, apply_join_kernel, apply_kernel
 from changelake.plan.physical import PhysicalNode, PhysicalPlan
 
 #: Buckets per stateful node unless the caller says otherwise (docs/state-design.md: B=32 for keys
@@ -54,12 +54,13 @@ def kernel_class(node: PhysicalNode) -> type:
 
 
 def compile_plan(plan: PhysicalPlan, sources: Mapping[str, Any], *,
-                 buckets: int | Mapping[str, int] = DEFAULT_BUCKETS) -> dict[str, Any]:
+                 buckets: int | Mapping[str, int] = DEFAULT_BUCKETS, state_stats: Any = None) -> dict[str, Any]:
     """``{table: changelog DataFrame}`` for every sink of ``plan``.
 
     ``sources`` maps each source name to its decoded streaming DataFrame (at least the
     source's columns, ``_kind`` and ``_seq``). ``buckets`` is one bucket count for every stateful
-    node, or per node id (missing ids get :data:`DEFAULT_BUCKETS`).
+    node, or per node id (missing ids get :data:`DEFAULT_BUCKETS`). ``state_stats``, an accumulator
+    from :meth:`StateStats.accumulator`, receives each stateful node's state size by node id.
     """
     missing = sorted({n.source for n in plan.sources} - set(sources))
     if missing:
@@ -67,12 +68,13 @@ def compile_plan(plan: PhysicalPlan, sources: Mapping[str, Any], *,
     frames: dict[str, Any] = {}
     for node in plan:
         ins = [frames[i] for i in node.inputs]
-        frames[node.id] = _compile_node(node, ins, sources, plan,
-                                        buckets if isinstance(buckets, int) else buckets.get(node.id, DEFAULT_BUCKETS))
+        b = buckets if isinstance(buckets, int) else buckets.get(node.id, DEFAULT_BUCKETS)
+        stats = None if state_stats is None else StateStats(state_stats, node.id)
+        frames[node.id] = _compile_node(node, ins, sources, b, stats)
     return {n.table: frames[n.id] for n in plan.sinks}
 
 
-def _compile_node(node: PhysicalNode, ins: list, sources: Mapping[str, Any], plan: PhysicalPlan, buckets: int):
+def _compile_node(node: PhysicalNode, ins: list, sources: Mapping[str, Any], buckets: int, stats):
     from pyspark.sql import functions as F
 
     if node.op == "source":
@@ -95,10 +97,10 @@ def _compile_node(node: PhysicalNode, ins: list, sources: Mapping[str, Any], pla
     if node.op == "join":
         lkeys, rkeys = node.state_keys
         return apply_join_kernel(ins[0], ins[1], cls, node.config, left_keys=lkeys, right_keys=rkeys,
-                                 output_schema=spark_schema(node), buckets=buckets)
+                                 output_schema=spark_schema(node), buckets=buckets, stats=stats)
     (keys,) = node.state_keys
     return apply_kernel(ins[0], cls, node.config, key_columns=keys, output_schema=spark_schema(node),
-                        buckets=buckets if keys else 1)
+                        buckets=buckets if keys else 1, stats=stats)
 
 
 #: Spark schema of packed changes (the same columns as the decode stage's payloads).

@@ -1,15 +1,19 @@
-"""``changelake demo``: the whole mirror pipeline on embedded defaults.
+"""``changelake demo``: the whole pipeline on embedded defaults.
 
 Starts an embedded Kafka-protocol broker, writes a Debezium history of a small
-inventory database, mirrors it into Delta tables with a real Spark query until it
-has caught up, prints a summary and checks every table against the database's
-final state.
+inventory database, mirrors it into Delta tables and, in the same Spark query, runs an
+operator graph over it (orders JOIN products, sales per category, the top 3
+categories), until it has caught up; prints a summary and checks every table against
+the database's final state.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import os
+import sys
 import time
 from pathlib import Path
 from typing import Any, TextIO
@@ -27,18 +31,32 @@ log = logging.getLogger(__name__)
 
 
 def demo_config(*, bootstrap_servers: str, workdir: Path, metrics_port: int, pipeline_id: str = "inventory-mirror",
-                max_records_per_batch: int = 20_000) -> dict[str, Any]:
-    """The pipeline YAML the demo runs (also written to <workdir>/pipeline.yaml)."""
-    return {
+                max_records_per_batch: int = 20_000, views: bool = True) -> dict[str, Any]:
+    """The pipeline YAML the demo runs (also written to <workdir>/pipeline.yaml); ``views=False``
+    leaves out the operator graph (the mirror alone)."""
+    raw = {
         "pipeline": {"id": pipeline_id, "checkpoint": str(workdir / "checkpoints" / pipeline_id),
                      "trigger_interval": "2 seconds", "max_records_per_batch": max_records_per_batch},
         "kafka": {"bootstrap_servers": bootstrap_servers},
         "sources": [{"name": t, "topics": [topic_for(t)], "format": "debezium-json",
                      "columns": spec["columns"], "on_error": "dlq", "table": t} for t, spec in TABLES.items()],
-        "tables": [{"name": t, "primary_key": [spec["key"]]} for t, spec in TABLES.items()],
+        "views": [
+            {"name": "order_lines", "join": {"left": "orders", "right": "products", "on": {"product_id": "id"}}},
+            {"name": "sales", "from": "order_lines", "group_by": ["category"],
+             "aggregates": {"orders": "count(*)", "units": "sum(quantity)"}},
+            {"name": "top3", "from": "sales",
+             "top_n": {"n": 3, "order_by": ["units desc", "category asc"], "rank_column": "rank"}},
+        ],
+        "tables": [{"name": t, "primary_key": [spec["key"]]} for t, spec in TABLES.items()]
+        + [{"name": "sales_by_category", "from": "sales", "primary_key": ["category"]},
+           {"name": "top_categories", "from": "top3", "primary_key": ["rank"]}],
         "storage": {"root": str(workdir / "lake")},
         "metrics": {"port": metrics_port},
     }
+    if not views:
+        del raw["views"]
+        raw["tables"] = [t for t in raw["tables"] if "from" not in t]
+    return raw
 
 
 def verify(config: ChangelakeConfig, expected: dict[str, dict[int, dict[str, Any]]]) -> dict[str, str]:
@@ -63,6 +81,38 @@ def verify(config: ChangelakeConfig, expected: dict[str, dict[int, dict[str, Any
                              f"(e.g. {extra[:3]}), {len(wrong)} differ (e.g. {wrong[:3]})")
         else:
             results[name] = "ok"
+    return results
+
+
+def expected_views(state: dict[str, dict[int, dict[str, Any]]]) -> dict[str, dict[Any, dict[str, Any]]]:
+    """The graph tables computed in batch from the database's final state."""
+    sales: dict[str, dict[str, Any]] = {}
+    for order in state["orders"].values():
+        product = state["products"].get(order["product_id"])
+        if product is None:
+            continue
+        row = sales.setdefault(product["category"], {"category": product["category"], "orders": 0, "units": 0})
+        row["orders"] += 1
+        row["units"] += order["quantity"]
+    ranked = sorted(sales.values(), key=lambda r: (-r["units"], r["category"]))[:3]
+    return {"sales_by_category": sales,
+            "top_categories": {i: {**r, "rank": i} for i, r in enumerate(ranked, start=1)}}
+
+
+def verify_views(config: ChangelakeConfig, expected: dict[str, dict[Any, dict[str, Any]]]) -> dict[str, str]:
+    """Compare each graph table with its batch result; table -> 'ok' or what differs."""
+    results: dict[str, str] = {}
+    for name, rows in expected.items():
+        columns = list(next(iter(rows.values()))) if rows else []
+        try:
+            actual = read_delta(config.table_path(name), storage_options=config.storage.plain_options(),
+                                columns=columns or None).to_pylist()
+        except Exception as exc:  # the table may not exist at all
+            results[name] = f"cannot read the table: {exc}"
+            continue
+        got = sorted(tuple(r[c] for c in columns) for r in actual)
+        want = sorted(tuple(r[c] for c in columns) for r in rows.values())
+        results[name] = "ok" if got == want else f"expected {want[:3]}..., got {got[:3]}..."
     return results
 
 
@@ -114,6 +164,22 @@ def _value(v: Any) -> Any:
     return v
 
 
+@contextlib.contextmanager
+def _stderr_to(path: Path):
+    """Send file descriptor 2 to ``path`` meanwhile: the Spark JVM started inside inherits it, so
+    Spark's own output (and pyspark's worker chatter) lands in the file, not on the terminal."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(path, "ab") as log_file:
+        os.dup2(log_file.fileno(), 2)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def run_demo(*, workdir: Path, changes: int = 30_000, seed: int = 7, metrics_port: int = 9108,
              out: TextIO) -> int:
     """Returns the process exit code: 0 when every table equals the source's final state."""
@@ -132,8 +198,11 @@ def run_demo(*, workdir: Path, changes: int = 30_000, seed: int = 7, metrics_por
         (workdir / "pipeline.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
         config = parse_config(yaml.safe_dump(raw), origin=str(workdir / "pipeline.yaml"))
         runner = PipelineRunner(config)
+        spark_log = workdir / "spark.log"
+        print(f"  running the pipeline (Spark's own log: {spark_log})", file=out)
         t0 = time.monotonic()
-        result = runner.run(available_now=True)
+        with _stderr_to(spark_log):
+            result = runner.run(available_now=True)
         elapsed = time.monotonic() - t0
         totals = result.totals
         print(f"  pipeline caught up in {elapsed:.1f}s ({totals.records:,} records, "
@@ -142,10 +211,10 @@ def run_demo(*, workdir: Path, changes: int = 30_000, seed: int = 7, metrics_por
         print(f"  consumer lag after catch-up (broker end offsets minus the pipeline's committed offsets): "
               f"{lag}", file=out)
         print("  changes applied by table and kind:", file=out)
-        for name in TABLES:
+        for name in [*TABLES, *expected_views(db.state)]:
             kinds = totals.changes.get(name, {})
             shown = ", ".join(f"{k} {kinds.get(k, 0):,}" for k in ("+I", "-U", "+U", "-D"))
-            print(f"    {name:<10} {shown}   -> {config.table_path(name)}", file=out)
+            print(f"    {name:<17} {shown}   -> {config.table_path(name)}", file=out)
         if totals.dead_letters:
             print(f"  dead letters: {totals.dead_letters} -> {config.dead_letter_path()}", file=out)
         if totals.expired:
@@ -153,8 +222,11 @@ def run_demo(*, workdir: Path, changes: int = 30_000, seed: int = 7, metrics_por
         print(f"  metrics were served at {result.metrics_url}", file=out)
         print("verification against the source database's final state:", file=out)
         checks = verify(config, db.state)
+        views = expected_views(db.state)
+        checks.update(verify_views(config, views))
         for name, verdict in checks.items():
-            print(f"    {name:<10} {len(db.state[name]):>6,} rows: {verdict}", file=out)
+            rows = len(db.state[name]) if name in db.state else len(views[name])
+            print(f"    {name:<17} {rows:>6,} rows: {verdict}", file=out)
     ok = all(v == "ok" for v in checks.values()) and lag == 0
     print(f"demo {'PASSED' if ok else 'FAILED'} in {time.monotonic() - started:.0f}s", file=out)
     return 0 if ok else 1

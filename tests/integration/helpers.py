@@ -27,12 +27,12 @@ def write_history(servers: str, *, seed: int, changes: int, topic_prefix: str,
 def pipeline_config(servers: str, workdir: Path, *, topic_prefix: str, max_records: int = 100_000,
                     overrides: dict[str, Any] | None = None) -> tuple[ChangelakeConfig, Path]:
     raw = demo_config(bootstrap_servers=servers, workdir=workdir, metrics_port=0,
-                      pipeline_id=f"it-{topic_prefix}", max_records_per_batch=max_records)
+                      pipeline_id=f"it-{topic_prefix}", max_records_per_batch=max_records, views=False)
     for source in raw["sources"]:
         source["topics"] = [t.replace("dbserver1", topic_prefix, 1) for t in source["topics"]]
     for section, values in (overrides or {}).items():
         if isinstance(values, dict):
-            raw[section].update(values)
+            raw.setdefault(section, {}).update(values)
         else:
             raw[section] = values
     path = workdir / "pipeline.yaml"

@@ -34,3 +34,13 @@ def test_the_python_example_prints_the_explain_shown():
     exec(compile(code.replace("print(p.explain())", ""), "docs/pipelines.md", "exec"), scope)
     printed = explain_plan(scope["p"].plan())
     assert shown.strip().splitlines() == printed.strip().splitlines()[:len(shown.strip().splitlines())]
+
+
+def test_the_readme_pipeline_example_validates_and_plans():
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    text = next(body for lang, body in re.findall(r"```(\w*)\n(.*?)```", readme, flags=re.S)
+                if lang == "yaml" and "pipeline:" in body)
+    config = parse_config(text, environ={"KAFKA_PASSWORD": "secret"})
+    plan = pipeline_from_config(config).plan()
+    assert [n.table for n in plan.sinks] == ["category_totals"]
+    assert [s.table for s in config.sources] == ["products"]       # the mirror stays outside the graph

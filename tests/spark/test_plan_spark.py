@@ -17,9 +17,12 @@ import pytest
 
 from changelake.changelog import KIND, SEQ, RowKind
 from changelake.plan import Pipeline
+from changelake.operators.spark_binding import StateStats
 from changelake.plan.local import LocalRunner
+from changelake.plan.physical import sink_changes
 from changelake.plan.spark import compile_plan, packed_changes
 from changelake.service.decode_stage import from_ipc
+from changelake.service.pipeline import graph_sink_changes
 
 pytestmark = pytest.mark.spark
 
@@ -68,7 +71,8 @@ def _batch(columns: dict[str, str], rows, batch_no: int) -> pa.Table:
 
 
 def fold(changes: list[tuple[int, dict]], key: list[str]) -> dict:
-    """What the Delta sink holds after applying ``changes`` in order: -U ignored, latest per key."""
+    """What the Delta sink holds after applying ``changes`` (from sink_changes) in order: -U ignored,
+    latest per key."""
     table: dict = {}
     for kind, row in changes:
         k = tuple(row[c] for c in key)
@@ -79,18 +83,22 @@ def fold(changes: list[tuple[int, dict]], key: list[str]) -> dict:
     return table
 
 
-def local_changes(plan) -> dict[str, list[tuple[int, dict]]]:
-    runner = LocalRunner(plan)
+def keys(plan) -> dict[str, list[str]]:
+    return {n.table: list(n.primary_key) for n in plan.sinks}
+
+
+def local_changes(plan, runner: LocalRunner) -> dict[str, list[tuple[int, dict]]]:
     out = collections.defaultdict(list)
     for i, (orders, products) in enumerate(zip(ORDER_BATCHES, PRODUCT_BATCHES)):
         step = runner.step({"orders": _batch(ORDERS, orders, i), "products": _batch(PRODUCTS, products, i)})
         for table, changes in step.items():
-            for row in changes.to_pylist():
+            for row in sink_changes(changes, primary_key=keys(plan)[table], batch_id=i).to_pylist():
+                row.pop(SEQ)
                 out[table].append((row.pop(KIND), row))
     return out
 
 
-def spark_changes(spark, tmp_path, plan) -> tuple[dict[str, list[tuple[int, dict]]], list]:
+def spark_changes(spark, tmp_path, plan, state_stats) -> tuple[dict[str, list[tuple[int, dict]]], list]:
     from pyspark.sql.types import StructType
 
     dirs = {name: tmp_path / name for name in ("orders", "products")}
@@ -105,7 +113,7 @@ def spark_changes(spark, tmp_path, plan) -> tuple[dict[str, list[tuple[int, dict
             .parquet(str(dirs[name]))
 
     tables = compile_plan(plan, {"orders": stream("orders", ORDERS), "products": stream("products", PRODUCTS)},
-                          buckets=3)
+                          buckets=3, state_stats=state_stats)
     packed, names = packed_changes(tables)
     out = collections.defaultdict(list)
     actions = []
@@ -117,10 +125,9 @@ def spark_changes(spark, tmp_path, plan) -> tuple[dict[str, list[tuple[int, dict
         for route, payload in zip(got["_route"].to_pylist(), got["payload"].to_pylist()):
             per_table[names[route]].append(from_ipc(payload))
         for table, parts in per_table.items():
-            rows = pa.concat_tables(parts).to_pylist()
-            # the order downstream of the last kernel: by _seq (positions), stably
-            rows.sort(key=lambda r: r[SEQ])
-            for row in rows:
+            # what the service does: order by the graph's _seq (positions), then sink_changes
+            changes = graph_sink_changes(pa.concat_tables(parts), primary_key=keys(plan)[table], batch_id=batch_id)
+            for row in changes.to_pylist():
                 row.pop(SEQ)
                 out[table].append((row.pop(KIND), row))
 
@@ -135,11 +142,12 @@ def spark_changes(spark, tmp_path, plan) -> tuple[dict[str, list[tuple[int, dict
 def test_spark_executor_equals_local_runner(rocksdb, tmp_path):
     plan = shop().plan()
     assert [n.op for n in plan].count("materialize") == 1
-    want = local_changes(plan)
-    got, actions = spark_changes(rocksdb, tmp_path, plan)
+    runner = LocalRunner(plan)
+    want = local_changes(plan, runner)
+    stats = StateStats.accumulator(rocksdb)
+    got, actions = spark_changes(rocksdb, tmp_path, plan, stats)
     assert actions == [0, 1, 2]
-    keys = {n.table: list(n.primary_key) for n in plan.sinks}
-    for table, key in keys.items():
+    for table, key in keys(plan).items():
         assert fold(got[table], key) == fold(want[table], key), table
         assert fold(want[table], key), f"{table}: the input should leave rows in it"
     # one aggregate bucket holds all of a category's rows: its changes match per key and in order
@@ -148,5 +156,9 @@ def test_spark_executor_equals_local_runner(rocksdb, tmp_path):
         for kind, row in changes["category_sales"]:
             per_key[who][row["category"]].append((kind, row))
     assert per_key["spark"] == per_key["local"]
+    # the state sizes reported from the Python workers add up to the one-kernel state of each node
+    rows = {node: r for node, (r, _) in StateStats.totals(stats.value).items()}
+    assert rows == {node: k.state_rows for node, k in runner.kernels.items()}
+    assert all(b > 0 for r, b in StateStats.totals(stats.value).values() if r)
     # state survived from batch to batch: product 1 moved to toys in batch 1, order 10 left it
     assert fold(got["category_sales"], ["category"])[("toys",)]["orders"] == 3

@@ -1,0 +1,59 @@
+"""Sources that feed the operator graph: routed to it, and rows with a null key never reach a kernel."""
+
+from __future__ import annotations
+
+import orjson
+import pyarrow as pa
+import pytest
+
+from changelake.connectors.kafka_source import ARROW_SCHEMA, EXPIRED
+from changelake.service.config import parse_config
+from changelake.service.pipeline import BatchProcessor, graph_sink_changes
+
+pytestmark = pytest.mark.unit
+
+
+def _config(tmp_path):
+    return parse_config(f"""
+pipeline: {{id: graph-routes, checkpoint: {tmp_path}/ckpt}}
+kafka: {{bootstrap_servers: localhost:1}}
+sources:
+  - {{name: products, topics: [shop.products], columns: {{id: bigint, name: string}}, primary_key: [id]}}
+tables:
+  - {{name: product_names, from: products, primary_key: [id]}}
+storage: {{root: {tmp_path}/lake}}
+""")
+
+
+def _records(values: list[dict]) -> pa.RecordBatch:
+    n = len(values)
+    return pa.RecordBatch.from_pydict({
+        "topic": ["shop.products"] * n, "partition": [0] * n, "offset": list(range(n)),
+        "timestamp": [1_700_000_000_000] * n, "key": [b"k"] * n,
+        "value": [orjson.dumps({"before": None, "after": v, "op": "c", "ts_ms": 1}) for v in values],
+        EXPIRED: [0] * n}, schema=ARROW_SCHEMA)
+
+
+def test_null_key_rows_of_a_graph_source_become_dead_letters_in_the_executors(tmp_path):
+    processor = BatchProcessor(_config(tmp_path))
+    assert list(processor.graph_routes) == [0]
+    assert processor.stage.graph_keys == {0: ("id",)}
+    out = pa.Table.from_batches(list(processor.stage(iter([_records([{"id": 1, "name": "a"},
+                                                                      {"id": None, "name": "b"}])]))))
+    _, parts = processor.stage.split(out)
+    assert parts[0]["rows"]["id"].to_pylist() == [1]
+    dead = parts[0]["dl"]
+    assert dead["reason"].to_pylist() == ["missing-key"] and dead["offset"].to_pylist() == [1]
+    assert "table" not in dead["error"][0].as_py() and "source 'products'" in dead["error"][0].as_py()
+
+
+def test_graph_changes_ordered_by_the_graph_then_sequenced_after_earlier_batches():
+    # payloads of two tasks, collected out of order: the graph's _seq (positions) restores the order
+    changes = pa.table({"id": [7, 7, 8, 9], "_kind": pa.array([1, 2, 0, 1], pa.int8()),
+                        "_seq": ["000000000001", "000000000002", "000000000000", "000000000003"]})
+    got = graph_sink_changes(changes, primary_key=["id"], batch_id=12)
+    assert got["id"].to_pylist() == [8, 7, 7, 9]
+    assert got["_kind"].to_pylist() == [0, 1, 2, 3]       # 9's lone -U (retracted, not replaced) is a -D
+    seqs = got["_seq"].to_pylist()
+    assert seqs == sorted(seqs) and len(set(seqs)) == 4
+    assert seqs[-1] < graph_sink_changes(changes, primary_key=["id"], batch_id=13)["_seq"][0].as_py()
