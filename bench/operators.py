@@ -512,7 +512,8 @@ def main() -> int:
                                                   batch=args.batch, exclude_pids=(broker_pid,)).items():
                 figures[q, "changelake"] = timing
         elif mode == "local":
-            print(f"changelake: {missing}; running the plan in-process (LocalRunner) instead", flush=True)
+            why = missing or "--changelake local"
+            print(f"changelake: {why}; running the plan in-process (LocalRunner), not a product figure", flush=True)
             raw = consume(broker.bootstrap_servers, ("products", "orders"), args.topics)
             for q in queries:
                 figures[q, "changelake (in-process)"] = run_changelake_local(q, raw, args.batch)
