@@ -139,6 +139,13 @@ def _widens(src: str, dst: str) -> bool:
     return False
 
 
+def fits(field: pa.Field, existing: pa.Field) -> bool:
+    """True when values of ``field`` can be written into a column of ``existing``'s type (same Delta
+    type, or a narrower integer / floating-point type)."""
+    got, have = delta_type(field), delta_type(existing)
+    return got == have or _widens(got, have)
+
+
 def reconcile(*, path: str, table_schema: pa.Schema, batch_fields: Sequence[pa.Field]) -> SchemaPlan:
     """Plan the write of ``batch_fields`` into a table whose Arrow schema is ``table_schema``."""
     conflicts = []
@@ -147,10 +154,10 @@ def reconcile(*, path: str, table_schema: pa.Schema, batch_fields: Sequence[pa.F
         if field.name not in table_schema.names:
             new_fields.append(field.with_nullable(True))
             continue
-        have = delta_type(table_schema.field(field.name))
-        got = delta_type(field)
-        if have != got and not _widens(got, have):
-            conflicts.append(f"column {field.name!r} is {have} in the table but {got} in the batch")
+        existing = table_schema.field(field.name)
+        if not fits(field, existing):
+            conflicts.append(f"column {field.name!r} is {delta_type(existing)} in the table but "
+                             f"{delta_type(field)} in the batch")
     if conflicts:
         raise SinkCommitError(
             f"schema conflict writing to {path}: " + "; ".join(conflicts)

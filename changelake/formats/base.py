@@ -29,6 +29,7 @@ REASONS = (
     "missing-key",        # a primary-key column is null or absent
     "missing-before",     # an update/delete without the before-image the format needs
     "unsupported",        # valid message the configuration says not to accept (e.g. truncate with on_truncate=fail)
+    "schema-incompatible",  # its writer schema changed in a way the table cannot take (the source is quarantined)
 )
 
 

@@ -9,6 +9,22 @@ those of Debezium JSON (:mod:`changelake.formats.debezium`).
 A schema id the registry does not know is a ``malformed`` dead letter; a
 registry that cannot be reached raises :class:`~changelake.errors.SourceError`
 (the data is fine, the batch must be retried).
+
+Schema evolution, when the columns come from the writer schemas (no ``columns``
+declared). Before a batch is decoded, every writer schema it uses is read and
+compared with the columns known so far (those of the first writer schema, or of
+the table the pipeline writes to, see :meth:`DebeziumAvroDecoder.adopt_table`):
+
+=======================================================  =========================================
+new writer schema vs known columns                       outcome
+=======================================================  =========================================
+adds a column                                            column added (older rows read null)
+drops a column that is optional or has a default         kept; the new messages read null there
+narrows an integer / floating-point type (long -> int)   read into the known, wider type
+any other type change; drops a required or key column    incompatible: from this batch on, every
+                                                         message is a ``schema-incompatible`` dead
+                                                         letter (the decoder stays quarantined)
+=======================================================  =========================================
 """
 
 from __future__ import annotations
@@ -20,7 +36,9 @@ from typing import Any
 import fastavro
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 
+from changelake.connectors.delta_sink_schema import fits
 from changelake.errors import ConfigError, SourceError
 from changelake.formats import debezium as dbz
 from changelake.formats import debezium_avro_bulk as bulk
@@ -73,12 +91,16 @@ class DebeziumAvroDecoder(SchemaMixin):
         self._client = None
         self._schemas: dict[int, Any] = {}           # schema id -> parsed writer schema
         self._columns_by_id: dict[int, dict[str, ColumnSpec]] = {}
-        self._raw: dict[int, Any] = {}               # schema id -> writer schema as JSON data
+        self._raw: dict[int, Any] = {}               # schema id -> registered schema as JSON data
         self._framed: dict[int, bytes] = {}          # schema id -> bulk container schema
         self._declared = columns
         self._specs = [ColumnSpec(f.name, f.type, f.nullable) for f in columns] if columns is not None else None
         self._meta = [MetaColumn(k, c, METADATA_TYPES[k]) for k, c in self.metadata]
         self._key = opts["key"]
+        self._required: set[str] = set(self._key)    # columns a new writer schema may not drop
+        self._table: pa.Schema | None = None         # columns of the table written to (adopt_table)
+        #: why the decoder is quarantined (an incompatible writer schema was seen), else None
+        self.incompatible: str | None = None
 
     def __getstate__(self) -> dict:
         # the registry client holds connections: executors create their own
@@ -88,18 +110,53 @@ class DebeziumAvroDecoder(SchemaMixin):
 
     # --- schemas -----------------------------------------------------------------------
 
+    def registered_schema(self, schema_id: int) -> Any:
+        """The schema registered under ``schema_id`` as JSON data (fetched once)."""
+        raw = self._raw.get(schema_id)
+        if raw is None:
+            text = self._fetch(schema_id)
+            raw = self._raw[schema_id] = orjson.loads(text) if isinstance(text, (str, bytes)) else text
+        return raw
+
+    def adopt_table(self, columns: pa.Schema, key: tuple[str, ...]) -> None:
+        """Compare writer schemas with the user columns and key of an existing table (after a restart
+        the decoder has not seen the earlier writer schemas)."""
+        self._table = columns
+        self._required |= set(key)
+
     def _writer_schema(self, schema_id: int) -> Any:
         parsed = self._schemas.get(schema_id)
         if parsed is None:
-            text = self._fetch(schema_id)
-            raw = orjson.loads(text) if isinstance(text, (str, bytes)) else text
+            raw = self.registered_schema(schema_id)
             parsed = fastavro.parse_schema(raw)
-            self._raw[schema_id] = raw
             self._schemas[schema_id] = parsed
-            self._columns_by_id[schema_id] = _row_columns(raw)
-            if self._specs is None:
-                self._specs = list(self._columns_by_id[schema_id].values()) or None
+            columns = self._columns_by_id[schema_id] = _row_columns(raw)
+            if self._declared is None and columns:
+                self._evolve(schema_id, columns, _required_columns(raw))
         return parsed
+
+    def _evolve(self, schema_id: int, columns: dict[str, ColumnSpec], required: set[str]) -> None:
+        """Take in the columns of a new writer schema, or quarantine the decoder (see the module doc)."""
+        known = {f.name: f.type for f in self._table or ()} | {s.name: s.type for s in self._specs or ()}
+        problems = [f"column {name!r} was removed" for name in sorted(self._required - columns.keys())]
+        for name, spec in columns.items():
+            old = known.get(name)
+            if old is not None and not fits(pa.field(name, spec.type), pa.field(name, old)):
+                problems.append(f"column {name!r} changed from {old} to {spec.type}")
+        if problems:
+            if self.incompatible is None:
+                self.incompatible = (
+                    f"writer schema {schema_id} is incompatible with the columns read so far: "
+                    f"{'; '.join(problems)}. Messages of this source go to the dead-letter path until the "
+                    f"pipeline is restarted with a fix: declare the source's columns, or write the table to a "
+                    f"new path; then replay the dead letters (changelake dlq replay)")
+            return
+        self._required |= required
+        if self._specs is None:
+            self._specs = list(columns.values())
+        else:
+            current = {s.name for s in self._specs}
+            self._specs = [*self._specs, *(spec for name, spec in columns.items() if name not in current)]
 
     def _fetch(self, schema_id: int) -> Any:
         if self._lookup is not None:
@@ -129,6 +186,7 @@ class DebeziumAvroDecoder(SchemaMixin):
         """Healthy chunks of one writer schema go through the bulk path (when polars is
         installed); the others, message by message through fastavro."""
         with gc_paused():
+            self._read_writer_schemas(records)
             results = []
             for start in range(0, max(records.num_rows, 1), CHUNK):
                 chunk = records.slice(start, CHUNK)
@@ -136,7 +194,19 @@ class DebeziumAvroDecoder(SchemaMixin):
                 results.append(result if result is not None else self._decode(chunk))
             return merge_results(results)
 
+    def _read_writer_schemas(self, records: pa.Table) -> None:
+        """Fetch every writer schema the batch uses before decoding it, so that the whole batch is read
+        with the evolved columns (or quarantined)."""
+        heads = pc.unique(pc.binary_slice(records.column("value"), 0, 5)).to_pylist()
+        for head in sorted(h for h in heads if h and len(h) == 5 and h[0] == 0):
+            try:
+                self._writer_schema(int.from_bytes(head[1:5], "big"))
+            except Reject:   # an unknown schema id: its messages become dead letters
+                pass
+
     def _bulk(self, chunk: pa.Table) -> DecodeResult | None:
+        if self.incompatible is not None:
+            return None
         values = chunk.column("value").combine_chunks()
         idx = present_values(values)
         if len(idx) == 0:
@@ -175,6 +245,9 @@ class DebeziumAvroDecoder(SchemaMixin):
         for i, raw in enumerate(values):
             if not raw:
                 out.skip("tombstone")
+                continue
+            if self.incompatible is not None:
+                out.reject(i, "schema-incompatible", self.incompatible)
                 continue
             try:
                 if len(raw) < 5 or raw[0] != 0:
@@ -219,18 +292,30 @@ _AVRO_TO_CONNECT = {"int": "int32", "long": "int64", "float": "float32", "double
                     "boolean": "boolean", "string": "string", "bytes": "bytes"}
 
 
-def _row_columns(envelope: Any) -> dict[str, ColumnSpec]:
-    """Columns of the row record inside a Debezium Avro envelope (its 'after', else 'before')."""
+def _row_record(envelope: Any) -> dict | None:
+    """The row record inside a Debezium Avro envelope (its 'after', else 'before')."""
     if not isinstance(envelope, dict):
-        return {}
+        return None
     fields = {f.get("name"): f for f in envelope.get("fields", []) if isinstance(f, dict)}
     for side in ("after", "before"):
         record = _non_null(fields.get(side, {}).get("type"))
         if isinstance(record, dict) and record.get("type") == "record":
-            return {f["name"]: _avro_column(f["name"], f.get("type")) for f in record["fields"]}
-        if isinstance(record, str) and side == "after":
-            continue  # a named reference to the record defined under 'before'
-    return {}
+            return record
+        # else a named reference to the record defined under 'before'
+    return None
+
+
+def _row_columns(envelope: Any) -> dict[str, ColumnSpec]:
+    """Columns of the row record inside a Debezium Avro envelope."""
+    record = _row_record(envelope)
+    return {f["name"]: _avro_column(f["name"], f.get("type")) for f in record["fields"]} if record else {}
+
+
+def _required_columns(envelope: Any) -> set[str]:
+    """Row fields that are neither optional (a union with null) nor defaulted: a writer may not drop them."""
+    record = _row_record(envelope)
+    return {f["name"] for f in record["fields"]
+            if "default" not in f and not (isinstance(f.get("type"), list) and "null" in f["type"])} if record else set()
 
 
 def _non_null(avro_type: Any) -> Any:

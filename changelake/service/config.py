@@ -85,6 +85,8 @@ class SourceSpec(_Model):
     columns: dict[str, str] | None = Field(None, description="column name -> type (int, bigint, double, string, boolean, timestamp, date, decimal(p,s))")
     starting_offsets: Literal["earliest", "latest"] | dict[str, dict[str, int]] = "earliest"
     on_error: Literal["fail", "skip", "dlq"] = "dlq"
+    dead_letter_topic: str | None = Field(None, description="Kafka topic for this source's dead letters "
+                                          "(overrides dead_letter.topic); else the dead-letter Delta table")
     table: str | None = Field(None, description="mirror the source into this table; omit when only views read it")
     primary_key: list[str] | None = Field(None, description="the source rows' key, for views that read the source "
                                           "(default: the primary key of its table)")
@@ -108,7 +110,8 @@ class TableSpecModel(_Model):
     from_: str | None = Field(None, alias="from", description="the view or source whose changelog the table holds; "
                               "omit for a table that sources mirror through their 'table' key")
     path: str | None = Field(None, description="table URI; default <storage.root>/<name>")
-    primary_key: list[str] = Field(min_length=1)
+    primary_key: list[str] | None = Field(None, min_length=1, description="key columns; default: the field "
+                                          "names of the Kafka message keys (Debezium key struct), learnt once")
     partition_by: list[str] = Field(default_factory=list)
     tombstone_retention: str = "7 days"
 
@@ -194,6 +197,8 @@ class StorageSettings(_Model):
 
 class DeadLetterSettings(_Model):
     path: str | None = Field(None, description="Delta quarantine table; default <storage.root>/_dead_letters")
+    topic: str | None = Field(None, description="Kafka topic for dead letters (every source with on_error: dlq "
+                              "that names no dead_letter_topic of its own); unset: the Delta table")
 
 
 class MetricsSettings(_Model):
@@ -246,6 +251,9 @@ class ChangelakeConfig(_Model):
             if t.from_ is not None and mirrors:
                 raise ValueError(f"table {t.name!r} has 'from: {t.from_}' and is also the table of source(s) "
                                  f"{mirrors}; a table has one writer")
+            if t.from_ is not None and not t.primary_key:
+                raise ValueError(f"table {t.name!r} reads from {t.from_!r}, so it needs a primary_key (keys are "
+                                 "learnt from Kafka message keys only for tables that sources mirror)")
             if t.from_ is None and not mirrors:
                 raise ValueError(f"table {t.name!r} has no writer: give it 'from' (a view or source) or name it "
                                  "as a source's 'table'")
@@ -265,6 +273,11 @@ class ChangelakeConfig(_Model):
 
     def dead_letter_path(self) -> str:
         return self.dead_letter.path or _join(self.storage.root, "_dead_letters")
+
+    def dead_letter_topic(self, source: str) -> str | None:
+        """The Kafka topic that receives ``source``'s dead letters, or None for the Delta table."""
+        spec = next(s for s in self.sources if s.name == source)
+        return spec.dead_letter_topic or self.dead_letter.topic
 
     def redacted(self) -> dict[str, Any]:
         """A log-safe dump: secrets shown as '**********'."""

@@ -16,6 +16,8 @@ a few seconds as IPC payloads on 2 cores). Each output row is one payload:
            rows whose graph key is null (reason ``missing-key``): they never reach a kernel
 ``raw``    raw records of route ``_route`` whose decoder learns its columns at run
            time (no ``columns`` configured): decoded on the driver
+``keys``   the distinct message-key field lists of route ``_route``, while its table's
+           primary key is still to be learnt (``learn_keys``)
 =========  ==========================================================================
 """
 
@@ -28,6 +30,7 @@ import pyarrow.compute as pc
 
 from changelake.changelog import DEAD_LETTER_SCHEMA, OFFSET, PARTITION, TOPIC
 from changelake.connectors.kafka_source import ARROW_SCHEMA, split_markers
+from changelake.formats.message_key import key_shapes
 
 SCHEMA = pa.schema([pa.field("_route", pa.int16()), pa.field("part", pa.string()), pa.field("payload", pa.binary())])
 SPARK_SCHEMA = "_route smallint, part string, payload binary"
@@ -56,6 +59,8 @@ class DecodeStage:
         #: routes decoded in the executors (their columns are known up front)
         self.executor_routes = {i for i, r in enumerate(self.routes)
                                 if getattr(r.decoder, "output_schema", None) is not None}
+        #: routes whose message keys are inspected (their table's primary key is not known yet)
+        self.learn_keys: set[int] = set()
 
     # --- executor side -----------------------------------------------------
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -81,6 +86,8 @@ class DecodeStage:
             if not names:
                 continue
             mine = records.filter(pc.is_in(topics, pa.array(names, pa.string())))
+            if i in self.learn_keys:
+                out.append((i, "keys", to_ipc(key_shapes(mine, route.decoder))))
             if i not in self.executor_routes:
                 out.append((i, "raw", to_ipc(mine)))
                 continue

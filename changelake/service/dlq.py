@@ -1,6 +1,8 @@
 """``changelake dlq replay``: send quarantined messages back to their topic once the cause is fixed.
 
-Each dead letter is produced again, with its original key and value bytes, to the topic
+Dead letters are read from the Delta quarantine table and from the pipeline's
+dead-letter topics (committed messages whose ``changelake.pipeline`` header is
+this pipeline). Each dead letter is produced again, with its original key and value bytes, to the topic
 it came from (or ``--to-topic``), with headers naming where it was quarantined from. A
 Delta table ``<dead-letter path>_replayed`` records every (topic, partition, offset)
 replayed, so running the command twice never sends a message twice. The pipeline then
@@ -17,11 +19,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable, write_deltalake
 
+from changelake.connectors.dead_letter_topic import header_dict, read_topics
 from changelake.connectors.delta_read import read_delta
 from changelake.service.config import ChangelakeConfig
 
 log = logging.getLogger(__name__)
 
+#: what replay needs of a dead letter, wherever it is kept
+LETTER_COLUMNS = pa.schema([pa.field("topic", pa.string()), pa.field("partition", pa.int32()),
+                            pa.field("offset", pa.int64()), pa.field("key", pa.binary()),
+                            pa.field("value", pa.binary()), pa.field("reason", pa.string()),
+                            pa.field("source", pa.string())])
 REPLAYED_SCHEMA = pa.schema([pa.field("topic", pa.string()), pa.field("partition", pa.int32()),
                              pa.field("offset", pa.int64()), pa.field("replayed_to", pa.string())])
 
@@ -40,10 +48,7 @@ def replayed_path(config: ChangelakeConfig) -> str:
 def replay(config: ChangelakeConfig, *, source: str | None = None, reason: str | None = None,
            to_topic: str | None = None, dry_run: bool = False) -> ReplayResult:
     storage = config.storage.plain_options() or None
-    path = config.dead_letter_path()
-    if not DeltaTable.is_deltatable(path, storage_options=storage):
-        return ReplayResult(0, 0, {})
-    letters = read_delta(path, storage_options=storage)
+    letters = dead_letters(config)
     if source is not None:
         letters = letters.filter(pc.equal(letters["source"], source))
     if reason is not None:
@@ -81,6 +86,27 @@ def replay(config: ChangelakeConfig, *, source: str | None = None, reason: str |
     write_deltalake(replayed_path(config), record, mode="append", storage_options=storage)
     log.info("replayed %d dead letters", len(unique))
     return ReplayResult(len(unique), letters.num_rows - len(fresh), {})
+
+
+def dead_letters(config: ChangelakeConfig) -> pa.Table:
+    """This pipeline's dead letters (LETTER_COLUMNS), from the Delta table and the dead-letter topics."""
+    storage = config.storage.plain_options() or None
+    parts = []
+    path = config.dead_letter_path()
+    if DeltaTable.is_deltatable(path, storage_options=storage):
+        parts.append(read_delta(path, storage_options=storage, columns=list(LETTER_COLUMNS.names)))
+    topics = sorted({t for t in (config.dead_letter_topic(s.name) for s in config.sources) if t})
+    if topics:
+        client = {"bootstrap.servers": config.kafka.bootstrap_servers, "log_level": 3,
+                  **config.kafka.plain_properties()}
+        rows = []
+        for msg in read_topics(client, topics):
+            h = header_dict(msg.headers())
+            if h.get("pipeline") == config.pipeline.id:
+                rows.append({"topic": h["topic"], "partition": int(h["partition"]), "offset": int(h["offset"]),
+                             "key": msg.key(), "value": msg.value(), "reason": h["reason"], "source": h["source"]})
+        parts.append(pa.Table.from_pylist(rows, schema=LETTER_COLUMNS))
+    return pa.concat_tables([p.cast(LETTER_COLUMNS) for p in parts]) if parts else LETTER_COLUMNS.empty_table()
 
 
 def _replayed(config: ChangelakeConfig) -> set[tuple[str, int, int]]:

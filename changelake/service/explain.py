@@ -19,7 +19,7 @@ def explain(config: ChangelakeConfig) -> str:
         if not mirrors:
             continue
         lines.append(f"Sink(table=[{table.name}], path=[{config.table_path(table.name)}], "
-                     f"primaryKey=[{', '.join(table.primary_key)}]) needs [+I,+U,-D] (upsert by key, newest _seq "
+                     f"primaryKey=[{', '.join(table.primary_key or ['(from the message keys)'])}]) needs [+I,+U,-D] (upsert by key, newest _seq "
                      f"wins, tombstones kept {table.tombstone_retention})")
         for i, s in enumerate(mirrors):
             branch, cont = ("+- ", "   ") if i == len(mirrors) - 1 else (":- ", ":  ")

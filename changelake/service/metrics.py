@@ -40,6 +40,10 @@ DECODE_ERRORS = Counter(
 DEAD_LETTERS = Counter(
     "changelake_dead_letters_total", "Messages written to the dead-letter path, by topic and reason.",
     ["topic", "reason"], registry=REGISTRY)
+TABLE_QUARANTINED = Gauge(
+    "changelake_table_quarantined",
+    "1 while a source of the table is quarantined by an incompatible writer schema (its messages go to the "
+    "dead-letter path), else 0.", ["table"], registry=REGISTRY)
 SKIPPED_BAD = Counter(
     "changelake_bad_records_skipped_total", "Bad messages dropped because the source says on_error: skip.",
     ["topic", "reason"], registry=REGISTRY)

@@ -44,8 +44,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from changelake.changelog import DEAD_LETTER_SCHEMA, KIND, SEQ, RowKind
-from changelake.connectors.dead_letters import DeadLetterStore
-from changelake.connectors.delta_sink import TableSpec, open_sink
+from changelake.connectors.delta_sink import DeltaUpsertSink, TableSpec, open_sink
 from changelake.connectors.kafka_source import SOURCE_NAME, KafkaSource
 from changelake.errors import ConfigError, DecodeError
 from changelake.formats import make_decoder
@@ -57,7 +56,10 @@ from changelake.plan.yaml import pipeline_from_config
 from changelake.service import metrics
 from changelake.service.config import ChangelakeConfig, SourceSpec, parse_duration
 from changelake.service.decode_stage import SPARK_SCHEMA as DECODE_STAGE_SCHEMA
+from changelake.service.dead_letter_paths import DeadLetterPaths
 from changelake.service.decode_stage import DecodeStage, from_ipc, split_null_keys
+from changelake.service.key_inference import TableKeys
+from changelake.service.quarantine import Quarantine
 from changelake.types import arrow_schema
 
 log = logging.getLogger(__name__)
@@ -128,21 +130,29 @@ class BatchProcessor:
         self.graph_tables: list[str] = []
         #: Spark accumulator of the graph operators' state sizes (set by :meth:`stream`)
         self.state_stats: Any = None
-        storage = config.storage.plain_options()
-        self.sinks = {
-            t.name: open_sink(
-                TableSpec(name=t.name, path=config.table_path(t.name), primary_key=tuple(t.primary_key),
-                          partition_by=tuple(t.partition_by),
-                          tombstone_retention=timedelta(seconds=parse_duration(t.tombstone_retention)),
-                          storage_options=storage),
-                pipeline_id=config.pipeline.id, engine=config.storage.engine, spark=spark)
-            for t in config.tables
-        }
-        self.dead_letters = DeadLetterStore(config.dead_letter_path(), pipeline_id=config.pipeline.id,
-                                            storage_options=storage or None)
+        self.keys = TableKeys(config)
+        self._spark = spark
+        self.sinks: dict[str, DeltaUpsertSink] = {}     # opened once the table's key is known
+        self.dead_letters = DeadLetterPaths(config)
+        self.quarantine = Quarantine(config, self.routes, self.keys)
         self.stage = DecodeStage(self.routes, graph_keys={i: n.upsert_key or () for i, n in self.graph_routes.items()})
+        # The stage goes to the executors once, with the query: routes whose table's key is unknown at
+        # start report their message keys' fields every batch; the first batch that has some teaches it.
+        unknown = self.keys.unknown()
+        self.stage.learn_keys = {i for i, r in enumerate(self.routes) if r.spec.table in unknown}
         self.last_report: BatchReport | None = None
         self.totals = BatchReport(batch_id=-1)
+
+    def _sink(self, name: str) -> DeltaUpsertSink:
+        if name not in self.sinks:
+            t = self.config.table(name)
+            self.sinks[name] = open_sink(
+                TableSpec(name=name, path=self.config.table_path(name), primary_key=self.keys.key_of(name),
+                          partition_by=tuple(t.partition_by),
+                          tombstone_retention=timedelta(seconds=parse_duration(t.tombstone_retention)),
+                          storage_options=self.config.storage.plain_options()),
+                pipeline_id=self.config.pipeline.id, engine=self.config.storage.engine, spark=self._spark)
+        return self.sinks[name]
 
     def stream(self, records: Any) -> Any:
         """The streaming DataFrame ``foreachBatch`` receives: payloads (``DECODE_STAGE_SCHEMA``)."""
@@ -175,6 +185,7 @@ class BatchProcessor:
     def process_decoded(self, out: pa.Table, batch_id: int) -> BatchReport:
         """Apply the collected output of the executors' :class:`DecodeStage` and graph."""
         stats, parts = self.stage.split(out)
+        self.keys.learn(_key_shapes(self.routes, parts))
         graph_changes = {self.graph_tables[i]: got.pop(CHANGES_PART) for i, got in parts.items()
                          if CHANGES_PART in got}
         decoded = []
@@ -210,6 +221,7 @@ class BatchProcessor:
         for route, rows, dead in decoded:
             rows, bad = self._check_keys(route, rows, dead)
             if bad.num_rows:
+                self.quarantine.observe(route, bad)
                 self._handle_bad(route, bad, batch_id, report)
                 if route.spec.on_error == "dlq":
                     letters.append((route.spec.name, bad))
@@ -220,17 +232,14 @@ class BatchProcessor:
             per_table.setdefault(name, []).append(graph_sink_changes(changes, primary_key=pk, batch_id=batch_id))
 
         _fault("before-sinks", batch_id)
-        if letters:
-            table = pa.concat_tables([t.cast(DEAD_LETTER_SCHEMA) for _, t in letters])
-            source = pa.array([name for name, t in letters for _ in range(t.num_rows)], pa.string())
-            self.dead_letters.append(table, source=source, batch_id=batch_id)
+        self.dead_letters.write(letters, batch_id=batch_id)
         for i, (name, parts) in enumerate(sorted(per_table.items())):
             changes = pa.concat_tables(parts, promote_options="permissive")
             kinds = _count_kinds(changes)
             report.changes[name] = kinds
             for kind, n in kinds.items():
                 metrics.CHANGES_IN.labels(name, kind).inc(n)
-            result = self.sinks[name].apply(changes, batch_id=batch_id)
+            result = self._sink(name).apply(changes, batch_id=batch_id)
             if result.committed:
                 report.committed_tables.append(name)
             if i == 0:
@@ -248,7 +257,10 @@ class BatchProcessor:
         bad = bad.cast(DEAD_LETTER_SCHEMA)
         if rows.num_rows == 0 or route.spec.table is None:
             return rows, bad
-        key = self.config.table(route.spec.table).primary_key
+        key = self.keys.key_of(route.spec.table)
+        if key is None:
+            raise DecodeError(f"table {route.spec.table!r} has no primary_key and none was learnt from the "
+                              "message keys; set tables[].primary_key", reason="missing-key")
         missing = [k for k in key if k not in rows.column_names]
         if missing:
             raise DecodeError(
@@ -335,6 +347,15 @@ def graph_sink_changes(changes: pa.Table, *, primary_key: Sequence[str], batch_i
     """
     changes = changes.sort_by([(SEQ, "ascending")]) if changes.num_rows > 1 else changes
     return sink_changes(changes, primary_key=primary_key, batch_id=batch_id)
+
+
+def _key_shapes(routes: list["_Route"], parts: dict[int, dict[str, pa.Table]]) -> dict[str, list[pa.Table]]:
+    """The ``keys`` payloads of the decode stage, by table."""
+    shapes: dict[str, list[pa.Table]] = {}
+    for i, got in parts.items():
+        if "keys" in got and routes[i].spec.table is not None:
+            shapes.setdefault(routes[i].spec.table, []).append(got["keys"])
+    return shapes
 
 
 def _empty(route: "_Route") -> pa.Table:

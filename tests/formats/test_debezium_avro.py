@@ -8,8 +8,6 @@ import io
 import json
 import pickle
 import struct
-import threading
-from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import fastavro
 import pyarrow as pa
@@ -20,6 +18,7 @@ from changelake.errors import SourceError
 from changelake.formats import make_decoder
 from changelake.formats.debezium_avro import DebeziumAvroDecoder
 from tests.formats.helpers import kinds, mysql_source, records
+from tests.registry_stub import schema_registry
 
 pytestmark = pytest.mark.unit
 
@@ -60,31 +59,9 @@ AFTER = {"id": 5, "amount": decimal.Decimal("12.34"), "at": 1_700_000_000_123_45
 
 @pytest.fixture()
 def registry():
-    """A minimal Confluent Schema Registry: GET /schemas/ids/<id> serves schema 42, 404 otherwise."""
-    hits: list[str] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 - http.server API
-            hits.append(self.path)
-            if self.path.startswith("/schemas/ids/42"):
-                body, status = json.dumps({"schema": json.dumps(ENVELOPE)}).encode(), 200
-            else:
-                body, status = json.dumps({"error_code": 40403, "message": "Schema not found"}).encode(), 404
-            self.send_response(status)
-            self.send_header("Content-Type", "application/vnd.schemaregistry.v1+json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = HTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_port}", hits
-    server.shutdown()
-    server.server_close()
+    """A minimal Confluent Schema Registry that serves schema 42."""
+    with schema_registry({42: ENVELOPE}) as served:
+        yield served
 
 
 def test_registry_schemas_are_fetched_once_and_unknown_ids_are_dead_letters(registry) -> None:

@@ -32,7 +32,7 @@ def pipeline_config(servers: str, workdir: Path, *, topic_prefix: str, max_recor
         source["topics"] = [t.replace("dbserver1", topic_prefix, 1) for t in source["topics"]]
     for section, values in (overrides or {}).items():
         if isinstance(values, dict):
-            raw[section].update(values)
+            raw.setdefault(section, {}).update(values)
         else:
             raw[section] = values
     path = workdir / "pipeline.yaml"

@@ -64,3 +64,19 @@ def test_a_missing_environment_variable_is_an_error_not_an_empty_secret():
 def test_missing_file_is_a_clear_error(tmp_path):
     with pytest.raises(ConfigError, match="cannot read the pipeline file"):
         load_config(tmp_path / "nope.yaml")
+
+
+def test_dead_letter_topic_per_source_overrides_the_global_one_and_primary_key_is_optional():
+    two = """
+pipeline: {id: inv, checkpoint: /tmp/ckpt}
+kafka: {bootstrap_servers: "localhost:9092"}
+sources:
+  - {name: a, topics: [a], table: a}
+  - {name: b, topics: [b], table: b, dead_letter_topic: b.dlq}
+tables: [{name: a}, {name: b, primary_key: [id]}]
+"""
+    cfg = parse_config(two, environ={})
+    assert cfg.dead_letter_topic("a") is None and cfg.dead_letter_topic("b") == "b.dlq"
+    assert cfg.table("a").primary_key is None and cfg.table("b").primary_key == ["id"]
+    cfg = parse_config(two + "dead_letter: {topic: all.dlq}\n", environ={})
+    assert cfg.dead_letter_topic("a") == "all.dlq" and cfg.dead_letter_topic("b") == "b.dlq"
