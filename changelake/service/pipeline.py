@@ -48,10 +48,10 @@ from changelake.connectors.delta_sink import DeltaUpsertSink, TableSpec, open_si
 from changelake.connectors.kafka_source import SOURCE_NAME, KafkaSource
 from changelake.errors import ConfigError, DecodeError
 from changelake.formats import make_decoder
+from changelake.operators.spark_binding import StateStats
 from changelake.plan.graph import Pipeline
 from changelake.plan.physical import PhysicalPlan, sink_changes
 from changelake.plan.spark import CHANGES_PART
-from changelake.operators.spark_binding import StateStats
 from changelake.plan.yaml import pipeline_from_config
 from changelake.service import metrics
 from changelake.service.config import ChangelakeConfig, SourceSpec, parse_duration

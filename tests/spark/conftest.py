@@ -14,3 +14,20 @@ def rocksdb(spark):
     spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER)
     yield spark
     spark.conf.set("spark.sql.streaming.stateStore.providerClass", old)
+
+
+def write_micro_batch(table, directory, index: int) -> None:
+    """Write ``table`` as the ``index``-th file of a file-source stream, read in that order.
+
+    Spark's file source orders new files by modification time; files written within the same
+    millisecond tie and come in listing order, so a later batch could be read first. Each file
+    gets its own modification time, ``index`` seconds after a fixed base.
+    """
+    import os
+
+    import pyarrow.parquet as pq
+
+    path = directory / f"part-{index:03d}.parquet"
+    pq.write_table(table, path)
+    stamp = 1_700_000_000 + index
+    os.utime(path, (stamp, stamp))

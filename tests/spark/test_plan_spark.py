@@ -12,7 +12,6 @@ from __future__ import annotations
 import collections
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from changelake.changelog import KIND, SEQ, RowKind
@@ -23,6 +22,8 @@ from changelake.plan.physical import sink_changes
 from changelake.plan.spark import compile_plan, packed_changes
 from changelake.service.decode_stage import from_ipc
 from changelake.service.pipeline import graph_sink_changes
+
+from .conftest import write_micro_batch
 
 pytestmark = pytest.mark.spark
 
@@ -105,7 +106,7 @@ def spark_changes(spark, tmp_path, plan, state_stats) -> tuple[dict[str, list[tu
     for name, batches, columns in (("orders", ORDER_BATCHES, ORDERS), ("products", PRODUCT_BATCHES, PRODUCTS)):
         dirs[name].mkdir()
         for i, rows in enumerate(batches):
-            pq.write_table(_batch(columns, rows, i), dirs[name] / f"part-{i:03d}.parquet")
+            write_micro_batch(_batch(columns, rows, i), dirs[name], i)
 
     def stream(name, columns):
         ddl = ", ".join(f"{c} {t}" for c, t in columns.items()) + ", _kind TINYINT, _seq STRING"

@@ -9,7 +9,6 @@ from __future__ import annotations
 import collections
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from changelake.changelog import KIND, SEQ
@@ -22,6 +21,8 @@ from changelake.operators import (
     GroupAggregateConfig,
 )
 from changelake.operators.spark_binding import apply_kernel, run_bucket
+
+from .conftest import write_micro_batch
 
 pytestmark = pytest.mark.spark
 
@@ -83,7 +84,7 @@ def _run(spark, tmp_path, kernel_cls, config, *, keys, columns, out_schema) -> l
 
     def run_once(first: int, last: int):
         for i in range(first, last):  # one file per micro-batch
-            pq.write_table(pa.concat_tables(_table(j, BATCHES[j]) for j in FILES[i]), src / f"part-{i:03d}.parquet")
+            write_micro_batch(pa.concat_tables(_table(j, BATCHES[j]) for j in FILES[i]), src, i)
         df = spark.readStream.schema(spark_in).option("maxFilesPerTrigger", 1).parquet(str(src))
         out = apply_kernel(df.select(*columns, KIND, SEQ), kernel_cls, config, key_columns=keys,
                            output_schema=out_schema, buckets=3)
