@@ -333,7 +333,11 @@ def encode_partial(p: list) -> bytes:
 
 class EncodedGlobalGroupAggregate(GlobalGroupAggregate):
     """:class:`GlobalGroupAggregate` whose input rows carry the partial as :func:`encode_partial`
-    bytes (the Spark executor's two-phase path). Same state and snapshot as the global kernel."""
+    bytes (the Spark executor's two-phase path). Its state is the global kernel's, which is the
+    one-phase GroupAggregate's (``[record_count, accs, {}]`` per key); its snapshots carry the
+    one-phase operator name, so a checkpoint continues when an aggregate switches phase."""
+
+    OPERATOR = GroupAggregate.OPERATOR
 
     def _process_bundle(self, bundle: list[tuple], now: int, out: Changes) -> None:
         super()._process_bundle([(tag, kind, row[:-1] + (pickle.loads(row[-1]),)) for tag, kind, row in bundle],
