@@ -74,8 +74,9 @@ def compile_plan(plan: PhysicalPlan, sources: Mapping[str, Any], *,
     source's columns, ``_kind`` and ``_seq``). ``buckets`` is one bucket count for every stateful
     node, or per node id (missing ids get :data:`DEFAULT_BUCKETS`). ``state_stats``, an accumulator
     from :meth:`StateStats.accumulator`, receives each stateful node's state size by node id.
-    ``two_phase=False`` runs every aggregate one-phase (the state of a two-phase aggregate belongs
-    to its global kernel: switching needs a new checkpoint).
+    ``two_phase=False`` runs every aggregate one-phase (the global kernel's snapshots are the
+    one-phase GroupAggregate's, so either continues the other's state; the stateless local step
+    adds no state of its own).
     """
     missing = sorted({n.source for n in plan.sources} - set(sources))
     if missing:
