@@ -26,6 +26,17 @@ class GroupDeltas:
     leading: np.ndarray        # leading retractions per group
     all_deltas: np.ndarray     # [group, 1 + 2 * n_calls]: record count, then (value, count) per call
     lead_deltas: np.ndarray    # the same over the leading retractions only
+    first: np.ndarray          # position of each group's first row in the bundle
+
+
+def partial(functions, deltas: np.ndarray) -> list:
+    """A row of deltas as a partial accumulator ``[record_count, [acc per call]]`` (what
+    :meth:`_Aggs.merge` takes): COUNT's accumulator is the count, SUM/AVG's ``[sum, count]``."""
+    accs = []
+    for i, fn in enumerate(functions):
+        value, count = int(deltas[1 + 2 * i]), int(deltas[2 + 2 * i])
+        accs.append(value if isinstance(fn, Count) else [value, count])
+    return [int(deltas[0]), accs]
 
 
 def vectorisable(calls, functions, schema: pa.Schema | None) -> bool:
@@ -45,7 +56,10 @@ def fold(bundle: pa.Table, group_keys: tuple[int, ...], calls) -> GroupDeltas:
     keys = [names[i] for i in group_keys]
     kinds = bundle.column(KIND).to_numpy()
     sign = np.where((kinds == 0) | (kinds == 2), 1, -1).astype(np.int64)
-    gid = bundle.select(keys).to_pandas().groupby(keys, sort=False, dropna=False).ngroup().to_numpy()
+    if keys:
+        gid = bundle.select(keys).to_pandas().groupby(keys, sort=False, dropna=False).ngroup().to_numpy()
+    else:                                   # a global aggregate: one group
+        gid = np.zeros(bundle.num_rows, dtype=np.int64)
     n_groups = int(gid.max()) + 1 if len(gid) else 0
     leading = (pd.Series(sign > 0).groupby(gid).cumsum().to_numpy() == 0)
 
@@ -68,9 +82,9 @@ def fold(bundle: pa.Table, group_keys: tuple[int, ...], calls) -> GroupDeltas:
     np.add.at(all_deltas, gid, contrib)
     np.add.at(lead_deltas, gid[leading], contrib[leading])
     _, first_pos = np.unique(gid, return_index=True)
-    key_rows = bundle.select(keys).take(pa.array(first_pos)).to_pylist()
+    key_rows = bundle.select(keys).take(pa.array(first_pos)).to_pylist() if keys else [{}] * n_groups
     return GroupDeltas(
         keys=[tuple(r[k] for k in keys) for r in key_rows],
         rows=np.bincount(gid, minlength=n_groups),
         leading=np.bincount(gid[leading], minlength=n_groups),
-        all_deltas=all_deltas, lead_deltas=lead_deltas)
+        all_deltas=all_deltas, lead_deltas=lead_deltas, first=first_pos)

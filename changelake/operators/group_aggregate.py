@@ -27,18 +27,20 @@ partials into its state and emits results with the rules above.
 
 from __future__ import annotations
 
+import pickle
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import pyarrow as pa
 
+from changelake.changelog import KIND, user_columns
 from changelake.errors import ConfigError
 from changelake.operators import changelog_mode as cm
-from changelake.operators._group_fold import GroupDeltas, fold, vectorisable
+from changelake.operators._group_fold import GroupDeltas, fold, partial, vectorisable
 from changelake.operators._base import Kernel, MiniBatchBuffer
 from changelake.operators._rows import DELETE, INSERT, UPDATE_AFTER, UPDATE_BEFORE, Changes, is_accumulate, project
 from changelake.operators._state import KeyedState, StaleRetractionPolicy, StaleRetractions, check_ttl
-from changelake.operators.aggregates import AggregateFunction, Count, builtin
+from changelake.operators.aggregates import AggregateFunction, builtin
 
 #: group key -> [record_count, [accumulator per call], {distinct column: {value: count}}]
 STATE_ACCUMULATORS = "group-accumulators"
@@ -189,11 +191,7 @@ class GroupAggregate(_GroupEmitter):
                     continue
                 group = self.aggs.create()
                 deltas = deltas - d.lead_deltas[g]
-            group[0] += int(deltas[0])
-            accs = group[1]
-            for i, fn in enumerate(fns):
-                value, count = int(deltas[1 + 2 * i]), int(deltas[2 + 2 * i])
-                accs[i] = accs[i] + value if isinstance(fn, Count) else [accs[i][0] + value, accs[i][1] + count]
+            self.aggs.merge(group, partial(fns, deltas))
             self._finish_group(key, first, prev, group, now, out)
 
     def _process_rows(self, batch: Changes, now: int, out: Changes) -> None:
@@ -294,3 +292,53 @@ class GlobalGroupAggregate(_GroupEmitter):
             if first and group[0] == 0:
                 continue
             self._finish_group(key, first, prev, group, now, out)
+
+
+def mergeable(config: GroupAggregateConfig) -> bool:
+    """True if the aggregate can run two-phase: no DISTINCT call, and every function implements
+    :meth:`AggregateFunction.merge` (the built-ins do; a user-defined one may not)."""
+    return all(not call.distinct and type(fn).merge is not AggregateFunction.merge
+               for call, fn in zip(config.aggregates, config.functions))
+
+
+def local_partials(table: pa.Table, config: GroupAggregateConfig) -> tuple[list[list], list[int]]:
+    """:class:`LocalGroupAggregate` over one changelog batch (user columns + ``_kind``) as one bundle.
+
+    Returns per group key, in order of the key's first row, its partial accumulator
+    ``[record_count, [acc per call]]`` and the position of its first row (where the caller takes
+    the key's values). COUNT and integer SUM/AVG take the vectorised fold of :mod:`._group_fold`;
+    other aggregates the kernel's row loop. Retractions are folded in (a partial's counts may be
+    negative); dropping a stale one is the global step's business.
+    """
+    if vectorisable(config.aggregates, config.functions, table.schema):
+        d = fold(table, config.group_keys, config.aggregates)
+        return [partial(config.functions, row) for row in d.all_deltas], [int(i) for i in d.first]
+    kernel = LocalGroupAggregate(LocalGroupAggregateConfig(config.group_keys, config.aggregates,
+                                                           mini_batch_size=max(table.num_rows, 1)))
+    names = user_columns(table)
+    columns = [table.column(names[i]).to_pylist() for i in config.group_keys]
+    first: dict[tuple, int] = {}
+    for i, key in enumerate(zip(*columns) if columns else [()] * table.num_rows):
+        first.setdefault(key, i)
+    out = kernel.process(table.select([*names, KIND]))
+    out.extend(kernel.finish())
+    n = len(config.group_keys)
+    return [row[-1] for row in out.rows], [first[tuple(row[:n])] for row in out.rows]
+
+
+def encode_partial(p: list) -> bytes:
+    """A partial accumulator as bytes (the binary column between the local and the global step)."""
+    return pickle.dumps(p, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+class EncodedGlobalGroupAggregate(GlobalGroupAggregate):
+    """:class:`GlobalGroupAggregate` whose input rows carry the partial as :func:`encode_partial`
+    bytes (the Spark executor's two-phase path). Its state is the global kernel's, which is the
+    one-phase GroupAggregate's (``[record_count, accs, {}]`` per key); its snapshots carry the
+    one-phase operator name, so a checkpoint continues when an aggregate switches phase."""
+
+    OPERATOR = GroupAggregate.OPERATOR
+
+    def _process_bundle(self, bundle: list[tuple], now: int, out: Changes) -> None:
+        super()._process_bundle([(tag, kind, row[:-1] + (pickle.loads(row[-1]),)) for tag, kind, row in bundle],
+                                now, out)

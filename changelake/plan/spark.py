@@ -9,6 +9,9 @@ DataFrame (the sink input's columns, ``_kind``, ``_seq``). Every node of the pla
     project      F.expr per output column, cast to the planned type
     stateful     drop -U first when drop_update_before; then the kernel in bucketed state:
                  groupBy(pmod(hash(state keys), B)).transformWithStateInPandas (spark_binding)
+    aggregate    two-phase when its calls merge (:func:`is_two_phase`): a stateless mapInArrow
+                 folds each Arrow batch per group key into partial accumulators, one row per
+                 (task, batch, key); then the global kernel merges them in bucketed state
     join         both inputs unioned with a side tag, bucketed by the join-key values
     sink         its input
 
@@ -32,6 +35,8 @@ from typing import Any
 
 from changelake.changelog import KIND, SEQ, RowKind
 from changelake.errors import ConfigError
+from changelake.operators.group_aggregate import (EncodedGlobalGroupAggregate, GroupAggregate, encode_partial,
+                                                  local_partials, mergeable)
 from changelake.operators.spark_binding import StateStats, apply_join_kernel, apply_kernel
 from changelake.plan.physical import PhysicalNode, PhysicalPlan
 
@@ -53,14 +58,25 @@ def kernel_class(node: PhysicalNode) -> type:
     return node.kernel if isinstance(node.kernel, type) else type(node.make_kernel())
 
 
+def is_two_phase(node: PhysicalNode) -> bool:
+    """True if the executor runs aggregate ``node`` two-phase (local pre-aggregation, then global):
+    a mini-batch GroupAggregate whose calls all merge (no DISTINCT; see ``group_aggregate.mergeable``)."""
+    return (node.op == "aggregate" and node.kernel is GroupAggregate
+            and node.config.mini_batch_size is not None and mergeable(node.config))
+
+
 def compile_plan(plan: PhysicalPlan, sources: Mapping[str, Any], *,
-                 buckets: int | Mapping[str, int] = DEFAULT_BUCKETS, state_stats: Any = None) -> dict[str, Any]:
+                 buckets: int | Mapping[str, int] = DEFAULT_BUCKETS, state_stats: Any = None,
+                 two_phase: bool = True) -> dict[str, Any]:
     """``{table: changelog DataFrame}`` for every sink of ``plan``.
 
     ``sources`` maps each source name to its decoded streaming DataFrame (at least the
     source's columns, ``_kind`` and ``_seq``). ``buckets`` is one bucket count for every stateful
     node, or per node id (missing ids get :data:`DEFAULT_BUCKETS`). ``state_stats``, an accumulator
     from :meth:`StateStats.accumulator`, receives each stateful node's state size by node id.
+    ``two_phase=False`` runs every aggregate one-phase (the global kernel's snapshots are the
+    one-phase GroupAggregate's, so either continues the other's state; the stateless local step
+    adds no state of its own).
     """
     missing = sorted({n.source for n in plan.sources} - set(sources))
     if missing:
@@ -70,11 +86,12 @@ def compile_plan(plan: PhysicalPlan, sources: Mapping[str, Any], *,
         ins = [frames[i] for i in node.inputs]
         b = buckets if isinstance(buckets, int) else buckets.get(node.id, DEFAULT_BUCKETS)
         stats = None if state_stats is None else StateStats(state_stats, node.id)
-        frames[node.id] = _compile_node(node, ins, sources, b, stats)
+        frames[node.id] = _compile_node(node, ins, sources, b, stats, two_phase)
     return {n.table: frames[n.id] for n in plan.sinks}
 
 
-def _compile_node(node: PhysicalNode, ins: list, sources: Mapping[str, Any], buckets: int, stats):
+def _compile_node(node: PhysicalNode, ins: list, sources: Mapping[str, Any], buckets: int, stats,
+                  two_phase: bool = True):
     from pyspark.sql import functions as F
 
     if node.op == "source":
@@ -99,8 +116,62 @@ def _compile_node(node: PhysicalNode, ins: list, sources: Mapping[str, Any], buc
         return apply_join_kernel(ins[0], ins[1], cls, node.config, left_keys=lkeys, right_keys=rkeys,
                                  output_schema=spark_schema(node), buckets=buckets, stats=stats)
     (keys,) = node.state_keys
+    if two_phase and is_two_phase(node):
+        local, keys = local_aggregate(ins[0], node.config)
+        return apply_kernel(local, EncodedGlobalGroupAggregate, node.config, key_columns=keys,
+                            output_schema=spark_schema(node), buckets=buckets if keys else 1, stats=stats)
     return apply_kernel(ins[0], cls, node.config, key_columns=keys, output_schema=spark_schema(node),
                         buckets=buckets if keys else 1, stats=stats)
+
+
+#: Name of the partial-accumulator column between the local and the global aggregate (not "_"-prefixed:
+#: the binding hands only user columns and ``_kind`` to the kernel); suffixed if a group key has it.
+PARTIAL = "partial"
+
+
+class _LocalAggregate:
+    """mapInArrow: a task's Arrow batch folded per group key (``LocalGroupAggregate`` semantics).
+
+    Emits per key of the batch one row: the key columns, :data:`PARTIAL` (the pickled
+    ``[record_count, [acc per call]]``), ``_kind`` +I and ``_seq`` of the key's first row in the
+    batch (so the global bucket orders partials as their first rows arrived upstream).
+    """
+
+    def __init__(self, config: Any, keys: list[str], partial: str, schema) -> None:
+        self.config, self.keys, self.partial, self.schema = config, keys, partial, schema
+
+    def __call__(self, batches):
+        import pyarrow as pa
+
+        for batch in batches:
+            if not batch.num_rows:
+                continue
+            table = pa.Table.from_batches([batch])
+            partials, first = local_partials(table, self.config)
+            at = pa.array(first, pa.int64())
+            yield pa.RecordBatch.from_arrays(
+                [*(table.column(k).take(at).combine_chunks() for k in self.keys),
+                 pa.array([encode_partial(p) for p in partials], pa.binary()),
+                 pa.array([int(RowKind.INSERT)] * len(first), pa.int8()),
+                 table.column(SEQ).take(at).combine_chunks()], schema=self.schema)
+
+
+def local_aggregate(df, config: Any) -> tuple[Any, list[str]]:
+    """The local step of a two-phase aggregate over changelog ``df``: the partials DataFrame (group key
+    columns, :data:`PARTIAL`, ``_kind``, ``_seq``) and the names of its key columns."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.types import BinaryType, ByteType, StringType, StructField, StructType
+
+    user = [f for f in df.schema.fields if not f.name.startswith("_")]
+    keys = [user[i] for i in config.group_keys]
+    partial = PARTIAL
+    while partial in {k.name for k in keys}:
+        partial += "_"
+    out = StructType([StructField(k.name, k.dataType, True) for k in keys]
+                     + [StructField(partial, BinaryType(), False), StructField(KIND, ByteType(), False),
+                        StructField(SEQ, StringType(), True)])
+    names = [k.name for k in keys]
+    return df.mapInArrow(_LocalAggregate(config, names, partial, to_arrow_schema(out)), out), names
 
 
 #: Spark schema of packed changes (the same columns as the decode stage's payloads).
