@@ -88,15 +88,14 @@ def _finish(d: _Draft, done: dict[str, PhysicalNode]) -> PhysicalNode:
         kernel = d.kernel(config)
         mode = kernel.contract().produces
         if d.op == "join" and all(done[i].mode.is_insert_only for i in d.inputs) and \
-                d.extra.get("join_type") in ("INNER", "SEMI"):
+                config.join_type in ("INNER", "SEMI"):
             mode = cm.INSERT_ONLY                       # no retraction in, none out
     elif d.op == "sink":
         mode = done[d.inputs[0]].mode
     else:                                               # filter / project keep the input's kinds
         mode = done[d.inputs[0]].mode
-    extra = {k: v for k, v in d.extra.items() if k in PhysicalNode.__dataclass_fields__}
     return PhysicalNode(id=d.id, op=d.op, inputs=d.inputs, schema=d.schema, mode=mode, upsert_key=d.upsert_key,
-                        kernel=d.kernel, config=config, **extra)
+                        kernel=d.kernel, config=config, **d.extra)
 
 
 def _idx(schema: pa.Schema, columns) -> tuple[int, ...]:
@@ -295,7 +294,7 @@ class _Builder:
         return self._put(_Draft(
             node.name, "join", (left.id, right.id), schema, key, lambda gub: config,
             StreamingSemiAntiJoin if semi else StreamingJoin, needs_ub=lambda required: True,
-            extra={"state_keys": (lkey, rkey), "join_type": join_type,
+            extra={"state_keys": (lkey, rkey),
                    "state_layout": f"left {llayout}; right {rlayout}; by join key ({on})"
                                    + ("" if where is None else " with a residual predicate")}))
 

@@ -46,6 +46,10 @@ def _check_duration(value: str) -> str:
     return value
 
 
+def _check_optional_duration(value: str | None) -> str | None:
+    return None if value is None else _check_duration(value)
+
+
 class PipelineSettings(_Model):
     id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="stable pipeline id; part of the Delta transaction ids")
     checkpoint: str = Field(description="Spark checkpoint directory (one writer per checkpoint)")
@@ -61,10 +65,7 @@ class PipelineSettings(_Model):
 
     _interval = field_validator("trigger_interval")(_check_duration)
 
-    @field_validator("state_ttl")
-    @classmethod
-    def _ttl(cls, value: str | None) -> str | None:
-        return None if value is None else _check_duration(value)
+    _ttl = field_validator("state_ttl")(_check_optional_duration)
 
 
 class KafkaSettings(_Model):
@@ -165,10 +166,7 @@ class ViewSpec(_Model):
     state_ttl: str | None = Field(None, description="this view's idle-state retention (default: pipeline.state_ttl)")
     on_stale_retraction: Literal["warn", "fail"] | None = None
 
-    @field_validator("state_ttl")
-    @classmethod
-    def _ttl(cls, value: str | None) -> str | None:
-        return None if value is None else _check_duration(value)
+    _ttl = field_validator("state_ttl")(_check_optional_duration)
 
     @model_validator(mode="after")
     def _one_operation(self) -> "ViewSpec":

@@ -42,9 +42,9 @@ class Quarantine:
         for t in config.tables:
             metrics.TABLE_QUARANTINED.labels(table=t.name).set(0)
         for route in routes:
-            adopt = getattr(route.decoder, "adopt_table", None)
             if route.spec.table is None:          # feeds only the operator graph: declared columns
                 continue
+            adopt = getattr(route.decoder, "adopt_table", None)
             path = config.table_path(route.spec.table)
             if adopt is not None and DeltaTable.is_deltatable(path, storage_options=storage):
                 schema = pa.schema(DeltaTable(path, storage_options=storage).schema().to_arrow())
