@@ -41,3 +41,7 @@ class SinkCommitError(ChangelakeError):
 
 class StateError(ChangelakeError):
     """Operator state is inconsistent with its input (e.g. a retraction of an unknown row)."""
+
+
+class LookupSourceError(ChangelakeError):
+    """A lookup join's dimension table cannot be read (unreachable server, broken connection)."""

@@ -5,7 +5,8 @@ turns it into a :class:`~changelake.plan.physical.PhysicalPlan` with changelog m
 and materializers inserted, ``explain`` prints it, ``local`` runs it in-process.
 """
 
+from changelake.connectors.lookup import CacheOptions, Lookup
 from changelake.plan.graph import Pipeline, Stream
 from changelake.plan.physical import PhysicalNode, PhysicalPlan
 
-__all__ = ["Pipeline", "PhysicalNode", "PhysicalPlan", "Stream"]
+__all__ = ["CacheOptions", "Lookup", "Pipeline", "PhysicalNode", "PhysicalPlan", "Stream"]

@@ -7,7 +7,7 @@ from changelake.plan.physical import PhysicalNode, PhysicalPlan
 
 _NAMES = {"source": "Source", "normalize": "ChangelogNormalize", "deduplicate": "Deduplicate",
           "aggregate": "GroupAggregate", "join": "Join", "rank": "Rank", "materialize": "SinkUpsertMaterializer",
-          "filter": "Filter", "project": "Calc", "sink": "Sink"}
+          "lookup_join": "LookupJoin", "filter": "Filter", "project": "Calc", "sink": "Sink"}
 
 
 def describe(node: PhysicalNode) -> str:
@@ -24,6 +24,11 @@ def describe(node: PhysicalNode) -> str:
         args.append("select=[" + ", ".join(e if e == n else f"{e} AS {n}" for n, e in node.projections) + "]")
     elif node.op == "join":
         args.append(f"joinType=[{c.join_type}]")
+    elif node.op == "lookup_join":
+        lk = c.lookup
+        args.append(f"lookup=[{lk.name}], table=[{lk.where()}], key=[{', '.join(lk.key)}], joinType=[{c.join_type}]")
+        args.append("on=[" + " AND ".join(f"{a} = {lk.name}.{b}" for a, b in zip(c.stream_keys, c.dim_keys)) + "]")
+        args.append(f"batchSize=[{lk.batch_size}], maxConcurrency=[{lk.max_concurrency}]")
     elif node.op == "aggregate":
         args.append(f"groupBy=[{', '.join(node.state_keys[0])}]")
         args.append("select=[" + ", ".join(node.schema.names) + "]")

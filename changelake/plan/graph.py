@@ -31,14 +31,18 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from changelake.errors import ConfigError
+
+if TYPE_CHECKING:
+    from changelake.connectors.lookup import Lookup
 from changelake.types import arrow_schema
 
 JOIN_HOW = ("inner", "left", "right", "full", "semi", "anti")
+LOOKUP_JOIN_HOW = ("inner", "left")
 _AGG = re.compile(r"^\s*(count|sum|avg|min|max)\s*\(\s*(distinct\s+)?(\*|[A-Za-z][A-Za-z0-9_]*)\s*\)\s*$", re.I)
 _SORT = re.compile(r"^\s*([A-Za-z][A-Za-z0-9_]*)(?:\s+(asc|desc))?(?:\s+nulls\s+(first|last))?\s*$", re.I)
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
@@ -212,7 +216,7 @@ class Stream:
     def with_state(self, *, ttl: str | None = None, on_stale_retraction: str = "warn") -> "Stream":
         """Set this node's state retention and stale-retraction policy (see :class:`StateOptions`)."""
         node = self.pipeline.nodes[self.name]
-        if node.op in ("source", "sink", "filter", "project"):
+        if node.op in ("source", "sink", "filter", "project", "lookup_join"):
             raise ConfigError(f"{node.op} {self.name!r} keeps no state; set with_state on a stateful operator")
         options = StateOptions(ttl, on_stale_retraction)
         self.pipeline.nodes[self.name] = LogicalNode(node.name, node.op, node.inputs, {**node.params, "state": options})
@@ -253,6 +257,26 @@ class Stream:
             raise ConfigError("join: 'on' must name at least one pair of key columns")
         node_name = name or self.pipeline._fresh(f"join_{self.name}_{other.name}")
         return self.pipeline._add(node_name, "join", (self.name, other.name), on=pairs, how=how, where=where)
+
+    def lookup_join(self, lookup: "Lookup", *, on: Mapping[str, str] | Sequence[str], how: str = "inner",
+                    name: str | None = None) -> "Stream":
+        """Lookup join: each change row looks its key up in the dimension table ``lookup``
+        (:class:`~changelake.connectors.lookup.Lookup`); ``on`` maps this stream's columns to the
+        lookup's key columns (all of them). ``how``: 'inner' drops rows whose key the table lacks,
+        'left' pads them with nulls. No operator state; see docs/pipelines.md "Lookup join".
+        """
+        from changelake.connectors.lookup import Lookup
+
+        how = how.lower()
+        if how not in LOOKUP_JOIN_HOW:
+            raise ConfigError(f"lookup_join: how must be one of {LOOKUP_JOIN_HOW}, got {how!r}")
+        if not isinstance(lookup, Lookup):
+            raise ConfigError(f"lookup_join: lookup must be a Lookup (Lookup.delta(...) or Lookup.postgres(...)), "
+                              f"got {type(lookup).__name__}")
+        pairs = tuple(on.items()) if isinstance(on, Mapping) else tuple((c, c) for c in on)
+        if not pairs:
+            raise ConfigError("lookup_join: 'on' must map at least one stream column to a lookup key column")
+        return self._then("lookup_join", name, lookup=lookup, on=pairs, how=how)
 
     def group_by(self, *keys: str) -> "GroupedStream":
         return GroupedStream(self, tuple(keys))

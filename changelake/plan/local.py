@@ -1,7 +1,8 @@
 """Run a physical plan in this process, one micro-batch at a time.
 
 For tests, notebooks and small jobs: every stateful node is one kernel instance holding
-all keys, so there is no shuffle and no Spark. Its state is in memory; :meth:`snapshot`
+all keys, so there is no shuffle and no Spark; every lookup join is one joiner whose cache
+lives as long as the runner (:meth:`close` closes its connections). Its state is in memory; :meth:`snapshot`
 and :meth:`restore` carry it across a restart (the Spark executor keeps the same kernel
 state in the checkpointed RocksDB store instead). Outputs are what the Spark executor
 computes for the same input, per key and in order.
@@ -15,6 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from changelake.changelog import KIND, RowKind
+from changelake.operators.lookup_join import observe
 from changelake.plan import sql
 from changelake.plan.physical import PhysicalNode, PhysicalPlan
 
@@ -37,6 +39,7 @@ class LocalRunner:
     def __init__(self, plan: PhysicalPlan) -> None:
         self.plan = plan
         self.kernels = {n.id: n.make_kernel() for n in plan if n.stateful}
+        self.joiners = {n.id: n.make_kernel() for n in plan if n.op == "lookup_join"}
 
     def step(self, inputs: Mapping[str, pa.Table], *, now: int = 0) -> dict[str, pa.Table]:
         """Feed one micro-batch (decoded changelogs by source name); returns each table's changes."""
@@ -54,6 +57,10 @@ class LocalRunner:
                 outs[node.id] = sql.apply_project(ins[0], node.projections, node.schema)
             elif node.op == "sink":
                 outs[node.id] = ins[0]
+            elif node.op == "lookup_join":
+                joiner = self.joiners[node.id]
+                outs[node.id] = changelog_of(node, joiner.join(ins[0]))
+                observe(joiner.lookup.name, joiner.take_stats())
             else:
                 outs[node.id] = self._kernel_step(node, ins, now)
         return {n.table: outs[n.id] for n in self.plan.sinks}
@@ -69,6 +76,11 @@ class LocalRunner:
             out = kernel.process(ins[0], now=now)
         out.extend(kernel.finish(now=now))
         return out.to_arrow(node.schema)
+
+    def close(self) -> None:
+        """Close the lookup joins' connections and threads."""
+        for joiner in self.joiners.values():
+            joiner.close()
 
     def snapshot(self) -> dict[str, bytes]:
         return {node_id: k.snapshot() for node_id, k in self.kernels.items()}

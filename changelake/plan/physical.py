@@ -21,6 +21,10 @@ Executors must honour, per node kind (``op``):
                 must meet in the same kernel instance
 ``rank``        Top-N kernel built by ``make_rank(config)``
 ``materialize`` ``SinkUpsertMaterializer`` keyed by the sink's primary key
+``lookup_join`` ``LookupJoiner(config)`` per worker, its cache kept across micro-batches (no
+                state): each row joined with its key's dimension row (``config.lookup``),
+                kinds kept; on Spark the input is partitioned by ``state_keys`` (the
+                stream's lookup key columns) so a key's rows meet one cache
 ``filter``      keep rows for which the SQL predicate ``predicate`` is true (row kinds kept)
 ``project``     SQL expressions ``projections`` ((name, expression) pairs), row kinds kept
 ``sink``        apply the input changelog to Delta table ``table`` (:func:`sink_changes`)
@@ -45,7 +49,7 @@ from changelake.changelog import KIND, RowKind, with_batch_seq
 from changelake.operators.changelog_mode import ChangelogMode
 
 Op = Literal["source", "normalize", "deduplicate", "aggregate", "join", "rank", "materialize",
-             "filter", "project", "sink"]
+             "lookup_join", "filter", "project", "sink"]
 #: ops whose node runs a kernel with keyed state
 STATEFUL_OPS = frozenset({"normalize", "deduplicate", "aggregate", "join", "rank", "materialize"})
 
@@ -75,7 +79,7 @@ class PhysicalNode:
         return self.op in STATEFUL_OPS
 
     def make_kernel(self):
-        """A fresh kernel for this node (stateful nodes only)."""
+        """A fresh kernel for this node (stateful nodes; a lookup join's joiner)."""
         return self.kernel(self.config)
 
 

@@ -24,6 +24,7 @@ import pyarrow as pa
 
 from changelake.errors import ConfigError
 from changelake.operators import changelog_mode as cm
+from changelake.operators.lookup_join import LookupJoinConfig, LookupJoiner
 from changelake.operators import (
     AggCall, Deduplicate, DeduplicateConfig, GroupAggregate, GroupAggregateConfig, InputSpec, RankConfig,
     SinkUpsertMaterializer, SinkUpsertMaterializerConfig, SortColumn, StreamingJoin, StreamingJoinConfig,
@@ -84,6 +85,8 @@ def _finish(d: _Draft, done: dict[str, PhysicalNode]) -> PhysicalNode:
     config = d.configure(d.required) if d.configure else None
     if d.op == "source":
         mode = cm.ALL
+    elif d.op == "lookup_join":                         # stateless: the input's kinds, one row or none per row
+        mode = done[d.inputs[0]].mode
     elif config is not None:
         kernel = d.kernel(config)
         mode = kernel.contract().produces
@@ -176,7 +179,7 @@ class _Builder:
         """Whether ``d`` emits only +I whatever its consumers need (decided before pass 2)."""
         if d.op == "source":
             return False
-        if d.op in ("filter", "project"):
+        if d.op in ("filter", "project", "lookup_join"):
             return self._insert_only(self.drafts[d.inputs[0]])
         if d.configure is None:
             return False
@@ -297,6 +300,40 @@ class _Builder:
             extra={"state_keys": (lkey, rkey),
                    "state_layout": f"left {llayout}; right {rlayout}; by join key ({on})"
                                    + ("" if where is None else " with a residual predicate")}))
+
+    def _lookup_join(self, node: LogicalNode) -> str:
+        inp = self._input(node.inputs[0])
+        lookup, pairs, how = node.params["lookup"], node.params["on"], node.params["how"]
+        skeys, dkeys = tuple(a for a, _ in pairs), tuple(b for _, b in pairs)
+        _check_columns(node.name, "on (stream)", skeys, inp.schema.names)
+        dim = lookup.columns
+        unknown = [c for c in dkeys if c not in dim.names]
+        if unknown:
+            raise ConfigError(f"lookup join {node.name!r}: on names column(s) {unknown} that lookup {lookup.name!r} "
+                              f"does not declare; its columns are {dim.names}")
+        if sorted(dkeys) != sorted(lookup.key) or len(set(dkeys)) != len(dkeys):
+            raise ConfigError(f"lookup join {node.name!r}: on must map stream columns to exactly the key of lookup "
+                              f"{lookup.name!r} {list(lookup.key)} (one dimension row per key); got {list(dkeys)}")
+        for a, b in pairs:
+            st, dt = inp.schema.field(a).type, dim.field(b).type
+            if st != dt:
+                raise ConfigError(f"lookup join {node.name!r}: {a} is {st} on the stream but {lookup.name}.{b} is "
+                                  f"{dt}; cast the stream column with a select first, or declare the lookup column "
+                                  f"as {st}")
+        names = tuple(f"{lookup.name}_{c}" if c in inp.schema.names else c for c in dim.names)
+        fields = list(inp.schema) + [f.with_name(n).with_nullable(True) for f, n in zip(dim, names)]
+        schema = _unique_schema(node.name, fields)
+        join_type = how.upper()
+        config = LookupJoinConfig(lookup, skeys, dkeys, join_type, names)
+        # an inner lookup join drops rows whose key is missing, as a filter does: it needs the input's -U
+        # so that a row whose update is dropped is retracted; a left join emits one row per input row
+        return self._put(_Draft(
+            node.name, "lookup_join", (inp.id,), schema, inp.upsert_key, lambda gub: config, LookupJoiner,
+            needs_ub=(lambda required: True) if join_type == "INNER" else (lambda required: required),
+            extra={"state_keys": (skeys,),
+                   "state_layout": f"no state (cache: {lookup.cache.describe()})",
+                   "note": "a retraction is joined with the dimension's current row (as Flink): a dimension row "
+                           "changed or deleted between a row's +I and its -D can leave stale results downstream"}))
 
     # -- sinks -----------------------------------------------------------------------------------
     def _sink(self, node: LogicalNode) -> str:

@@ -2,7 +2,7 @@
 
 Names follow Prometheus conventions: ``changelake_`` prefix, ``_total`` for
 counters, units in the name. Label values are bounded: topic, partition,
-table, format, kind, reason, operator, engine. Never keys or offsets.
+table, format, kind, reason, operator, engine, lookup, result. Never keys or offsets.
 
 The driver serves these on ``/metrics``. Counts made in executor Python
 workers travel back to the driver with the batch (see the pipeline), so every
@@ -100,3 +100,16 @@ STALE_RETRACTIONS = Counter(
 MATERIALIZER_CORRECTIONS = Counter(
     "changelake_materializer_corrections_total",
     "Out-of-order retractions undone by the sink upsert materializer.", ["table"], registry=REGISTRY)
+
+# --- lookup joins -------------------------------------------------------------------
+LOOKUP_REQUESTS = Counter(
+    "changelake_lookup_requests_total",
+    "Keys a lookup join needed, per micro-batch and distinct key: served from its cache (hit) or looked up "
+    "in the dimension table (miss).", ["lookup", "result"], registry=REGISTRY)
+LOOKUP_LATENCY = Histogram(
+    "changelake_lookup_latency_seconds", "Time of one batched query to a lookup join's dimension table.",
+    ["lookup"], buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+    registry=REGISTRY)
+LOOKUP_CACHE_ROWS = Gauge(
+    "changelake_lookup_cache_rows", "Keys held in a lookup join's caches (summed over Python workers).",
+    ["lookup"], registry=REGISTRY)
