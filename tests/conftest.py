@@ -60,3 +60,19 @@ def spark():
     session = build_session(app_name="changelake-tests", master="local[2]", conf=conf, ui=False)
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A PostgreSQL server of this test session (tests/postgres_server.py), started from the OS
+    package's binaries; tests skip, saying what is missing, where there are none."""
+    from tests.postgres_server import PostgresServer, missing
+
+    why = missing()
+    if why:
+        pytest.skip(why)
+    server = PostgresServer.start()
+    try:
+        yield server
+    finally:
+        server.stop()
