@@ -16,7 +16,8 @@
       - {name: category_sales, from: by_category, primary_key: [category]}
 
 A view has ``from`` (or a ``join`` with ``left`` and ``right``) and one operation:
-``deduplicate``, ``filter``, ``select``, ``group_by`` + ``aggregates``, ``top_n``, ``join``.
+``deduplicate``, ``filter``, ``select``, ``group_by`` + ``aggregates``, ``top_n``, ``join``,
+``lookup_join`` (``{lookup: <name under lookups>, on: {stream column: key column}, how}``).
 Sources that only mirror into a table (``sources[].table``) stay outside the graph.
 ``pipeline.state_ttl`` / ``pipeline.on_stale_retraction`` set every operator's state options;
 a view's own ``state_ttl`` / ``on_stale_retraction`` override them.
@@ -24,9 +25,10 @@ a view's own ``state_ttl`` / ``on_stale_retraction`` override them.
 
 from __future__ import annotations
 
+from changelake.connectors.lookup import CacheOptions, Lookup
 from changelake.errors import ConfigError
 from changelake.plan.graph import Pipeline, StateOptions, Stream
-from changelake.service.config import ChangelakeConfig, SourceSpec, ViewSpec
+from changelake.service.config import ChangelakeConfig, LookupSpec, SourceSpec, ViewSpec, parse_duration
 
 
 def pipeline_from_config(config: ChangelakeConfig) -> Pipeline | None:
@@ -40,8 +42,9 @@ def pipeline_from_config(config: ChangelakeConfig) -> Pipeline | None:
     for s in config.sources:
         if s.name in read:
             _source(p, config, s)
+    lookups = {lk.name: lookup_of(config, lk) for lk in config.lookups}
     for v in config.views:
-        stream = _view(p, v)
+        stream = _view(p, v, lookups)
         if v.state_ttl is not None or v.on_stale_retraction is not None:
             stream.with_state(ttl=v.state_ttl or defaults.ttl,
                               on_stale_retraction=v.on_stale_retraction or defaults.on_stale_retraction)
@@ -58,11 +61,28 @@ def _source(p: Pipeline, config: ChangelakeConfig, s: SourceSpec) -> Stream:
     return p.source(s.name, columns=s.columns, primary_key=key, normalize=s.normalize)
 
 
-def _view(p: Pipeline, v: ViewSpec) -> Stream:
+def lookup_of(config: ChangelakeConfig, spec: LookupSpec) -> Lookup:
+    """The :class:`Lookup` of a ``lookups`` entry (Delta paths under ``storage.root``, its options)."""
+    cache = CacheOptions(max_rows=spec.cache.max_rows, ttl=spec.cache.ttl)
+    tuning = {k: v for k, v in (("batch_size", spec.batch_size), ("max_concurrency", spec.max_concurrency))
+              if v is not None}
+    if spec.delta is not None:
+        return Lookup.delta(spec.name, config.lookup_path(spec.name), columns=spec.columns, key=spec.key, cache=cache,
+                            storage_options=config.storage.plain_options(), **tuning)
+    pg = spec.postgres
+    return Lookup.postgres(spec.name, pg.url, table=pg.table, columns=spec.columns, key=spec.key, user=pg.user,
+                           password_env=pg.password_env, cache=cache,
+                           connect_timeout_s=parse_duration(pg.connect_timeout), retries=pg.retries, **tuning)
+
+
+def _view(p: Pipeline, v: ViewSpec, lookups: dict[str, Lookup]) -> Stream:
     if v.join is not None:
         j = v.join
         return p.stream(j.left).join(p.stream(j.right), on=j.on, how=j.how, name=v.name)
     inp = p.stream(v.from_)
+    if v.lookup_join is not None:
+        lj = v.lookup_join
+        return inp.lookup_join(lookups[lj.lookup], on=lj.on, how=lj.how, name=v.name)
     if v.deduplicate is not None:
         d = v.deduplicate
         return inp.deduplicate(d.keys, keep=d.keep, order_by=d.order_by, name=v.name)

@@ -119,19 +119,28 @@ class TableSpecModel(_Model):
     _retention = field_validator("tombstone_retention")(_check_duration)
 
 
+def _yaml_on(cls, data: Any) -> Any:
+    # YAML 1.1 reads an unquoted key `on` as the boolean true (a key "True" once environment-expanded)
+    if isinstance(data, dict) and "on" not in data:
+        data = {("on" if k is True or k == "True" else k): v for k, v in data.items()}
+    return data
+
+
 class JoinSpec(_Model):
     left: str
     right: str
     on: dict[str, str] = Field(min_length=1, description="left column -> right column")
     how: Literal["inner", "left", "right", "full", "semi", "anti"] = "inner"
 
-    @model_validator(mode="before")
-    @classmethod
-    def _yaml_on(cls, data: Any) -> Any:
-        # YAML 1.1 reads an unquoted key `on` as the boolean true (a key "True" once environment-expanded)
-        if isinstance(data, dict) and "on" not in data:
-            data = {("on" if k is True or k == "True" else k): v for k, v in data.items()}
-        return data
+    _yaml_on = model_validator(mode="before")(_yaml_on)
+
+
+class LookupJoinSpec(_Model):
+    lookup: str = Field(description="the name of an entry under 'lookups'")
+    on: dict[str, str] = Field(min_length=1, description="stream column -> lookup key column (the whole key)")
+    how: Literal["inner", "left"] = "inner"
+
+    _yaml_on = model_validator(mode="before")(_yaml_on)
 
 
 class DeduplicateSpec(_Model):
@@ -148,7 +157,7 @@ class TopNSpec(_Model):
 
 
 #: the keys of a view that name its operation; exactly one per view (group_by goes with aggregates)
-VIEW_OPERATIONS = ("join", "deduplicate", "filter", "select", "aggregates", "top_n")
+VIEW_OPERATIONS = ("join", "lookup_join", "deduplicate", "filter", "select", "aggregates", "top_n")
 
 
 class ViewSpec(_Model):
@@ -157,6 +166,7 @@ class ViewSpec(_Model):
     name: str = Field(pattern=r"^[A-Za-z][A-Za-z0-9_]*$")
     from_: str | None = Field(None, alias="from")
     join: JoinSpec | None = None
+    lookup_join: LookupJoinSpec | None = None
     deduplicate: DeduplicateSpec | None = None
     filter: str | None = Field(None, description="SQL predicate")
     select: dict[str, str] | list[str] | None = Field(None, description="output column -> SQL expression, or names")
@@ -184,6 +194,63 @@ class ViewSpec(_Model):
         return [self.join.left, self.join.right] if self.join else [self.from_]
 
 
+class LookupCacheSpec(_Model):
+    max_rows: int = Field(100_000, ge=0, description="keys kept (least recently used evicted); 0: no cache")
+    ttl: str | None = Field("10 minutes", description="how long a looked-up row (or its absence) is reused; "
+                            "'0 s': no cache; null: until evicted")
+
+    _ttl = field_validator("ttl")(_check_optional_duration)
+
+
+class DeltaLookupSpec(_Model):
+    path: str = Field(description="table URI; a relative path is a table under storage.root")
+
+
+class PostgresLookupSpec(_Model):
+    url: str = Field(description="jdbc:postgresql://host:port/database or postgresql://host:port/database")
+    table: str = Field(description="table name, or schema.table")
+    user: str | None = None
+    password_env: str | None = Field(None, description="name of the environment variable holding the password "
+                                     "(set on the driver and the executors)")
+    connect_timeout: str = "5 seconds"
+    retries: int = Field(3, ge=0, description="reconnects of a broken connection before the batch fails")
+
+    _timeout = field_validator("connect_timeout")(_check_duration)
+
+    @field_validator("url")
+    @classmethod
+    def _no_password_in_url(cls, url: str) -> str:
+        from urllib.parse import parse_qs, urlsplit
+
+        parts = urlsplit(url[len("jdbc:"):] if url.startswith("jdbc:") else url)
+        if parts.password or "password" in parse_qs(parts.query):
+            raise ValueError("the URL holds a password; put it in an environment variable and name it in "
+                             "password_env")
+        return url
+
+
+class LookupSpec(_Model):
+    """A dimension table that views look keys up in (``lookup_join``); exactly one of delta / postgres."""
+
+    name: str = Field(pattern=r"^[A-Za-z][A-Za-z0-9_]*$")
+    delta: DeltaLookupSpec | None = None
+    postgres: PostgresLookupSpec | None = None
+    columns: dict[str, str] = Field(min_length=1, description="the columns the join reads: name -> type")
+    key: list[str] = Field(min_length=1, description="the columns looked up by; one row per key")
+    cache: LookupCacheSpec = LookupCacheSpec()
+    batch_size: int | None = Field(None, gt=0, description="keys per query (default: delta 10000, postgres 1000)")
+    max_concurrency: int | None = Field(None, gt=0, description="queries at once (default: delta 1, postgres 4)")
+
+    @model_validator(mode="after")
+    def _one_table(self) -> "LookupSpec":
+        if (self.delta is None) == (self.postgres is None):
+            raise ValueError(f"lookup {self.name!r}: give exactly one of 'delta' (path) or 'postgres' (url, table)")
+        missing = [k for k in self.key if k not in self.columns]
+        if missing:
+            raise ValueError(f"lookup {self.name!r}: key column(s) {missing} are not under its columns")
+        return self
+
+
 class StorageSettings(_Model):
     root: str = "./lake"
     options: dict[str, SecretStr] = Field(default_factory=dict, description="object-store options for delta-rs / Hadoop")
@@ -209,6 +276,7 @@ class ChangelakeConfig(_Model):
     pipeline: PipelineSettings
     kafka: KafkaSettings
     sources: list[SourceSpec] = Field(min_length=1)
+    lookups: list[LookupSpec] = Field(default_factory=list)
     views: list[ViewSpec] = Field(default_factory=list)
     tables: list[TableSpecModel] = Field(min_length=1)
     storage: StorageSettings = StorageSettings()
@@ -232,7 +300,14 @@ class ChangelakeConfig(_Model):
         """Views and tables with 'from' read defined names; every source is used; the graph has no cycle."""
         sources = [s.name for s in self.sources]
         defined = list(sources)
+        lookups = [lk.name for lk in self.lookups]
+        dup = sorted({n for n in lookups if lookups.count(n) > 1})
+        if dup:
+            raise ValueError(f"lookup names must be unique; repeated: {dup}")
         for v in self.views:
+            if v.lookup_join is not None and v.lookup_join.lookup not in lookups:
+                raise ValueError(f"view {v.name!r}: lookup_join names lookup {v.lookup_join.lookup!r}, which is not "
+                                 f"under 'lookups' (defined: {lookups})")
             for i in v.inputs:
                 if i not in defined:
                     raise ValueError(f"view {v.name!r} reads {i!r}, which is neither a source nor a view defined "
@@ -261,6 +336,9 @@ class ChangelakeConfig(_Model):
         unread = [v.name for v in self.views if v.name not in read]
         if unread:
             raise ValueError(f"view(s) {unread} are not read by any view or table")
+        unused = sorted(set(lookups) - {v.lookup_join.lookup for v in self.views if v.lookup_join is not None})
+        if unused:
+            raise ValueError(f"lookup(s) {unused} are not used by any view's lookup_join")
 
     def table(self, name: str) -> TableSpecModel:
         return next(t for t in self.tables if t.name == name)
@@ -268,6 +346,11 @@ class ChangelakeConfig(_Model):
     def table_path(self, name: str) -> str:
         t = self.table(name)
         return t.path if t.path else _join(self.storage.root, name)
+
+    def lookup_path(self, name: str) -> str:
+        """A Delta lookup's table URI (a relative path is under ``storage.root``)."""
+        path = next(lk for lk in self.lookups if lk.name == name).delta.path
+        return path if "://" in path or Path(path).is_absolute() else _join(self.storage.root, path)
 
     def dead_letter_path(self) -> str:
         return self.dead_letter.path or _join(self.storage.root, "_dead_letters")
@@ -329,7 +412,7 @@ def _apply_env_overrides(data: dict[str, Any], environ: Mapping[str, str]) -> No
         if not name.startswith(ENV_PREFIX) or "__" not in name:
             continue
         keys = [p.lower() for p in name[len(ENV_PREFIX):].split("__")]
-        if keys[0] not in ChangelakeConfig.model_fields or keys[0] in ("sources", "tables"):
+        if keys[0] not in ChangelakeConfig.model_fields or keys[0] in ("sources", "tables", "lookups", "views"):
             continue
         if keys[:2] == ["kafka", "properties"] and len(keys) == 3:
             keys[2] = keys[2].replace("_", ".")
