@@ -13,6 +13,9 @@ DataFrame (the sink input's columns, ``_kind``, ``_seq``). Every node of the pla
                  folds each Arrow batch per group key into partial accumulators, one row per
                  (task, batch, key); then the global kernel merges them in bucketed state
     join         both inputs unioned with a side tag, bucketed by the join-key values
+    lookup_join  repartition(B, stream lookup key columns), then a stateless mapInArrow: each Python
+                 worker keeps one LookupJoiner (and its cache) per node, so within a micro-batch a
+                 key's rows meet one cache and one lookup; _kind and _seq pass through
     sink         its input
 
 Ordering: a stateful node's rows carry ``_seq`` (the source's ordering token, or the row's
@@ -67,7 +70,7 @@ def is_two_phase(node: PhysicalNode) -> bool:
 
 def compile_plan(plan: PhysicalPlan, sources: Mapping[str, Any], *,
                  buckets: int | Mapping[str, int] = DEFAULT_BUCKETS, state_stats: Any = None,
-                 two_phase: bool = True) -> dict[str, Any]:
+                 two_phase: bool = True, lookup_stats: Any = None) -> dict[str, Any]:
     """``{table: changelog DataFrame}`` for every sink of ``plan``.
 
     ``sources`` maps each source name to its decoded streaming DataFrame (at least the
@@ -76,7 +79,9 @@ def compile_plan(plan: PhysicalPlan, sources: Mapping[str, Any], *,
     from :meth:`StateStats.accumulator`, receives each stateful node's state size by node id.
     ``two_phase=False`` runs every aggregate one-phase (the global kernel's snapshots are the
     one-phase GroupAggregate's, so either continues the other's state; the stateless local step
-    adds no state of its own).
+    adds no state of its own). ``lookup_stats``, an accumulator from
+    :meth:`SparkLookupStats.accumulator`, receives the lookup joins' hits, misses, query latencies and
+    cache sizes (a lookup join repartitions into its node's bucket count).
     """
     missing = sorted({n.source for n in plan.sources} - set(sources))
     if missing:
@@ -86,6 +91,9 @@ def compile_plan(plan: PhysicalPlan, sources: Mapping[str, Any], *,
         ins = [frames[i] for i in node.inputs]
         b = buckets if isinstance(buckets, int) else buckets.get(node.id, DEFAULT_BUCKETS)
         stats = None if state_stats is None else StateStats(state_stats, node.id)
+        if node.op == "lookup_join":
+            frames[node.id] = lookup_join(node, ins[0], b, lookup_stats)
+            continue
         frames[node.id] = _compile_node(node, ins, sources, b, stats, two_phase)
     return {n.table: frames[n.id] for n in plan.sinks}
 
@@ -122,6 +130,49 @@ def _compile_node(node: PhysicalNode, ins: list, sources: Mapping[str, Any], buc
                             output_schema=spark_schema(node), buckets=buckets if keys else 1, stats=stats)
     return apply_kernel(ins[0], cls, node.config, key_columns=keys, output_schema=spark_schema(node),
                         buckets=buckets if keys else 1, stats=stats)
+
+
+#: Per Python worker: the lookup joiner of each lookup join node (by node id and config), whose cache
+#: outlives the task, so later micro-batches routed to this worker find their keys cached.
+_JOINERS: dict[tuple[str, Any], Any] = {}
+
+
+class _LookupJoin:
+    """mapInArrow: a task's rows (one hash partition of the lookup key) joined by this worker's joiner."""
+
+    def __init__(self, node_id: str, config: Any, schema, accumulator: Any) -> None:
+        self.node_id, self.config, self.schema, self.accumulator = node_id, config, schema, accumulator
+
+    def __call__(self, batches):
+        import pyarrow as pa
+
+        from changelake.operators.lookup_join import LookupJoiner, SparkLookupStats
+
+        key = (self.node_id, self.config)
+        joiner = _JOINERS.get(key)
+        if joiner is None:
+            joiner = _JOINERS[key] = LookupJoiner(self.config)
+        for batch in batches:
+            if batch.num_rows:
+                out = joiner.join(pa.Table.from_batches([batch]))
+                yield from out.select(self.schema.names).cast(self.schema).to_batches()
+        if self.accumulator is not None:
+            SparkLookupStats.report(self.accumulator, self.config.lookup.name, joiner.take_stats())
+
+
+def lookup_join(node: PhysicalNode, df, partitions: int, accumulator: Any = None):
+    """A lookup join node over changelog ``df``: repartitioned by the stream's lookup key columns into
+    ``partitions`` tasks, each joined in a Python worker's cached :class:`LookupJoiner`."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.types import ByteType, StringType, StructField, StructType
+
+    (keys,) = node.state_keys
+    out = StructType(spark_schema(node).fields + [StructField(KIND, ByteType(), False),
+                                                  StructField(SEQ, StringType(), True)])
+    parts = df.select(*[F.col(c) for c in df.columns if not c.startswith("_")], F.col(KIND), F.col(SEQ)) \
+        .repartition(partitions, *[F.col(k) for k in keys])
+    return parts.mapInArrow(_LookupJoin(node.id, node.config, to_arrow_schema(out), accumulator), out)
 
 
 #: Name of the partial-accumulator column between the local and the global aggregate (not "_"-prefixed:

@@ -48,6 +48,7 @@ from changelake.connectors.delta_sink import DeltaUpsertSink, TableSpec, open_si
 from changelake.connectors.kafka_source import SOURCE_NAME, KafkaSource
 from changelake.errors import ConfigError, DecodeError
 from changelake.formats import make_decoder
+from changelake.operators.lookup_join import SparkLookupStats
 from changelake.operators.spark_binding import StateStats
 from changelake.plan.graph import Pipeline
 from changelake.plan.physical import PhysicalPlan, sink_changes
@@ -130,6 +131,9 @@ class BatchProcessor:
         self.graph_tables: list[str] = []
         #: Spark accumulator of the graph operators' state sizes (set by :meth:`stream`)
         self.state_stats: Any = None
+        #: Spark accumulator of the lookup joins' figures (set by :meth:`stream`), drained after each batch
+        self.lookup_stats: Any = None
+        self.lookup_metrics = SparkLookupStats()
         self.keys = TableKeys(config)
         self._spark = spark
         self.sinks: dict[str, DeltaUpsertSink] = {}     # opened once the table's key is known
@@ -170,8 +174,11 @@ class BatchProcessor:
         sources = {node.source: decoded.mapInArrow(_Unpack(i, node.schema), _unpacked_ddl(node.schema))
                    for i, node in self.graph_routes.items()}
         self.state_stats = StateStats.accumulator(records.sparkSession)
+        if any(n.op == "lookup_join" for n in self.plan):
+            self.lookup_stats = SparkLookupStats.accumulator(records.sparkSession)
         packed, self.graph_tables = packed_changes(compile_plan(self.plan, sources, buckets=self.buckets,
-                                                                state_stats=self.state_stats))
+                                                                state_stats=self.state_stats,
+                                                                lookup_stats=self.lookup_stats))
         return to_driver.unionByName(packed)
 
     # Spark calls this with the batch DataFrame and its id.
@@ -181,6 +188,8 @@ class BatchProcessor:
             for operator, (rows, size) in StateStats.totals(self.state_stats.value).items():
                 metrics.STATE_ROWS.labels(operator=operator).set(rows)
                 metrics.STATE_BYTES.labels(operator=operator).set(size)
+        if self.lookup_stats is not None:
+            self.lookup_metrics.drain(self.lookup_stats)      # hits, misses, latencies, cache rows
 
     def process_decoded(self, out: pa.Table, batch_id: int) -> BatchReport:
         """Apply the collected output of the executors' :class:`DecodeStage` and graph."""
