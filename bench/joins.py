@@ -1,0 +1,187 @@
+"""Join benchmarks (issue 6), one subcommand per join:
+
+    nice -n 19 /tmp/venv/bin/python bench/joins.py lookup [--events 1000000] [--keys 100000] [--batch 100000]
+        [--quick] [--dims delta,postgres] [--pg-url postgresql://user@host:port/db --pg-password-env VAR]
+
+``lookup``: the lookup join operator (``LookupJoiner``, what each Spark Python worker runs per
+partition, and what ``LocalRunner`` runs in-process) over ``--events`` order changes whose
+``product_id`` is drawn uniformly from ``1.1 x --keys`` ids, of which ``--keys`` exist in the
+dimension (so ~9 % of the keys are missing and cached as absent), inner join, micro-batches of
+``--batch`` events. Two passes over the same events with one joiner:
+
+* **cold**: the cache starts empty; each batch looks up the keys it has not seen before;
+* **warm**: the second pass; every key is cached (max_rows >= keys, TTL 1 hour).
+
+Dimensions: a Delta table (delta-rs, one file) and a PostgreSQL table (primary key on id) on a
+throwaway server started from the OS package's binaries (tests/postgres_server.py), unless
+``--pg-url`` names one. Events/s is input change rows per second of the join alone (no Spark,
+no sink); the output is checked against DuckDB's join.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from changelake.changelog import KIND, SEQ  # noqa: E402
+from changelake.connectors.lookup import CacheOptions, Lookup  # noqa: E402
+from changelake.operators.lookup_join import LookupJoinConfig, LookupJoiner  # noqa: E402
+
+DIM = {"id": "bigint", "category": "string", "price": "bigint", "name": "string"}
+
+
+def dimension(keys: int) -> pa.Table:
+    ids = np.arange(1, keys + 1, dtype=np.int64)
+    return pa.table({"id": ids, "category": pa.array([f"cat{i % 50}" for i in ids]),
+                     "price": (ids * 7) % 1000, "name": pa.array([f"product {i}" for i in ids])})
+
+
+def events(n: int, keys: int, batch: int, seed: int = 6) -> list[pa.Table]:
+    rng = np.random.default_rng(seed)
+    product = rng.integers(1, int(keys * 1.1) + 1, n, dtype=np.int64)
+    kinds = rng.choice(np.array([0, 1, 2, 3], dtype=np.int8), n, p=[0.4, 0.25, 0.25, 0.1])
+    table = pa.table({"order_id": np.arange(n, dtype=np.int64), "product_id": product,
+                      "qty": rng.integers(1, 10, n, dtype=np.int32), KIND: kinds,
+                      SEQ: pa.array([f"{i:012d}" for i in range(n)])})
+    return [table.slice(i, batch) for i in range(0, n, batch)]
+
+
+def run_pass(joiner: LookupJoiner, batches: list[pa.Table]) -> dict:
+    rows = out = 0
+    started = time.perf_counter()
+    for b in batches:
+        rows += b.num_rows
+        out += joiner.join(b).num_rows
+    seconds = time.perf_counter() - started
+    stats = joiner.take_stats()
+    return {"events": rows, "seconds": seconds, "events_s": rows / seconds, "out": out, "hits": stats.hits,
+            "misses": stats.misses, "queries": len(stats.latencies),
+            "query_ms_p50": 1000 * float(np.median(stats.latencies)) if stats.latencies else 0.0,
+            "cache_rows": stats.cache_rows}
+
+
+def expected_rows(batches: list[pa.Table], dim: pa.Table) -> int:
+    import duckdb
+
+    con = duckdb.connect()
+    con.register("e", pa.concat_tables(batches))
+    con.register("d", dim)
+    n = con.sql("SELECT count(*) FROM e JOIN d ON e.product_id = d.id").fetchall()[0][0]
+    con.close()
+    return n
+
+
+def bench_dimension(name: str, lookup: Lookup, batches: list[pa.Table], want: int) -> list[dict]:
+    config = LookupJoinConfig(lookup, ("product_id",), ("id",), "INNER", ("id", "category", "price", "name"))
+    joiner = LookupJoiner(config)
+    try:
+        results = []
+        for label in ("cold", "warm"):
+            r = run_pass(joiner, batches)
+            if r["out"] != want:
+                raise SystemExit(f"{name} {label}: {r['out']} joined rows, DuckDB says {want}")
+            results.append({"dimension": name, "cache": label, **r})
+        return results
+    finally:
+        joiner.close()
+
+
+def lookup_main(args: argparse.Namespace) -> int:
+    if args.quick:
+        args.events, args.keys, args.batch = 100_000, 10_000, 20_000
+    dims = args.dims.split(",")
+    cache = CacheOptions(max_rows=max(args.keys * 2, 1), ttl="1 hour")
+    print(f"lookup join: {args.events:,} events over {args.keys:,} dimension keys (ids up to "
+          f"{int(args.keys * 1.1):,}), batches of {args.batch:,}; load average {os.getloadavg()[0]:.2f}")
+    batches = events(args.events, args.keys, args.batch)
+    dim = dimension(args.keys)
+    want = expected_rows(batches, dim)
+    results = []
+    with tempfile.TemporaryDirectory(prefix="bench-joins-") as tmp:
+        if "delta" in dims:
+            from deltalake import write_deltalake
+
+            path = os.path.join(tmp, "products")
+            write_deltalake(path, dim)
+            lookup = Lookup.delta("products", path, columns=DIM, key=["id"], cache=cache,
+                                  batch_size=args.delta_batch_size, max_concurrency=1)
+            results += bench_dimension("delta", lookup, batches, want)
+        if "postgres" in dims:
+            server = None
+            url, user, password_env = args.pg_url, None, args.pg_password_env
+            if url is None:
+                from tests.postgres_server import PostgresServer
+
+                server = PostgresServer.start()
+                url, user, password_env = server.url, server.user, "BENCH_PG_PASSWORD"
+                os.environ[password_env] = server.password
+            try:
+                load_postgres(url, user, password_env, dim)
+                lookup = Lookup.postgres("products", url, table="bench_products", columns=DIM, key=["id"], user=user,
+                                         password_env=password_env, cache=cache, batch_size=args.pg_batch_size,
+                                         max_concurrency=args.pg_concurrency)
+                results += bench_dimension("postgres", lookup, batches, want)
+            finally:
+                if server is not None:
+                    server.stop()
+    print()
+    print("| dimension | cache | events/s | seconds | hit rate | lookups (keys) | queries | query p50 ms |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in results:
+        rate = r["hits"] / max(r["hits"] + r["misses"], 1)
+        print(f"| {r['dimension']} | {r['cache']} | {r['events_s']:,.0f} | {r['seconds']:.2f} | {rate:.1%} | "
+              f"{r['misses']:,} | {r['queries']:,} | {r['query_ms_p50']:.1f} |")
+    print(f"\nload average at the end {os.getloadavg()[0]:.2f}")
+    return 0
+
+
+def load_postgres(url: str, user: str | None, password_env: str | None, dim: pa.Table) -> None:
+    import psycopg
+
+    from changelake.connectors.lookup import pg_conninfo
+
+    kwargs = pg_conninfo(url)
+    if user:
+        kwargs["user"] = user
+    if password_env:
+        kwargs["password"] = os.environ[password_env]
+    with psycopg.connect(autocommit=True, **kwargs) as conn:
+        conn.execute("DROP TABLE IF EXISTS bench_products")
+        conn.execute("CREATE TABLE bench_products (id bigint PRIMARY KEY, category text, price bigint, name text)")
+        with conn.cursor().copy("COPY bench_products (id, category, price, name) FROM STDIN") as copy:
+            for row in zip(*(dim[c].to_pylist() for c in dim.column_names)):
+                copy.write_row(row)
+        conn.execute("ANALYZE bench_products")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="join", required=True)
+    lk = sub.add_parser("lookup", help="lookup join to a Delta and a PostgreSQL dimension, cold and warm cache")
+    lk.add_argument("--events", type=int, default=1_000_000)
+    lk.add_argument("--keys", type=int, default=100_000, help="dimension rows")
+    lk.add_argument("--batch", type=int, default=100_000, help="events per micro-batch")
+    lk.add_argument("--quick", action="store_true", help="smoke run: 100,000 events over 10,000 keys")
+    lk.add_argument("--dims", default="delta,postgres", help="comma-separated: delta, postgres")
+    lk.add_argument("--delta-batch-size", type=int, default=10_000)
+    lk.add_argument("--pg-batch-size", type=int, default=1000)
+    lk.add_argument("--pg-concurrency", type=int, default=4)
+    lk.add_argument("--pg-url", help="an existing server (default: start a throwaway one)")
+    lk.add_argument("--pg-password-env", help="environment variable holding --pg-url's password")
+    lk.set_defaults(run=lookup_main)
+    args = ap.parse_args(argv)
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
