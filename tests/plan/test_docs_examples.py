@@ -44,3 +44,18 @@ def test_the_readme_pipeline_example_validates_and_plans():
     plan = pipeline_from_config(config).plan()
     assert [n.table for n in plan.sinks] == ["category_totals"]
     assert [s.table for s in config.sources] == ["products"]       # the mirror stays outside the graph
+
+
+def test_the_lookup_join_examples_plan_and_explain_as_shown():
+    yaml_text = next(body for lang, body in BLOCKS if lang == "yaml" and "lookups:" in body)
+    config = parse_config(HEADER + yaml_text, environ={})
+    plan = pipeline_from_config(config).plan()
+    assert [n.op for n in plan if n.op == "lookup_join"] == ["lookup_join", "lookup_join"]
+    code = next(body for lang, body in BLOCKS if lang == "python" and "lookup_join(" in body)
+    scope: dict = {}
+    exec(compile(code, "docs/pipelines.md", "exec"), scope)
+    printed = explain_plan(scope["p"].plan()).splitlines()
+    shown = next(body for lang, body in BLOCKS if lang == "" and body.startswith("LookupJoin(")).strip()
+    assert shown in [line.lstrip(" +-") for line in printed]
+    assert plan["stocked"].schema.names == ["order_id", "product_id", "qty", "id", "category", "price", "sku",
+                                            "on_hand"]
