@@ -23,7 +23,6 @@ round, ``batch_size`` keys per query and up to ``max_concurrency`` queries at on
 
 from __future__ import annotations
 
-import collections
 import logging
 import os
 import time
@@ -40,50 +39,74 @@ from changelake.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-#: Cache value of a key the dimension table does not hold.
-ABSENT = None
+#: Column of a cache entry: whether the dimension table holds the key (False: cached as absent).
+PRESENT = "__present"
+
+
+def key_names(n: int) -> list[str]:
+    """Names of the key columns of cache entries and key tables (the i-th lookup key column)."""
+    return [f"__k{i}" for i in range(n)]
+
+
+def row_names(n: int) -> list[str]:
+    return [f"__c{i}" for i in range(n)]
 
 
 class LookupCache:
-    """Key -> dimension row (a tuple) or :data:`ABSENT`; least recently used evicted beyond
-    ``max_rows``; an entry older than ``ttl_s`` is a miss (None: no expiry). ``max_rows=0`` or
-    ``ttl_s=0`` disables it: every ``get`` misses and ``put`` keeps nothing."""
+    """The dimension rows of recently used keys, held as Arrow columns.
 
-    def __init__(self, max_rows: int, ttl_s: float | None, *, clock: Callable[[], float] = time.monotonic) -> None:
+    An entry is a key (columns ``__k0..``), :data:`PRESENT` (False: the table lacks the key, cached
+    too) and the dimension row (``__c0..``, nulls when absent). ``get`` finds a batch's distinct keys
+    with one hash lookup; an entry older than ``ttl_s`` is a miss (None: no expiry). Beyond
+    ``max_rows`` the least recently used entries are evicted, recency counted per ``get``/``put``
+    call (one micro-batch): entries used in the same batch are equally recent. ``max_rows=0`` or
+    ``ttl_s=0`` disables the cache: every key misses and ``put`` keeps nothing.
+    """
+
+    def __init__(self, entry_schema: pa.Schema, max_rows: int, ttl_s: float | None, *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.max_rows, self.ttl_s, self.clock = max_rows, ttl_s, clock
         self.enabled = max_rows > 0 and ttl_s != 0
-        self._entries: collections.OrderedDict[tuple, tuple[float, Any]] = collections.OrderedDict()
+        self.keys = [n for n in entry_schema.names if n.startswith("__k")]
+        self.entries = entry_schema.empty_table()
+        self._loaded = np.zeros(0, dtype=np.float64)       # clock() when each entry was read
+        self._used = np.zeros(0, dtype=np.int64)           # the call that last used each entry
+        self._tick = 0
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return self.entries.num_rows
 
-    def get(self, keys: list[tuple]) -> tuple[dict[tuple, Any], list[tuple]]:
-        """(the cached rows of ``keys`` by key, the keys not cached or expired)."""
-        if not self.enabled:
-            return {}, list(keys)
-        now = self.clock()
-        hits: dict[tuple, Any] = {}
-        misses: list[tuple] = []
-        entries = self._entries
-        for k in keys:
-            entry = entries.get(k)
-            if entry is None or (self.ttl_s is not None and now - entry[0] >= self.ttl_s):
-                misses.append(k)
-            else:
-                entries.move_to_end(k)
-                hits[k] = entry[1]
-        return hits, misses
+    def get(self, keys: pa.Table) -> tuple[pa.Table, np.ndarray]:
+        """For distinct, non-null ``keys`` (the key columns): (the fresh entries among them, a mask
+        of the keys that missed)."""
+        n = keys.num_rows
+        if not self.enabled or not len(self) or not n:
+            return self.entries.slice(0, 0), np.ones(n, dtype=bool)
+        at = pc.fill_null(_positions(keys, None, self.entries.select(self.keys)), -1).to_numpy()
+        hit = at >= 0
+        if self.ttl_s is not None:
+            hit &= self._loaded[np.where(hit, at, 0)] > self.clock() - self.ttl_s
+        self._tick += 1
+        self._used[at[hit]] = self._tick
+        return self.entries.take(pa.array(at[hit])), ~hit
 
-    def put(self, rows: dict[tuple, Any]) -> None:
-        if not self.enabled:
+    def put(self, entries: pa.Table) -> None:
+        """Add (or replace) entries: key columns, PRESENT, row columns."""
+        if not self.enabled or not entries.num_rows:
             return
-        now = self.clock()
-        entries = self._entries
-        for k, row in rows.items():
-            entries[k] = (now, row)
-            entries.move_to_end(k)
-        while len(entries) > self.max_rows:
-            entries.popitem(last=False)
+        self._tick += 1
+        keep = np.ones(len(self), dtype=bool)
+        if len(self):
+            replaced = pc.fill_null(_positions(entries.select(self.keys), None, self.entries.select(self.keys)),
+                                    -1).to_numpy()
+            keep[replaced[replaced >= 0]] = False
+        table = pa.concat_tables([self.entries.filter(pa.array(keep)), entries.cast(self.entries.schema)])
+        loaded = np.concatenate([self._loaded[keep], np.full(entries.num_rows, self.clock())])
+        used = np.concatenate([self._used[keep], np.full(entries.num_rows, self._tick, dtype=np.int64)])
+        if table.num_rows > self.max_rows:
+            survivors = np.sort(np.argsort(used, kind="stable")[-self.max_rows:])
+            table, loaded, used = table.take(pa.array(survivors)), loaded[survivors], used[survivors]
+        self.entries, self._loaded, self._used = table.combine_chunks(), loaded, used
 
 
 @dataclass
@@ -125,9 +148,13 @@ class LookupJoiner:
         self.config = config
         self.lookup = config.lookup
         self._source = source
-        self.cache = LookupCache(self.lookup.cache.max_rows, self.lookup.cache.ttl_s, clock=clock)
-        # the dimension key columns in the order of the stream's key (the lookup's rows are keyed so)
-        self._key_pos = tuple(self.lookup.columns.names.index(k) for k in config.dim_keys)
+        dim = self.lookup.columns
+        self.key_types = [dim.field(k).type for k in config.dim_keys]
+        self.keys = key_names(len(config.dim_keys))
+        self.rows = row_names(len(dim))
+        entry = pa.schema([pa.field(n, t) for n, t in zip(self.keys, self.key_types)] + [pa.field(PRESENT, pa.bool_())]
+                          + [pa.field(n, f.type) for n, f in zip(self.rows, dim)])
+        self.cache = LookupCache(entry, self.lookup.cache.max_rows, self.lookup.cache.ttl_s, clock=clock)
         self._pool: ThreadPoolExecutor | None = None
         self._stats = LookupStats()
         self._warned_duplicates = False
@@ -145,43 +172,36 @@ class LookupJoiner:
         cfg = self.config
         user = [c for c in table.column_names if not c.startswith("_")]
         reserved = [c for c in table.column_names if c.startswith("_")]
-        key_types = [self.lookup.columns.field(k).type for k in cfg.dim_keys]
-        keys = pa.table([table[c].cast(t) for c, t in zip(cfg.stream_keys, key_types)],
-                        names=[f"k{i}" for i in range(len(key_types))])
+        keys = pa.table([table[c].cast(t) for c, t in zip(cfg.stream_keys, self.key_types)], names=self.keys)
         valid = _all_valid(keys)
-        distinct = keys.filter(valid).group_by(keys.column_names, use_threads=False).aggregate([])
-        wanted = list(zip(*(distinct[c].to_pylist() for c in distinct.column_names)))
-        rows = self._rows(wanted)
-        found = [k for k in wanted if rows.get(k) is not None]
-        dim = pa.Table.from_arrays(
-            [pa.array([rows[k][i] for k in found], f.type) for i, f in enumerate(self.lookup.columns)],
-            schema=self.lookup.columns)
-        index = _positions(keys, valid, dim.select(list(cfg.dim_keys)))
+        distinct = keys.filter(valid).group_by(self.keys, use_threads=False).aggregate([])
+        cached, missed = self.cache.get(distinct)
+        fetched = self._fetch(distinct.filter(pa.array(missed)))
+        self.cache.put(fetched)
+        self._stats.hits += cached.num_rows
+        self._stats.misses += fetched.num_rows
+        self._stats.cache_rows = len(self.cache)
+        known = pa.concat_tables([cached, fetched.cast(cached.schema)]) if fetched.num_rows else cached
+        index = _positions(keys, valid, known.select(self.keys))
+        index = pc.if_else(pc.fill_null(known[PRESENT].take(index), False), index, pa.scalar(None, index.type))
         if cfg.join_type == "INNER":
             keep = index.is_valid()
             table, index = table.filter(keep), index.filter(keep)
-        picked = dim.take(index)
+        picked = known.select(self.rows).take(index)
         columns = [table[c] for c in user] + list(picked.columns) + [table[c] for c in reserved]
         fields = [table.schema.field(c) for c in user] + \
                  [f.with_name(n).with_nullable(True) for f, n in zip(self.lookup.columns, cfg.dim_names)] + \
                  [table.schema.field(c) for c in reserved]
         return pa.Table.from_arrays(columns, schema=pa.schema(fields))
 
-    def _rows(self, keys: list[tuple]) -> dict[tuple, Any]:
-        """Each key's dimension row (or ABSENT): cache hits, then one round of lookups for the misses."""
-        hits, misses = self.cache.get(keys)
-        self._stats.hits += len(hits)
-        self._stats.misses += len(misses)
-        if misses:
-            fetched = self._fetch(misses)
-            self.cache.put(fetched)
-            hits.update(fetched)
-        self._stats.cache_rows = len(self.cache)
-        return hits
-
-    def _fetch(self, keys: list[tuple]) -> dict[tuple, Any]:
+    def _fetch(self, missing: pa.Table) -> pa.Table:
+        """Cache entries for the ``missing`` keys: one round of lookups, ``batch_size`` keys per query."""
+        dim = self.lookup.columns
+        if not missing.num_rows:
+            return self.cache.entries.slice(0, 0)
+        wanted = list(zip(*(missing[c].to_pylist() for c in self.keys)))
         size = self.lookup.batch_size
-        chunks = [keys[i:i + size] for i in range(0, len(keys), size)]
+        chunks = [wanted[i:i + size] for i in range(0, len(wanted), size)]
         source = self.source
         source.refresh()
 
@@ -197,19 +217,18 @@ class LookupJoiner:
                 self._pool = ThreadPoolExecutor(self.lookup.max_concurrency,
                                                 thread_name_prefix=f"lookup-{self.lookup.name}")
             results = list(self._pool.map(one, chunks))
-        out: dict[tuple, Any] = dict.fromkeys(keys, ABSENT)
-        for got, seconds in results:
-            self._stats.latencies.append(seconds)
-            for row in zip(*(got[c].to_pylist() for c in got.column_names)):
-                key = tuple(row[i] for i in self._key_pos)
-                if out.get(key) is not None and not self._warned_duplicates:
-                    self._warned_duplicates = True
-                    log.warning("lookup %s: the dimension table holds several rows for key %r (and maybe others); "
-                                "the key must identify one row: the join uses the last one read",
-                                self.lookup.name, key)
-                if key in out:
-                    out[key] = row
-        return out
+        self._stats.latencies.extend(seconds for _, seconds in results)
+        found = pa.concat_tables([got.cast(dim) for got, _ in results])
+        found_keys = pa.table([found[k] for k in self.config.dim_keys], names=self.keys)
+        if not self._warned_duplicates and found.num_rows and \
+                found_keys.group_by(self.keys, use_threads=False).aggregate([]).num_rows < found.num_rows:
+            self._warned_duplicates = True
+            log.warning("lookup %s: the dimension table holds several rows for some key; the key must identify "
+                        "one row: the join uses one of them", self.lookup.name)
+        at = _positions(missing, None, found_keys)
+        rows = found.take(at)
+        return pa.Table.from_arrays([*missing.columns, at.is_valid(), *rows.columns],
+                                    names=[*self.keys, PRESENT, *self.rows])
 
     # -- reporting and cleanup -------------------------------------------------------------------------
     def take_stats(self) -> LookupStats:
@@ -235,17 +254,23 @@ def _all_valid(keys: pa.Table) -> pa.Array:
     return mask.combine_chunks() if isinstance(mask, pa.ChunkedArray) else mask
 
 
-def _positions(keys: pa.Table, valid: pa.Array, dim_keys: pa.Table) -> pa.Array:
-    """Per input row, the position of its key among ``dim_keys`` (unique keys), null if absent."""
+def _positions(keys: pa.Table, valid: pa.Array | None, known: pa.Table) -> pa.Array:
+    """Per row of ``keys``, the position of its key among the rows of ``known`` (same key columns, by
+    position; the first match), null where absent or where ``valid`` is false."""
     n = keys.num_rows
     if keys.num_columns == 1:
-        found = pc.index_in(keys.column(0).combine_chunks(), value_set=dim_keys.column(0).combine_chunks())
-        return pc.if_else(valid, found, pa.scalar(None, pa.int32()))
-    left = pa.table(list(keys.columns) + [pa.array(np.arange(n, dtype=np.int64))],
-                    names=[*keys.column_names, "row"])
-    right = pa.table(list(dim_keys.columns) + [pa.array(np.arange(dim_keys.num_rows, dtype=np.int32))],
-                     names=[*keys.column_names, "at"])
-    matched = left.filter(valid).join(right, keys=keys.column_names, join_type="inner", use_threads=False)
+        found = pc.index_in(keys.column(0).combine_chunks(), value_set=known.column(0).combine_chunks())
+        return found if valid is None else pc.if_else(valid, found, pa.scalar(None, pa.int32()))
+    names = [f"k{i}" for i in range(keys.num_columns)]
+    left = pa.table(list(keys.columns) + [pa.array(np.arange(n, dtype=np.int64))], names=[*names, "row"])
+    right = pa.table(list(known.columns) + [pa.array(np.arange(known.num_rows, dtype=np.int32))],
+                     names=[*names, "at"])
+    if valid is not None:
+        left = left.filter(valid)
+    if right.num_rows:
+        first = right.group_by(names, use_threads=False).aggregate([("at", "min")])
+        right = pa.table([*(first[k] for k in names), first["at_min"]], names=[*names, "at"])
+    matched = left.join(right, keys=names, join_type="inner", use_threads=False)
     out = np.full(n, -1, dtype=np.int32)
     out[matched["row"].to_numpy()] = matched["at"].to_numpy()
     return pa.array(out, mask=out < 0)

@@ -12,7 +12,7 @@ import pytest
 from changelake.changelog import KIND, SEQ
 from changelake.connectors.lookup import CacheOptions, Lookup, LookupSource
 from changelake.errors import ConfigError
-from changelake.operators.lookup_join import ABSENT, LookupCache, LookupJoinConfig, LookupJoiner
+from changelake.operators.lookup_join import PRESENT, LookupCache, LookupJoinConfig, LookupJoiner
 
 pytestmark = pytest.mark.unit
 
@@ -75,42 +75,56 @@ def orders(rows: list[tuple]) -> pa.Table:
 
 
 # --- the cache -------------------------------------------------------------------------------------
+ENTRY = pa.schema([("__k0", pa.int64()), (PRESENT, pa.bool_()), ("__c0", pa.string())])
+
+
+def entries(rows: dict[int, str | None]) -> pa.Table:
+    return pa.table({"__k0": pa.array(list(rows), pa.int64()), PRESENT: [v is not None for v in rows.values()],
+                     "__c0": list(rows.values())}, schema=ENTRY)
+
+
+def get(cache: LookupCache, *keys: int) -> tuple[dict, list]:
+    """(hits: key -> row or None when cached as absent, missed keys)."""
+    found, missed = cache.get(pa.table({"__k0": pa.array(keys, pa.int64())}))
+    hits = {r["__k0"]: r["__c0"] if r[PRESENT] else None for r in found.to_pylist()}
+    return hits, [k for k, m in zip(keys, missed) if m]
+
+
 def test_cache_evicts_the_least_recently_used_key():
-    cache = LookupCache(2, None)
-    cache.put({(1,): "a", (2,): "b"})
-    assert cache.get([(1,)]) == ({(1,): "a"}, [])          # 1 is now the most recently used
-    cache.put({(3,): "c"})
-    hits, misses = cache.get([(1,), (2,), (3,)])
-    assert hits == {(1,): "a", (3,): "c"} and misses == [(2,)]
+    cache = LookupCache(ENTRY, 2, None)
+    cache.put(entries({1: "a", 2: "b"}))
+    assert get(cache, 1) == ({1: "a"}, [])                     # 1 is now the most recently used
+    cache.put(entries({3: "c"}))
+    assert get(cache, 1, 2, 3) == ({1: "a", 3: "c"}, [2])
     assert len(cache) == 2
 
 
 def test_cache_entries_expire_after_the_ttl():
     clock = Clock()
-    cache = LookupCache(10, 5.0, clock=clock)
-    cache.put({(1,): "a"})
+    cache = LookupCache(ENTRY, 10, 5.0, clock=clock)
+    cache.put(entries({1: "a"}))
     clock.t = 4.9
-    assert cache.get([(1,)])[0] == {(1,): "a"}
+    assert get(cache, 1) == ({1: "a"}, [])
     clock.t = 5.0
-    assert cache.get([(1,)]) == ({}, [(1,)])
-    cache.put({(1,): "a2"})                                   # a re-read restarts the entry's life
+    assert get(cache, 1) == ({}, [1])
+    cache.put(entries({1: "a2"}))                              # a re-read replaces the entry, its life restarts
     clock.t = 9.0
-    assert cache.get([(1,)])[0] == {(1,): "a2"}
+    assert get(cache, 1) == ({1: "a2"}, []) and len(cache) == 1
 
 
 def test_cache_keeps_missing_keys_as_absent():
-    cache = LookupCache(10, None)
-    cache.put({(7,): ABSENT})
-    assert cache.get([(7,)]) == ({(7,): ABSENT}, [])
+    cache = LookupCache(ENTRY, 10, None)
+    cache.put(entries({7: None}))
+    assert get(cache, 7) == ({7: None}, [])
 
 
 @pytest.mark.parametrize("max_rows, ttl", [(0, "1 minute"), (10, "0 s")])
 def test_a_zero_size_or_ttl_turns_the_cache_off(max_rows, ttl):
     options = CacheOptions(max_rows=max_rows, ttl=ttl)
     assert not options.enabled and options.describe() == "off"
-    cache = LookupCache(options.max_rows, options.ttl_s)
-    cache.put({(1,): "a"})
-    assert cache.get([(1,)]) == ({}, [(1,)]) and len(cache) == 0
+    cache = LookupCache(ENTRY, options.max_rows, options.ttl_s)
+    cache.put(entries({1: "a"}))
+    assert get(cache, 1) == ({}, [1]) and len(cache) == 0
 
 
 def test_cache_options_are_checked():
