@@ -493,8 +493,23 @@ class PostgresLookupSource(LookupSource):
                 cur.execute(query, params)
                 return cur.fetchall()
 
-        rows = self._run(fetch)
-        arrays = [pa.array([r[i] for r in rows], f.type) for i, f in enumerate(columns)]
+        import psycopg
+
+        try:
+            rows = self._run(fetch)
+        except (psycopg.errors.UndefinedFunction, psycopg.errors.DataError) as exc:
+            raise ConfigError(f"lookup {self.spec.name!r}: PostgreSQL at {self.address} cannot look up "
+                              f"{list(self.spec.key)} in {self.dim.table!r} with the declared key type(s) "
+                              f"{[str(columns.field(k).type) for k in self.spec.key]}: {str(exc).strip()}. Declare "
+                              "the key columns with the table's types") from None
+        arrays = []
+        for i, f in enumerate(columns):
+            try:
+                arrays.append(pa.array([r[i] for r in rows], f.type))
+            except (pa.ArrowException, TypeError, ValueError) as exc:
+                raise ConfigError(f"lookup {self.spec.name!r}: column {f.name} of {self.dim.table!r} does not fit "
+                                  f"its declared type {f.type}: {exc}. Declare the column with the table's type"
+                                  ) from None
         return pa.Table.from_arrays(arrays, schema=columns)
 
     def close(self) -> None:

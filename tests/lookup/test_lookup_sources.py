@@ -192,3 +192,15 @@ def test_an_unset_password_variable_is_named(monkeypatch):
                              columns={"id": "bigint"}, key=["id"], password_env="NO_SUCH_PASSWORD")
     with pytest.raises(ConfigError, match="NO_SUCH_PASSWORD"):
         lookup.open().lookup([(1,)])
+
+
+@pytest.mark.postgres
+def test_postgres_lookup_names_declared_types_that_do_not_fit(products):
+    source = pg_lookup(products, columns={"id": "string", "category": "string"}).open()
+    with pytest.raises(ConfigError, match="column id of 'products' does not fit its declared type string"):
+        source.lookup([("1",)])
+    source.close()
+    source = pg_lookup(products, columns={"id": "bigint", "category": "bigint"}).open()
+    with pytest.raises(ConfigError, match="column category of 'products' does not fit its declared type int64"):
+        source.lookup([(1,)])
+    source.close()
