@@ -15,10 +15,17 @@ with the dimension's *current* row, as in Flink: when the dimension row changed 
 the stream's key, which deletes by key), and when the row was deleted meanwhile an inner join
 drops the retraction, leaving the joined row in the table.
 
-Per batch (:meth:`LookupJoiner.join`): the distinct non-null keys of the batch are served from
-the :class:`LookupCache` where it holds them (hits); the others (misses) are looked up in one
-round, ``batch_size`` keys per query and up to ``max_concurrency`` queries at once, and cached
-(keys the table lacks are cached as absent). Hits and misses count distinct keys per batch.
+Per batch (:meth:`LookupJoiner.join`)::
+
+    keys    = the batch's distinct non-null lookup keys               (Arrow group_by)
+    cached  = the LookupCache's fresh entries of keys (hits)           (one hash lookup, Arrow)
+    fetched = the other keys (misses) looked up in one round: batch_size keys per query, up to
+              max_concurrency queries at once; keys the table lacks become "absent" entries
+    cache  += fetched                                                  (LRU beyond max_rows, TTL per entry)
+    emit    the batch's rows with their key's row from cached + fetched (inner: present ones only)
+
+Only missed keys become Python objects (the sources' API takes key tuples); hits and misses
+count distinct keys per batch.
 """
 
 from __future__ import annotations
