@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import pyarrow as pa
 import pytest
-from deltalake import write_deltalake
 
 from changelake.errors import ConfigError
 from changelake.plan import CacheOptions, Lookup, Pipeline
