@@ -244,12 +244,11 @@ def apply_kernel(df, kernel_cls: type, config: Any, *, key_columns: Sequence[str
     (``spark.sql.streaming.stateStore.providerClass``). ``stats`` receives every touched bucket's
     state size (:class:`StateStats`).
     """
-    from pyspark.sql.pandas.types import to_arrow_schema
 
     _check_columns(df, (*key_columns, KIND))
     bucketed = df.withColumn(BUCKET, _bucket(key_columns, buckets))
-    processor = _processor_class()(kernel_cls, config, to_arrow_schema(bucketed.schema),
-                                   to_arrow_schema(output_schema), _processing_time, stats=stats is not None)
+    processor = _processor_class()(kernel_cls, config, arrow_schema_of(bucketed.schema),
+                                   arrow_schema_of(output_schema), _processing_time, stats=stats is not None)
     return _transform(bucketed, processor, output_schema, stats)
 
 
@@ -357,7 +356,6 @@ def apply_join_kernel(left, right, kernel_cls: type, config: Any, *, left_keys: 
     :func:`apply_kernel`'s.
     """
     from pyspark.sql import functions as F
-    from pyspark.sql.pandas.types import to_arrow_schema
     from pyspark.sql.types import ByteType
 
     if len(left_keys) != len(right_keys):
@@ -388,21 +386,29 @@ def apply_join_kernel(left, right, kernel_cls: type, config: Any, *, left_keys: 
     if time_columns is not None:
         # every bucket hears of every input row's event time (operators/_event_time)
         hb_schema = bucketed.schema
-        arrow_hb = to_arrow_schema(hb_schema)
+        arrow_hb = arrow_schema_of(hb_schema)
         for frame, names, src, col in ((lside, lnames, lcols, time_columns[0]), (rside, rnames, rcols, time_columns[1])):
             column = names[src.index(col)]
             beats = frame.withColumn(BUCKET, F.lit(0)).drop(*knames).select(*hb_schema.names)
             bucketed = bucketed.unionByName(beats.mapInArrow(_Heartbeats(column, buckets, arrow_hb), hb_schema))
-    input_schema = to_arrow_schema(bucketed.schema)
+    input_schema = arrow_schema_of(bucketed.schema)
     names = input_schema.names
     kind_seq = [names.index(KIND), names.index(SEQ)]
     sides = []
     for own, src, df in ((lnames, lcols, left), (rnames, rcols, right)):
-        schema = to_arrow_schema(df.select(*src, KIND, SEQ).schema)
+        schema = arrow_schema_of(df.select(*src, KIND, SEQ).schema)
         sides.append(([names.index(n) for n in own] + kind_seq, schema))
-    processor = _processor_class()(kernel_cls, config, input_schema, to_arrow_schema(output_schema),
+    processor = _processor_class()(kernel_cls, config, input_schema, arrow_schema_of(output_schema),
                                    _processing_time, sides, stats is not None)
     return _transform(bucketed, processor, output_schema, stats, late)
+
+
+def arrow_schema_of(schema) -> pa.Schema:
+    """The Arrow schema of a Spark ``StructType``; timestamps in UTC, the session time zone
+    (``changelake.service.spark.build_session`` sets it)."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return to_arrow_schema(schema, timezone="UTC")
 
 
 def _check_columns(df, columns: Sequence[str]) -> None:

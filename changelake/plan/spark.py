@@ -172,7 +172,7 @@ class _LocalAggregate:
 def local_aggregate(df, config: Any) -> tuple[Any, list[str]]:
     """The local step of a two-phase aggregate over changelog ``df``: the partials DataFrame (group key
     columns, :data:`PARTIAL`, ``_kind``, ``_seq``) and the names of its key columns."""
-    from pyspark.sql.pandas.types import to_arrow_schema
+    from changelake.operators.spark_binding import arrow_schema_of
     from pyspark.sql.types import BinaryType, ByteType, StringType, StructField, StructType
 
     user = [f for f in df.schema.fields if not f.name.startswith("_")]
@@ -184,7 +184,7 @@ def local_aggregate(df, config: Any) -> tuple[Any, list[str]]:
                      + [StructField(partial, BinaryType(), False), StructField(KIND, ByteType(), False),
                         StructField(SEQ, StringType(), True)])
     names = [k.name for k in keys]
-    return df.mapInArrow(_LocalAggregate(config, names, partial, to_arrow_schema(out)), out), names
+    return df.mapInArrow(_LocalAggregate(config, names, partial, arrow_schema_of(out)), out), names
 
 
 #: Spark schema of packed changes (the same columns as the decode stage's payloads).

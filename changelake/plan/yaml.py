@@ -69,7 +69,9 @@ def _decoded_columns(s: SourceSpec) -> pa.Schema:
     from changelake.formats import make_decoder
 
     schema = make_decoder(s.format, columns=arrow_schema(s.columns), options=s.options).output_schema
-    return pa.schema([f for f in schema if not f.name.startswith("_")])
+    # Spark holds timestamps in microseconds (a metadata time may be declared in ms)
+    return pa.schema([f.with_type(pa.timestamp("us", tz=f.type.tz)) if pa.types.is_timestamp(f.type) else f
+                      for f in schema if not f.name.startswith("_")])
 
 
 def _view(p: Pipeline, v: ViewSpec) -> Stream:
