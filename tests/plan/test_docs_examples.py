@@ -47,7 +47,9 @@ def test_the_readme_pipeline_example_validates_and_plans():
 
 
 def test_the_time_bounded_join_examples_plan_as_described():
-    section = DOC[DOC.index("## Time-bounded joins"):]
+    start = DOC.index("## Time-bounded joins")
+    end = DOC.find("\n## ", start + 1)
+    section = DOC[start:] if end < 0 else DOC[start:end]
     blocks = re.findall(r"```(\w*)\n(.*?)```", section, flags=re.S)
     code = "\n".join(body for lang, body in blocks if lang == "python")
     scope: dict = {}
