@@ -143,3 +143,32 @@ def test_yaml_two_level_plans_like_python():
 def test_yaml_two_level_below_two_is_reported_with_its_path():
     with pytest.raises(ConfigError, match=r"views\.0\.top_n\.two_level"):
         parse_config(YAML.replace("TWO_LEVEL", "1"), environ={})
+
+
+def test_the_docs_section_examples_plan_and_explain_as_shown():
+    import re
+    from pathlib import Path
+
+    from changelake.plan.explain import explain_plan
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "pipelines.md").read_text()
+    section = doc[doc.index("## Two-level Top-N"):]
+    blocks = re.findall(r"```(\w*)\n(.*?)```", section, flags=re.S)
+    view = next(body for lang, body in blocks if lang == "yaml")
+    code = next(body for lang, body in blocks if lang == "python")
+    shown = next(body for lang, body in blocks if lang == "" and body.startswith("Sink("))
+    scope: dict = {}
+    exec(compile(code.replace("print(p.explain())", ""), "docs/pipelines.md", "exec"), scope)
+    assert explain_plan(scope["p"].plan()).strip().splitlines() == shown.strip().splitlines()
+    text = f"""
+pipeline: {{id: docs, checkpoint: /tmp/ckpt}}
+kafka: {{bootstrap_servers: "localhost:9092"}}
+sources:
+  - {{name: shop_sales, topics: [shop.sales], columns: {{shop_id: bigint, shop_name: string, sales: bigint}},
+     primary_key: [shop_id]}}
+views:
+{view}tables:
+  - {{name: top_shops, from: top10, primary_key: [rownum]}}
+"""
+    plan = pipeline_from_config(parse_config(text, environ={})).plan()
+    assert explain_plan(plan).strip().splitlines() == shown.strip().splitlines()
