@@ -6,7 +6,8 @@ from __future__ import annotations
 from changelake.plan.physical import PhysicalNode, PhysicalPlan
 
 _NAMES = {"source": "Source", "normalize": "ChangelogNormalize", "deduplicate": "Deduplicate",
-          "aggregate": "GroupAggregate", "join": "Join", "rank": "Rank", "materialize": "SinkUpsertMaterializer",
+          "aggregate": "GroupAggregate", "join": "Join",
+          "interval_join": "IntervalJoin", "temporal_join": "TemporalJoin", "rank": "Rank", "materialize": "SinkUpsertMaterializer",
           "filter": "Filter", "project": "Calc", "sink": "Sink"}
 
 
@@ -16,6 +17,8 @@ def describe(node: PhysicalNode) -> str:
     c = node.config
     if node.op == "source":
         args.append(f"columns=[{', '.join(node.schema.names)}]")
+        if node.append_only:
+            args.append("appendOnly=[true]")
     elif node.op == "sink":
         args.append(f"table=[{node.table}], primaryKey=[{', '.join(node.primary_key)}]")
     elif node.op == "filter":
@@ -23,8 +26,12 @@ def describe(node: PhysicalNode) -> str:
     elif node.op == "project":
         args.append("select=[" + ", ".join(n if e in (n, f"`{n}`") else f"{e} AS {n}" for n, e in node.projections)
                     + "]")
-    elif node.op == "join":
+    elif node.op in ("join", "interval_join", "temporal_join"):
         args.append(f"joinType=[{c.join_type}]")
+        if node.op != "join":
+            left, right = node.state_keys
+            args.append("on=[" + ", ".join(f"{a} = {b}" for a, b in zip(left, right)) + "]")
+            args.append(f"time=[{node.time_columns[0]}, {node.time_columns[1]}]")
     elif node.op == "aggregate":
         args.append(f"groupBy=[{', '.join(node.state_keys[0])}]")
         args.append("select=[" + ", ".join(node.schema.names) + "]")

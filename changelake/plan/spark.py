@@ -13,6 +13,10 @@ DataFrame (the sink input's columns, ``_kind``, ``_seq``). Every node of the pla
                  folds each Arrow batch per group key into partial accumulators, one row per
                  (task, batch, key); then the global kernel merges them in bucketed state
     join         both inputs unioned with a side tag, bucketed by the join-key values
+    interval / temporal join
+                 as join, plus per input task batch one heartbeat row per bucket with its largest
+                 event time (every bucket then agrees on the watermark); the kernel's late rows
+                 leave right behind it for the ``late_rows`` accumulator (LateRows)
     sink         its input
 
 Ordering: a stateful node's rows carry ``_seq`` (the source's ordering token, or the row's
@@ -34,11 +38,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from changelake.changelog import KIND, SEQ, RowKind
+from changelake.operators._event_time import LATE_KINDS
 from changelake.errors import ConfigError
 from changelake.operators.group_aggregate import (EncodedGlobalGroupAggregate, GroupAggregate, encode_partial,
                                                   local_partials, mergeable)
-from changelake.operators.spark_binding import StateStats, apply_join_kernel, apply_kernel
-from changelake.plan.physical import PhysicalNode, PhysicalPlan
+from changelake.operators.spark_binding import LateRows, StateStats, apply_join_kernel, apply_kernel
+from changelake.plan.physical import EVENT_TIME_OPS, TWO_INPUT_OPS, PhysicalNode, PhysicalPlan
 
 #: Buckets per stateful node unless the caller says otherwise (docs/state-design.md: B=32 for keys
 #: of many values; a low-cardinality key touches at most as many buckets as it has values).
@@ -67,7 +72,7 @@ def is_two_phase(node: PhysicalNode) -> bool:
 
 def compile_plan(plan: PhysicalPlan, sources: Mapping[str, Any], *,
                  buckets: int | Mapping[str, int] = DEFAULT_BUCKETS, state_stats: Any = None,
-                 two_phase: bool = True) -> dict[str, Any]:
+                 two_phase: bool = True, late_rows: Any = None) -> dict[str, Any]:
     """``{table: changelog DataFrame}`` for every sink of ``plan``.
 
     ``sources`` maps each source name to its decoded streaming DataFrame (at least the
@@ -76,7 +81,8 @@ def compile_plan(plan: PhysicalPlan, sources: Mapping[str, Any], *,
     from :meth:`StateStats.accumulator`, receives each stateful node's state size by node id.
     ``two_phase=False`` runs every aggregate one-phase (the global kernel's snapshots are the
     one-phase GroupAggregate's, so either continues the other's state; the stateless local step
-    adds no state of its own).
+    adds no state of its own). ``late_rows``, an accumulator from :meth:`LateRows.accumulator`,
+    receives the late rows of the interval and temporal joins (without it they are dropped uncounted).
     """
     missing = sorted({n.source for n in plan.sources} - set(sources))
     if missing:
@@ -86,12 +92,15 @@ def compile_plan(plan: PhysicalPlan, sources: Mapping[str, Any], *,
         ins = [frames[i] for i in node.inputs]
         b = buckets if isinstance(buckets, int) else buckets.get(node.id, DEFAULT_BUCKETS)
         stats = None if state_stats is None else StateStats(state_stats, node.id)
-        frames[node.id] = _compile_node(node, ins, sources, b, stats, two_phase)
+        late = None
+        if node.op in EVENT_TIME_OPS and late_rows is not None:
+            late = LateRows(late_rows, node.id, node.late_rows == "dead_letter")
+        frames[node.id] = _compile_node(node, ins, sources, b, stats, two_phase, late)
     return {n.table: frames[n.id] for n in plan.sinks}
 
 
 def _compile_node(node: PhysicalNode, ins: list, sources: Mapping[str, Any], buckets: int, stats,
-                  two_phase: bool = True):
+                  two_phase: bool = True, late: LateRows | None = None):
     from pyspark.sql import functions as F
 
     if node.op == "source":
@@ -111,10 +120,14 @@ def _compile_node(node: PhysicalNode, ins: list, sources: Mapping[str, Any], buc
     if node.drop_update_before:
         ins = [df.filter(F.col(KIND) != int(RowKind.UPDATE_BEFORE)) for df in ins]
     cls = kernel_class(node)
-    if node.op == "join":
+    if node.op in TWO_INPUT_OPS:
         lkeys, rkeys = node.state_keys
-        return apply_join_kernel(ins[0], ins[1], cls, node.config, left_keys=lkeys, right_keys=rkeys,
-                                 output_schema=spark_schema(node), buckets=buckets, stats=stats)
+        out = apply_join_kernel(ins[0], ins[1], cls, node.config, left_keys=lkeys, right_keys=rkeys,
+                                output_schema=spark_schema(node), buckets=buckets, stats=stats,
+                                time_columns=node.time_columns or None, late=late)
+        if node.op in EVENT_TIME_OPS and late is None:
+            out = out.filter(~F.col(KIND).isin(*LATE_KINDS))
+        return out
     (keys,) = node.state_keys
     if two_phase and is_two_phase(node):
         local, keys = local_aggregate(ins[0], node.config)

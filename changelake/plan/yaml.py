@@ -16,7 +16,8 @@
       - {name: category_sales, from: by_category, primary_key: [category]}
 
 A view has ``from`` (or a ``join`` with ``left`` and ``right``) and one operation:
-``deduplicate``, ``filter``, ``select``, ``group_by`` + ``aggregates``, ``top_n``, ``join``.
+``deduplicate``, ``filter``, ``select``, ``group_by`` + ``aggregates``, ``top_n``, ``join``,
+``interval_join``, ``temporal_join`` (the joins name ``left`` and ``right`` instead of ``from``).
 Sources that only mirror into a table (``sources[].table``) stay outside the graph.
 ``pipeline.state_ttl`` / ``pipeline.on_stale_retraction`` set every operator's state options;
 a view's own ``state_ttl`` / ``on_stale_retraction`` override them.
@@ -55,13 +56,23 @@ def _source(p: Pipeline, config: ChangelakeConfig, s: SourceSpec) -> Stream:
         raise ConfigError(f"source {s.name!r} feeds views or tables through 'from', so it must declare its columns "
                           "(sources[].columns: name -> type)")
     key = s.primary_key or (config.table(s.table).primary_key if s.table else None)
-    return p.source(s.name, columns=s.columns, primary_key=key, normalize=s.normalize)
+    return p.source(s.name, columns=s.columns, primary_key=key, normalize=s.normalize, event_time=s.event_time,
+                    watermark_delay=s.watermark_delay, append_only=s.append_only)
 
 
 def _view(p: Pipeline, v: ViewSpec) -> Stream:
     if v.join is not None:
         j = v.join
         return p.stream(j.left).join(p.stream(j.right), on=j.on, how=j.how, name=v.name)
+    if v.interval_join is not None:
+        j = v.interval_join
+        return p.stream(j.left).interval_join(p.stream(j.right), on=j.on, before=j.before, after=j.after,
+                                              left_time=j.left_time, right_time=j.right_time, how=j.how,
+                                              late_rows=j.late_rows, name=v.name)
+    if v.temporal_join is not None:
+        j = v.temporal_join
+        return p.stream(j.left).temporal_join(p.stream(j.right), on=j.on, time=j.time, version_time=j.version_time,
+                                              how=j.how, late_rows=j.late_rows, name=v.name)
     inp = p.stream(v.from_)
     if v.deduplicate is not None:
         d = v.deduplicate
