@@ -25,9 +25,12 @@ a view's own ``state_ttl`` / ``on_stale_retraction`` override them.
 
 from __future__ import annotations
 
+import pyarrow as pa
+
 from changelake.errors import ConfigError
 from changelake.plan.graph import Pipeline, StateOptions, Stream
 from changelake.service.config import ChangelakeConfig, SourceSpec, ViewSpec
+from changelake.types import arrow_schema
 
 
 def pipeline_from_config(config: ChangelakeConfig) -> Pipeline | None:
@@ -56,8 +59,17 @@ def _source(p: Pipeline, config: ChangelakeConfig, s: SourceSpec) -> Stream:
         raise ConfigError(f"source {s.name!r} feeds views or tables through 'from', so it must declare its columns "
                           "(sources[].columns: name -> type)")
     key = s.primary_key or (config.table(s.table).primary_key if s.table else None)
-    return p.source(s.name, columns=s.columns, primary_key=key, normalize=s.normalize, event_time=s.event_time,
+    return p.source(s.name, columns=_decoded_columns(s), primary_key=key, normalize=s.normalize, event_time=s.event_time,
                     watermark_delay=s.watermark_delay, append_only=s.append_only)
+
+
+def _decoded_columns(s: SourceSpec) -> pa.Schema:
+    """The columns a source's decoder gives: the declared ones, then requested metadata columns
+    (``options.metadata``, e.g. the change's operation time as a versioned table's event time)."""
+    from changelake.formats import make_decoder
+
+    schema = make_decoder(s.format, columns=arrow_schema(s.columns), options=s.options).output_schema
+    return pa.schema([f for f in schema if not f.name.startswith("_")])
 
 
 def _view(p: Pipeline, v: ViewSpec) -> Stream:
