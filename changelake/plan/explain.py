@@ -24,7 +24,8 @@ def describe(node: PhysicalNode) -> str:
     elif node.op == "filter":
         args.append(f"where=[{node.predicate}]")
     elif node.op == "project":
-        args.append("select=[" + ", ".join(e if e == n else f"{e} AS {n}" for n, e in node.projections) + "]")
+        args.append("select=[" + ", ".join(n if e in (n, f"`{n}`") else f"{e} AS {n}" for n, e in node.projections)
+                    + "]")
     elif node.op in ("join", "interval_join", "temporal_join"):
         args.append(f"joinType=[{c.join_type}]")
         if node.op != "join":

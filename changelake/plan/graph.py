@@ -318,15 +318,25 @@ class Stream:
         return GroupedStream(self, tuple(keys))
 
     def top_n(self, n: int, *, order_by: Sequence[str], partition_by: Sequence[str] = (),
-              rank_column: str | None = None, name: str | None = None) -> "Stream":
-        """ROW_NUMBER() <= n per partition, ordered by ``order_by``; ``rank_column`` adds the row number."""
+              rank_column: str | None = None, two_level: int | None = None,
+              name: str | None = None) -> "Stream":
+        """ROW_NUMBER() <= n per partition, ordered by ``order_by``; ``rank_column`` adds the row number.
+
+        ``two_level=K`` plans it as two Top-Ns (for a hot partition, or a global Top-N): the first
+        partitioned by ``partition_by`` plus a hash of the row key into K buckets, the second merging
+        the buckets' candidates per ``partition_by``; the result is the single-level Top-N's.
+        """
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise ConfigError(f"top_n: n must be an integer >= 1, got {n!r}")
+        if two_level is not None and (not isinstance(two_level, int) or isinstance(two_level, bool)
+                                      or two_level < 2):
+            raise ConfigError(f"top_n: two_level must be an integer >= 2 (the number of first-level buckets), "
+                              f"got {two_level!r}; leave it unset for a single-level Top-N")
         sorts = tuple(SortSpec.parse(s) for s in order_by)
         if not sorts:
             raise ConfigError("top_n: order_by must name at least one column")
         return self._then("rank", name, n=n, order_by=sorts, partition_by=tuple(partition_by),
-                          rank_column=rank_column)
+                          rank_column=rank_column, two_level=two_level)
 
     def to_table(self, table: str, *, primary_key: Sequence[str]) -> None:
         """Upsert this changelog into the Delta table ``table`` keyed by ``primary_key``."""

@@ -125,6 +125,10 @@ class _Builder:
         self.output: dict[str, str] = {}
 
     def _put(self, d: _Draft) -> str:
+        if d.id in self.drafts:
+            raise ConfigError(f"two plan nodes are named {d.id!r} ({self.drafts[d.id].op} and {d.op}): the planner "
+                              "names the nodes it adds after what they serve (normalize_<source>, "
+                              "materialize_<table>, <top_n>_bucket / _local / _candidates); rename the view")
         self.drafts[d.id] = d
         return d.id
 
@@ -245,18 +249,27 @@ class _Builder:
     def _rank(self, node: LogicalNode) -> str:
         inp = self._input(node.inputs[0])
         p = node.params
-        n, sorts, partition, rank_column = p["n"], p["order_by"], p["partition_by"], p["rank_column"]
+        sorts, partition, rank_column = p["order_by"], p["partition_by"], p["rank_column"]
         _check_columns(node.name, "partition_by", partition, inp.schema.names)
         _check_columns(node.name, "order_by", [s.column for s in sorts], inp.schema.names)
+        # without the rank number, rows are keyed by the input's key, which the sink can rely on
+        # only when a key's rows stay in one partition
+        stable = inp.upsert_key and set(partition) <= set(inp.upsert_key)
+        key = (*partition, rank_column) if rank_column else (inp.upsert_key if stable else None)
+        if p.get("two_level"):
+            return self._two_level_rank(node, inp, key)
+        return self._rank_draft(node.name, node, inp, partition, rank_column, key)
+
+    def _rank_draft(self, node_id: str, node: LogicalNode, inp: _Draft, partition: tuple[str, ...],
+                    rank_column: str | None, key: tuple[str, ...] | None, *,
+                    layout: Callable[[str], str] | None = None, note: str = "") -> str:
+        """One Top-N node over ``inp`` (``layout(strategy)`` overrides the explained state layout)."""
+        n, sorts = node.params["n"], node.params["order_by"]
         in_schema = inp.schema
         fields = list(in_schema)
         if rank_column:
             fields.append(pa.field(rank_column, pa.int64()))
         schema = _unique_schema(node.name, fields)
-        # without the rank number, rows are keyed by the input's key, which the sink can rely on
-        # only when a key's rows stay in one partition
-        stable = inp.upsert_key and set(partition) <= set(inp.upsert_key)
-        key = (*partition, rank_column) if rank_column else (inp.upsert_key if stable else None)
         strategy = "append_only" if self._insert_only(inp) else "retract"
         state = self._state(node)
         sort_columns = tuple(SortColumn(in_schema.get_field_index(s.column), s.ascending,
@@ -268,11 +281,64 @@ class _Builder:
                               input_schema=in_schema, **state)
 
         order = ", ".join(str(s) for s in sorts)
-        return self._put(_Draft(node.name, "rank", (inp.id,), schema, key, configure, make_rank,
+        text = layout(strategy) if layout else (f"{list(partition) or 'one partition'} -> rows sorted by {order} "
+                                                f"({strategy} strategy, top {n} emitted)")
+        return self._put(_Draft(node_id, "rank", (inp.id,), schema, key, configure, make_rank,
                                 needs_ub=lambda required: strategy == "retract",
-                                extra={"state_keys": (tuple(partition),),
-                                       "state_layout": f"{list(partition) or 'one partition'} -> rows sorted by {order} "
-                                                       f"({strategy} strategy, top {n} emitted)"}))
+                                extra={"state_keys": (tuple(partition),), "state_layout": text, "note": note}))
+
+    def _two_level_rank(self, node: LogicalNode, inp: _Draft, key: tuple[str, ...] | None) -> str:
+        """Top-N ``two_level=K`` (seed 003's nested Top-N against a hot partition)::
+
+            <name>_bucket      Calc: the input + a bucket column, hash of the row key mod K
+            <name>_local       Rank partitioned by partition_by + bucket, top n, no rank number
+            <name>_candidates  Calc: the bucket column dropped
+            <name>             Rank partitioned by partition_by over the candidates (retract)
+
+        Every change of a row (its +I, -U, +U, -D) carries the same row key, so it reaches the
+        same first-level partition, in order; a partition's Top-N is among the union of its
+        buckets' Top-Ns, so the second level's result is the single-level Top-N's (rows whose
+        sort keys tie may be picked in another order). Schema, upsert key and changelog mode of
+        ``<name>`` are the single-level node's.
+        """
+        p = node.params
+        k, n, partition, sorts = p["two_level"], p["n"], p["partition_by"], p["order_by"]
+        row_key = inp.upsert_key or tuple(inp.schema.names)
+        bucket = "topn_bucket"
+        while bucket in inp.schema.names:
+            bucket += "_"
+        hashed = ((bucket, sql.hash_bucket(row_key, k)),)
+        bucket_field = sql.project_schema(node.name, inp.schema, hashed).field(bucket)
+        passed = tuple((c, sql.column(c)) for c in inp.schema.names)
+        in_key = inp.upsert_key
+        first = self._put(_Draft(
+            f"{node.name}_bucket", "project", (inp.id,), inp.schema.append(bucket_field), in_key,
+            needs_ub=lambda required: required or in_key is None,
+            extra={"projections": passed + hashed,
+                   "note": f"two-level Top-N {node.name!r}: {bucket} = hash of the row key {list(row_key)} mod {k}, "
+                           "so every change of a row reaches the same level-1 partition"}))
+        # the bucket is a function of the row key: a key's rows stay in one level-1 partition
+        # exactly when they stay in one partition of partition_by
+        local_key = in_key if in_key and set(partition) <= set(in_key) else None
+        order = ", ".join(str(s) for s in sorts)
+        local = self._rank_draft(
+            f"{node.name}_local", node, self.drafts[first], (*partition, bucket), None, local_key,
+            layout=lambda strategy: f"{[*partition, bucket]} -> "
+                                    f"{'every row of the bucket' if strategy == 'retract' else f'its best {n} rows'}"
+                                    f", sorted by {order} ({strategy} strategy, top {n} emitted)",
+            note=f"two-level Top-N level 1 of 2: the top {n} of each of {k} buckets per partition, as candidates "
+                 "(no rank number); " + ("a bucket's state goes with its last row" if not self._insert_only(inp)
+                                         else "state kept until the state TTL"))
+        candidates = self._put(_Draft(
+            f"{node.name}_candidates", "project", (local,), inp.schema, local_key,
+            needs_ub=lambda required: required or local_key is None,
+            extra={"projections": passed, "note": f"two-level Top-N: drops {bucket} before the merge"}))
+        return self._rank_draft(
+            node.name, node, self.drafts[candidates], partition, p["rank_column"], key,
+            layout=lambda strategy: f"{list(partition) or 'one partition'} -> candidate rows (at most {k} x {n}), "
+                                    f"sorted by {order} ({strategy} strategy, top {n} emitted)",
+            note=f"two-level Top-N level 2 of 2 (two_level: {k}): merges the buckets' candidates into the top {n}; "
+                 "a partition's state goes with its last candidate")
 
     # -- join ------------------------------------------------------------------------------------
     def _two_inputs(self, node: LogicalNode, what: str):

@@ -98,4 +98,5 @@ def _view(p: Pipeline, v: ViewSpec) -> Stream:
     if v.aggregates is not None:
         return inp.group_by(*(v.group_by or ())).agg(v.aggregates, name=v.name)
     t = v.top_n
-    return inp.top_n(t.n, order_by=t.order_by, partition_by=t.partition_by, rank_column=t.rank_column, name=v.name)
+    return inp.top_n(t.n, order_by=t.order_by, partition_by=t.partition_by, rank_column=t.rank_column,
+                     two_level=t.two_level, name=v.name)

@@ -182,6 +182,9 @@ class TopNSpec(_Model):
     order_by: list[str] = Field(min_length=1, description="'column', 'column desc', 'column asc nulls first'")
     partition_by: list[str] = Field(default_factory=list)
     rank_column: str | None = None
+    two_level: int | None = Field(None, ge=2,
+                                  description="plan as a two-level Top-N over this many hash buckets of the row key "
+                                              "(a hot partition, or a global Top-N); default: single level")
 
 
 #: the keys of a view that name its operation; exactly one per view (group_by goes with aggregates)
