@@ -23,6 +23,7 @@ import array
 import io
 import logging
 import pickle
+import zoneinfo
 from typing import Any, Callable, Iterator, Literal
 
 import pyarrow as pa
@@ -99,8 +100,18 @@ class KeyedState:
 _ALLOWED_GLOBALS = {
     ("decimal", "Decimal"), ("datetime", "datetime"), ("datetime", "date"), ("datetime", "time"),
     ("datetime", "timedelta"), ("datetime", "timezone"), ("builtins", "bytearray"), ("builtins", "set"),
-    ("builtins", "frozenset"), ("_codecs", "encode"),
+    ("builtins", "frozenset"), ("_codecs", "encode"), ("zoneinfo", "ZoneInfo"),
 }
+
+
+class _StatePickler(pickle.Pickler):
+    """Pickles a ``ZoneInfo`` (the zone of a tz-aware timestamp from Arrow) as ``ZoneInfo(key)``:
+    its own reduction goes through ``builtins.getattr``, which the restricted unpickler refuses."""
+
+    def reducer_override(self, obj):
+        if isinstance(obj, zoneinfo.ZoneInfo) and obj.key is not None:
+            return zoneinfo.ZoneInfo, (obj.key,)
+        return NotImplemented
 
 
 class _RestrictedUnpickler(pickle.Unpickler):
@@ -114,7 +125,7 @@ class _RestrictedUnpickler(pickle.Unpickler):
 def _pickle_column(values: list) -> pa.Array:
     """Pickle each value (memo-free, so each one stands alone) into one large_binary column."""
     out = io.BytesIO()
-    pickler = pickle.Pickler(out, protocol=5)
+    pickler = _StatePickler(out, protocol=5)
     pickler.fast = True  # no memo: values are acyclic, and none may refer to another's memo
     offsets = [0]
     for v in values:

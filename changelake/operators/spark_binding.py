@@ -244,17 +244,109 @@ def apply_kernel(df, kernel_cls: type, config: Any, *, key_columns: Sequence[str
     (``spark.sql.streaming.stateStore.providerClass``). ``stats`` receives every touched bucket's
     state size (:class:`StateStats`).
     """
-    from pyspark.sql.pandas.types import to_arrow_schema
 
     _check_columns(df, (*key_columns, KIND))
     bucketed = df.withColumn(BUCKET, _bucket(key_columns, buckets))
-    processor = _processor_class()(kernel_cls, config, to_arrow_schema(bucketed.schema),
-                                   to_arrow_schema(output_schema), _processing_time, stats=stats is not None)
+    processor = _processor_class()(kernel_cls, config, arrow_schema_of(bucketed.schema),
+                                   arrow_schema_of(output_schema), _processing_time, stats=stats is not None)
     return _transform(bucketed, processor, output_schema, stats)
 
 
+class LateRows:
+    """Late rows of the event-time joins, carried from the Python workers to the driver.
+
+    The kernel emits a late input row in its output (``_kind`` 5 left, 7 right, in that side's
+    columns); a ``mapInArrow`` right behind the operator takes them out of the changelog and adds
+    them to a Spark accumulator: per (node, side) the count and, when the node dead-letters late
+    rows, the rows as JSON. The driver reads and resets it after each micro-batch (:meth:`take`).
+    """
+
+    def __init__(self, accumulator: Any, node: str, dead_letter: bool) -> None:
+        self.accumulator, self.node, self.dead_letter = accumulator, node, dead_letter
+
+    @classmethod
+    def accumulator(cls, spark: Any) -> Any:
+        from pyspark.accumulators import AccumulatorParam
+
+        class Collect(AccumulatorParam):
+            def zero(self, value: dict) -> dict:
+                return {}
+
+            def addInPlace(self, a: dict, b: dict) -> dict:
+                for k, (n, rows) in b.items():
+                    m, old = a.get(k, (0, []))
+                    a[k] = (m + n, old + rows)
+                return a
+
+        return spark.sparkContext.accumulator({}, Collect())
+
+    def strip(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import json
+
+        from changelake.operators._event_time import LATE_KINDS
+
+        kinds = pa.array(list(LATE_KINDS), pa.int8())
+        for batch in batches:
+            is_late = pc.is_in(batch.column(KIND), kinds)
+            late = batch.filter(is_late)
+            if late.num_rows:
+                report = {}
+                user = [n for n in late.schema.names if n not in (KIND, SEQ)]
+                for kind, side in LATE_KINDS.items():
+                    mine = late.filter(pc.equal(late.column(KIND), kind))
+                    if mine.num_rows:
+                        rows = ([json.dumps(r, default=str) for r in mine.select(user).to_pylist()]
+                                if self.dead_letter else [])
+                        report[(self.node, side)] = (mine.num_rows, rows)
+                self.accumulator.add(report)
+            yield batch.filter(pc.invert(is_late))
+
+    @staticmethod
+    def take(accumulator: Any) -> dict:
+        """The accumulated ``{(node, side): (count, json rows)}``, and reset it (driver only)."""
+        value = dict(accumulator.value)
+        accumulator.value = {}
+        return value
+
+
+class _Heartbeats:
+    """mapInArrow over one join input (in the union's columns): per Arrow batch, one heartbeat row per
+    bucket carrying the batch's largest event time (``_kind`` WATERMARK_KIND), so every bucket's
+    kernel sees the event times of every bucket's rows (see ``operators/_event_time``)."""
+
+    def __init__(self, time_column: str, buckets: int, schema: pa.Schema) -> None:
+        self.time_column, self.buckets, self.schema = time_column, buckets, schema
+
+    def __call__(self, batches):
+        from changelake.operators._event_time import WATERMARK_KIND
+
+        for batch in batches:
+            if not batch.num_rows:
+                continue
+            top = pc.max(batch.column(self.time_column))
+            if not top.is_valid:
+                continue
+            n = self.buckets
+            arrays = []
+            for f in self.schema:
+                if f.name == self.time_column:
+                    arrays.append(pa.array([top.as_py()] * n, f.type))
+                elif f.name == SIDE:
+                    arrays.append(pa.repeat(batch.column(SIDE)[0], n).cast(f.type))
+                elif f.name == KIND:
+                    arrays.append(pa.array([WATERMARK_KIND] * n, f.type))
+                elif f.name == SEQ:
+                    arrays.append(pa.array([""] * n, f.type))
+                elif f.name == BUCKET:
+                    arrays.append(pa.array(range(n), f.type))
+                else:
+                    arrays.append(pa.nulls(n, f.type))
+            yield pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+
+
 def apply_join_kernel(left, right, kernel_cls: type, config: Any, *, left_keys: Sequence[str],
-                      right_keys: Sequence[str], output_schema, buckets: int = 32, stats: StateStats | None = None):
+                      right_keys: Sequence[str], output_schema, buckets: int = 32, stats: StateStats | None = None,
+                      time_columns: tuple[str, str] | None = None, late: LateRows | None = None):
     """Run a two-input kernel (the joins) over two streaming changelogs, in one bucketed state.
 
     Both inputs (user columns, ``_kind``, ``_seq``) are unioned into one DataFrame with a
@@ -264,7 +356,6 @@ def apply_join_kernel(left, right, kernel_cls: type, config: Any, *, left_keys: 
     :func:`apply_kernel`'s.
     """
     from pyspark.sql import functions as F
-    from pyspark.sql.pandas.types import to_arrow_schema
     from pyspark.sql.types import ByteType
 
     if len(left_keys) != len(right_keys):
@@ -292,16 +383,32 @@ def apply_join_kernel(left, right, kernel_cls: type, config: Any, *, left_keys: 
     lside, rside = side(left, 0), side(right, 1)
     union = lside.unionByName(rside)
     bucketed = union.withColumn(BUCKET, _bucket(knames, buckets)).drop(*knames)
-    input_schema = to_arrow_schema(bucketed.schema)
+    if time_columns is not None:
+        # every bucket hears of every input row's event time (operators/_event_time)
+        hb_schema = bucketed.schema
+        arrow_hb = arrow_schema_of(hb_schema)
+        for frame, names, src, col in ((lside, lnames, lcols, time_columns[0]), (rside, rnames, rcols, time_columns[1])):
+            column = names[src.index(col)]
+            beats = frame.withColumn(BUCKET, F.lit(0)).drop(*knames).select(*hb_schema.names)
+            bucketed = bucketed.unionByName(beats.mapInArrow(_Heartbeats(column, buckets, arrow_hb), hb_schema))
+    input_schema = arrow_schema_of(bucketed.schema)
     names = input_schema.names
     kind_seq = [names.index(KIND), names.index(SEQ)]
     sides = []
     for own, src, df in ((lnames, lcols, left), (rnames, rcols, right)):
-        schema = to_arrow_schema(df.select(*src, KIND, SEQ).schema)
+        schema = arrow_schema_of(df.select(*src, KIND, SEQ).schema)
         sides.append(([names.index(n) for n in own] + kind_seq, schema))
-    processor = _processor_class()(kernel_cls, config, input_schema, to_arrow_schema(output_schema),
+    processor = _processor_class()(kernel_cls, config, input_schema, arrow_schema_of(output_schema),
                                    _processing_time, sides, stats is not None)
-    return _transform(bucketed, processor, output_schema, stats)
+    return _transform(bucketed, processor, output_schema, stats, late)
+
+
+def arrow_schema_of(schema) -> pa.Schema:
+    """The Arrow schema of a Spark ``StructType``; timestamps in UTC, the session time zone
+    (``changelake.service.spark.build_session`` sets it)."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return to_arrow_schema(schema, timezone="UTC")
 
 
 def _check_columns(df, columns: Sequence[str]) -> None:
@@ -321,7 +428,7 @@ def _bucket(key_columns: Sequence[str], buckets: int):
     return F.pmod(F.hash(*[F.col(c) for c in key_columns]), F.lit(buckets))
 
 
-def _transform(bucketed, processor, output_schema, stats: StateStats | None = None):
+def _transform(bucketed, processor, output_schema, stats: StateStats | None = None, late: LateRows | None = None):
     from pyspark.sql.types import ByteType, StringType, StructField, StructType
 
     spark_out = StructType([f for f in output_schema.fields if f.name not in (KIND, SEQ)]
@@ -329,4 +436,6 @@ def _transform(bucketed, processor, output_schema, stats: StateStats | None = No
     out = (bucketed.groupBy(BUCKET)
            .transformWithStateInPandas(statefulProcessor=processor, outputStructType=spark_out,
                                        outputMode="Append", timeMode="None"))
+    if late is not None:
+        out = out.mapInArrow(late.strip, spark_out)
     return out if stats is None else out.mapInArrow(stats.strip, spark_out)

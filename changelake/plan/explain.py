@@ -6,7 +6,8 @@ from __future__ import annotations
 from changelake.plan.physical import PhysicalNode, PhysicalPlan
 
 _NAMES = {"source": "Source", "normalize": "ChangelogNormalize", "deduplicate": "Deduplicate",
-          "aggregate": "GroupAggregate", "join": "Join", "rank": "Rank", "materialize": "SinkUpsertMaterializer",
+          "aggregate": "GroupAggregate", "join": "Join",
+          "interval_join": "IntervalJoin", "temporal_join": "TemporalJoin", "rank": "Rank", "materialize": "SinkUpsertMaterializer",
           "lookup_join": "LookupJoin", "filter": "Filter", "project": "Calc", "sink": "Sink"}
 
 
@@ -16,14 +17,21 @@ def describe(node: PhysicalNode) -> str:
     c = node.config
     if node.op == "source":
         args.append(f"columns=[{', '.join(node.schema.names)}]")
+        if node.append_only:
+            args.append("appendOnly=[true]")
     elif node.op == "sink":
         args.append(f"table=[{node.table}], primaryKey=[{', '.join(node.primary_key)}]")
     elif node.op == "filter":
         args.append(f"where=[{node.predicate}]")
     elif node.op == "project":
-        args.append("select=[" + ", ".join(e if e == n else f"{e} AS {n}" for n, e in node.projections) + "]")
-    elif node.op == "join":
+        args.append("select=[" + ", ".join(n if e in (n, f"`{n}`") else f"{e} AS {n}" for n, e in node.projections)
+                    + "]")
+    elif node.op in ("join", "interval_join", "temporal_join"):
         args.append(f"joinType=[{c.join_type}]")
+        if node.op != "join":
+            left, right = node.state_keys
+            args.append("on=[" + ", ".join(f"{a} = {b}" for a, b in zip(left, right)) + "]")
+            args.append(f"time=[{node.time_columns[0]}, {node.time_columns[1]}]")
     elif node.op == "lookup_join":
         lk = c.lookup
         args.append(f"lookup=[{lk.name}], table=[{lk.where()}], key=[{', '.join(lk.key)}], joinType=[{c.join_type}]")

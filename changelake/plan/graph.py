@@ -148,13 +148,21 @@ class Pipeline:
 
     # -- building ------------------------------------------------------------------------------
     def source(self, name: str, *, columns: Mapping[str, str] | pa.Schema, primary_key: Sequence[str] | None = None,
-               normalize: bool | None = None) -> "Stream":
+               normalize: bool | None = None, event_time: str | None = None, watermark_delay: str | None = None,
+               append_only: bool = False) -> "Stream":
         """A decoded CDC source with these columns.
 
-        ``normalize`` (default: on when the source has a primary key) puts Flink's
-        ChangelogNormalize behind the source: a keep-last state per primary key that turns
+        ``normalize`` (default: on when the source has a primary key and is not append-only) puts
+        Flink's ChangelogNormalize behind the source: a keep-last state per primary key that turns
         re-delivered changes (Kafka is at-least-once) into no-ops before stateful operators
         see them. It costs one stored row per key; turn it off only when duplicates cannot occur.
+
+        ``event_time`` names the column (a timestamp, or epoch milliseconds) that says when each
+        change happened, for the time-bounded joins; ``watermark_delay`` ('5 seconds', default 0)
+        is how far out of order its rows may arrive: the watermark is the largest event time seen
+        minus the delay, and a row behind it is late. ``append_only`` declares that the source
+        only ever inserts (facts, events): an interval join or a temporal join's fact side needs
+        that, and an update or delete arriving from it stops the pipeline with an error.
         """
         schema = columns if isinstance(columns, pa.Schema) else arrow_schema(dict(columns))
         key = tuple(primary_key) if primary_key else None
@@ -162,8 +170,21 @@ class Pipeline:
             _check_columns(name, "primary_key", key, schema.names)
         if normalize and not key:
             raise ConfigError(f"source {name!r}: normalize needs a primary_key (the normalize state is keyed by it)")
+        if normalize and append_only:
+            raise ConfigError(f"source {name!r}: an append_only source has nothing to normalize; drop normalize")
+        if watermark_delay is not None and event_time is None:
+            raise ConfigError(f"source {name!r}: watermark_delay needs event_time (the column the watermark follows)")
+        if event_time is not None:
+            _check_columns(name, "event_time", [event_time], schema.names)
+            t = schema.field(event_time).type
+            if not (pa.types.is_timestamp(t) or pa.types.is_integer(t) or pa.types.is_date(t)):
+                raise ConfigError(f"source {name!r}: event_time column {event_time!r} is {t}; it must be a timestamp, "
+                                  "a date or an integer of epoch milliseconds")
         return self._add(name, "source", (), schema=schema, primary_key=key,
-                         normalize=bool(key) if normalize is None else normalize)
+                         normalize=bool(key) and not append_only if normalize is None else normalize,
+                         event_time=event_time, watermark_delay_ms=duration_ms(f"source {name!r} watermark_delay",
+                                                                               watermark_delay),
+                         append_only=bool(append_only))
 
     def _add(self, name: str, op: str, inputs: tuple[str, ...], **params: Any) -> "Stream":
         if not _NAME.match(name):
@@ -258,6 +279,45 @@ class Stream:
         node_name = name or self.pipeline._fresh(f"join_{self.name}_{other.name}")
         return self.pipeline._add(node_name, "join", (self.name, other.name), on=pairs, how=how, where=where)
 
+    def interval_join(self, other: "Stream", *, on: Mapping[str, str] | Sequence[str], before: str, after: str,
+                      left_time: str | None = None, right_time: str | None = None, how: str = "inner",
+                      late_rows: str = "drop", name: str | None = None) -> "Stream":
+        """Time-windowed join: rows with equal keys where ``left_time BETWEEN right_time - before AND
+        right_time + after`` (durations such as '10 minutes'; '0 seconds' for a bound at the right's time).
+
+        Both inputs must be insert-only (an append_only source, or what keeps it so) and carry an
+        event time (the source's ``event_time``; ``left_time`` / ``right_time`` default to it).
+        The watermark drops each row's state once no row of the other side can meet it any more;
+        an outer join (``how`` left, right or full) then emits an unmatched row padded with nulls.
+        ``late_rows``: 'drop' (count in ``changelake_late_rows_total``) or 'dead_letter' (count,
+        and write the row to the dead-letter path).
+        """
+        how = how.lower()
+        if how not in ("inner", "left", "right", "full"):
+            raise ConfigError(f"interval_join: how must be inner, left, right or full, got {how!r}")
+        pairs = _join_pairs(self, other, on, "interval_join")
+        node_name = name or self.pipeline._fresh(f"interval_join_{self.name}_{other.name}")
+        return self.pipeline._add(node_name, "interval_join", (self.name, other.name), on=pairs, how=how,
+                                  before_ms=duration_ms(f"interval_join {node_name!r} before", before, signed=True),
+                                  after_ms=duration_ms(f"interval_join {node_name!r} after", after, signed=True),
+                                  left_time=left_time, right_time=right_time, late_rows=_late_rows(late_rows))
+
+    def temporal_join(self, versions: "Stream", *, on: Mapping[str, str] | Sequence[str], time: str | None = None,
+                      version_time: str | None = None, how: str = "inner", late_rows: str = "drop",
+                      name: str | None = None) -> "Stream":
+        """Each fact (this insert-only stream) joined with the row ``versions`` had at the fact's event time
+        (``FOR SYSTEM_TIME AS OF``): ``versions`` is a changelog whose primary key is the join key and whose
+        event time says from when each change holds. ``how``: inner (facts without a version are dropped)
+        or left (padded with nulls). A fact is emitted once the watermark passes its time.
+        """
+        how = how.lower()
+        if how not in ("inner", "left"):
+            raise ConfigError(f"temporal_join: how must be inner or left, got {how!r}")
+        pairs = _join_pairs(self, versions, on, "temporal_join")
+        node_name = name or self.pipeline._fresh(f"temporal_join_{self.name}_{versions.name}")
+        return self.pipeline._add(node_name, "temporal_join", (self.name, versions.name), on=pairs, how=how,
+                                  left_time=time, right_time=version_time, late_rows=_late_rows(late_rows))
+
     def lookup_join(self, lookup: "Lookup", *, on: Mapping[str, str] | Sequence[str], how: str = "inner",
                     name: str | None = None) -> "Stream":
         """Lookup join: each change row looks its key up in the dimension table ``lookup``
@@ -282,15 +342,25 @@ class Stream:
         return GroupedStream(self, tuple(keys))
 
     def top_n(self, n: int, *, order_by: Sequence[str], partition_by: Sequence[str] = (),
-              rank_column: str | None = None, name: str | None = None) -> "Stream":
-        """ROW_NUMBER() <= n per partition, ordered by ``order_by``; ``rank_column`` adds the row number."""
+              rank_column: str | None = None, two_level: int | None = None,
+              name: str | None = None) -> "Stream":
+        """ROW_NUMBER() <= n per partition, ordered by ``order_by``; ``rank_column`` adds the row number.
+
+        ``two_level=K`` plans it as two Top-Ns (for a hot partition, or a global Top-N): the first
+        partitioned by ``partition_by`` plus a hash of the row key into K buckets, the second merging
+        the buckets' candidates per ``partition_by``; the result is the single-level Top-N's.
+        """
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise ConfigError(f"top_n: n must be an integer >= 1, got {n!r}")
+        if two_level is not None and (not isinstance(two_level, int) or isinstance(two_level, bool)
+                                      or two_level < 2):
+            raise ConfigError(f"top_n: two_level must be an integer >= 2 (the number of first-level buckets), "
+                              f"got {two_level!r}; leave it unset for a single-level Top-N")
         sorts = tuple(SortSpec.parse(s) for s in order_by)
         if not sorts:
             raise ConfigError("top_n: order_by must name at least one column")
         return self._then("rank", name, n=n, order_by=sorts, partition_by=tuple(partition_by),
-                          rank_column=rank_column)
+                          rank_column=rank_column, two_level=two_level)
 
     def to_table(self, table: str, *, primary_key: Sequence[str]) -> None:
         """Upsert this changelog into the Delta table ``table`` keyed by ``primary_key``."""
@@ -312,6 +382,38 @@ class GroupedStream:
             raise ConfigError("agg: give at least one aggregate, e.g. agg(n='count(*)')")
         specs = tuple(AggSpec.parse(out, text) for out, text in calls.items())
         return self.stream._then("aggregate", name, group_by=self.keys, aggregates=specs)
+
+
+def _join_pairs(left: Stream, right: Stream, on, what: str) -> tuple[tuple[str, str], ...]:
+    if right.pipeline is not left.pipeline:
+        raise ConfigError(f"{what}: both streams must belong to the same Pipeline")
+    pairs = tuple(on.items()) if isinstance(on, Mapping) else tuple((c, c) for c in on)
+    if not pairs:
+        raise ConfigError(f"{what}: 'on' must name at least one pair of key columns")
+    return pairs
+
+
+LATE_ROWS = ("drop", "dead_letter")
+
+
+def _late_rows(policy: str) -> str:
+    if policy not in LATE_ROWS:
+        raise ConfigError(f"late_rows must be one of {LATE_ROWS}, got {policy!r}")
+    return policy
+
+
+def duration_ms(what: str, text: str | None, *, signed: bool = False) -> int:
+    """Milliseconds of a duration such as '5 seconds' (None: 0); ``signed`` allows a leading '-'."""
+    if text is None:
+        return 0
+    from changelake.service.config import parse_duration
+
+    raw = str(text).strip()
+    sign = -1 if signed and raw.startswith("-") else 1
+    try:
+        return sign * int(round(parse_duration(raw.lstrip("-").strip() if sign < 0 else raw) * 1000))
+    except ValueError as exc:
+        raise ConfigError(f"{what}: {exc}") from None
 
 
 def _check_columns(node: str, what: str, columns: Sequence[str], known: Sequence[str]) -> None:

@@ -2,8 +2,8 @@
 
 For tests, notebooks and small jobs: every stateful node is one kernel instance holding
 all keys, so there is no shuffle and no Spark; every lookup join is one joiner whose cache
-lives as long as the runner (:meth:`close` closes its connections). Its state is in memory; :meth:`snapshot`
-and :meth:`restore` carry it across a restart (the Spark executor keeps the same kernel
+lives as long as the runner (:meth:`close` closes its connections). The state is in memory;
+:meth:`snapshot` and :meth:`restore` carry it across a restart (the Spark executor keeps the same kernel
 state in the checkpointed RocksDB store instead). Outputs are what the Spark executor
 computes for the same input, per key and in order.
 """
@@ -18,7 +18,8 @@ import pyarrow.compute as pc
 from changelake.changelog import KIND, RowKind
 from changelake.operators.lookup_join import observe
 from changelake.plan import sql
-from changelake.plan.physical import PhysicalNode, PhysicalPlan
+from changelake.operators._event_time import LATE_KINDS
+from changelake.plan.physical import EVENT_TIME_OPS, TWO_INPUT_OPS, PhysicalNode, PhysicalPlan
 
 
 def changelog_of(node: PhysicalNode, table: pa.Table | None) -> pa.Table:
@@ -33,6 +34,12 @@ def without_update_before(table: pa.Table) -> pa.Table:
     return table.filter(pc.not_equal(table[KIND], pa.scalar(int(RowKind.UPDATE_BEFORE), pa.int8())))
 
 
+def split_late(table: pa.Table) -> tuple[pa.Table, pa.Table]:
+    """An event-time join's output split into (changes, late rows)."""
+    late = pc.is_in(table[KIND], pa.array(list(LATE_KINDS), pa.int8()))
+    return table.filter(pc.invert(late)), table.filter(late)
+
+
 class LocalRunner:
     """``runner.step({"orders": batch, ...})`` -> ``{"table": changelog}`` per sink table."""
 
@@ -40,6 +47,8 @@ class LocalRunner:
         self.plan = plan
         self.kernels = {n.id: n.make_kernel() for n in plan if n.stateful}
         self.joiners = {n.id: n.make_kernel() for n in plan if n.op == "lookup_join"}
+        #: node id -> late rows of the time-bounded joins (``_kind`` 5: left input, 7: right), as emitted
+        self.late: dict[str, list[pa.Table]] = {}
 
     def step(self, inputs: Mapping[str, pa.Table], *, now: int = 0) -> dict[str, pa.Table]:
         """Feed one micro-batch (decoded changelogs by source name); returns each table's changes."""
@@ -69,13 +78,18 @@ class LocalRunner:
         kernel = self.kernels[node.id]
         if node.drop_update_before:
             ins = [without_update_before(t) for t in ins]
-        if node.op == "join":
+        if node.op in TWO_INPUT_OPS:
             out = kernel.process(ins[0], side="left", now=now)
             out.extend(kernel.process(ins[1], side="right", now=now))
         else:
             out = kernel.process(ins[0], now=now)
         out.extend(kernel.finish(now=now))
-        return out.to_arrow(node.schema)
+        table = out.to_arrow(node.schema)
+        if node.op in EVENT_TIME_OPS:
+            table, late = split_late(table)
+            if late.num_rows:
+                self.late.setdefault(node.id, []).append(late)
+        return table
 
     def close(self) -> None:
         """Close the lookup joins' connections and threads."""

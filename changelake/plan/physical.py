@@ -19,6 +19,12 @@ Executors must honour, per node kind (``op``):
 ``join``        ``StreamingJoin`` / ``StreamingSemiAntiJoin``: two inputs (left, right);
                 ``state_keys`` gives each side's join key columns, equal values of which
                 must meet in the same kernel instance
+``interval_join`` ``IntervalJoin``: two insert-only inputs bucketed by join key, as ``join``;
+                ``time_columns`` are the inputs' event-time columns; every bucket must see
+                heartbeats of the other buckets' event times (see ``operators/_event_time``);
+                the kernel's late rows (kinds 5 and 7) leave the changelog for the late path
+``temporal_join`` ``TemporalJoin``: facts (left) and a versioned changelog (right), as
+                ``interval_join``; drops the right input's -U (``drop_update_before``)
 ``rank``        Top-N kernel built by ``make_rank(config)``
 ``materialize`` ``SinkUpsertMaterializer`` keyed by the sink's primary key
 ``lookup_join`` ``LookupJoiner(config)`` per worker, its cache kept across micro-batches (no
@@ -48,10 +54,15 @@ import pyarrow.compute as pc
 from changelake.changelog import KIND, RowKind, with_batch_seq
 from changelake.operators.changelog_mode import ChangelogMode
 
-Op = Literal["source", "normalize", "deduplicate", "aggregate", "join", "rank", "materialize",
-             "lookup_join", "filter", "project", "sink"]
+Op = Literal["source", "normalize", "deduplicate", "aggregate", "join", "interval_join", "temporal_join", "rank",
+             "materialize", "lookup_join", "filter", "project", "sink"]
 #: ops whose node runs a kernel with keyed state
-STATEFUL_OPS = frozenset({"normalize", "deduplicate", "aggregate", "join", "rank", "materialize"})
+STATEFUL_OPS = frozenset({"normalize", "deduplicate", "aggregate", "join", "interval_join", "temporal_join", "rank",
+                          "materialize"})
+#: ops with two inputs (left, right) whose kernel takes ``process(rows, side=...)``
+TWO_INPUT_OPS = frozenset({"join", "interval_join", "temporal_join"})
+#: ops that follow the event time of their inputs (``time_columns``), with heartbeats and late rows
+EVENT_TIME_OPS = frozenset({"interval_join", "temporal_join"})
 
 
 @dataclass(frozen=True)
@@ -71,6 +82,9 @@ class PhysicalNode:
     source: str | None = None               # source: the SourceSpec name
     table: str | None = None                # sink: the table name
     primary_key: tuple[str, ...] = ()       # sink: the table's primary key
+    time_columns: tuple[str, ...] = ()      # interval / temporal join: each input's event-time column
+    late_rows: str = "drop"                 # interval / temporal join: "drop" or "dead_letter"
+    append_only: bool = False               # source: declared insert-only
     state_layout: str = ""                  # what the state holds, for explain
     note: str = ""                          # why the planner added or changed the node
 

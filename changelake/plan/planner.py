@@ -51,6 +51,8 @@ class _Draft:
     needs_ub: Callable[[bool], bool] = lambda required: False
     extra: dict = field(default_factory=dict)
     required: bool = False
+    #: event-time columns of the output -> watermark delay (ms) of the input they came from
+    rowtime: dict = field(default_factory=dict)
 
 
 def plan(pipeline: Pipeline, *, mini_batch: bool = True) -> PhysicalPlan:
@@ -60,6 +62,7 @@ def plan(pipeline: Pipeline, *, mini_batch: bool = True) -> PhysicalPlan:
     for node in _feeding_a_table(pipeline):
         builder.add(node)
     drafts = builder.drafts
+    _prune(drafts)
     for d in reversed(list(drafts.values())):                     # pass 2
         consumers = [c for c in drafts.values() if d.id in c.inputs]
         d.required = any(c.needs_ub(c.required) for c in consumers)
@@ -67,6 +70,17 @@ def plan(pipeline: Pipeline, *, mini_batch: bool = True) -> PhysicalPlan:
     for d in drafts.values():                                      # pass 3
         nodes[d.id] = _finish(d, nodes)
     return PhysicalPlan(tuple(nodes.values()))
+
+
+def _prune(drafts: dict[str, _Draft]) -> None:
+    """Drop the nodes no table reads (a ChangelogNormalize whose only reader bypassed it)."""
+    while True:
+        read = {i for d in drafts.values() for i in d.inputs}
+        idle = [k for k, d in drafts.items() if d.op != "sink" and k not in read]
+        if not idle:
+            return
+        for k in idle:
+            del drafts[k]
 
 
 def _feeding_a_table(pipeline: Pipeline) -> list[LogicalNode]:
@@ -84,7 +98,7 @@ def _feeding_a_table(pipeline: Pipeline) -> list[LogicalNode]:
 def _finish(d: _Draft, done: dict[str, PhysicalNode]) -> PhysicalNode:
     config = d.configure(d.required) if d.configure else None
     if d.op == "source":
-        mode = cm.ALL
+        mode = cm.INSERT_ONLY if d.extra.get("append_only") else cm.ALL
     elif d.op == "lookup_join":                         # stateless: the input's kinds, one row or none per row
         mode = done[d.inputs[0]].mode
     elif config is not None:
@@ -114,6 +128,10 @@ class _Builder:
         self.output: dict[str, str] = {}
 
     def _put(self, d: _Draft) -> str:
+        if d.id in self.drafts:
+            raise ConfigError(f"two plan nodes are named {d.id!r} ({self.drafts[d.id].op} and {d.op}): the planner "
+                              "names the nodes it adds after what they serve (normalize_<source>, "
+                              "materialize_<table>, <top_n>_bucket / _local / _candidates); rename the view")
         self.drafts[d.id] = d
         return d.id
 
@@ -131,8 +149,10 @@ class _Builder:
     # -- sources ---------------------------------------------------------------------------------
     def _source(self, node: LogicalNode) -> str:
         p = node.params
-        src = self._put(_Draft(node.name, "source", (), p["schema"], p["primary_key"],
-                               extra={"source": node.name, "state_layout": ""}))
+        rowtime = {p["event_time"]: p["watermark_delay_ms"]} if p.get("event_time") else {}
+        src = self._put(_Draft(node.name, "source", (), p["schema"], p["primary_key"], rowtime=rowtime,
+                               extra={"source": node.name, "state_layout": "",
+                                      "append_only": p.get("append_only", False)}))
         if not p["normalize"]:
             return src
         key = p["primary_key"]
@@ -144,7 +164,7 @@ class _Builder:
                                      input_insert_only=False, mini_batch_size=mb, **state)
 
         return self._put(_Draft(
-            f"normalize_{node.name}", "normalize", (src,), schema, key, configure, Deduplicate,
+            f"normalize_{node.name}", "normalize", (src,), schema, key, configure, Deduplicate, rowtime=rowtime,
             extra={"state_keys": (key,), "drop_update_before": True,
                    "state_layout": f"{list(key)} -> last row",
                    "note": "ChangelogNormalize: re-delivered changes become no-ops (source normalize: true)"}))
@@ -172,13 +192,14 @@ class _Builder:
 
         order = "arrival" if order_by is None else order_by
         return self._put(_Draft(node.name, "deduplicate", (inp.id,), schema, keys, configure, Deduplicate,
+                                rowtime=dict(inp.rowtime),
                                 extra={"state_keys": (keys,),
                                        "state_layout": f"{list(keys)} -> {keep} row by {order}"}))
 
     def _insert_only(self, d: _Draft) -> bool:
         """Whether ``d`` emits only +I whatever its consumers need (decided before pass 2)."""
         if d.op == "source":
-            return False
+            return bool(d.extra.get("append_only"))
         if d.op in ("filter", "project", "lookup_join"):
             return self._insert_only(self.drafts[d.inputs[0]])
         if d.configure is None:
@@ -190,7 +211,8 @@ class _Builder:
         predicate = node.params["predicate"]
         sql.check_predicate(node.name, inp.schema, predicate)
         return self._put(_Draft(node.name, "filter", (inp.id,), inp.schema, inp.upsert_key,
-                                needs_ub=lambda required: True, extra={"predicate": predicate}))
+                                needs_ub=lambda required: True, extra={"predicate": predicate},
+                                rowtime=dict(inp.rowtime)))
 
     def _project(self, node: LogicalNode) -> str:
         inp = self._input(node.inputs[0])
@@ -200,9 +222,10 @@ class _Builder:
         key = None
         if inp.upsert_key and all(c in passed for c in inp.upsert_key):
             key = tuple(passed[c] for c in inp.upsert_key)
+        rowtime = {passed[c]: delay for c, delay in inp.rowtime.items() if c in passed}
         return self._put(_Draft(node.name, "project", (inp.id,), schema, key,
                                 needs_ub=lambda required: required or key is None,
-                                extra={"projections": pairs}))
+                                extra={"projections": pairs}, rowtime=rowtime))
 
     def _aggregate(self, node: LogicalNode) -> str:
         inp = self._input(node.inputs[0])
@@ -229,18 +252,27 @@ class _Builder:
     def _rank(self, node: LogicalNode) -> str:
         inp = self._input(node.inputs[0])
         p = node.params
-        n, sorts, partition, rank_column = p["n"], p["order_by"], p["partition_by"], p["rank_column"]
+        sorts, partition, rank_column = p["order_by"], p["partition_by"], p["rank_column"]
         _check_columns(node.name, "partition_by", partition, inp.schema.names)
         _check_columns(node.name, "order_by", [s.column for s in sorts], inp.schema.names)
+        # without the rank number, rows are keyed by the input's key, which the sink can rely on
+        # only when a key's rows stay in one partition
+        stable = inp.upsert_key and set(partition) <= set(inp.upsert_key)
+        key = (*partition, rank_column) if rank_column else (inp.upsert_key if stable else None)
+        if p.get("two_level"):
+            return self._two_level_rank(node, inp, key)
+        return self._rank_draft(node.name, node, inp, partition, rank_column, key)
+
+    def _rank_draft(self, node_id: str, node: LogicalNode, inp: _Draft, partition: tuple[str, ...],
+                    rank_column: str | None, key: tuple[str, ...] | None, *,
+                    layout: Callable[[str], str] | None = None, note: str = "") -> str:
+        """One Top-N node over ``inp`` (``layout(strategy)`` overrides the explained state layout)."""
+        n, sorts = node.params["n"], node.params["order_by"]
         in_schema = inp.schema
         fields = list(in_schema)
         if rank_column:
             fields.append(pa.field(rank_column, pa.int64()))
         schema = _unique_schema(node.name, fields)
-        # without the rank number, rows are keyed by the input's key, which the sink can rely on
-        # only when a key's rows stay in one partition
-        stable = inp.upsert_key and set(partition) <= set(inp.upsert_key)
-        key = (*partition, rank_column) if rank_column else (inp.upsert_key if stable else None)
         strategy = "append_only" if self._insert_only(inp) else "retract"
         state = self._state(node)
         sort_columns = tuple(SortColumn(in_schema.get_field_index(s.column), s.ascending,
@@ -252,36 +284,99 @@ class _Builder:
                               input_schema=in_schema, **state)
 
         order = ", ".join(str(s) for s in sorts)
-        return self._put(_Draft(node.name, "rank", (inp.id,), schema, key, configure, make_rank,
+        text = layout(strategy) if layout else (f"{list(partition) or 'one partition'} -> rows sorted by {order} "
+                                                f"({strategy} strategy, top {n} emitted)")
+        return self._put(_Draft(node_id, "rank", (inp.id,), schema, key, configure, make_rank,
                                 needs_ub=lambda required: strategy == "retract",
-                                extra={"state_keys": (tuple(partition),),
-                                       "state_layout": f"{list(partition) or 'one partition'} -> rows sorted by {order} "
-                                                       f"({strategy} strategy, top {n} emitted)"}))
+                                extra={"state_keys": (tuple(partition),), "state_layout": text, "note": note}))
+
+    def _two_level_rank(self, node: LogicalNode, inp: _Draft, key: tuple[str, ...] | None) -> str:
+        """Top-N ``two_level=K`` (seed 003's nested Top-N against a hot partition)::
+
+            <name>_bucket      Calc: the input + a bucket column, hash of the row key mod K
+            <name>_local       Rank partitioned by partition_by + bucket, top n, no rank number
+            <name>_candidates  Calc: the bucket column dropped
+            <name>             Rank partitioned by partition_by over the candidates (retract)
+
+        Every change of a row (its +I, -U, +U, -D) carries the same row key, so it reaches the
+        same first-level partition, in order; a partition's Top-N is among the union of its
+        buckets' Top-Ns, so the second level's result is the single-level Top-N's (rows whose
+        sort keys tie may be picked in another order). Schema, upsert key and changelog mode of
+        ``<name>`` are the single-level node's.
+        """
+        p = node.params
+        k, n, partition, sorts = p["two_level"], p["n"], p["partition_by"], p["order_by"]
+        row_key = inp.upsert_key or tuple(inp.schema.names)
+        bucket = "topn_bucket"
+        while bucket in inp.schema.names:
+            bucket += "_"
+        hashed = ((bucket, sql.hash_bucket(row_key, k)),)
+        bucket_field = sql.project_schema(node.name, inp.schema, hashed).field(bucket)
+        passed = tuple((c, sql.column(c)) for c in inp.schema.names)
+        in_key = inp.upsert_key
+        first = self._put(_Draft(
+            f"{node.name}_bucket", "project", (inp.id,), inp.schema.append(bucket_field), in_key,
+            needs_ub=lambda required: required or in_key is None,
+            extra={"projections": passed + hashed,
+                   "note": f"two-level Top-N {node.name!r}: {bucket} = hash of the row key {list(row_key)} mod {k}, "
+                           "so every change of a row reaches the same level-1 partition"}))
+        # the bucket is a function of the row key: a key's rows stay in one level-1 partition
+        # exactly when they stay in one partition of partition_by
+        local_key = in_key if in_key and set(partition) <= set(in_key) else None
+        order = ", ".join(str(s) for s in sorts)
+        local = self._rank_draft(
+            f"{node.name}_local", node, self.drafts[first], (*partition, bucket), None, local_key,
+            layout=lambda strategy: f"{[*partition, bucket]} -> "
+                                    f"{'every row of the bucket' if strategy == 'retract' else f'its best {n} rows'}"
+                                    f", sorted by {order} ({strategy} strategy, top {n} emitted)",
+            note=f"two-level Top-N level 1 of 2: the top {n} of each of {k} buckets per partition, as candidates "
+                 "(no rank number); " + ("a bucket's state goes with its last row" if not self._insert_only(inp)
+                                         else "state kept until the state TTL"))
+        candidates = self._put(_Draft(
+            f"{node.name}_candidates", "project", (local,), inp.schema, local_key,
+            needs_ub=lambda required: required or local_key is None,
+            extra={"projections": passed, "note": f"two-level Top-N: drops {bucket} before the merge"}))
+        return self._rank_draft(
+            node.name, node, self.drafts[candidates], partition, p["rank_column"], key,
+            layout=lambda strategy: f"{list(partition) or 'one partition'} -> candidate rows (at most {k} x {n}), "
+                                    f"sorted by {order} ({strategy} strategy, top {n} emitted)",
+            note=f"two-level Top-N level 2 of 2 (two_level: {k}): merges the buckets' candidates into the top {n}; "
+                 "a partition's state goes with its last candidate")
 
     # -- join ------------------------------------------------------------------------------------
-    def _join(self, node: LogicalNode) -> str:
+    def _two_inputs(self, node: LogicalNode, what: str):
+        """A join's inputs, key columns (checked, equal types) and the right columns' output names."""
         left, right = self._input(node.inputs[0]), self._input(node.inputs[1])
-        pairs, how, where = node.params["on"], node.params["how"], node.params["where"]
+        pairs = node.params["on"]
         lkey, rkey = tuple(a for a, _ in pairs), tuple(b for _, b in pairs)
         _check_columns(node.name, "on (left)", lkey, left.schema.names)
         _check_columns(node.name, "on (right)", rkey, right.schema.names)
         for a, b in pairs:
             lt, rt = left.schema.field(a).type, right.schema.field(b).type
             if lt != rt:
-                raise ConfigError(f"join {node.name!r}: key {a} is {lt} on the left but {b} is {rt} on the right; "
+                raise ConfigError(f"{what} {node.name!r}: key {a} is {lt} on the left but {b} is {rt} on the right; "
                                   "cast one side with a select first")
+        renamed = {c: (f"{node.inputs[1]}_{c}" if c in left.schema.names else c) for c in right.schema.names}
+        return left, right, lkey, rkey, renamed
+
+    @staticmethod
+    def _joined_schema(node: LogicalNode, left: _Draft, right: _Draft, renamed: dict[str, str],
+                       join_type: str) -> pa.Schema:
+        fields = list(left.schema) + [f.with_name(renamed[f.name]) for f in right.schema]
+        if left.schema.names and join_type in ("RIGHT", "FULL"):
+            fields[:len(left.schema)] = [f.with_nullable(True) for f in fields[:len(left.schema)]]
+        if join_type in ("LEFT", "FULL"):
+            fields[len(left.schema):] = [f.with_nullable(True) for f in fields[len(left.schema):]]
+        return _unique_schema(node.name, fields)
+
+    def _join(self, node: LogicalNode) -> str:
+        how, where = node.params["how"], node.params["where"]
+        pairs = node.params["on"]
+        left, right, lkey, rkey, renamed = self._two_inputs(node, "join")
         join_type = how.upper()
         semi = join_type in ("SEMI", "ANTI")
-        renamed = {c: (f"{node.inputs[1]}_{c}" if c in left.schema.names else c) for c in right.schema.names}
-        if semi:
-            fields = list(left.schema)
-        else:
-            fields = list(left.schema) + [f.with_name(renamed[f.name]) for f in right.schema]
-            if left.schema.names and join_type in ("RIGHT", "FULL"):
-                fields[:len(left.schema)] = [f.with_nullable(True) for f in fields[:len(left.schema)]]
-            if join_type in ("LEFT", "FULL"):
-                fields[len(left.schema):] = [f.with_nullable(True) for f in fields[len(left.schema):]]
-        schema = _unique_schema(node.name, fields)
+        schema = (_unique_schema(node.name, list(left.schema)) if semi
+                  else self._joined_schema(node, left, right, renamed, join_type))
         lspec, llayout = _join_input(left, lkey)
         rspec, rlayout = _join_input(right, rkey)
         key = _join_upsert_key(left, right, lkey, rkey, renamed, join_type)
@@ -330,10 +425,99 @@ class _Builder:
         return self._put(_Draft(
             node.name, "lookup_join", (inp.id,), schema, inp.upsert_key, lambda gub: config, LookupJoiner,
             needs_ub=(lambda required: True) if join_type == "INNER" else (lambda required: required),
+            rowtime=dict(inp.rowtime),
             extra={"state_keys": (skeys,),
                    "state_layout": f"no state (cache: {lookup.cache.describe()})",
                    "note": "a retraction is joined with the dimension's current row (as Flink): a dimension row "
                            "changed or deleted between a row's +I and its -D can leave stale results downstream"}))
+
+    # -- time-bounded joins ----------------------------------------------------------------------
+    def _time_column(self, node: LogicalNode, d: _Draft, given: str | None, side: str) -> tuple[str, int]:
+        """The event-time column of one input and its watermark delay."""
+        what = f"{node.op} {node.name!r}"
+        if not d.rowtime:
+            raise ConfigError(f"{what}: its {side} input {d.id!r} has no event time; declare the source's event_time "
+                              "(and watermark_delay), and keep that column through filters and selects")
+        if given is None:
+            if len(d.rowtime) > 1:
+                raise ConfigError(f"{what}: the {side} input has event-time columns {sorted(d.rowtime)}; name one "
+                                  f"with {side}_time")
+            given = next(iter(d.rowtime))
+        if given not in d.rowtime:
+            raise ConfigError(f"{what}: {side} time column {given!r} is not an event-time column of {d.id!r} "
+                              f"(those are {sorted(d.rowtime)}): declare it as the source's event_time")
+        return given, d.rowtime[given]
+
+    def _needs_insert_only(self, node: LogicalNode, d: _Draft, side: str) -> None:
+        if not self._insert_only(d):
+            raise ConfigError(
+                f"{node.op} {node.name!r}: its {side} input {d.id!r} carries updates and deletes, but this join takes "
+                "only inserts there (a row's window or version cannot be retracted once emitted); declare the source "
+                "append_only: true (facts, events)")
+
+    def _interval_join(self, node: LogicalNode) -> str:
+        from changelake.operators.interval_join import IntervalJoin, IntervalJoinConfig
+
+        p = node.params
+        left, right, lkey, rkey, renamed = self._two_inputs(node, "interval_join")
+        self._needs_insert_only(node, left, "left")
+        self._needs_insert_only(node, right, "right")
+        ltime, ldelay = self._time_column(node, left, p["left_time"], "left")
+        rtime, rdelay = self._time_column(node, right, p["right_time"], "right")
+        join_type = p["how"].upper()
+        schema = self._joined_schema(node, left, right, renamed, join_type)
+        config = IntervalJoinConfig(
+            join_type=join_type, left_key=_idx(left.schema, lkey), right_key=_idx(right.schema, rkey),
+            left_arity=len(left.schema), right_arity=len(right.schema), left_time=left.schema.get_field_index(ltime),
+            right_time=right.schema.get_field_index(rtime), before_ms=p["before_ms"], after_ms=p["after_ms"],
+            left_delay_ms=ldelay, right_delay_ms=rdelay, name=f"interval_join {node.name!r}")
+        on = " AND ".join(f"{a} = {b}" for a, b in p["on"])
+        window = (f"{ltime} BETWEEN {renamed[rtime]} - {_ms_text(p['before_ms'])} "
+                  f"AND {renamed[rtime]} + {_ms_text(p['after_ms'])}")
+        return self._put(_Draft(
+            node.name, "interval_join", (left.id, right.id), schema, None, lambda gub: config, IntervalJoin,
+            extra={"state_keys": (lkey, rkey), "time_columns": (ltime, rtime), "late_rows": p["late_rows"],
+                   "state_layout": f"rows of both inputs by join key ({on}) within {window}; "
+                                   f"a left row is dropped once {ltime} + {_ms_text(p['before_ms'])} < watermark, "
+                                   f"a right row once {rtime} + {_ms_text(p['after_ms'])} < watermark"
+                                   + ("" if join_type == "INNER" else ", an unmatched one then emitted null-padded"),
+                   "note": f"watermark = min({ltime} - {_ms_text(ldelay)}, {rtime} - {_ms_text(rdelay)}) "
+                           f"over the rows seen; late rows: {p['late_rows']}"}))
+
+    def _temporal_join(self, node: LogicalNode) -> str:
+        from changelake.operators.temporal_join import TemporalJoin, TemporalJoinConfig
+
+        p = node.params
+        left, right, lkey, rkey, renamed = self._two_inputs(node, "temporal_join")
+        if right.op == "normalize":
+            # versions are read as they come: ChangelogNormalize would give a -D the stored row, whose
+            # event time is the deleted version's, not the deletion's; a re-delivered version is harmless
+            right = self.drafts[right.inputs[0]]
+        self._needs_insert_only(node, left, "fact (left)")
+        if not right.upsert_key or not set(right.upsert_key) <= set(rkey):
+            raise ConfigError(
+                f"temporal_join {node.name!r}: the versioned input {right.id!r} needs a primary key contained in the "
+                f"join key {list(rkey)} (its key is {list(right.upsert_key or [])}); give the source that "
+                "primary_key")
+        ltime, ldelay = self._time_column(node, left, p["left_time"], "left")
+        rtime, rdelay = self._time_column(node, right, p["right_time"], "right")
+        join_type = p["how"].upper()
+        schema = self._joined_schema(node, left, right, renamed, join_type)
+        config = TemporalJoinConfig(
+            join_type=join_type, left_key=_idx(left.schema, lkey), right_key=_idx(right.schema, rkey),
+            left_arity=len(left.schema), right_arity=len(right.schema), left_time=left.schema.get_field_index(ltime),
+            right_time=right.schema.get_field_index(rtime), left_delay_ms=ldelay, right_delay_ms=rdelay,
+            name=f"temporal_join {node.name!r}")
+        on = " AND ".join(f"{a} = {b}" for a, b in p["on"])
+        return self._put(_Draft(
+            node.name, "temporal_join", (left.id, right.id), schema, None, lambda gub: config, TemporalJoin,
+            extra={"state_keys": (lkey, rkey), "time_columns": (ltime, rtime), "late_rows": p["late_rows"],
+                   "drop_update_before": True,
+                   "state_layout": f"facts by join key ({on}) until the watermark passes {ltime}; versions by "
+                                   f"{list(rkey)} ordered by {rtime}, those older than the newest at or before the "
+                                   "watermark dropped",
+                   "note": f"FOR SYSTEM_TIME AS OF {ltime}; watermark = min({ltime} - {_ms_text(ldelay)}, "
+                           f"{rtime} - {_ms_text(rdelay)}) over the rows seen; late rows: {p['late_rows']}"}))
 
     # -- sinks -----------------------------------------------------------------------------------
     def _sink(self, node: LogicalNode) -> str:
@@ -341,7 +525,8 @@ class _Builder:
         table, pk = node.params["table"], node.params["primary_key"]
         _check_columns(f"table {table}", "primary_key", pk, inp.schema.names)
         source = inp.id
-        if inp.upsert_key is None or set(inp.upsert_key) != set(pk):
+        # an insert-only input needs no materializer: each row upserts by key, the last one wins
+        if (inp.upsert_key is None or set(inp.upsert_key) != set(pk)) and not self._insert_only(inp):
             in_schema, key = inp.schema, inp.upsert_key
             config = SinkUpsertMaterializerConfig(
                 keys=_idx(in_schema, pk), upsert_key=None if not key else _idx(in_schema, key), table=table,
@@ -399,6 +584,14 @@ def _join_upsert_key(left: _Draft, right: _Draft, lkey, rkey, renamed: dict[str,
     if lu and ru:
         return (*lu, *ru_out)
     return None
+
+
+def _ms_text(ms: int) -> str:
+    """A duration for explain: '90 s', '5 min', '250 ms'."""
+    for unit, size in (("h", 3_600_000), ("min", 60_000), ("s", 1000)):
+        if ms and ms % size == 0:
+            return f"{ms // size} {unit}"
+    return f"{ms} ms"
 
 
 def _agg_type(node: str, a, schema: pa.Schema) -> pa.DataType:

@@ -13,6 +13,10 @@ DataFrame (the sink input's columns, ``_kind``, ``_seq``). Every node of the pla
                  folds each Arrow batch per group key into partial accumulators, one row per
                  (task, batch, key); then the global kernel merges them in bucketed state
     join         both inputs unioned with a side tag, bucketed by the join-key values
+    interval / temporal join
+                 as join, plus per input task batch one heartbeat row per bucket with its largest
+                 event time (every bucket then agrees on the watermark); the kernel's late rows
+                 leave right behind it for the ``late_rows`` accumulator (LateRows)
     lookup_join  repartition(B, stream lookup key columns), then a stateless mapInArrow: each Python
                  worker keeps one LookupJoiner (and its cache) per node, so within a micro-batch a
                  key's rows meet one cache and one lookup; _kind and _seq pass through
@@ -37,11 +41,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from changelake.changelog import KIND, SEQ, RowKind
+from changelake.operators._event_time import LATE_KINDS
 from changelake.errors import ConfigError
 from changelake.operators.group_aggregate import (EncodedGlobalGroupAggregate, GroupAggregate, encode_partial,
                                                   local_partials, mergeable)
-from changelake.operators.spark_binding import StateStats, apply_join_kernel, apply_kernel
-from changelake.plan.physical import PhysicalNode, PhysicalPlan
+from changelake.operators.spark_binding import LateRows, StateStats, apply_join_kernel, apply_kernel
+from changelake.plan.physical import EVENT_TIME_OPS, TWO_INPUT_OPS, PhysicalNode, PhysicalPlan
 
 #: Buckets per stateful node unless the caller says otherwise (docs/state-design.md: B=32 for keys
 #: of many values; a low-cardinality key touches at most as many buckets as it has values).
@@ -70,7 +75,7 @@ def is_two_phase(node: PhysicalNode) -> bool:
 
 def compile_plan(plan: PhysicalPlan, sources: Mapping[str, Any], *,
                  buckets: int | Mapping[str, int] = DEFAULT_BUCKETS, state_stats: Any = None,
-                 two_phase: bool = True, lookup_stats: Any = None) -> dict[str, Any]:
+                 two_phase: bool = True, late_rows: Any = None, lookup_stats: Any = None) -> dict[str, Any]:
     """``{table: changelog DataFrame}`` for every sink of ``plan``.
 
     ``sources`` maps each source name to its decoded streaming DataFrame (at least the
@@ -79,9 +84,11 @@ def compile_plan(plan: PhysicalPlan, sources: Mapping[str, Any], *,
     from :meth:`StateStats.accumulator`, receives each stateful node's state size by node id.
     ``two_phase=False`` runs every aggregate one-phase (the global kernel's snapshots are the
     one-phase GroupAggregate's, so either continues the other's state; the stateless local step
-    adds no state of its own). ``lookup_stats``, an accumulator from
-    :meth:`SparkLookupStats.accumulator`, receives the lookup joins' hits, misses, query latencies and
-    cache sizes (a lookup join repartitions into its node's bucket count).
+    adds no state of its own). ``late_rows``, an accumulator from :meth:`LateRows.accumulator`,
+    receives the late rows of the interval and temporal joins (without it they are dropped uncounted).
+    ``lookup_stats``, an accumulator from :meth:`SparkLookupStats.accumulator`, receives the lookup
+    joins' hits, misses, query latencies and cache sizes (a lookup join repartitions into its node's
+    bucket count).
     """
     missing = sorted({n.source for n in plan.sources} - set(sources))
     if missing:
@@ -94,12 +101,15 @@ def compile_plan(plan: PhysicalPlan, sources: Mapping[str, Any], *,
         if node.op == "lookup_join":
             frames[node.id] = lookup_join(node, ins[0], b, lookup_stats)
             continue
-        frames[node.id] = _compile_node(node, ins, sources, b, stats, two_phase)
+        late = None
+        if node.op in EVENT_TIME_OPS and late_rows is not None:
+            late = LateRows(late_rows, node.id, node.late_rows == "dead_letter")
+        frames[node.id] = _compile_node(node, ins, sources, b, stats, two_phase, late)
     return {n.table: frames[n.id] for n in plan.sinks}
 
 
 def _compile_node(node: PhysicalNode, ins: list, sources: Mapping[str, Any], buckets: int, stats,
-                  two_phase: bool = True):
+                  two_phase: bool = True, late: LateRows | None = None):
     from pyspark.sql import functions as F
 
     if node.op == "source":
@@ -119,10 +129,14 @@ def _compile_node(node: PhysicalNode, ins: list, sources: Mapping[str, Any], buc
     if node.drop_update_before:
         ins = [df.filter(F.col(KIND) != int(RowKind.UPDATE_BEFORE)) for df in ins]
     cls = kernel_class(node)
-    if node.op == "join":
+    if node.op in TWO_INPUT_OPS:
         lkeys, rkeys = node.state_keys
-        return apply_join_kernel(ins[0], ins[1], cls, node.config, left_keys=lkeys, right_keys=rkeys,
-                                 output_schema=spark_schema(node), buckets=buckets, stats=stats)
+        out = apply_join_kernel(ins[0], ins[1], cls, node.config, left_keys=lkeys, right_keys=rkeys,
+                                output_schema=spark_schema(node), buckets=buckets, stats=stats,
+                                time_columns=node.time_columns or None, late=late)
+        if node.op in EVENT_TIME_OPS and late is None:
+            out = out.filter(~F.col(KIND).isin(*LATE_KINDS))
+        return out
     (keys,) = node.state_keys
     if two_phase and is_two_phase(node):
         local, keys = local_aggregate(ins[0], node.config)
@@ -210,7 +224,7 @@ class _LocalAggregate:
 def local_aggregate(df, config: Any) -> tuple[Any, list[str]]:
     """The local step of a two-phase aggregate over changelog ``df``: the partials DataFrame (group key
     columns, :data:`PARTIAL`, ``_kind``, ``_seq``) and the names of its key columns."""
-    from pyspark.sql.pandas.types import to_arrow_schema
+    from changelake.operators.spark_binding import arrow_schema_of
     from pyspark.sql.types import BinaryType, ByteType, StringType, StructField, StructType
 
     user = [f for f in df.schema.fields if not f.name.startswith("_")]
@@ -222,7 +236,7 @@ def local_aggregate(df, config: Any) -> tuple[Any, list[str]]:
                      + [StructField(partial, BinaryType(), False), StructField(KIND, ByteType(), False),
                         StructField(SEQ, StringType(), True)])
     names = [k.name for k in keys]
-    return df.mapInArrow(_LocalAggregate(config, names, partial, to_arrow_schema(out)), out), names
+    return df.mapInArrow(_LocalAggregate(config, names, partial, arrow_schema_of(out)), out), names
 
 
 #: Spark schema of packed changes (the same columns as the decode stage's payloads).

@@ -17,6 +17,7 @@
 
 A view has ``from`` (or a ``join`` with ``left`` and ``right``) and one operation:
 ``deduplicate``, ``filter``, ``select``, ``group_by`` + ``aggregates``, ``top_n``, ``join``,
+``interval_join``, ``temporal_join`` (the joins name ``left`` and ``right`` instead of ``from``),
 ``lookup_join`` (``{lookup: <name under lookups>, on: {stream column: key column}, how}``).
 Sources that only mirror into a table (``sources[].table``) stay outside the graph.
 ``pipeline.state_ttl`` / ``pipeline.on_stale_retraction`` set every operator's state options;
@@ -25,10 +26,13 @@ a view's own ``state_ttl`` / ``on_stale_retraction`` override them.
 
 from __future__ import annotations
 
+import pyarrow as pa
+
 from changelake.connectors.lookup import CacheOptions, Lookup
 from changelake.errors import ConfigError
 from changelake.plan.graph import Pipeline, StateOptions, Stream
 from changelake.service.config import ChangelakeConfig, LookupSpec, SourceSpec, ViewSpec, parse_duration
+from changelake.types import arrow_schema
 
 
 def pipeline_from_config(config: ChangelakeConfig) -> Pipeline | None:
@@ -58,7 +62,19 @@ def _source(p: Pipeline, config: ChangelakeConfig, s: SourceSpec) -> Stream:
         raise ConfigError(f"source {s.name!r} feeds views or tables through 'from', so it must declare its columns "
                           "(sources[].columns: name -> type)")
     key = s.primary_key or (config.table(s.table).primary_key if s.table else None)
-    return p.source(s.name, columns=s.columns, primary_key=key, normalize=s.normalize)
+    return p.source(s.name, columns=_decoded_columns(s), primary_key=key, normalize=s.normalize, event_time=s.event_time,
+                    watermark_delay=s.watermark_delay, append_only=s.append_only)
+
+
+def _decoded_columns(s: SourceSpec) -> pa.Schema:
+    """The columns a source's decoder gives: the declared ones, then requested metadata columns
+    (``options.metadata``, e.g. the change's operation time as a versioned table's event time)."""
+    from changelake.formats import make_decoder
+
+    schema = make_decoder(s.format, columns=arrow_schema(s.columns), options=s.options).output_schema
+    # Spark holds timestamps in microseconds (a metadata time may be declared in ms)
+    return pa.schema([f.with_type(pa.timestamp("us", tz=f.type.tz)) if pa.types.is_timestamp(f.type) else f
+                      for f in schema if not f.name.startswith("_")])
 
 
 def lookup_of(config: ChangelakeConfig, spec: LookupSpec) -> Lookup:
@@ -79,6 +95,15 @@ def _view(p: Pipeline, v: ViewSpec, lookups: dict[str, Lookup]) -> Stream:
     if v.join is not None:
         j = v.join
         return p.stream(j.left).join(p.stream(j.right), on=j.on, how=j.how, name=v.name)
+    if v.interval_join is not None:
+        j = v.interval_join
+        return p.stream(j.left).interval_join(p.stream(j.right), on=j.on, before=j.before, after=j.after,
+                                              left_time=j.left_time, right_time=j.right_time, how=j.how,
+                                              late_rows=j.late_rows, name=v.name)
+    if v.temporal_join is not None:
+        j = v.temporal_join
+        return p.stream(j.left).temporal_join(p.stream(j.right), on=j.on, time=j.time, version_time=j.version_time,
+                                              how=j.how, late_rows=j.late_rows, name=v.name)
     inp = p.stream(v.from_)
     if v.lookup_join is not None:
         lj = v.lookup_join
@@ -93,4 +118,5 @@ def _view(p: Pipeline, v: ViewSpec, lookups: dict[str, Lookup]) -> Stream:
     if v.aggregates is not None:
         return inp.group_by(*(v.group_by or ())).agg(v.aggregates, name=v.name)
     t = v.top_n
-    return inp.top_n(t.n, order_by=t.order_by, partition_by=t.partition_by, rank_column=t.rank_column, name=v.name)
+    return inp.top_n(t.n, order_by=t.order_by, partition_by=t.partition_by, rank_column=t.rank_column,
+                     two_level=t.two_level, name=v.name)

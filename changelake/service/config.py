@@ -46,6 +46,12 @@ def _check_duration(value: str) -> str:
     return value
 
 
+def _check_signed_duration(value: str) -> str:
+    """A duration that may start with '-' (an interval bound on the other side)."""
+    parse_duration(str(value).strip().lstrip("-").strip())
+    return value
+
+
 def _check_optional_duration(value: str | None) -> str | None:
     return None if value is None else _check_duration(value)
 
@@ -93,6 +99,14 @@ class SourceSpec(_Model):
                                           "(default: the primary key of its table)")
     normalize: bool | None = Field(None, description="ChangelogNormalize behind the source for views: re-delivered "
                                    "changes become no-ops; default on when it has a primary key")
+    event_time: str | None = Field(None, description="the column saying when each change happened (timestamp or "
+                                   "epoch ms), for interval and temporal joins")
+    watermark_delay: str | None = Field(None, description="how late (out of order) a row may arrive: the watermark "
+                                        "is the largest event_time seen minus this (default 0)")
+    append_only: bool = Field(False, description="the source only inserts (facts, events); an update or delete "
+                              "from it is an error. Interval joins and a temporal join's facts need it")
+
+    _delay = field_validator("watermark_delay")(_check_optional_duration)
 
     @model_validator(mode="after")
     def _one_topic_selector(self) -> "SourceSpec":
@@ -143,6 +157,29 @@ class LookupJoinSpec(_Model):
     _yaml_on = model_validator(mode="before")(_yaml_on)
 
 
+class IntervalJoinSpec(JoinSpec):
+    """``left.time BETWEEN right.time - before AND right.time + after`` on insert-only, event-timed inputs."""
+
+    how: Literal["inner", "left", "right", "full"] = "inner"
+    before: str = Field(description="how far the left row's time may lie before the right row's ('10 minutes')")
+    after: str = Field(description="how far the left row's time may lie after the right row's ('0 seconds')")
+    left_time: str | None = Field(None, description="the left input's event-time column (default: its only one)")
+    right_time: str | None = Field(None, description="the right input's event-time column (default: its only one)")
+    late_rows: Literal["drop", "dead_letter"] = Field("drop", description="rows behind the watermark: counted, then "
+                                                      "dropped or written to the dead-letter path")
+
+    _durations = field_validator("before", "after")(_check_signed_duration)
+
+
+class TemporalJoinSpec(JoinSpec):
+    """Facts (left) joined with the version of ``right`` (a keyed changelog) valid at each fact's event time."""
+
+    how: Literal["inner", "left"] = "inner"
+    time: str | None = Field(None, description="the facts' event-time column (default: their only one)")
+    version_time: str | None = Field(None, description="the versions' event-time column (default: their only one)")
+    late_rows: Literal["drop", "dead_letter"] = "drop"
+
+
 class DeduplicateSpec(_Model):
     keys: list[str] = Field(min_length=1)
     keep: Literal["first", "last"] = "last"
@@ -154,10 +191,16 @@ class TopNSpec(_Model):
     order_by: list[str] = Field(min_length=1, description="'column', 'column desc', 'column asc nulls first'")
     partition_by: list[str] = Field(default_factory=list)
     rank_column: str | None = None
+    two_level: int | None = Field(None, ge=2,
+                                  description="plan as a two-level Top-N over this many hash buckets of the row key "
+                                              "(a hot partition, or a global Top-N); default: single level")
 
 
 #: the keys of a view that name its operation; exactly one per view (group_by goes with aggregates)
-VIEW_OPERATIONS = ("join", "lookup_join", "deduplicate", "filter", "select", "aggregates", "top_n")
+VIEW_OPERATIONS = ("join", "interval_join", "temporal_join", "lookup_join", "deduplicate", "filter", "select",
+                   "aggregates", "top_n")
+#: the operations that name their two inputs themselves (left, right) instead of 'from'
+TWO_INPUT_OPERATIONS = ("join", "interval_join", "temporal_join")
 
 
 class ViewSpec(_Model):
@@ -166,6 +209,8 @@ class ViewSpec(_Model):
     name: str = Field(pattern=r"^[A-Za-z][A-Za-z0-9_]*$")
     from_: str | None = Field(None, alias="from")
     join: JoinSpec | None = None
+    interval_join: IntervalJoinSpec | None = None
+    temporal_join: TemporalJoinSpec | None = None
     lookup_join: LookupJoinSpec | None = None
     deduplicate: DeduplicateSpec | None = None
     filter: str | None = Field(None, description="SQL predicate")
@@ -185,13 +230,19 @@ class ViewSpec(_Model):
             raise ValueError(f"view {self.name!r} must have exactly one of {list(VIEW_OPERATIONS)}; it has {given}")
         if self.group_by is not None and self.aggregates is None:
             raise ValueError(f"view {self.name!r}: group_by needs aggregates")
-        if (self.join is None) == (self.from_ is None):
-            raise ValueError(f"view {self.name!r}: give 'from' (its input), or 'join' with left and right, not both")
+        if (self.two_inputs is None) == (self.from_ is None):
+            raise ValueError(f"view {self.name!r}: give 'from' (its input), or a join with left and right, not both")
         return self
 
     @property
+    def two_inputs(self) -> JoinSpec | None:
+        """The view's join spec (join, interval_join or temporal_join), if it is one."""
+        return next((getattr(self, k) for k in TWO_INPUT_OPERATIONS if getattr(self, k) is not None), None)
+
+    @property
     def inputs(self) -> list[str]:
-        return [self.join.left, self.join.right] if self.join else [self.from_]
+        j = self.two_inputs
+        return [j.left, j.right] if j else [self.from_]
 
 
 class LookupCacheSpec(_Model):

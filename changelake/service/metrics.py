@@ -97,6 +97,10 @@ STALE_RETRACTIONS = Counter(
     "changelake_stale_retractions_total",
     "Retractions that found no matching state (expired by TTL or never seen).",
     ["operator"], registry=REGISTRY)
+LATE_ROWS = Counter(
+    "changelake_late_rows_total",
+    "Rows an interval or temporal join received behind its watermark: not joined, dropped or dead-lettered "
+    "by the view's late_rows.", ["view", "side"], registry=REGISTRY)
 MATERIALIZER_CORRECTIONS = Counter(
     "changelake_materializer_corrections_total",
     "Out-of-order retractions undone by the sink upsert materializer.", ["table"], registry=REGISTRY)

@@ -49,7 +49,7 @@ from changelake.connectors.kafka_source import SOURCE_NAME, KafkaSource
 from changelake.errors import ConfigError, DecodeError
 from changelake.formats import make_decoder
 from changelake.operators.lookup_join import SparkLookupStats
-from changelake.operators.spark_binding import StateStats
+from changelake.operators.spark_binding import LateRows, StateStats
 from changelake.plan.graph import Pipeline
 from changelake.plan.physical import PhysicalPlan, sink_changes
 from changelake.plan.spark import CHANGES_PART
@@ -131,6 +131,8 @@ class BatchProcessor:
         self.graph_tables: list[str] = []
         #: Spark accumulator of the graph operators' state sizes (set by :meth:`stream`)
         self.state_stats: Any = None
+        #: Spark accumulator of the event-time joins' late rows (set by :meth:`stream`)
+        self.late_rows: Any = None
         #: Spark accumulator of the lookup joins' figures (set by :meth:`stream`), drained after each batch
         self.lookup_stats: Any = None
         self.lookup_metrics = SparkLookupStats()
@@ -174,16 +176,20 @@ class BatchProcessor:
         sources = {node.source: decoded.mapInArrow(_Unpack(i, node.schema), _unpacked_ddl(node.schema))
                    for i, node in self.graph_routes.items()}
         self.state_stats = StateStats.accumulator(records.sparkSession)
+        self.late_rows = LateRows.accumulator(records.sparkSession)
         if any(n.op == "lookup_join" for n in self.plan):
             self.lookup_stats = SparkLookupStats.accumulator(records.sparkSession)
         packed, self.graph_tables = packed_changes(compile_plan(self.plan, sources, buckets=self.buckets,
                                                                 state_stats=self.state_stats,
+                                                                late_rows=self.late_rows,
                                                                 lookup_stats=self.lookup_stats))
         return to_driver.unionByName(packed)
 
     # Spark calls this with the batch DataFrame and its id.
     def __call__(self, batch_df: Any, batch_id: int) -> None:
-        self.process_decoded(batch_df.toArrow(), batch_id)    # the batch's only Spark action
+        out = batch_df.toArrow()                              # the batch's only Spark action
+        late = LateRows.take(self.late_rows) if self.late_rows is not None else {}
+        self.process_decoded(out, batch_id, late_rows=late)
         if self.state_stats is not None:
             for operator, (rows, size) in StateStats.totals(self.state_stats.value).items():
                 metrics.STATE_ROWS.labels(operator=operator).set(rows)
@@ -191,8 +197,9 @@ class BatchProcessor:
         if self.lookup_stats is not None:
             self.lookup_metrics.drain(self.lookup_stats)      # hits, misses, latencies, cache rows
 
-    def process_decoded(self, out: pa.Table, batch_id: int) -> BatchReport:
-        """Apply the collected output of the executors' :class:`DecodeStage` and graph."""
+    def process_decoded(self, out: pa.Table, batch_id: int, *, late_rows: dict | None = None) -> BatchReport:
+        """Apply the collected output of the executors' :class:`DecodeStage` and graph, and the late
+        rows of the event-time joins (``{(view, side): (count, JSON rows)}``, see ``LateRows``)."""
         stats, parts = self.stage.split(out)
         self.keys.learn(_key_shapes(self.routes, parts))
         graph_changes = {self.graph_tables[i]: got.pop(CHANGES_PART) for i, got in parts.items()
@@ -210,11 +217,11 @@ class BatchProcessor:
             if rows is not None or dead is not None:
                 decoded.append((route, rows if rows is not None else _empty(route),
                                 dead if dead is not None else DEAD_LETTER_SCHEMA.empty_table()))
-        return self._apply(stats, decoded, batch_id, graph_changes)
+        return self._apply(stats, decoded, batch_id, graph_changes, late_rows)
 
     def _apply(self, stats: dict[tuple[str, int], tuple[int, int]],
                decoded: list[tuple["_Route", pa.Table, pa.Table]], batch_id: int,
-               graph_changes: dict[str, pa.Table] | None = None) -> BatchReport:
+               graph_changes: dict[str, pa.Table] | None = None, late_rows: dict | None = None) -> BatchReport:
         started = time.monotonic()
         report = BatchReport(batch_id=batch_id)
         for (topic, partition), (n, expired) in stats.items():
@@ -236,6 +243,7 @@ class BatchProcessor:
                     letters.append((route.spec.name, bad))
             if rows.num_rows and route.spec.table is not None:
                 per_table.setdefault(route.spec.table, []).append(rows)
+        letters.extend(self._late_letters(late_rows or {}, batch_id, report))
         for name, changes in (graph_changes or {}).items():
             pk = self.config.table(name).primary_key
             per_table.setdefault(name, []).append(graph_sink_changes(changes, primary_key=pk, batch_id=batch_id))
@@ -277,6 +285,36 @@ class BatchProcessor:
                 f"{route.spec.table!r} uses as primary key; fix tables[].primary_key or the source's columns",
                 reason="missing-key")
         return split_null_keys(rows, bad, key, f"table {route.spec.table!r}")
+
+    def _late_letters(self, late_rows: dict, batch_id: int, report: BatchReport) -> list[tuple[str, pa.Table]]:
+        """Count the joins' late rows; those of views with ``late_rows: dead_letter`` become dead letters
+        (the decoded row as JSON: the message was decoded fine, its Kafka position is not known here)."""
+        letters = []
+        for (view, side), (n, rows) in sorted(late_rows.items()):
+            metrics.LATE_ROWS.labels(view=view, side=side).inc(n)
+            report.dead_letters["late"] = report.dead_letters.get("late", 0) + n
+            if not rows:
+                log.warning("batch %d: view %s dropped %d late %s row(s) (behind its watermark; late_rows: drop)",
+                            batch_id, view, n, side)
+                continue
+            source = self._source_of(view, side)
+            spec = next(s for s in self.config.sources if s.name == source)
+            error = (f"view {view!r}: this {side} input row's event time is behind the join's watermark (the "
+                     "largest event time seen minus watermark_delay), so it was not joined; raise the source's "
+                     "watermark_delay if such rows are expected")
+            letters.append((source, pa.Table.from_pydict({
+                "topic": [spec.topics[0] if spec.topics and len(spec.topics) == 1 else f"view:{view}"] * len(rows),
+                "partition": [-1] * len(rows), "offset": [-1] * len(rows), "timestamp": [None] * len(rows),
+                "key": [None] * len(rows), "value": [r.encode() for r in rows],
+                "reason": ["late"] * len(rows), "error": [error] * len(rows)}, schema=DEAD_LETTER_SCHEMA)))
+        return letters
+
+    def _source_of(self, node_id: str, side: str) -> str:
+        """The source a join input descends from (its first input at every step up)."""
+        node = self.plan[self.plan[node_id].inputs[0 if side == "left" else 1]]
+        while node.op != "source":
+            node = self.plan[node.inputs[0]]
+        return node.source
 
     def _handle_bad(self, route: _Route, bad: pa.Table, batch_id: int, report: BatchReport) -> None:
         reasons = bad["reason"].to_pylist()

@@ -197,6 +197,12 @@ def test_state_codec_round_trips_sql_values_and_refuses_foreign_classes():
                          datetime.date(2024, 1, 2)), {None: 2}]}
     assert decode_value(encode_value(value)) == value
     assert math.isnan(decode_value(encode_value(float("nan"))))
+    # Arrow gives tz-aware timestamps a ZoneInfo, whose own pickle goes through builtins.getattr
+    import pyarrow as pa
+
+    zoned = pa.array([datetime.datetime(2024, 1, 2)], pa.timestamp("us", tz="Europe/Berlin")).to_pylist()[0]
+    assert decode_value(encode_value((zoned, 1))) == (zoned, 1)
+    assert str(decode_value(encode_value(zoned)).tzinfo) == "Europe/Berlin"
     with pytest.raises(StateError, match="os.system|posix.system"):
         import os
         decode_value(pickle.dumps(os.system))

@@ -46,6 +46,34 @@ def test_the_readme_pipeline_example_validates_and_plans():
     assert [s.table for s in config.sources] == ["products"]       # the mirror stays outside the graph
 
 
+def test_the_time_bounded_join_examples_plan_as_described():
+    start = DOC.index("## Time-bounded joins")
+    end = DOC.find("\n## ", start + 1)
+    section = DOC[start:] if end < 0 else DOC[start:end]
+    blocks = re.findall(r"```(\w*)\n(.*?)```", section, flags=re.S)
+    code = "\n".join(body for lang, body in blocks if lang == "python")
+    scope: dict = {}
+    exec(compile("from changelake.plan import Pipeline\n" + code, "docs/pipelines.md", "exec"), scope)
+    scope["priced"].to_table("priced_orders", primary_key=["order_id"])
+    plan = scope["p"].plan()
+    assert plan["shipped"].config.before_ms == 4 * 3_600_000 and plan["shipped"].late_rows == "dead_letter"
+    assert plan["priced"].op == "temporal_join"
+    yamls = [body for lang, body in blocks if lang == "yaml"]
+    sources = yamls[0].replace("sources:\n", "").rstrip() + """
+  - {name: shipments, topics: [s], columns: {ship_id: bigint, order_id: bigint, ship_time: timestamp},
+     append_only: true, event_time: ship_time}
+  - {name: rates, topics: [r], columns: {currency: string, rate: double, rate_time: timestamp},
+     primary_key: [currency], event_time: rate_time}
+"""
+    views = "views:\n" + "".join(y.replace("views:\n", "") for y in yamls[1:])
+    config = parse_config(HEADER + "sources:\n" + sources + views + """tables:
+  - {name: shipped_orders, from: shipped, primary_key: [order_id, ship_id]}
+  - {name: priced_orders, from: priced, primary_key: [order_id]}
+""", environ={})
+    plan = pipeline_from_config(config).plan()
+    assert plan["shipped"].time_columns == ("order_time", "ship_time") and plan["priced"].config.join_type == "LEFT"
+
+
 def test_the_lookup_join_examples_plan_and_explain_as_shown():
     yaml_text = next(body for lang, body in BLOCKS if lang == "yaml" and "lookups:" in body)
     config = parse_config(HEADER + yaml_text, environ={})
