@@ -24,7 +24,7 @@ delay, whatever the input's volume over all time. A join key with a NULL part ne
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 from changelake.errors import ConfigError
 from changelake.operators import changelog_mode as cm
@@ -43,9 +43,11 @@ STATE_NEXT_EXPIRY = "interval-next-expiry"
 INTERVAL_JOIN_TYPES = ("INNER", "LEFT", "RIGHT", "FULL")
 
 
-@dataclass(frozen=True)
-class IntervalJoinConfig:
-    join_type: Literal["INNER", "LEFT", "RIGHT", "FULL"]
+@dataclass(frozen=True, kw_only=True)
+class TimeBoundedJoinConfig:
+    """What the interval and the temporal join are configured with alike."""
+
+    join_type: str
     left_key: tuple[int, ...]
     right_key: tuple[int, ...]
     left_arity: int
@@ -53,24 +55,37 @@ class IntervalJoinConfig:
     #: positions of the event-time columns in each input
     left_time: int
     right_time: int
-    #: ``l.time BETWEEN r.time - before_ms AND r.time + after_ms``
-    before_ms: int
-    after_ms: int
     left_delay_ms: int = 0
     right_delay_ms: int = 0
     #: the operator's name in error messages
-    name: str = "interval join"
+    name: str = "time-bounded join"
+
+    #: join types the operator implements
+    JOIN_TYPES: ClassVar[tuple[str, ...]] = ()
 
     def __post_init__(self) -> None:
-        if self.join_type not in INTERVAL_JOIN_TYPES:
-            raise ConfigError(f"interval join type must be one of {INTERVAL_JOIN_TYPES}, got {self.join_type!r}")
+        if self.join_type not in self.JOIN_TYPES:
+            raise ConfigError(f"{self.name}: join type must be one of {self.JOIN_TYPES}, got {self.join_type!r}")
         if len(self.left_key) != len(self.right_key):
-            raise ConfigError("left_key and right_key must name the same number of columns")
+            raise ConfigError(f"{self.name}: left_key and right_key must name the same number of columns")
+        if self.left_delay_ms < 0 or self.right_delay_ms < 0:
+            raise ConfigError(f"{self.name}: watermark delays must be >= 0")
+
+
+@dataclass(frozen=True, kw_only=True)
+class IntervalJoinConfig(TimeBoundedJoinConfig):
+    #: ``l.time BETWEEN r.time - before_ms AND r.time + after_ms``
+    before_ms: int
+    after_ms: int
+    name: str = "interval join"
+
+    JOIN_TYPES: ClassVar[tuple[str, ...]] = INTERVAL_JOIN_TYPES
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
         if self.before_ms + self.after_ms < 0:
             raise ConfigError(f"{self.name}: the interval is empty: l.time BETWEEN r.time - {self.before_ms} ms AND "
                               f"r.time + {self.after_ms} ms can never hold")
-        if self.left_delay_ms < 0 or self.right_delay_ms < 0:
-            raise ConfigError(f"{self.name}: watermark delays must be >= 0")
 
 
 class TimeBoundedJoin(Kernel):

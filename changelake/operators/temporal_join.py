@@ -28,13 +28,13 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar
 
 from changelake.errors import ConfigError
 from changelake.operators import changelog_mode as cm
 from changelake.operators._rows import DELETE, INSERT, UPDATE_AFTER, UPDATE_BEFORE, Changes
 from changelake.operators._state import KeyedState
-from changelake.operators.interval_join import TimeBoundedJoin
+from changelake.operators.interval_join import TimeBoundedJoin, TimeBoundedJoinConfig
 
 #: join key -> buffered facts ``[time_ms, row]`` / versions ``[time_ms, row or None]`` in time order.
 #: Part of the checkpoint contract.
@@ -42,26 +42,16 @@ STATE_FACTS = "temporal-facts"
 STATE_VERSIONS = "temporal-versions"
 
 
-@dataclass(frozen=True)
-class TemporalJoinConfig:
-    join_type: Literal["INNER", "LEFT"]
-    left_key: tuple[int, ...]
-    right_key: tuple[int, ...]
-    left_arity: int
-    right_arity: int
-    left_time: int
-    right_time: int
-    left_delay_ms: int = 0
-    right_delay_ms: int = 0
+@dataclass(frozen=True, kw_only=True)
+class TemporalJoinConfig(TimeBoundedJoinConfig):
     name: str = "temporal join"
 
+    JOIN_TYPES: ClassVar[tuple[str, ...]] = ("INNER", "LEFT")
+
     def __post_init__(self) -> None:
-        if self.join_type not in ("INNER", "LEFT"):
-            raise ConfigError(f"{self.name}: a temporal join is inner or left, got {self.join_type!r}")
-        if len(self.left_key) != len(self.right_key) or not self.left_key:
-            raise ConfigError(f"{self.name}: left_key and right_key must name the same, non-zero number of columns")
-        if self.left_delay_ms < 0 or self.right_delay_ms < 0:
-            raise ConfigError(f"{self.name}: watermark delays must be >= 0")
+        super().__post_init__()
+        if not self.left_key:
+            raise ConfigError(f"{self.name}: a temporal join needs a join key (the versioned table's primary key)")
 
 
 class TemporalJoin(TimeBoundedJoin):

@@ -455,6 +455,17 @@ class _Builder:
                 "only inserts there (a row's window or version cannot be retracted once emitted); declare the source "
                 "append_only: true (facts, events)")
 
+    def _time_join_config(self, node: LogicalNode, cls: type, left: _Draft, right: _Draft, lkey, rkey, **own):
+        """A time-bounded join's kernel config, its inputs' event-time columns and their delays."""
+        p = node.params
+        ltime, ldelay = self._time_column(node, left, p["left_time"], "left")
+        rtime, rdelay = self._time_column(node, right, p["right_time"], "right")
+        config = cls(join_type=p["how"].upper(), left_key=_idx(left.schema, lkey), right_key=_idx(right.schema, rkey),
+                     left_arity=len(left.schema), right_arity=len(right.schema),
+                     left_time=left.schema.get_field_index(ltime), right_time=right.schema.get_field_index(rtime),
+                     left_delay_ms=ldelay, right_delay_ms=rdelay, name=f"{node.op} {node.name!r}", **own)
+        return config, (ltime, rtime), (ldelay, rdelay)
+
     def _interval_join(self, node: LogicalNode) -> str:
         from changelake.operators.interval_join import IntervalJoin, IntervalJoinConfig
 
@@ -462,15 +473,10 @@ class _Builder:
         left, right, lkey, rkey, renamed = self._two_inputs(node, "interval_join")
         self._needs_insert_only(node, left, "left")
         self._needs_insert_only(node, right, "right")
-        ltime, ldelay = self._time_column(node, left, p["left_time"], "left")
-        rtime, rdelay = self._time_column(node, right, p["right_time"], "right")
-        join_type = p["how"].upper()
+        config, (ltime, rtime), (ldelay, rdelay) = self._time_join_config(
+            node, IntervalJoinConfig, left, right, lkey, rkey, before_ms=p["before_ms"], after_ms=p["after_ms"])
+        join_type = config.join_type
         schema = self._joined_schema(node, left, right, renamed, join_type)
-        config = IntervalJoinConfig(
-            join_type=join_type, left_key=_idx(left.schema, lkey), right_key=_idx(right.schema, rkey),
-            left_arity=len(left.schema), right_arity=len(right.schema), left_time=left.schema.get_field_index(ltime),
-            right_time=right.schema.get_field_index(rtime), before_ms=p["before_ms"], after_ms=p["after_ms"],
-            left_delay_ms=ldelay, right_delay_ms=rdelay, name=f"interval_join {node.name!r}")
         on = " AND ".join(f"{a} = {b}" for a, b in p["on"])
         window = (f"{ltime} BETWEEN {renamed[rtime]} - {_ms_text(p['before_ms'])} "
                   f"AND {renamed[rtime]} + {_ms_text(p['after_ms'])}")
@@ -499,15 +505,9 @@ class _Builder:
                 f"temporal_join {node.name!r}: the versioned input {right.id!r} needs a primary key contained in the "
                 f"join key {list(rkey)} (its key is {list(right.upsert_key or [])}); give the source that "
                 "primary_key")
-        ltime, ldelay = self._time_column(node, left, p["left_time"], "left")
-        rtime, rdelay = self._time_column(node, right, p["right_time"], "right")
-        join_type = p["how"].upper()
-        schema = self._joined_schema(node, left, right, renamed, join_type)
-        config = TemporalJoinConfig(
-            join_type=join_type, left_key=_idx(left.schema, lkey), right_key=_idx(right.schema, rkey),
-            left_arity=len(left.schema), right_arity=len(right.schema), left_time=left.schema.get_field_index(ltime),
-            right_time=right.schema.get_field_index(rtime), left_delay_ms=ldelay, right_delay_ms=rdelay,
-            name=f"temporal_join {node.name!r}")
+        config, (ltime, rtime), (ldelay, rdelay) = self._time_join_config(
+            node, TemporalJoinConfig, left, right, lkey, rkey)
+        schema = self._joined_schema(node, left, right, renamed, config.join_type)
         on = " AND ".join(f"{a} = {b}" for a, b in p["on"])
         return self._put(_Draft(
             node.name, "temporal_join", (left.id, right.id), schema, None, lambda gub: config, TemporalJoin,
