@@ -14,7 +14,7 @@ from changelake.service.config import parse_config
 pytestmark = pytest.mark.unit
 
 DOC = (Path(__file__).resolve().parents[2] / "docs" / "pipelines.md").read_text()
-BLOCKS = re.findall(r"```(\w*)\n(.*?)```", DOC, flags=re.S)
+BLOCKS = re.findall(r"```(\w*)\n(.*?)```", DOC, flags=re.DOTALL)
 HEADER = """
 pipeline: {id: docs, checkpoint: /tmp/ckpt}
 kafka: {bootstrap_servers: "localhost:9092"}
@@ -38,7 +38,7 @@ def test_the_python_example_prints_the_explain_shown():
 
 def test_the_readme_pipeline_example_validates_and_plans():
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    text = next(body for lang, body in re.findall(r"```(\w*)\n(.*?)```", readme, flags=re.S)
+    text = next(body for lang, body in re.findall(r"```(\w*)\n(.*?)```", readme, flags=re.DOTALL)
                 if lang == "yaml" and "pipeline:" in body)
     config = parse_config(text, environ={"KAFKA_PASSWORD": "secret"})
     plan = pipeline_from_config(config).plan()
@@ -50,7 +50,7 @@ def test_the_time_bounded_join_examples_plan_as_described():
     start = DOC.index("## Time-bounded joins")
     end = DOC.find("\n## ", start + 1)
     section = DOC[start:] if end < 0 else DOC[start:end]
-    blocks = re.findall(r"```(\w*)\n(.*?)```", section, flags=re.S)
+    blocks = re.findall(r"```(\w*)\n(.*?)```", section, flags=re.DOTALL)
     code = "\n".join(body for lang, body in blocks if lang == "python")
     scope: dict = {}
     exec(compile("from changelake.plan import Pipeline\n" + code, "docs/pipelines.md", "exec"), scope)

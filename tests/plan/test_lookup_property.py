@@ -22,16 +22,17 @@ from deltalake import write_deltalake
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from changelake.changelog import KIND, RowKind
+from changelake.changelog import KIND
 from changelake.connectors.delta_read import read_delta
 from changelake.connectors.delta_sink import TableSpec, open_sink
 from changelake.plan import CacheOptions, Lookup, Pipeline
 from changelake.plan.local import LocalRunner
 from changelake.plan.physical import sink_changes
 
+from .histories import deliver, key_histories
+
 ORDERS = {"order_id": "bigint", "product_id": "bigint", "qty": "int"}
 PRODUCTS = {"id": "bigint", "category": "string", "qty": "int"}         # qty clashes: products_qty
-I, UB, UA, D = (int(k) for k in (RowKind.INSERT, RowKind.UPDATE_BEFORE, RowKind.UPDATE_AFTER, RowKind.DELETE))
 
 ORACLE = {
     "inner_lines": """SELECT o.order_id, o.product_id, o.qty, p.id, p.category, p.qty AS products_qty
@@ -66,46 +67,6 @@ dimension = st.dictionaries(st.integers(1, 6), st.tuples(st.sampled_from(["a", "
                             max_size=6)
 cache = st.sampled_from([CacheOptions(max_rows=2, ttl=None), CacheOptions(max_rows=100, ttl="10 minutes"),
                          CacheOptions(max_rows=0), CacheOptions(max_rows=3, ttl="1 ms")])
-
-
-def histories(ops) -> tuple[list[list], dict[int, tuple]]:
-    """Per key, its changes (each message a list of (kind, row)), and the final rows."""
-    state: dict[int, tuple] = {}
-    per_key: dict[int, list[list]] = {}
-    for key, product, qty, delete in ops:
-        row = (key, product, qty)
-        pre = state.get(key)
-        if pre is None:
-            msg = [(I, row)]
-            state[key] = row
-        elif delete:
-            msg = [(D, pre)]
-            del state[key]
-        else:
-            msg = [(UB, pre), (UA, row)]
-            state[key] = row
-        per_key.setdefault(key, []).append(msg)
-    return list(per_key.values()), state
-
-
-def deliver(per_key: list[list], rnd: random.Random) -> list[list]:
-    """Keys interleaved, each key's messages in order, with re-deliveries from an earlier message."""
-    streams = []
-    for msgs in per_key:
-        out, i = [], 0
-        while i < len(msgs):
-            out.append(msgs[i])
-            i += 1
-            if i > 1 and rnd.random() < 0.15:
-                i = rnd.randrange(0, i)
-        streams.append(out)
-    delivered = []
-    while streams:
-        s = rnd.choice(streams)
-        delivered.append(s.pop(0))
-        if not s:
-            streams.remove(s)
-    return delivered
 
 
 def batches(delivered: list[list], rnd: random.Random) -> list[pa.Table]:
@@ -160,7 +121,7 @@ def dimension_table(dim: dict[int, tuple]) -> pa.Table:
 
 
 def check(lookup: Lookup, ops, dim, rnd, root: Path) -> None:
-    per_key, final = histories(ops)
+    per_key, final = key_histories(ops)
     got = run(lookup, batches(deliver(per_key, rnd), rnd), root)
     want = oracle(final, dim)
     for table in ORACLE:

@@ -18,19 +18,20 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from changelake.changelog import KIND, RowKind
+from changelake.changelog import KIND
 from changelake.connectors.delta_read import read_delta
 from changelake.connectors.delta_sink import TableSpec, open_sink
 from changelake.plan import Pipeline
 from changelake.plan.local import LocalRunner
 from changelake.plan.physical import sink_changes
 
+from .histories import deliver, key_histories
+
 pytestmark = pytest.mark.unit
 
 PRODUCTS = {"id": "bigint", "category": "string", "price": "bigint"}
 ORDERS = {"order_id": "bigint", "product_id": "bigint", "qty": "int"}
 KEYS = {"products": "id", "orders": "order_id"}
-I, UB, UA, D = (int(k) for k in (RowKind.INSERT, RowKind.UPDATE_BEFORE, RowKind.UPDATE_AFTER, RowKind.DELETE))
 
 ORACLE = {
     "enriched_orders": ("order_id", """
@@ -78,47 +79,6 @@ PLAN = shop_pipeline().plan()
 # --- histories ------------------------------------------------------------------------------------
 product_op = st.tuples(st.integers(1, 4), st.sampled_from(["a", "b", "c"]), st.integers(1, 9), st.booleans())
 order_op = st.tuples(st.integers(1, 6), st.integers(1, 5), st.integers(1, 5), st.booleans())
-
-
-def messages(ops, table: str) -> tuple[dict[int, list[list]], dict[int, tuple]]:
-    """Per key, its Debezium messages (each a list of (kind, row)) and the final rows."""
-    state: dict[int, tuple] = {}
-    per_key: dict[int, list[list]] = {}
-    for key, a, b, delete in ops:
-        row = (key, a, b)
-        pre = state.get(key)
-        if pre is None:
-            msg = [(I, row)]
-            state[key] = row
-        elif delete:
-            msg = [(D, pre)]
-            del state[key]
-        else:
-            msg = [(UB, pre), (UA, row)]
-            state[key] = row
-        per_key.setdefault(key, []).append([(table, k, r) for k, r in msg])
-    return per_key, state
-
-
-def deliver(per_key: dict, rnd: random.Random) -> list[list]:
-    """Interleave the keys' messages keeping each key's order, with at-least-once rewinds:
-    a key's stream may jump back and re-deliver from an earlier message onward."""
-    streams = []
-    for msgs in per_key.values():
-        out, i = [], 0
-        while i < len(msgs):
-            out.append(msgs[i])
-            i += 1
-            if i > 1 and rnd.random() < 0.15:
-                i = rnd.randrange(0, i)          # rewind: re-deliver from message i on
-        streams.append(out)
-    delivered = []
-    while streams:
-        s = rnd.choice(streams)
-        delivered.append(s.pop(0))
-        if not s:
-            streams.remove(s)
-    return delivered
 
 
 def to_batches(delivered: list[list], rnd: random.Random) -> list[dict[str, pa.Table]]:
@@ -195,8 +155,8 @@ def oracle_rows(final: dict[str, dict]) -> dict[str, set[tuple]]:
 @given(products=st.lists(product_op, max_size=14), orders=st.lists(order_op, max_size=18),
        rnd=st.randoms(use_true_random=False), data=st.data())
 def test_pipeline_tables_equal_the_batch_query_over_the_final_state(tmp_path_factory, products, orders, rnd, data):
-    per_p, final_p = messages(products, "products")
-    per_o, final_o = messages(orders, "orders")
+    per_p, final_p = key_histories(products, "products")
+    per_o, final_o = key_histories(orders, "orders")
     delivered = deliver({**{("p", k): v for k, v in per_p.items()}, **{("o", k): v for k, v in per_o.items()}}, rnd)
     batches = to_batches(delivered, rnd)
     crash = None

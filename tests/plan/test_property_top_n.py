@@ -10,7 +10,6 @@ runs in-process (:class:`LocalRunner`); ``tests/spark/test_two_level_top_n.py`` 
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 import duckdb

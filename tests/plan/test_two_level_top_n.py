@@ -153,7 +153,7 @@ def test_the_docs_section_examples_plan_and_explain_as_shown():
 
     doc = (Path(__file__).resolve().parents[2] / "docs" / "pipelines.md").read_text()
     section = doc[doc.index("## Two-level Top-N"):]
-    blocks = re.findall(r"```(\w*)\n(.*?)```", section, flags=re.S)
+    blocks = re.findall(r"```(\w*)\n(.*?)```", section, flags=re.DOTALL)
     view = next(body for lang, body in blocks if lang == "yaml")
     code = next(body for lang, body in blocks if lang == "python")
     shown = next(body for lang, body in blocks if lang == "" and body.startswith("Sink("))
