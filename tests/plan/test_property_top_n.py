@@ -26,7 +26,7 @@ from changelake.plan.local import LocalRunner
 from changelake.plan.physical import sink_changes
 from changelake.types import arrow_schema
 
-from .test_property import deliver, messages
+from .histories import deliver, key_histories
 
 pytestmark = pytest.mark.unit
 
@@ -95,7 +95,7 @@ item_op = st.tuples(st.integers(1, 12), st.sampled_from(["a", "b", "c"]),
 @given(ops=st.lists(item_op, max_size=30), n=st.integers(1, 3), k=st.integers(2, 4),
        rnd=st.randoms(use_true_random=False))
 def test_single_and_two_level_top_n_equal_row_number_over_the_final_state(tmp_path_factory, ops, n, k, rnd):
-    per_key, final = messages(ops, "items")
+    per_key, final = key_histories(ops, "items")
     delivered = deliver(per_key, rnd)
     batches, i = [], 0
     while i < len(delivered):
