@@ -20,9 +20,11 @@ One row per entry, so a binding can split a snapshot into hash buckets by key.
 from __future__ import annotations
 
 import array
+import copyreg
 import io
 import logging
 import pickle
+import zoneinfo
 from typing import Any, Callable, Iterator, Literal
 
 import pyarrow as pa
@@ -99,8 +101,19 @@ class KeyedState:
 _ALLOWED_GLOBALS = {
     ("decimal", "Decimal"), ("datetime", "datetime"), ("datetime", "date"), ("datetime", "time"),
     ("datetime", "timedelta"), ("datetime", "timezone"), ("builtins", "bytearray"), ("builtins", "set"),
-    ("builtins", "frozenset"), ("_codecs", "encode"),
+    ("builtins", "frozenset"), ("_codecs", "encode"), ("zoneinfo", "ZoneInfo"),
 }
+
+
+def _reduce_zone(zone: zoneinfo.ZoneInfo):
+    # Arrow gives tz-aware timestamps a ZoneInfo, whose own pickle goes through builtins.getattr;
+    # by its key it is ZoneInfo(key), the same cached instance
+    if zone.key is None:
+        raise TypeError("a ZoneInfo read from a file has no key to restore it by")
+    return zoneinfo.ZoneInfo, (zone.key,)
+
+
+_DISPATCH = {**copyreg.dispatch_table, zoneinfo.ZoneInfo: _reduce_zone}
 
 
 class _RestrictedUnpickler(pickle.Unpickler):
@@ -115,6 +128,7 @@ def _pickle_column(values: list) -> pa.Array:
     """Pickle each value (memo-free, so each one stands alone) into one large_binary column."""
     out = io.BytesIO()
     pickler = pickle.Pickler(out, protocol=5)
+    pickler.dispatch_table = _DISPATCH
     pickler.fast = True  # no memo: values are acyclic, and none may refer to another's memo
     offsets = [0]
     for v in values:
