@@ -29,7 +29,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from changelake.changelog import KIND, RowKind
@@ -38,7 +38,6 @@ from changelake.connectors.delta_sink import TableSpec, open_sink
 from changelake.plan import Pipeline
 from changelake.plan.local import LocalRunner
 from changelake.plan.physical import PhysicalPlan, sink_changes
-from changelake.types import arrow_schema
 
 pytestmark = pytest.mark.unit
 
@@ -51,7 +50,7 @@ SENTINEL_ID = 10 ** 6
 SENTINEL_KEYS = (-1, -2)
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
-SETTINGS = settings(max_examples=25, deadline=None, derandomize=True,
+SETTINGS = settings(max_examples=18, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
 
@@ -81,12 +80,12 @@ def tuples(table: pa.Table, columns: list[str]) -> list[tuple]:
 
 # --- the documented watermark rule, on its own ----------------------------------------------------------
 def judge(batches: list[dict[str, list]], sources: tuple[str, str], time_at: tuple[int, int],
-          delays: tuple[int, int], skip: frozenset = frozenset()):
+          delays: tuple[int, int], skip: frozenset = frozenset(), at_watermark: Counter | None = None):
     """Late rows (batch, side, kind, row) and the in-time rows of each side (kind, row, arrival number).
 
     The watermark a batch is judged against is min over the sides of (largest event time in the
     batches before it - delay), none before both sides had a row; rows of a kind in ``skip`` never
-    reach the operator."""
+    reach the operator. ``at_watermark`` counts the rows exactly at their batch's watermark per side."""
     maxima: list[int | None] = [None, None]
     late, in_time, arrival = [], ([], []), 0
     for b, batch in enumerate(batches):
@@ -100,6 +99,8 @@ def judge(batches: list[dict[str, list]], sources: tuple[str, str], time_at: tup
                 if t is None or (w is not None and t < w):
                     late.append((b, s, kind, row))
                     continue
+                if at_watermark is not None and t == w:
+                    at_watermark[s] += 1
                 in_time[s].append((kind, row, arrival))
                 arrival += 1
                 seen[s] = t if seen[s] is None else max(seen[s], t)
@@ -224,7 +225,12 @@ def _ms_sql(ms: int, time_type: str) -> str:
 # --- histories ------------------------------------------------------------------------------------------------
 #: a join key (one in five null) and an event time (one in 32 null) on a small domain
 KEYS = st.integers(-1, 3).map(lambda k: None if k < 0 else k)
-TIMES = st.integers(-1, 30).map(lambda t: None if t < 0 else t)
+TIMES = st.integers(-1, 20).map(lambda t: None if t < 0 else t)
+
+
+def rows_of(elements, most: int):
+    """Lists of ``elements`` of a length drawn evenly up to ``most`` (plain lists stay short)."""
+    return st.integers(0, most).flatmap(lambda n: st.lists(elements, min_size=n, max_size=n))
 
 
 def arrival_order(items: list, time_of, rnd: random.Random, jitter: int) -> list:
@@ -233,7 +239,7 @@ def arrival_order(items: list, time_of, rnd: random.Random, jitter: int) -> list
     def at(item):
         t = time_of(item)
         lag = rnd.uniform(0, jitter) + (rnd.uniform(0, 25) if rnd.random() < 0.1 else 0)
-        return rnd.uniform(0, 30) if t is None else t + lag
+        return rnd.uniform(0, 20) if t is None else t + lag
     return sorted(items, key=at)
 
 
@@ -250,10 +256,16 @@ def micro_batches(events: list[tuple[str, list]], rnd: random.Random) -> list[di
     return batches
 
 
+def closed(batches: list[dict], sources: tuple[str, str], sentinels: tuple[tuple, tuple]) -> list[dict]:
+    """``batches`` and a last one with a sentinel row per source: every window closes, every fact goes out."""
+    return batches + [{sources[0]: [(I, sentinels[0])], sources[1]: [(I, sentinels[1])]}]
+
+
 # --- interval join ---------------------------------------------------------------------------------------------
 L_COLS = {"lid": "bigint", "k": "bigint", "lt": "bigint"}
 R_COLS = {"rid": "bigint", "k": "bigint", "rt": "bigint"}
 INTERVAL_OUT = ["lid", "k", "lt", "rid", "r_k", "rt"]
+INTERVAL_SENTINELS = ((SENTINEL_ID, SENTINEL_KEYS[0], SENTINEL_TIME), (SENTINEL_ID + 1, SENTINEL_KEYS[1], SENTINEL_TIME))
 
 
 def interval_plan(how: str, before: int, after: int, delays: tuple[int, int], time_type: str) -> PhysicalPlan:
@@ -270,10 +282,10 @@ def interval_plan(how: str, before: int, after: int, delays: tuple[int, int], ti
 
 @st.composite
 def interval_cases(draw):
-    lefts = draw(st.lists(st.tuples(KEYS, TIMES), max_size=24), label="left rows (key, time)")
-    rights = draw(st.lists(st.tuples(KEYS, TIMES), max_size=24), label="right rows (key, time)")
-    before = draw(st.integers(-3, 8), label="before ms")
-    after = draw(st.integers(max(-before, -3), 8), label="after ms")
+    lefts = draw(rows_of(st.tuples(KEYS, TIMES), 24), label="left rows (key, time)")
+    rights = draw(rows_of(st.tuples(KEYS, TIMES), 24), label="right rows (key, time)")
+    before = draw(st.one_of(st.just(0), st.integers(-3, 8)), label="before ms")
+    after = draw(st.one_of(st.just(max(0, -before)), st.integers(max(-before, -3), 8)), label="after ms")
     delays = (draw(st.integers(0, 8), label="left delay ms"), draw(st.integers(0, 8), label="right delay ms"))
     jitter = draw(st.integers(0, 12), label="out-of-order lag ms")
     rnd = draw(st.randoms(use_true_random=False))
@@ -281,8 +293,7 @@ def interval_cases(draw):
            [("r", (i, k, t)) for i, (k, t) in enumerate(rights)]
     events = [(source, [(I, row)]) for source, row in arrival_order(rows, lambda e: e[1][2], rnd, jitter)]
     batches = micro_batches(events, rnd)
-    batches.append({"l": [(I, (SENTINEL_ID, SENTINEL_KEYS[0], SENTINEL_TIME))],
-                    "r": [(I, (SENTINEL_ID + 1, SENTINEL_KEYS[1], SENTINEL_TIME))]})
+    batches = closed(batches, ("l", "r"), INTERVAL_SENTINELS)
     restart_after = draw(st.integers(0, len(batches) - 1), label="restart after batch")
     return before, after, delays, batches, restart_after
 
@@ -311,14 +322,22 @@ def check_interval_join(how: str, case, root: Path, time_type: str = "bigint") -
               INTERVAL_OUT, restart_after)
 
 
+#: on the bounds: after batch 1 the watermark is 5 (min(10, 5)); left row 0 (3 + before 2 = 5) is still
+#: kept, and right row 1 at exactly 5 is in time and meets it (3 BETWEEN 5 - 2 AND 5 + 0)
+INTERVAL_AT_THE_BOUNDS = (2, 0, (0, 0), closed(
+    [{"l": [(I, (0, 0, 3))], "r": [(I, (0, 1, 5))]}, {"l": [(I, (1, 1, 10))]}, {"r": [(I, (1, 0, 5))]}],
+    ("l", "r"), INTERVAL_SENTINELS), 1)
+
+
 @pytest.mark.parametrize("how", ["inner", "left", "right", "full"])
 @SETTINGS
 @given(case=interval_cases())
+@example(case=INTERVAL_AT_THE_BOUNDS)
 def test_interval_join_emits_the_sql_interval_join_of_the_rows_in_time(tmp_path_factory, how, case):
     check_interval_join(how, case, tmp_path_factory.mktemp("lake"))
 
 
-@settings(SETTINGS, max_examples=12)
+@settings(SETTINGS, max_examples=10)
 @given(case=interval_cases())
 def test_interval_join_on_timestamp_columns(tmp_path_factory, case):
     check_interval_join("full", case, tmp_path_factory.mktemp("lake"), time_type="timestamp")
@@ -328,6 +347,7 @@ def test_interval_join_on_timestamp_columns(tmp_path_factory, case):
 F_COLS = {"fid": "bigint", "k": "bigint", "ft": "bigint"}
 V_COLS = {"k": "bigint", "val": "bigint", "vt": "bigint"}
 TEMPORAL_OUT = ["fid", "k", "ft", "v_k", "val", "vt"]
+TEMPORAL_SENTINELS = ((SENTINEL_ID, SENTINEL_KEYS[0], SENTINEL_TIME), (SENTINEL_KEYS[1], SENTINEL_ID + 1, SENTINEL_TIME))
 
 
 def temporal_plan(how: str, delays: tuple[int, int], time_type: str) -> PhysicalPlan:
@@ -342,10 +362,10 @@ def temporal_plan(how: str, delays: tuple[int, int], time_type: str) -> Physical
 
 @st.composite
 def temporal_cases(draw):
-    facts = draw(st.lists(st.tuples(KEYS, TIMES), max_size=20), label="facts (key, time)")
+    facts = draw(rows_of(st.tuples(KEYS, TIMES), 20), label="facts (key, time)")
     # even times on few keys: one key often has two versions at the same time
-    changes = draw(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 15).map(lambda t: 2 * t), st.booleans(),
-                                      st.integers(0, 99)), max_size=20), label="versions (key, time, delete, value)")
+    changes = draw(rows_of(st.tuples(st.integers(0, 3), st.integers(0, 10).map(lambda t: 2 * t), st.booleans(),
+                                     st.integers(0, 99)), 20), label="versions (key, time, delete, value)")
     delays = (draw(st.integers(0, 8), label="fact delay ms"), draw(st.integers(0, 8), label="version delay ms"))
     jitter = draw(st.integers(0, 12), label="out-of-order lag ms")
     rnd = draw(st.randoms(use_true_random=False))
@@ -368,8 +388,7 @@ def temporal_cases(draw):
             events.append(("v", [(UB, old), (UA, row)]))
             current[k] = row
     batches = micro_batches(events, rnd)
-    batches.append({"f": [(I, (SENTINEL_ID, SENTINEL_KEYS[0], SENTINEL_TIME))],
-                    "v": [(I, (SENTINEL_KEYS[1], SENTINEL_ID + 1, SENTINEL_TIME))]})
+    batches = closed(batches, ("f", "v"), TEMPORAL_SENTINELS)
     restart_after = draw(st.integers(0, len(batches) - 1), label="restart after batch")
     return delays, batches, restart_after
 
@@ -407,38 +426,54 @@ def check_temporal_join(how: str, case, root: Path, time_type: str = "bigint") -
               restart_after)
 
 
+#: on the bounds: after batch 1 the watermark is 4 (min(4, 5)); key 0's version at 4 is replaced by
+#: one of the same time (the later arrival wins for facts 0 and 1, fact 1 at exactly 4 is in time),
+#: and key 1's version at 2 still holds for fact 2 at 4 although a newer one (at 5) exists
+TEMPORAL_AT_THE_BOUNDS = ((0, 0), closed(
+    [{"f": [(I, (0, 0, 4))], "v": [(I, (0, 10, 2)), (I, (1, 20, 2))]},
+     {"v": [(UB, (0, 10, 2)), (UA, (0, 11, 4)), (UB, (1, 20, 2)), (UA, (1, 21, 5))]},
+     {"v": [(UB, (0, 11, 4)), (UA, (0, 12, 4))], "f": [(I, (1, 0, 4)), (I, (2, 1, 4))]}],
+    ("f", "v"), TEMPORAL_SENTINELS), 0)
+
+
 @pytest.mark.parametrize("how", ["inner", "left"])
 @SETTINGS
 @given(case=temporal_cases())
+@example(case=TEMPORAL_AT_THE_BOUNDS)
 def test_temporal_join_emits_each_fact_with_the_version_valid_at_its_time(tmp_path_factory, how, case):
     check_temporal_join(how, case, tmp_path_factory.mktemp("lake"))
 
 
-@settings(SETTINGS, max_examples=12)
+@settings(SETTINGS, max_examples=10)
 @given(case=temporal_cases())
 def test_temporal_join_on_timestamp_columns(tmp_path_factory, case):
     check_temporal_join("left", case, tmp_path_factory.mktemp("lake"), time_type="timestamp_ntz")
 
 
-def test_the_histories_have_late_rows_ties_and_restarts():
+def test_the_histories_reach_late_rows_the_watermark_ties_and_restarts():
     """The strategies reach what the properties are about (not only empty or in-order histories)."""
     seen = Counter()
 
     @settings(SETTINGS, max_examples=60)
     @given(interval=interval_cases(), temporal=temporal_cases())
     def survey(interval, temporal):
-        before, after, delays, batches, _ = interval
-        late, in_time = judge(batches, ("l", "r"), (2, 2), delays)
+        before, after, delays, batches, restart_after = interval
+        at = Counter()
+        late, _ = judge(batches, ("l", "r"), (2, 2), delays, at_watermark=at)
         seen["interval late"] += bool(late)
+        seen["interval row at the watermark"] += bool(at)
         seen["interval asymmetric"] += before != after
         seen["interval zero bound"] += 0 in (before, after)
-        _, vbatches, _ = temporal
-        vlate, vin = judge(vbatches, ("f", "v"), (2, 2), temporal[0], skip=frozenset({UB}))
-        seen["temporal late"] += bool(vlate)
-        times = Counter((r[0], r[2]) for _, r, _ in vin[1])
+        seen["interval restart mid-run"] += restart_after < len(batches) - 2
+        delays, batches, restart_after = temporal
+        at = Counter()
+        late, in_time = judge(batches, ("f", "v"), (2, 2), delays, skip=frozenset({UB}), at_watermark=at)
+        seen["temporal late"] += bool(late)
+        seen["temporal row at the watermark"] += bool(at)
+        times = Counter((r[0], r[2]) for _, r, _ in in_time[1])
         seen["temporal tie"] += any(n > 1 for n in times.values())
-        seen["temporal delete"] += any(kind == D for kind, _, _ in vin[1])
+        seen["temporal delete"] += any(kind == D for kind, _, _ in in_time[1])
+        seen["temporal restart mid-run"] += restart_after < len(batches) - 2
 
     survey()
-    assert all(seen[k] >= 5 for k in ("interval late", "interval asymmetric", "interval zero bound",
-                                      "temporal late", "temporal tie", "temporal delete")), seen
+    assert len(seen) == 10 and min(seen.values()) >= 5, seen
