@@ -50,7 +50,7 @@ SENTINEL_ID = 10 ** 6
 SENTINEL_KEYS = (-1, -2)
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
-SETTINGS = settings(max_examples=18, deadline=None, derandomize=True,
+SETTINGS = settings(max_examples=15, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
 
@@ -176,7 +176,9 @@ def _step(runner: LocalRunner, node: str, inputs: dict[str, pa.Table]) -> tuple[
 
 
 def check_run(plan: PhysicalPlan, node: str, result, oracle: Counter, want_late: list[Counter], root: Path,
-              columns: list[str], restart_after: int) -> None:
+              columns: list[str]) -> None:
+    """Emitted rows (but the sentinels, padded in an outer join) = ``oracle``, late rows per batch =
+    ``want_late``, the replay = the first run, the Delta table = ``oracle``."""
     out, late, replay_out, replay_late = result
     node_names = plan[node].schema.names
 
@@ -184,7 +186,11 @@ def check_run(plan: PhysicalPlan, node: str, result, oracle: Counter, want_late:
         rows = Counter()
         for t in tables:
             assert set(t[KIND].to_pylist()) <= {I}, "the time-bounded joins only insert"
-            rows.update(r for r in tuples(t, columns) if not _sentinel(r))
+            for r in tuples(t, columns):
+                if _sentinel(r):
+                    assert sum(v is None for v in r) == len(r) // 2, f"a sentinel met a row: {r}"
+                else:
+                    rows[r] += 1
         return rows
 
     def late_rows(t) -> Counter:
@@ -199,7 +205,6 @@ def check_run(plan: PhysicalPlan, node: str, result, oracle: Counter, want_late:
     table = read_delta(str(root / sink_node.table), columns=columns)
     assert Counter(r for r in tuples(table, columns) if not _sentinel(r)) == oracle, \
         "the Delta table holds each emitted row once"
-    assert restart_after < len(out)
 
 
 def _sentinel(row: tuple) -> bool:
@@ -223,7 +228,7 @@ def _ms_sql(ms: int, time_type: str) -> str:
 
 
 # --- histories ------------------------------------------------------------------------------------------------
-#: a join key (one in five null) and an event time (one in 32 null) on a small domain
+#: a join key (one in five null) and an event time (one in 22 null) on a small domain
 KEYS = st.integers(-1, 3).map(lambda k: None if k < 0 else k)
 TIMES = st.integers(-1, 20).map(lambda t: None if t < 0 else t)
 
@@ -319,7 +324,7 @@ def check_interval_join(how: str, case, root: Path, time_type: str = "bigint") -
     result = run(plan, "ij", tables, restart_after, root, key={"lkey": "lid", "rkey": "rid"})
     want_late = expected_late(late, len(batches), plan["ij"].schema, (3, 3), (2, 2), time_type)
     check_run(plan, "ij", result, interval_oracle(how, before, after, in_time, plan, time_type), want_late, root,
-              INTERVAL_OUT, restart_after)
+              INTERVAL_OUT)
 
 
 #: on the bounds: after batch 1 the watermark is 5 (min(10, 5)); left row 0 (3 + before 2 = 5) is still
@@ -337,7 +342,7 @@ def test_interval_join_emits_the_sql_interval_join_of_the_rows_in_time(tmp_path_
     check_interval_join(how, case, tmp_path_factory.mktemp("lake"))
 
 
-@settings(SETTINGS, max_examples=10)
+@settings(SETTINGS, max_examples=8)
 @given(case=interval_cases())
 def test_interval_join_on_timestamp_columns(tmp_path_factory, case):
     check_interval_join("full", case, tmp_path_factory.mktemp("lake"), time_type="timestamp")
@@ -422,8 +427,7 @@ def check_temporal_join(how: str, case, root: Path, time_type: str = "bigint") -
               for batch in batches]
     result = run(plan, "tj", tables, restart_after, root)
     want_late = expected_late(late, len(batches), plan["tj"].schema, (3, 3), (2, 2), time_type)
-    check_run(plan, "tj", result, temporal_oracle(how, in_time, plan, time_type), want_late, root, TEMPORAL_OUT,
-              restart_after)
+    check_run(plan, "tj", result, temporal_oracle(how, in_time, plan, time_type), want_late, root, TEMPORAL_OUT)
 
 
 #: on the bounds: after batch 1 the watermark is 4 (min(4, 5)); key 0's version at 4 is replaced by
@@ -444,7 +448,7 @@ def test_temporal_join_emits_each_fact_with_the_version_valid_at_its_time(tmp_pa
     check_temporal_join(how, case, tmp_path_factory.mktemp("lake"))
 
 
-@settings(SETTINGS, max_examples=10)
+@settings(SETTINGS, max_examples=8)
 @given(case=temporal_cases())
 def test_temporal_join_on_timestamp_columns(tmp_path_factory, case):
     check_temporal_join("left", case, tmp_path_factory.mktemp("lake"), time_type="timestamp_ntz")
