@@ -19,8 +19,11 @@ rows). The arrival sequence is cut into micro-batches of ``--batch`` events.
 * **spark**: ``changelake.plan.spark.compile_plan`` over two parquet file sources, one file per
   source and micro-batch (``maxFilesPerTrigger`` 1), RocksDB state store provider, ``local[2]``,
   shuffle partitions 2, ``foreachBatch`` collecting the packed changes, ``availableNow``; timed
-  from query start to termination (the session start is reported apart). Peak state rows come
-  from the ``StateStats`` accumulator (the sum over buckets, heartbeat watermarks included).
+  from query start to termination (the session start is reported apart).
+
+Peak state rows: the largest state after a micro-batch (within one, the kernel also holds that
+batch's rows until its end moves the watermark); on Spark from the ``StateStats`` accumulator, the
+sum over buckets, so each bucket's two watermark entries count.
 
 Both results are checked against DuckDB's interval join over the rows that were in time (the
 late rows computed from the documented watermark rule), and the late-row counts against it.
