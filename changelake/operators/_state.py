@@ -20,6 +20,7 @@ One row per entry, so a binding can split a snapshot into hash buckets by key.
 from __future__ import annotations
 
 import array
+import copyreg
 import io
 import logging
 import pickle
@@ -104,14 +105,15 @@ _ALLOWED_GLOBALS = {
 }
 
 
-class _StatePickler(pickle.Pickler):
-    """Pickles a ``ZoneInfo`` (the zone of a tz-aware timestamp from Arrow) as ``ZoneInfo(key)``:
-    its own reduction goes through ``builtins.getattr``, which the restricted unpickler refuses."""
+def _reduce_zone(zone: zoneinfo.ZoneInfo):
+    # Arrow gives tz-aware timestamps a ZoneInfo, whose own pickle goes through builtins.getattr;
+    # by its key it is ZoneInfo(key), the same cached instance
+    if zone.key is None:
+        raise TypeError("a ZoneInfo read from a file has no key to restore it by")
+    return zoneinfo.ZoneInfo, (zone.key,)
 
-    def reducer_override(self, obj):
-        if isinstance(obj, zoneinfo.ZoneInfo) and obj.key is not None:
-            return zoneinfo.ZoneInfo, (obj.key,)
-        return NotImplemented
+
+_DISPATCH = {**copyreg.dispatch_table, zoneinfo.ZoneInfo: _reduce_zone}
 
 
 class _RestrictedUnpickler(pickle.Unpickler):
@@ -125,7 +127,8 @@ class _RestrictedUnpickler(pickle.Unpickler):
 def _pickle_column(values: list) -> pa.Array:
     """Pickle each value (memo-free, so each one stands alone) into one large_binary column."""
     out = io.BytesIO()
-    pickler = _StatePickler(out, protocol=5)
+    pickler = pickle.Pickler(out, protocol=5)
+    pickler.dispatch_table = _DISPATCH
     pickler.fast = True  # no memo: values are acyclic, and none may refer to another's memo
     offsets = [0]
     for v in values:

@@ -208,6 +208,29 @@ def test_state_codec_round_trips_sql_values_and_refuses_foreign_classes():
         decode_value(pickle.dumps(os.system))
 
 
+@pytest.mark.parametrize("tz", ["UTC", "Europe/Paris", "+02:00"])
+def test_state_holding_arrow_timestamps_with_a_time_zone_restores(tz):
+    """Arrow hands tz-aware timestamps to the kernels with a ``zoneinfo.ZoneInfo`` tzinfo (named zones,
+    'UTC' too): a snapshot holding one must restore, in the same zone."""
+    import datetime
+
+    from changelake.operators._state import decode_value, encode_value
+
+    schema = pa.schema([("id", pa.int64()), ("ts", pa.timestamp("us", tz=tz))])
+    moment = datetime.datetime(2024, 1, 2, 3, 4, 5, tzinfo=datetime.timezone.utc)
+    table = pa.table({"id": [1], "ts": pa.array([moment], schema.field("ts").type), KIND: pa.array([0], pa.int8())})
+    config = DeduplicateConfig(keys=(0,), keep="last")
+    dedup = Deduplicate(config)
+    dedup.process(table)
+    restored = Deduplicate.restore(config, dedup.snapshot())
+    later = moment + datetime.timedelta(hours=1)
+    out = restored.process(Changes.of([("+I", (1, later))])).to_arrow(schema)
+    (before,) = [r["ts"] for r in out.to_pylist() if r[KIND] == 1]
+    assert before == moment and before.utcoffset() == table["ts"].to_pylist()[0].utcoffset()
+    value = table["ts"].to_pylist()[0]
+    assert decode_value(encode_value(value)).tzinfo == value.tzinfo
+
+
 SCALARS = st.one_of(st.none(), st.integers(-3, 3), st.sampled_from(["a", "b", "B", ""]))
 
 
