@@ -1,5 +1,7 @@
 """Join benchmarks (issue 6), one subcommand per join:
 
+    nice -n 19 /tmp/venv/bin/python bench/joins.py interval [--events 1000000] [--quick] [--engines local,spark]
+
     nice -n 19 /tmp/venv/bin/python bench/joins.py lookup [--events 1000000] [--keys 100000] [--batch 100000]
         [--quick] [--dims delta,postgres] [--pg-url postgresql://user@host:port/db --pg-password-env VAR]
 
@@ -164,6 +166,14 @@ def load_postgres(url: str, user: str | None, password_env: str | None, dim: pa.
         conn.execute("ANALYZE bench_products")
 
 
+def interval_main(args) -> int:
+    from _interval import run
+
+    figures = run(args.events, args.quick, keys=args.keys, batch=args.batch, buckets=args.buckets,
+                  engines=tuple(e.strip() for e in args.engines.split(",") if e.strip()))
+    return 0 if all(figures[e]["agrees"] for e in ("local", "spark") if e in figures) else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="join", required=True)
@@ -179,6 +189,14 @@ def main(argv: list[str] | None = None) -> int:
     lk.add_argument("--pg-url", help="an existing server (default: start a throwaway one)")
     lk.add_argument("--pg-password-env", help="environment variable holding --pg-url's password")
     lk.set_defaults(run=lookup_main)
+    iv = sub.add_parser("interval", help="interval join in-process and on Spark (bench/_interval.py)")
+    iv.add_argument("--events", type=int, default=1_000_000)
+    iv.add_argument("--keys", type=int, default=None, help="join keys (default: events / 10)")
+    iv.add_argument("--batch", type=int, default=None, help="events per micro-batch (default: events / 10)")
+    iv.add_argument("--buckets", type=int, default=32, help="state buckets of the join on Spark")
+    iv.add_argument("--engines", default="local,spark")
+    iv.add_argument("--quick", action="store_true", help="60k events in 4 micro-batches")
+    iv.set_defaults(run=interval_main)
     args = ap.parse_args(argv)
     return args.run(args)
 
