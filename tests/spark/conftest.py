@@ -31,3 +31,13 @@ def write_micro_batch(table, directory, index: int) -> None:
     pq.write_table(table, path)
     stamp = 1_700_000_000 + index
     os.utime(path, (stamp, stamp))
+
+
+def run_to_end(df, collect, checkpoint):
+    """Run the streaming ``df`` through ``foreachBatch(collect)`` with availableNow until it has read
+    everything; fails the test on a timeout or a query error. Returns the finished query."""
+    q = (df.writeStream.foreachBatch(collect).option("checkpointLocation", str(checkpoint))
+         .trigger(availableNow=True).start())
+    assert q.awaitTermination(900), "the availableNow query did not finish"
+    assert q.exception() is None
+    return q

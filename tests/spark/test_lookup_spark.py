@@ -23,7 +23,7 @@ from changelake.service import metrics
 from changelake.service.decode_stage import from_ipc
 from changelake.service.pipeline import graph_sink_changes
 
-from .conftest import write_micro_batch
+from .conftest import run_to_end, write_micro_batch
 from .test_plan_spark import _batch, fold
 
 pytestmark = pytest.mark.spark
@@ -100,10 +100,7 @@ def test_spark_lookup_join_equals_local_runner_and_reports_to_the_driver(rocksdb
         drained.append(driver.drain(accumulator))        # what BatchProcessor does after each batch
 
     before = sample("hit") + sample("miss")
-    q = (packed.writeStream.foreachBatch(collect).option("checkpointLocation", str(tmp_path / "ckpt"))
-         .trigger(availableNow=True).start())
-    assert q.awaitTermination(900), "the availableNow query did not finish"
-    assert q.exception() is None
+    run_to_end(packed, collect, tmp_path / "ckpt")
 
     for table, key in keys.items():
         assert fold(got[table], key) == fold(want[table], key), table

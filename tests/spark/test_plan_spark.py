@@ -23,7 +23,7 @@ from changelake.plan.spark import compile_plan, packed_changes
 from changelake.service.decode_stage import from_ipc
 from changelake.service.pipeline import graph_sink_changes
 
-from .conftest import write_micro_batch
+from .conftest import run_to_end, write_micro_batch
 
 pytestmark = pytest.mark.spark
 
@@ -132,10 +132,7 @@ def spark_changes(spark, tmp_path, plan, state_stats) -> tuple[dict[str, list[tu
                 row.pop(SEQ)
                 out[table].append((row.pop(KIND), row))
 
-    q = (packed.writeStream.foreachBatch(collect).option("checkpointLocation", str(tmp_path / "ckpt"))
-         .trigger(availableNow=True).start())
-    assert q.awaitTermination(900), "the availableNow query did not finish"
-    assert q.exception() is None
+    q = run_to_end(packed, collect, tmp_path / "ckpt")
     assert len([p for p in q.recentProgress if p["numInputRows"]]) == 3, "expected one micro-batch per file"
     return out, actions
 

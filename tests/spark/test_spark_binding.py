@@ -22,7 +22,7 @@ from changelake.operators import (
 )
 from changelake.operators.spark_binding import apply_kernel, run_bucket
 
-from .conftest import write_micro_batch
+from .conftest import run_to_end, write_micro_batch
 
 pytestmark = pytest.mark.spark
 
@@ -88,10 +88,7 @@ def _run(spark, tmp_path, kernel_cls, config, *, keys, columns, out_schema) -> l
         df = spark.readStream.schema(spark_in).option("maxFilesPerTrigger", 1).parquet(str(src))
         out = apply_kernel(df.select(*columns, KIND, SEQ), kernel_cls, config, key_columns=keys,
                            output_schema=out_schema, buckets=3)
-        q = (out.writeStream.foreachBatch(collect).option("checkpointLocation", str(ckpt))
-             .trigger(availableNow=True).start())
-        assert q.awaitTermination(900), "the availableNow query did not finish"
-        assert q.exception() is None
+        q = run_to_end(out, collect, ckpt)
         return q
 
     q1 = run_once(0, 2)

@@ -23,7 +23,7 @@ from changelake.plan.spark import compile_plan, packed_changes
 from changelake.service.decode_stage import from_ipc
 from changelake.service.pipeline import graph_sink_changes
 
-from .conftest import write_micro_batch
+from .conftest import run_to_end, write_micro_batch
 from .test_plan_spark import _batch, fold
 
 pytestmark = pytest.mark.spark
@@ -102,10 +102,7 @@ def test_time_joins_on_spark_equal_local_runner(rocksdb, tmp_path):
             got[table].extend(_pairs(graph_sink_changes(pa.concat_tables(tables), primary_key=keys[table],
                                                         batch_id=batch_id)))
 
-    q = (packed.writeStream.foreachBatch(collect).option("checkpointLocation", str(tmp_path / "ckpt"))
-         .trigger(availableNow=True).start())
-    assert q.awaitTermination(900), "the availableNow query did not finish"
-    assert q.exception() is None
+    run_to_end(packed, collect, tmp_path / "ckpt")
 
     for table, key in keys.items():
         assert fold(got[table], key) == fold(want[table], key), table
