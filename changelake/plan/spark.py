@@ -178,15 +178,16 @@ def lookup_join(node: PhysicalNode, df, partitions: int, accumulator: Any = None
     """A lookup join node over changelog ``df``: repartitioned by the stream's lookup key columns into
     ``partitions`` tasks, each joined in a Python worker's cached :class:`LookupJoiner`."""
     from pyspark.sql import functions as F
-    from pyspark.sql.pandas.types import to_arrow_schema
     from pyspark.sql.types import ByteType, StringType, StructField, StructType
+
+    from changelake.operators.spark_binding import arrow_schema_of
 
     (keys,) = node.state_keys
     out = StructType(spark_schema(node).fields + [StructField(KIND, ByteType(), False),
                                                   StructField(SEQ, StringType(), True)])
     parts = df.select(*[F.col(c) for c in df.columns if not c.startswith("_")], F.col(KIND), F.col(SEQ)) \
         .repartition(partitions, *[F.col(k) for k in keys])
-    return parts.mapInArrow(_LookupJoin(node.id, node.config, to_arrow_schema(out), accumulator), out)
+    return parts.mapInArrow(_LookupJoin(node.id, node.config, arrow_schema_of(out), accumulator), out)
 
 
 #: Name of the partial-accumulator column between the local and the global aggregate (not "_"-prefixed:

@@ -8,6 +8,7 @@ join into a table keyed by the order, and an inner lookup join feeding an aggreg
 from __future__ import annotations
 
 import collections
+import datetime
 
 import pyarrow as pa
 import pytest
@@ -37,7 +38,9 @@ ORDER_BATCHES = [
 
 
 def shop(path: str) -> Pipeline:
-    products = Lookup.delta("products", path, columns={"id": "bigint", "category": "string"}, key=["id"],
+    # a timestamp column: Spark's Arrow schemas need the session time zone for it
+    products = Lookup.delta("products", path, columns={"id": "bigint", "category": "string", "since": "timestamp"},
+                            key=["id"],
                             cache=CacheOptions(max_rows=100, ttl="1 hour"))
     p = Pipeline()
     orders = p.source("orders", columns=ORDERS, primary_key=["order_id"])
@@ -52,8 +55,10 @@ def shop(path: str) -> Pipeline:
 def test_spark_lookup_join_equals_local_runner_and_reports_to_the_driver(rocksdb, tmp_path):
     spark = rocksdb
     dim = str(tmp_path / "products")
+    since = pa.array([datetime.datetime(2026, 1, d, tzinfo=datetime.timezone.utc) for d in (1, 2, 3, 4)],
+                     pa.timestamp("us", tz="UTC"))
     write_deltalake(dim, pa.table({"id": pa.array([1, 2, 3, 4], pa.int64()),
-                                   "category": ["tools", "garden", "tools", "toys"]}))
+                                   "category": ["tools", "garden", "tools", "toys"], "since": since}))
     plan = shop(dim).plan()
     keys = {n.table: list(n.primary_key) for n in plan.sinks}
 
