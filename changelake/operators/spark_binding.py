@@ -309,39 +309,36 @@ class LateRows:
         return value
 
 
-class _Heartbeats:
-    """mapInArrow over one join input (in the union's columns): per Arrow batch, one heartbeat row per
-    bucket carrying the batch's largest event time (``_kind`` WATERMARK_KIND), so every bucket's
-    kernel sees the event times of every bucket's rows (see ``operators/_event_time``)."""
+class _WithHeartbeats:
+    """mapInArrow over the bucketed union of a join's inputs, right before the grouping: passes every
+    row on and adds, per Arrow batch and input present in it, one heartbeat row per bucket carrying
+    that input's largest event time in the batch (``_kind`` WATERMARK_KIND), so every bucket's kernel
+    sees the event times of every bucket's rows (see ``operators/_event_time``). In the same pass as
+    the rows, so nothing upstream is computed twice."""
 
-    def __init__(self, time_column: str, buckets: int, schema: pa.Schema) -> None:
-        self.time_column, self.buckets, self.schema = time_column, buckets, schema
+    def __init__(self, time_columns: tuple[str, str], buckets: int, schema: pa.Schema) -> None:
+        self.time_columns, self.buckets, self.schema = time_columns, buckets, schema
 
     def __call__(self, batches):
-        from changelake.operators._event_time import WATERMARK_KIND
-
         for batch in batches:
+            yield batch
             if not batch.num_rows:
                 continue
-            top = pc.max(batch.column(self.time_column))
-            if not top.is_valid:
-                continue
-            n = self.buckets
-            arrays = []
-            for f in self.schema:
-                if f.name == self.time_column:
-                    arrays.append(pa.array([top.as_py()] * n, f.type))
-                elif f.name == SIDE:
-                    arrays.append(pa.repeat(batch.column(SIDE)[0], n).cast(f.type))
-                elif f.name == KIND:
-                    arrays.append(pa.array([WATERMARK_KIND] * n, f.type))
-                elif f.name == SEQ:
-                    arrays.append(pa.array([""] * n, f.type))
-                elif f.name == BUCKET:
-                    arrays.append(pa.array(range(n), f.type))
-                else:
-                    arrays.append(pa.nulls(n, f.type))
-            yield pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+            side = batch.column(SIDE)
+            for tag, column in enumerate(self.time_columns):
+                top = pc.max(pc.filter(batch.column(column), pc.equal(side, tag)))
+                if top.is_valid:
+                    yield self._beats(tag, column, top)
+
+    def _beats(self, tag: int, column: str, top: pa.Scalar) -> pa.RecordBatch:
+        from changelake.operators._event_time import WATERMARK_KIND
+
+        n = self.buckets
+        fill = {column: pa.array([top.as_py()] * n), SIDE: pa.array([tag] * n), KIND: pa.array([WATERMARK_KIND] * n),
+                SEQ: pa.array([""] * n), BUCKET: pa.array(range(n))}
+        return pa.RecordBatch.from_arrays(
+            [fill[f.name].cast(f.type) if f.name in fill else pa.nulls(n, f.type) for f in self.schema],
+            schema=self.schema)
 
 
 def apply_join_kernel(left, right, kernel_cls: type, config: Any, *, left_keys: Sequence[str],
@@ -385,12 +382,9 @@ def apply_join_kernel(left, right, kernel_cls: type, config: Any, *, left_keys: 
     bucketed = union.withColumn(BUCKET, _bucket(knames, buckets)).drop(*knames)
     if time_columns is not None:
         # every bucket hears of every input row's event time (operators/_event_time)
-        hb_schema = bucketed.schema
-        arrow_hb = arrow_schema_of(hb_schema)
-        for frame, names, src, col in ((lside, lnames, lcols, time_columns[0]), (rside, rnames, rcols, time_columns[1])):
-            column = names[src.index(col)]
-            beats = frame.withColumn(BUCKET, F.lit(0)).drop(*knames).select(*hb_schema.names)
-            bucketed = bucketed.unionByName(beats.mapInArrow(_Heartbeats(column, buckets, arrow_hb), hb_schema))
+        columns = (lnames[lcols.index(time_columns[0])], rnames[rcols.index(time_columns[1])])
+        bucketed = bucketed.mapInArrow(_WithHeartbeats(columns, buckets, arrow_schema_of(bucketed.schema)),
+                                       bucketed.schema)
     input_schema = arrow_schema_of(bucketed.schema)
     names = input_schema.names
     kind_seq = [names.index(KIND), names.index(SEQ)]
