@@ -126,6 +126,15 @@ class TimeBoundedJoin(Kernel):
             self._element(kind, row, t, s, project(row, self._keys[s]), out)
         return out
 
+    #: the stores whose values are lists of held rows (set by the subclass)
+    _row_stores: tuple[KeyedState, ...] = ()
+
+    @property
+    def state_rows(self) -> int:
+        """Rows held (stored rows, buffered facts, versions), plus the watermark's two entries."""
+        return sum(len(rows) for store in self._row_stores for _, rows, _ in store.entries()) + \
+            len(self.watermarks.store)
+
     def padded(self, row: tuple, side: int) -> tuple:
         """``row`` of input ``side`` in the output's columns, the other input's columns null."""
         nulls = (None,) * self._arity[1 - side]
@@ -152,6 +161,7 @@ class IntervalJoin(TimeBoundedJoin):
     def __init__(self, config: IntervalJoinConfig) -> None:
         super().__init__(config)
         self.rows = (self._register(KeyedState(STATE_LEFT_ROWS)), self._register(KeyedState(STATE_RIGHT_ROWS)))
+        self._row_stores = self.rows
         self.next_expiry = self._register(KeyedState(STATE_NEXT_EXPIRY))
         #: a stored row of input s is dropped once its time + bound[s] < W
         self._bound = (config.before_ms, config.after_ms)
@@ -159,12 +169,6 @@ class IntervalJoin(TimeBoundedJoin):
 
     def contract(self) -> cm.ChangelogContract:
         return cm.ChangelogContract(produces=cm.INSERT_ONLY, accepts=cm.INSERT_ONLY, needs_update_before=False)
-
-    @property
-    def state_rows(self) -> int:
-        """Stored input rows (plus the watermark's two entries)."""
-        return sum(len(rows) for _, rows, _ in self.rows[0].entries()) + \
-            sum(len(rows) for _, rows, _ in self.rows[1].entries()) + len(self.watermarks.store)
 
     def _element(self, kind: int, row: tuple, t: int, side: int, key: tuple, out: Changes) -> None:
         met = False

@@ -62,15 +62,10 @@ class TemporalJoin(TimeBoundedJoin):
         super().__init__(config)
         self.facts = self._register(KeyedState(STATE_FACTS))
         self.versions = self._register(KeyedState(STATE_VERSIONS))
+        self._row_stores = (self.facts, self.versions)
 
     def contract(self) -> cm.ChangelogContract:
         return cm.ChangelogContract(produces=cm.INSERT_ONLY, accepts=cm.ALL, needs_update_before=False)
-
-    @property
-    def state_rows(self) -> int:
-        """Buffered facts and stored versions (plus the watermark's two entries)."""
-        return sum(len(v) for _, v, _ in self.facts.entries()) + \
-            sum(len(v) for _, v, _ in self.versions.entries()) + len(self.watermarks.store)
 
     def _element(self, kind: int, row: tuple, t: int, side: int, key: tuple, out: Changes) -> None:
         if side == 0:

@@ -125,14 +125,7 @@ class StateOptions:
 
     @property
     def ttl_ms(self) -> int:
-        if self.ttl is None:
-            return 0
-        from changelake.service.config import parse_duration
-
-        try:
-            return int(parse_duration(self.ttl) * 1000)
-        except ValueError as exc:
-            raise ConfigError(f"state ttl: {exc}") from None
+        return duration_ms("state ttl", self.ttl)
 
 
 class Pipeline:
