@@ -16,7 +16,7 @@ each one lags its event time by up to 1 s (90%), 1-3 s (9.9%) or 3-20 s (0.1%: m
 rows). The arrival sequence is cut into micro-batches of ``--batch`` events.
 
 * **local**: ``LocalRunner`` over the micro-batches (Arrow tables built beforehand, not timed).
-* **spark**: ``changelake.plan.spark.compile_plan`` over two parquet file sources, one file per
+* **spark**: ``changelake.spark.compile.compile_plan`` over two parquet file sources, one file per
   source and micro-batch (``maxFilesPerTrigger`` 1), RocksDB state store provider, ``local[2]``,
   shuffle partitions 2, ``foreachBatch`` collecting the packed changes, ``availableNow``; timed
   from query start to termination (the session start is reported apart).
@@ -162,11 +162,11 @@ def run_spark(batches: list[dict[str, pa.Table]], work: Path, buckets: int) -> d
     import pyarrow.parquet as pq
     from pyspark.sql.types import StructType
 
-    from changelake.operators.spark_binding import LateRows, StateStats
-    from changelake.plan.spark import compile_plan, packed_changes
-    from changelake.service.decode_stage import from_ipc
+    from changelake.spark.binding import LateRows, StateStats
+    from changelake.spark.compile import compile_plan, packed_changes
+    from changelake.spark.decode_stage import from_ipc
     from changelake.service.pipeline import ROCKSDB_PROVIDER
-    from changelake.service.spark import build_session
+    from changelake.spark.session import build_session
 
     streams_dir = {}
     for name in ("orders", "shipments"):

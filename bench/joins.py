@@ -108,8 +108,8 @@ def spark_passes(batches: list[pa.Table], dim: pa.Table, want: int, work: Path, 
 
     from bench.common import PeakMemory
     from changelake.plan import Pipeline
-    from changelake.plan.spark import compile_plan, packed_changes
-    from changelake.service.spark import build_session
+    from changelake.spark.compile import compile_plan, packed_changes
+    from changelake.spark.session import build_session
 
     work = work / "spark"
     work.mkdir()
@@ -137,7 +137,7 @@ def spark_passes(batches: list[pa.Table], dim: pa.Table, want: int, work: Path, 
             rows = [0]
 
             def collect(df, batch_id):
-                from changelake.service.decode_stage import from_ipc
+                from changelake.spark.decode_stage import from_ipc
 
                 rows[0] += sum(from_ipc(x).num_rows for x in df.toArrow()["payload"].to_pylist())
 

@@ -314,7 +314,7 @@ def spark_executor_missing() -> str | None:
 
     from changelake.service.config import ChangelakeConfig
 
-    if importlib.util.find_spec("changelake.plan.spark") is None:
+    if importlib.util.find_spec("changelake.spark.compile") is None:
         return "changelake/plan/spark.py (the plan's Spark executor) is not on this tree"
     if "views" not in ChangelakeConfig.model_fields:
         return "the service config has no 'views' section yet"
@@ -334,7 +334,7 @@ def run_changelake_spark(queries: list[str], *, bootstrap: str, work: Path, batc
     from changelake.connectors.delta_read import read_delta
     from changelake.service.config import parse_config
     from changelake.service.runner import PipelineRunner
-    from changelake.service.spark import build_session
+    from changelake.spark.session import build_session
 
     configs = {q: parse_config(orjson.dumps(changelake_config(q, bootstrap=bootstrap, work=work, batch=batch))
                                .decode()) for q in queries}

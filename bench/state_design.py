@@ -14,7 +14,7 @@ Debezium JSON lines for PyFlink.
 
 Designs:
 
-* ``bucketed-B``: :func:`changelake.operators.spark_binding.apply_kernel` with the
+* ``bucketed-B``: :func:`changelake.spark.binding.apply_kernel` with the
   GroupAggregate kernel (mini-batch, vectorised) keyed by category, B buckets.
 * ``jvm-signed``: Spark's own streaming aggregation ``groupBy(category).agg(sum(sign),
   sum(sign * price))``, RocksDB state, Update mode.
@@ -154,7 +154,7 @@ def run_bucketed(spark, root: Path, work: Path, buckets: int) -> tuple[float, di
     from pyspark.sql.types import StructType
 
     from changelake.operators import AggCall, GroupAggregate, GroupAggregateConfig
-    from changelake.operators.spark_binding import apply_kernel
+    from changelake.spark.binding import apply_kernel
 
     config = GroupAggregateConfig(group_keys=(0,), aggregates=(AggCall("COUNT"), AggCall("SUM", 1)),
                                   mini_batch_size=1 << 20)
@@ -173,7 +173,7 @@ def run_bucketed_normalize(spark, root: Path, work: Path, buckets: int) -> tuple
     from pyspark.sql.types import StructType
 
     from changelake.operators import Deduplicate, DeduplicateConfig
-    from changelake.operators.spark_binding import apply_kernel
+    from changelake.spark.binding import apply_kernel
 
     config = DeduplicateConfig(keys=(0,), keep="last", input_insert_only=False, mini_batch_size=1 << 20)
     out_schema = StructType.fromDDL("id BIGINT, category STRING, price BIGINT")
@@ -333,7 +333,7 @@ def main() -> None:
         print(f"pyflink: {wall:.1f}s wall incl. JVM start ({inner:.1f}s in job) -> {flink_eps:,.0f} events/s; "
               f"results agree: {res == expected}")
 
-    from changelake.service.spark import build_session
+    from changelake.spark.session import build_session
     spark = build_session(app_name="state-design", master="local[2]", ui=False, conf={
         "spark.sql.shuffle.partitions": "2", "spark.sql.streaming.stateStore.providerClass": ROCKSDB,
         "spark.driver.memory": "4g"})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pyarrow as pa
@@ -41,3 +42,30 @@ def arrow_type(text: str) -> pa.DataType:
 
 def arrow_schema(columns: dict[str, str]) -> pa.Schema:
     return pa.schema([pa.field(name, arrow_type(t)) for name, t in columns.items()])
+
+
+_INT_WIDENING = {"byte": 0, "short": 1, "integer": 2, "long": 3}
+_FLOAT_WIDENING = {"float": 0, "double": 1}
+
+
+def delta_type(field: pa.Field) -> str:
+    """Delta type of an Arrow field: the primitive name (``long``) or the JSON of a nested type."""
+    from deltalake import Schema as DeltaSchema
+
+    text = DeltaSchema.from_arrow(pa.schema([field])).fields[0].type.to_json()
+    decoded = json.loads(text)
+    return decoded if isinstance(decoded, str) else text
+
+
+def _widens(src: str, dst: str) -> bool:
+    for ladder in (_INT_WIDENING, _FLOAT_WIDENING):
+        if src in ladder and dst in ladder:
+            return ladder[src] <= ladder[dst]
+    return False
+
+
+def fits(field: pa.Field, existing: pa.Field) -> bool:
+    """True when values of ``field`` can be written into a column of ``existing``'s type (same Delta
+    type, or a narrower integer / floating-point type)."""
+    got, have = delta_type(field), delta_type(existing)
+    return got == have or _widens(got, have)

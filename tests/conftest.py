@@ -54,7 +54,7 @@ def kafka():
 
 @pytest.fixture(scope="session")
 def spark():
-    from changelake.service.spark import build_session
+    from changelake.spark.session import build_session
 
     conf = {"spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2"}
     session = build_session(app_name="changelake-tests", master="local[2]", conf=conf, ui=False)

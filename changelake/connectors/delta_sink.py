@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from types import MappingProxyType
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 import pyarrow as pa
 from deltalake import DeltaTable
@@ -54,9 +54,9 @@ from changelake.connectors.delta_sink_schema import (
     tombstone_schema,
 )
 from changelake.errors import ConfigError, SinkCommitError
-from changelake.service import metrics
+from changelake import metrics
 
-__all__ = ["ApplyResult", "DeltaUpsertSink", "Engine", "TableSpec", "delta_spark_missing", "open_sink"]
+__all__ = ["ApplyResult", "DeltaUpsertSink", "Engine", "TableSpec", "open_sink"]
 
 log = logging.getLogger(__name__)
 
@@ -395,53 +395,20 @@ class DeltaUpsertSink(abc.ABC):
 # --- opening ---------------------------------------------------------------------
 
 
-def delta_spark_missing(spark: Any) -> str | None:
-    """Why the delta-spark engine cannot run in ``spark`` (None when it can)."""
-    if spark is None:
-        return "no Spark session was given"
-    jvm = getattr(spark, "_jvm", None)
-    if jvm is None:
-        return "the Spark session has no JVM gateway (Spark Connect); the delta-spark engine needs classic PySpark"
-    from py4j.protocol import Py4JJavaError
-
-    try:
-        loader = jvm.java.lang.Thread.currentThread().getContextClassLoader()
-        jvm.java.lang.Class.forName(DELTA_SPARK_CLASS, False, loader)
-    except Py4JJavaError:  # wraps java.lang.ClassNotFoundException
-        return (f"{DELTA_SPARK_PACKAGE} jars are not on the Spark classpath "
-                f"({DELTA_SPARK_CLASS} is not loadable)")
-    extensions = spark.conf.get("spark.sql.extensions", "") or ""
-    if DELTA_SPARK_EXTENSION not in extensions:
-        return f"spark.sql.extensions does not include {DELTA_SPARK_EXTENSION}"
-    if spark.conf.get("spark.sql.catalog.spark_catalog", "") != DELTA_SPARK_CATALOG:
-        return f"spark.sql.catalog.spark_catalog is not {DELTA_SPARK_CATALOG}"
-    return None
-
-
-def open_sink(spec: TableSpec, *, pipeline_id: str, engine: Engine = "auto", spark: Any = None,
+def open_sink(spec: TableSpec, *, pipeline_id: str, engine: Engine = "auto",
               clock: Callable[[], datetime] | None = None, max_commit_retries: int = 3) -> DeltaUpsertSink:
-    """Open the sink for one table.
+    """Open the delta-rs sink for one table (no JVM).
 
-    ``engine="auto"`` picks delta-spark when ``spark`` is given and the Delta jars and
-    session extension are present in it, else delta-rs. ``clock`` returns the
-    current UTC time (tombstone timestamps and expiry; tests inject one).
+    ``engine`` "auto" and "delta-rs" both mean delta-rs here; the delta-spark engine needs a Spark
+    session, so it is opened by :func:`changelake.spark.delta_sink.open_sink`, which chooses between
+    the two. ``clock`` returns the current UTC time (tombstone timestamps and expiry; tests inject one).
     """
     clock = clock or (lambda: datetime.now(timezone.utc))
     if engine not in ("auto", "delta-rs", "delta-spark"):
         raise ConfigError(f"unknown sink engine {engine!r}; expected auto, delta-rs or delta-spark")
-    if engine in ("auto", "delta-spark"):
-        missing = delta_spark_missing(spark)
-        if missing is None:
-            from changelake.connectors.delta_sink_spark import DeltaSparkSink
-
-            return DeltaSparkSink(spec, pipeline_id=pipeline_id, spark=spark, clock=clock,
-                                  max_commit_retries=max_commit_retries)
-        if engine == "delta-spark":
-            raise ConfigError(f"sink engine delta-spark is not available: {missing}. Start Spark with "
-                              f"--packages {DELTA_SPARK_PACKAGE}, spark.sql.extensions={DELTA_SPARK_EXTENSION} "
-                              f"and spark.sql.catalog.spark_catalog={DELTA_SPARK_CATALOG}, or use engine delta-rs")
-        if spark is not None:
-            log.info("table %s: using delta-rs (delta-spark unavailable: %s)", spec.name, missing)
+    if engine == "delta-spark":
+        raise ConfigError("sink engine delta-spark needs a Spark session: open it with "
+                          "changelake.spark.delta_sink.open_sink(spec, spark=...), or use engine delta-rs")
     from changelake.connectors.delta_sink_rs import DeltaRsSink
 
     return DeltaRsSink(spec, pipeline_id=pipeline_id, clock=clock, max_commit_retries=max_commit_retries)

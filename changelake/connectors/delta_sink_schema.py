@@ -26,10 +26,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
-from deltalake import Schema as DeltaSchema
 
 from changelake.changelog import SEQ, SOURCE_TS, user_columns
 from changelake.errors import SinkCommitError
+from changelake.types import delta_type, fits
 
 #: Table properties the sink records; part of the on-disk contract.
 PROP_PRIMARY_KEY = "changelake.primaryKey"
@@ -44,8 +44,6 @@ DELETED_AT_TYPE = pa.timestamp("us", tz="UTC")
 #: Directory, next to the sink table, that holds the tombstone tables.
 TOMBSTONE_DIR = "_changelake_tombstones"
 
-_INT_WIDENING = {"byte": 0, "short": 1, "integer": 2, "long": 3}
-_FLOAT_WIDENING = {"float": 0, "double": 1}
 
 
 def stored_fields(batch_schema: pa.Schema) -> list[pa.Field]:
@@ -123,27 +121,6 @@ class SchemaPlan:
 
     new_fields: tuple[pa.Field, ...]
     target_schema: pa.Schema
-
-
-def delta_type(field: pa.Field) -> str:
-    """Delta type of an Arrow field: the primitive name (``long``) or the JSON of a nested type."""
-    text = DeltaSchema.from_arrow(pa.schema([field])).fields[0].type.to_json()
-    decoded = json.loads(text)
-    return decoded if isinstance(decoded, str) else text
-
-
-def _widens(src: str, dst: str) -> bool:
-    for ladder in (_INT_WIDENING, _FLOAT_WIDENING):
-        if src in ladder and dst in ladder:
-            return ladder[src] <= ladder[dst]
-    return False
-
-
-def fits(field: pa.Field, existing: pa.Field) -> bool:
-    """True when values of ``field`` can be written into a column of ``existing``'s type (same Delta
-    type, or a narrower integer / floating-point type)."""
-    got, have = delta_type(field), delta_type(existing)
-    return got == have or _widens(got, have)
 
 
 def reconcile(*, path: str, table_schema: pa.Schema, batch_fields: Sequence[pa.Field]) -> SchemaPlan:

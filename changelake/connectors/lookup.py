@@ -68,7 +68,7 @@ class CacheOptions:
     def ttl_s(self) -> float | None:
         if self.ttl is None:
             return None
-        from changelake.service.config import parse_duration
+        from changelake.durations import parse_duration
 
         try:
             return parse_duration(self.ttl)

@@ -38,7 +38,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from changelake.connectors.delta_sink_schema import fits
+from changelake.types import fits
 from changelake.errors import ConfigError, SourceError
 from changelake.formats import debezium as dbz
 from changelake.formats import debezium_avro_bulk as bulk

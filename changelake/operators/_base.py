@@ -21,7 +21,7 @@ import pyarrow as pa
 from changelake.operators._rows import Changes, coerce
 from changelake.operators._state import KeyedState, restore_stores, snapshot_stores
 from changelake.errors import ConfigError
-from changelake.service.metrics import STATE_BYTES, STATE_ROWS
+from changelake.metrics import STATE_BYTES, STATE_ROWS
 
 K = TypeVar("K", bound="Kernel")
 

@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterator, Literal
 import pyarrow as pa
 
 from changelake.errors import ConfigError, StateError
-from changelake.service.metrics import STALE_RETRACTIONS
+from changelake.metrics import STALE_RETRACTIONS
 
 log = logging.getLogger(__name__)
 

@@ -31,11 +31,10 @@ count distinct keys per batch.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -285,56 +284,10 @@ def _positions(keys: pa.Table, valid: pa.Array | None, known: pa.Table) -> pa.Ar
 
 def observe(lookup: str, stats: LookupStats) -> None:
     """Add ``stats`` to this process's Prometheus registry (the driver's, for the Spark executor)."""
-    from changelake.service import metrics
+    from changelake import metrics
 
     metrics.LOOKUP_REQUESTS.labels(lookup=lookup, result="hit").inc(stats.hits)
     metrics.LOOKUP_REQUESTS.labels(lookup=lookup, result="miss").inc(stats.misses)
     for seconds in stats.latencies:
         metrics.LOOKUP_LATENCY.labels(lookup=lookup).observe(seconds)
     metrics.LOOKUP_CACHE_ROWS.labels(lookup=lookup).set(stats.cache_rows)
-
-
-class SparkLookupStats:
-    """Lookup figures carried from the Python workers to the driver through a Spark accumulator.
-
-    Each task of a lookup join adds its joiner's :class:`LookupStats` under (lookup, worker pid);
-    the driver drains the accumulator after each micro-batch (:meth:`drain`): it adds hits,
-    misses and latencies to its registry and keeps each worker's latest cache size, whose sum is
-    ``changelake_lookup_cache_rows``.
-    """
-
-    def __init__(self) -> None:
-        self.cache_rows: dict[tuple[str, int], int] = {}
-
-    @staticmethod
-    def accumulator(spark: Any) -> Any:
-        from pyspark.accumulators import AccumulatorParam
-
-        class Merge(AccumulatorParam):
-            def zero(self, value: dict) -> dict:
-                return {}
-
-            def addInPlace(self, a: dict, b: dict) -> dict:
-                for k, s in b.items():
-                    a[k] = a[k].merge(s) if k in a else s
-                return a
-
-        return spark.sparkContext.accumulator({}, Merge())
-
-    @staticmethod
-    def report(accumulator: Any, lookup: str, stats: LookupStats) -> None:
-        """In a task: add a joiner's figures."""
-        accumulator.add({(lookup, os.getpid()): stats})
-
-    def drain(self, accumulator: Any) -> dict[str, LookupStats]:
-        """On the driver, after a batch: the figures per lookup since the last drain (observed into the
-        registry), with the cache rows summed over workers."""
-        value, accumulator.value = accumulator.value, {}
-        out: dict[str, LookupStats] = {}
-        for (lookup, pid), stats in value.items():
-            self.cache_rows[(lookup, pid)] = stats.cache_rows
-            out[lookup] = out[lookup].merge(stats) if lookup in out else LookupStats().merge(stats)
-        for lookup, stats in out.items():
-            stats.cache_rows = sum(r for (name, _), r in self.cache_rows.items() if name == lookup)
-            observe(lookup, stats)
-        return out

@@ -30,7 +30,7 @@ from changelake.operators import changelog_mode as cm
 from changelake.operators._base import Kernel
 from changelake.operators._rows import DELETE, INSERT, UPDATE_AFTER, Changes, is_accumulate, project
 from changelake.operators._state import KeyedState, StaleRetractionPolicy, StaleRetractions, check_ttl
-from changelake.service.metrics import MATERIALIZER_CORRECTIONS
+from changelake.metrics import MATERIALIZER_CORRECTIONS
 
 #: key -> list of rows alive for the sink key, oldest first.
 STATE_ROWS_BY_KEY = "sink-materializer-rows"

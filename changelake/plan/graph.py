@@ -15,7 +15,7 @@
     print(p.explain())
 
 The same graph is declared in the service YAML under ``views`` and ``tables[].from``
-(:func:`changelake.plan.yaml.pipeline_from_config`). Every node gets a name (given, or
+(:func:`changelake.service.views.pipeline_from_config`). Every node gets a name (given, or
 derived from its operation and input); names are the nodes' identity in the plan, in
 ``explain`` and in the operator state of a running query, so renaming a node of a running
 pipeline discards its state.
@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from changelake.durations import duration_ms
 from changelake.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -393,20 +394,6 @@ def _late_rows(policy: str) -> str:
     if policy not in LATE_ROWS:
         raise ConfigError(f"late_rows must be one of {LATE_ROWS}, got {policy!r}")
     return policy
-
-
-def duration_ms(what: str, text: str | None, *, signed: bool = False) -> int:
-    """Milliseconds of a duration such as '5 seconds' (None: 0); ``signed`` allows a leading '-'."""
-    if text is None:
-        return 0
-    from changelake.service.config import parse_duration
-
-    raw = str(text).strip()
-    sign = -1 if signed and raw.startswith("-") else 1
-    try:
-        return sign * int(round(parse_duration(raw.lstrip("-").strip() if sign < 0 else raw) * 1000))
-    except ValueError as exc:
-        raise ConfigError(f"{what}: {exc}") from None
 
 
 def _check_columns(node: str, what: str, columns: Sequence[str], known: Sequence[str]) -> None:

@@ -109,7 +109,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         return 0
     if args.command == "validate":
         from changelake.service.config import load_config
-        from changelake.plan.yaml import pipeline_from_config
+        from changelake.service.views import pipeline_from_config
         config = load_config(args.config)
         graph = pipeline_from_config(config)
         if graph is not None:

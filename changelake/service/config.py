@@ -19,24 +19,11 @@ from typing import Any, Literal, Mapping
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
+from changelake.durations import parse_duration
 from changelake.errors import ConfigError
 
 ENV_PREFIX = "CHANGELAKE_"
 FORMATS = ("debezium-json", "debezium-avro-confluent", "canal-json", "maxwell-json", "ogg-json")
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|milliseconds?|s|seconds?|m|minutes?|h|hours?|d|days?)\s*$")
-_UNIT_S = {"ms": 0.001, "millisecond": 0.001, "milliseconds": 0.001, "s": 1, "second": 1, "seconds": 1,
-           "m": 60, "minute": 60, "minutes": 60, "h": 3600, "hour": 3600, "hours": 3600,
-           "d": 86400, "day": 86400, "days": 86400}
-
-
-def parse_duration(text: str) -> float:
-    """'10 seconds', '500ms', '7 days' -> seconds."""
-    m = _DURATION.match(str(text))
-    if not m:
-        raise ValueError(f"{text!r} is not a duration; write e.g. '10 seconds', '500 ms', '7 days'")
-    return float(m.group(1)) * _UNIT_S[m.group(2)]
-
-
 class _Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 

@@ -8,7 +8,7 @@ Tables that sources mirror come first (decode -> upsert sink); the operator grap
 from __future__ import annotations
 
 from changelake.plan.explain import explain_plan
-from changelake.plan.yaml import pipeline_from_config
+from changelake.service.views import pipeline_from_config
 from changelake.service.config import ChangelakeConfig
 
 

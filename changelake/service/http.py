@@ -15,7 +15,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import make_wsgi_app
 
-from changelake.service.metrics import REGISTRY
+from changelake.metrics import REGISTRY
 
 DEFAULT_PORT = 9108
 

@@ -5,7 +5,7 @@ The query (:meth:`BatchProcessor.stream`)::
     Kafka records -> DecodeStage (mapInArrow, executors): IPC payloads of rows, dead letters, stats
         -> payloads for the driver: stats, dead letters, rows of sources mirrored into a table
         -> per source read by the operator graph: typed rows (unpacked from the payloads)
-           -> the compiled graph (changelake.plan.spark) -> each graph table's changes as payloads
+           -> the compiled graph (changelake.spark.compile) -> each graph table's changes as payloads
     foreachBatch(the union of both): ONE Spark action per micro-batch (``toArrow``), so the
     stateful operators run once per batch
 
@@ -43,24 +43,20 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from changelake import metrics
 from changelake.changelog import DEAD_LETTER_SCHEMA, KIND, SEQ, RowKind
 from changelake.connectors.delta_sink import DeltaUpsertSink, TableSpec, open_sink
-from changelake.connectors.kafka_source import SOURCE_NAME, KafkaSource
 from changelake.errors import ConfigError, DecodeError
 from changelake.formats import make_decoder
-from changelake.operators.lookup_join import SparkLookupStats
-from changelake.operators.spark_binding import LateRows, StateStats
 from changelake.plan.graph import Pipeline
 from changelake.plan.physical import PhysicalPlan, sink_changes
-from changelake.plan.spark import CHANGES_PART
-from changelake.plan.yaml import pipeline_from_config
-from changelake.service import metrics
 from changelake.service.config import ChangelakeConfig, SourceSpec, parse_duration
-from changelake.service.decode_stage import SPARK_SCHEMA as DECODE_STAGE_SCHEMA
 from changelake.service.dead_letter_paths import DeadLetterPaths
-from changelake.service.decode_stage import DecodeStage, from_ipc, split_null_keys
 from changelake.service.key_inference import TableKeys
 from changelake.service.quarantine import Quarantine
+from changelake.service.views import pipeline_from_config
+from changelake.spark.compile import CHANGES_PART
+from changelake.spark.decode_stage import DecodeStage, split_null_keys
 from changelake.types import arrow_schema
 
 log = logging.getLogger(__name__)
@@ -107,7 +103,7 @@ class BatchProcessor:
     """The ``foreachBatch`` function of a pipeline.
 
     ``graph`` is the operator graph (default: the config's ``views`` and ``tables[].from``,
-    :func:`~changelake.plan.yaml.pipeline_from_config`); None runs only the mirrors.
+    :func:`~changelake.service.views.pipeline_from_config`); None runs only the mirrors.
     """
 
     def __init__(self, config: ChangelakeConfig, *, spark: Any = None, graph: Pipeline | None = _NO_GRAPH,
@@ -129,13 +125,8 @@ class BatchProcessor:
                     self.graph_routes[i] = by_name[r.spec.name]
         #: graph table of each ``_route`` index of the packed changes (set by :meth:`stream`)
         self.graph_tables: list[str] = []
-        #: Spark accumulator of the graph operators' state sizes (set by :meth:`stream`)
-        self.state_stats: Any = None
-        #: Spark accumulator of the event-time joins' late rows (set by :meth:`stream`)
-        self.late_rows: Any = None
-        #: Spark accumulator of the lookup joins' figures (set by :meth:`stream`), drained after each batch
-        self.lookup_stats: Any = None
-        self.lookup_metrics = SparkLookupStats()
+        #: the Spark query that feeds this processor (set by :func:`start_query`)
+        self.query: Any = None
         self.keys = TableKeys(config)
         self._spark = spark
         self.sinks: dict[str, DeltaUpsertSink] = {}     # opened once the table's key is known
@@ -152,50 +143,18 @@ class BatchProcessor:
     def _sink(self, name: str) -> DeltaUpsertSink:
         if name not in self.sinks:
             t = self.config.table(name)
-            self.sinks[name] = open_sink(
-                TableSpec(name=name, path=self.config.table_path(name), primary_key=self.keys.key_of(name),
-                          partition_by=tuple(t.partition_by),
-                          tombstone_retention=timedelta(seconds=parse_duration(t.tombstone_retention)),
-                          storage_options=self.config.storage.plain_options()),
-                pipeline_id=self.config.pipeline.id, engine=self.config.storage.engine, spark=self._spark)
+            spec = TableSpec(name=name, path=self.config.table_path(name), primary_key=self.keys.key_of(name),
+                             partition_by=tuple(t.partition_by),
+                             tombstone_retention=timedelta(seconds=parse_duration(t.tombstone_retention)),
+                             storage_options=self.config.storage.plain_options())
+            opened = dict(pipeline_id=self.config.pipeline.id, engine=self.config.storage.engine)
+            if self._spark is None:
+                self.sinks[name] = open_sink(spec, **opened)
+            else:   # the Spark wing chooses between delta-spark and delta-rs
+                from changelake.spark.delta_sink import open_sink as open_engine_sink
+
+                self.sinks[name] = open_engine_sink(spec, spark=self._spark, **opened)
         return self.sinks[name]
-
-    def stream(self, records: Any) -> Any:
-        """The streaming DataFrame ``foreachBatch`` receives: payloads (``DECODE_STAGE_SCHEMA``)."""
-        from changelake.plan.spark import compile_plan, packed_changes
-
-        decoded = records.mapInArrow(self.stage, DECODE_STAGE_SCHEMA)
-        if self.plan is None:
-            return decoded
-        # Both branches read the decoded payloads. Behind an exchange, and selecting in Python (a
-        # DataFrame filter would be pushed below the exchange, making the two exchanges differ),
-        # Spark decodes once per batch; without it, it reads and decodes Kafka once per branch.
-        decoded = decoded.repartition(self.config.pipeline.read_tasks)
-        graph_only = {i for i in self.graph_routes if self.routes[i].spec.table is None}
-        to_driver = decoded.mapInArrow(_DropRows(graph_only), DECODE_STAGE_SCHEMA) if graph_only else decoded
-        sources = {node.source: decoded.mapInArrow(_Unpack(i, node.schema), _unpacked_ddl(node.schema))
-                   for i, node in self.graph_routes.items()}
-        self.state_stats = StateStats.accumulator(records.sparkSession)
-        self.late_rows = LateRows.accumulator(records.sparkSession)
-        if any(n.op == "lookup_join" for n in self.plan):
-            self.lookup_stats = SparkLookupStats.accumulator(records.sparkSession)
-        packed, self.graph_tables = packed_changes(compile_plan(self.plan, sources, buckets=self.buckets,
-                                                                state_stats=self.state_stats,
-                                                                late_rows=self.late_rows,
-                                                                lookup_stats=self.lookup_stats))
-        return to_driver.unionByName(packed)
-
-    # Spark calls this with the batch DataFrame and its id.
-    def __call__(self, batch_df: Any, batch_id: int) -> None:
-        out = batch_df.toArrow()                              # the batch's only Spark action
-        late = LateRows.take(self.late_rows) if self.late_rows is not None else {}
-        self.process_decoded(out, batch_id, late_rows=late)
-        if self.state_stats is not None:
-            for operator, (rows, size) in StateStats.totals(self.state_stats.value).items():
-                metrics.STATE_ROWS.labels(operator=operator).set(rows)
-                metrics.STATE_BYTES.labels(operator=operator).set(size)
-        if self.lookup_stats is not None:
-            self.lookup_metrics.drain(self.lookup_stats)      # hits, misses, latencies, cache rows
 
     def process_decoded(self, out: pa.Table, batch_id: int, *, late_rows: dict | None = None) -> BatchReport:
         """Apply the collected output of the executors' :class:`DecodeStage` and graph, and the late
@@ -349,41 +308,6 @@ class BatchProcessor:
             t.dead_letters[reason] = t.dead_letters.get(reason, 0) + n
 
 
-class _DropRows:
-    """mapInArrow: the decode stage's payloads without the ``rows`` of graph-only routes."""
-
-    def __init__(self, routes: set[int]) -> None:
-        self.routes = pa.array(sorted(routes), pa.int16())
-
-    def __call__(self, batches):
-        for batch in batches:
-            yield batch.filter(pc.invert(pc.and_(pc.equal(batch.column("part"), "rows"),
-                                                 pc.is_in(batch.column("_route"), self.routes))))
-
-
-class _Unpack:
-    """mapInArrow: route ``route``'s ``rows`` payloads -> typed rows (its columns, ``_kind``, ``_seq``)."""
-
-    def __init__(self, route: int, schema: pa.Schema) -> None:
-        self.route = route
-        self.schema = schema.append(pa.field(KIND, pa.int8())).append(pa.field(SEQ, pa.string()))
-
-    def __call__(self, batches):
-        for batch in batches:
-            mine = batch.filter(pc.and_(pc.equal(batch.column("_route"), self.route),
-                                        pc.equal(batch.column("part"), "rows")))
-            for payload in mine.column("payload").to_pylist():
-                yield from from_ipc(payload).select(self.schema.names).cast(self.schema).to_batches()
-
-
-def _unpacked_ddl(schema: pa.Schema) -> Any:
-    from pyspark.sql.pandas.types import from_arrow_schema
-    from pyspark.sql.types import ByteType, StringType, StructField, StructType
-
-    return StructType(list(from_arrow_schema(schema).fields)
-                      + [StructField(KIND, ByteType(), False), StructField(SEQ, StringType(), False)])
-
-
 def graph_sink_changes(changes: pa.Table, *, primary_key: Sequence[str], batch_id: int) -> pa.Table:
     """A graph table's collected changes of one batch, ready for the Delta sink.
 
@@ -444,19 +368,11 @@ def kafka_reader_options(config: ChangelakeConfig) -> dict[str, str]:
 
 def start_query(spark: Any, config: ChangelakeConfig, processor: BatchProcessor, *,
                 available_now: bool | None = None) -> Any:
-    """Start the streaming query; returns Spark's StreamingQuery."""
-    spark.dataSource.register(KafkaSource)
-    if processor.plan is not None:        # the operators' state (changelake.operators.spark_binding)
-        spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER)
-    reader = spark.readStream.format(SOURCE_NAME)
-    for k, v in kafka_reader_options(config).items():
-        reader = reader.option(k, v)
-    writer = (processor.stream(reader.load()).writeStream.queryName(config.pipeline.id)
-              .foreachBatch(processor)
-              .option("checkpointLocation", config.pipeline.checkpoint))
+    """Start ``processor``'s streaming query (:mod:`changelake.spark.query`); returns Spark's StreamingQuery."""
+    from changelake.spark.query import PipelineQuery, start
+
     once = config.pipeline.available_now if available_now is None else available_now
-    if once:
-        writer = writer.trigger(availableNow=True)
-    else:
-        writer = writer.trigger(processingTime=f"{parse_duration(config.pipeline.trigger_interval)} seconds")
-    return writer.start()
+    processor.query = PipelineQuery(processor, read_tasks=config.pipeline.read_tasks)
+    return start(spark, processor.query, name=config.pipeline.id, checkpoint=config.pipeline.checkpoint,
+                 reader_options=kafka_reader_options(config), available_now=once,
+                 trigger_seconds=parse_duration(config.pipeline.trigger_interval))

@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
-from changelake.service import metrics
+from changelake import metrics
 from changelake.service.config import ChangelakeConfig
 from changelake.service.key_inference import TableKeys
 

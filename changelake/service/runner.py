@@ -12,8 +12,8 @@ from typing import Any
 from changelake.service.config import ChangelakeConfig, parse_duration
 from changelake.service.http import Health, HttpEndpoint
 from changelake.service.pipeline import BatchProcessor, BatchReport, start_query
-from changelake.service.progress import ProgressListener, parse_offsets
-from changelake.service.spark import build_session
+from changelake.spark.progress import ProgressListener, parse_offsets
+from changelake.spark.session import build_session
 
 log = logging.getLogger(__name__)
 

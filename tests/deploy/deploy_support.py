@@ -30,7 +30,7 @@ NAMESPACE = "cdc"
 
 def exported_metric_names() -> set[str]:
     """Every sample name the service's registry can expose, read from the registry itself."""
-    from changelake.service.metrics import REGISTRY
+    from changelake.metrics import REGISTRY
 
     suffixes = {
         "counter": ("_total",),

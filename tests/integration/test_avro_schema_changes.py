@@ -17,7 +17,7 @@ import pytest
 from confluent_kafka import Producer
 
 from changelake.connectors.delta_read import read_delta
-from changelake.service import metrics
+from changelake import metrics
 from changelake.service.config import ChangelakeConfig
 from changelake.service.pipeline import BatchProcessor, start_query
 from tests.formats.avro_envelopes import KEY, V1, V2_ADDS_EMAIL, V3_NAME_IS_LONG, framed, framed_key

@@ -8,7 +8,7 @@ from confluent_kafka import Producer
 
 from changelake.changelog import DEAD_LETTER_SCHEMA
 from changelake.connectors.dead_letter_topic import LETTER_SCHEMA, DeadLetterTopic, header_dict, read_topics
-from changelake.service import metrics
+from changelake import metrics
 from changelake.service.demo import verify
 from changelake.service.pipeline import BatchProcessor, start_query
 

@@ -9,8 +9,8 @@ import pytest
 from confluent_kafka import Producer
 
 from changelake.connectors.delta_read import read_delta
-from changelake.connectors.kafka_source import SOURCE_NAME, KafkaSource
-from changelake.service import metrics
+from changelake.spark.kafka_source import SOURCE_NAME, KafkaSource
+from changelake import metrics
 from changelake.service.demo import verify
 from changelake.service.pipeline import BatchProcessor, start_query
 

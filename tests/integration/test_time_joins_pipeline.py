@@ -23,7 +23,7 @@ import pytest
 
 import changelake.service.inventory as inv
 from changelake.connectors.delta_read import read_delta
-from changelake.service import metrics
+from changelake import metrics
 from changelake.service.pipeline import BatchProcessor, start_query
 
 from .helpers import pipeline_config

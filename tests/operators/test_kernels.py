@@ -24,7 +24,7 @@ from changelake.operators.join_state import InputSpec
 from changelake.operators.rank import RankConfig, make_rank
 from changelake.operators.sink_upsert_materializer import SinkUpsertMaterializer, SinkUpsertMaterializerConfig
 from changelake.operators.streaming_join import StreamingJoin, StreamingJoinConfig
-from changelake.service.metrics import REGISTRY
+from changelake.metrics import REGISTRY
 
 KINDS = st.sampled_from([INSERT, UPDATE_BEFORE, UPDATE_AFTER, DELETE])
 ROWS = st.tuples(st.integers(0, 3), st.integers(0, 4), st.integers(-5, 5))

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from changelake.plan.explain import explain_plan
-from changelake.plan.yaml import pipeline_from_config
+from changelake.service.views import pipeline_from_config
 from changelake.service.config import parse_config
 
 pytestmark = pytest.mark.unit

@@ -6,7 +6,7 @@ import pytest
 
 from changelake.errors import ConfigError
 from changelake.plan import CacheOptions, Lookup, Pipeline
-from changelake.plan.yaml import pipeline_from_config
+from changelake.service.views import pipeline_from_config
 from changelake.service.cli import main
 from changelake.service.config import parse_config
 from changelake.service.explain import explain

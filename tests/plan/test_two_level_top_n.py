@@ -7,7 +7,7 @@ import pytest
 from changelake.errors import ConfigError
 from changelake.plan import Pipeline
 from changelake.plan.graph import StateOptions
-from changelake.plan.yaml import pipeline_from_config
+from changelake.service.views import pipeline_from_config
 from changelake.service.config import parse_config
 
 pytestmark = pytest.mark.unit

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from changelake.errors import ConfigError
-from changelake.plan.yaml import pipeline_from_config
+from changelake.service.views import pipeline_from_config
 from changelake.service.cli import main
 from changelake.service.config import parse_config
 

@@ -6,7 +6,7 @@ import orjson
 import pyarrow as pa
 import pytest
 
-from changelake.connectors.kafka_source import ARROW_SCHEMA, EXPIRED
+from changelake.spark.kafka_source import ARROW_SCHEMA, EXPIRED
 from changelake.service.config import parse_config
 from changelake.service.pipeline import BatchProcessor, graph_sink_changes
 

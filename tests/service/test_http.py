@@ -5,7 +5,7 @@ import urllib.request
 
 import pytest
 
-from changelake.service import metrics
+from changelake import metrics
 from changelake.service.http import Health, HttpEndpoint
 
 pytestmark = pytest.mark.unit

@@ -7,9 +7,9 @@ import json
 import pytest
 from deltalake import DeltaTable
 
-from changelake.service import metrics
+from changelake import metrics
 from changelake.service.config import parse_config
-from changelake.service.decode_stage import SCHEMA
+from changelake.spark.decode_stage import SCHEMA
 from changelake.service.pipeline import BatchProcessor
 
 pytestmark = pytest.mark.unit

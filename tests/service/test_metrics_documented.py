@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from changelake.service.metrics import REGISTRY
+from changelake.metrics import REGISTRY
 
 pytestmark = pytest.mark.unit
 

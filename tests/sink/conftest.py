@@ -13,13 +13,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from changelake.connectors.delta_sink import (
-    DELTA_SPARK_CATALOG,
-    DELTA_SPARK_EXTENSION,
-    TableSpec,
-    delta_spark_missing,
-    open_sink,
-)
+from changelake.connectors.delta_sink import DELTA_SPARK_CATALOG, DELTA_SPARK_EXTENSION, TableSpec
+from changelake.spark.delta_sink import delta_spark_missing, open_sink
 
 #: delta-rs runs in-process (no JVM): the ``unit`` tier; delta-spark needs a Spark session.
 ENGINES = (pytest.param("delta-rs", marks=pytest.mark.unit),

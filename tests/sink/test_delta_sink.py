@@ -10,7 +10,7 @@ import pytest
 from deltalake import DeltaTable
 
 from changelake.errors import SinkCommitError
-from changelake.service import metrics
+from changelake import metrics
 
 from .tables import changes, live, read_rows, seq, tombstones
 

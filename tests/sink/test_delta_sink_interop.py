@@ -13,7 +13,8 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from changelake.connectors.delta_sink import TableSpec, open_sink
+from changelake.connectors.delta_sink import TableSpec
+from changelake.spark.delta_sink import open_sink
 
 from .tables import changes, read_rows, seq
 

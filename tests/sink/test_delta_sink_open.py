@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from changelake.connectors.delta_sink import TableSpec, delta_spark_missing, open_sink
+from changelake.connectors.delta_sink import TableSpec
+from changelake.spark.delta_sink import delta_spark_missing, open_sink
 from changelake.connectors.delta_sink_schema import default_tombstone_path
 from changelake.errors import ConfigError, SinkCommitError
 

@@ -9,7 +9,7 @@ from deltalake.exceptions import CommitFailedError
 
 from changelake.connectors.delta_sink import TableSpec, open_sink
 from changelake.errors import SinkCommitError
-from changelake.service import metrics
+from changelake import metrics
 
 from .tables import changes, live, seq, tombstones
 

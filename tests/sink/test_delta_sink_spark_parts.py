@@ -16,7 +16,7 @@ from pyspark.sql.functions import expr
 
 from changelake.connectors.delta_sink import TableSpec
 from changelake.connectors.delta_sink_merge import backtick, table_merge
-from changelake.connectors.delta_sink_spark import (
+from changelake.spark.delta_sink import (
     TXN_APP_ID_CONF,
     TXN_VERSION_CONF,
     DeltaSparkSink,

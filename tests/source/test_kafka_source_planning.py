@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from changelake.connectors.kafka_source import KafkaOptions, KafkaRange, _admit, pack_ranges
+from changelake.spark.kafka_source import KafkaOptions, KafkaRange, _admit, pack_ranges
 from changelake.errors import SourceError
 
 pytestmark = pytest.mark.unit

@@ -8,7 +8,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
-from changelake.connectors.kafka_source import (
+from changelake.spark.kafka_source import (
     KafkaOptions,
     KafkaRange,
     KafkaStreamReader,

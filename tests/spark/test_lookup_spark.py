@@ -15,13 +15,13 @@ import pytest
 from deltalake import write_deltalake
 
 from changelake.changelog import KIND, SEQ
-from changelake.operators.lookup_join import SparkLookupStats
+from changelake.spark.compile import SparkLookupStats
 from changelake.plan import CacheOptions, Lookup, Pipeline
 from changelake.plan.local import LocalRunner
 from changelake.plan.physical import sink_changes
-from changelake.plan.spark import compile_plan, packed_changes
-from changelake.service import metrics
-from changelake.service.decode_stage import from_ipc
+from changelake.spark.compile import compile_plan, packed_changes
+from changelake import metrics
+from changelake.spark.decode_stage import from_ipc
 from changelake.service.pipeline import graph_sink_changes
 
 from .conftest import run_to_end, write_micro_batch

@@ -20,7 +20,7 @@ from changelake.operators import (
     GroupAggregate,
     GroupAggregateConfig,
 )
-from changelake.operators.spark_binding import apply_kernel, run_bucket
+from changelake.spark.binding import apply_kernel, run_bucket
 
 from .conftest import run_to_end, write_micro_batch
 

@@ -15,12 +15,12 @@ import json
 import pyarrow as pa
 import pytest
 
-from changelake.operators.spark_binding import LateRows
+from changelake.spark.binding import LateRows
 from changelake.plan import Pipeline
 from changelake.plan.local import LocalRunner
 from changelake.plan.physical import sink_changes
-from changelake.plan.spark import compile_plan, packed_changes
-from changelake.service.decode_stage import from_ipc
+from changelake.spark.compile import compile_plan, packed_changes
+from changelake.spark.decode_stage import from_ipc
 from changelake.service.pipeline import graph_sink_changes
 
 from .conftest import run_to_end, write_micro_batch

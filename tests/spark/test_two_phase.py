@@ -17,7 +17,7 @@ from changelake.operators.group_aggregate import (EncodedGlobalGroupAggregate, G
                                                   GroupAggregateConfig, AggCall, encode_partial, local_partials)
 from changelake.plan import Pipeline
 from changelake.plan.local import LocalRunner
-from changelake.plan.spark import compile_plan, is_two_phase
+from changelake.spark.compile import compile_plan, is_two_phase
 from tests.spark.test_plan_spark import ORDERS, PRODUCTS, fold, keys, local_changes, spark_changes
 
 pytestmark = pytest.mark.spark

@@ -29,8 +29,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from changelake.changelog import DEAD_LETTER_SCHEMA, OFFSET, PARTITION, TOPIC
-from changelake.connectors.kafka_source import ARROW_SCHEMA, split_markers
 from changelake.formats.message_key import key_shapes
+from changelake.spark.kafka_source import ARROW_SCHEMA, split_markers
 
 SCHEMA = pa.schema([pa.field("_route", pa.int16()), pa.field("part", pa.string()), pa.field("payload", pa.binary())])
 SPARK_SCHEMA = "_route smallint, part string, payload binary"

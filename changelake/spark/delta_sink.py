@@ -17,19 +17,33 @@ table too (environment credentials work for both).
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 import pyarrow as pa
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from changelake.changelog import KIND, SEQ
-from changelake.connectors.delta_sink import DeltaUpsertSink, MergeCounts
+from changelake.connectors.delta_sink import (
+    DELTA_SPARK_CATALOG,
+    DELTA_SPARK_CLASS,
+    DELTA_SPARK_EXTENSION,
+    DELTA_SPARK_PACKAGE,
+    DeltaUpsertSink,
+    Engine,
+    MergeCounts,
+    TableSpec,
+)
+from changelake.connectors.delta_sink import open_sink as open_rs_sink
 from changelake.connectors.delta_sink_merge import MergeClauses, backtick, table_merge, tombstone_merge
 from changelake.connectors.delta_sink_schema import DELETED_AT
+from changelake.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
@@ -153,3 +167,53 @@ class DeltaSparkSink(DeltaUpsertSink):
         from delta import exceptions as delta_exceptions
 
         return isinstance(exc, tuple(getattr(delta_exceptions, name) for name in delta_exceptions.__all__))
+
+
+# --- opening ---------------------------------------------------------------------
+
+
+def delta_spark_missing(spark: Any) -> str | None:
+    """Why the delta-spark engine cannot run in ``spark`` (None when it can)."""
+    if spark is None:
+        return "no Spark session was given"
+    jvm = getattr(spark, "_jvm", None)
+    if jvm is None:
+        return "the Spark session has no JVM gateway (Spark Connect); the delta-spark engine needs classic PySpark"
+    from py4j.protocol import Py4JJavaError
+
+    try:
+        loader = jvm.java.lang.Thread.currentThread().getContextClassLoader()
+        jvm.java.lang.Class.forName(DELTA_SPARK_CLASS, False, loader)
+    except Py4JJavaError:  # wraps java.lang.ClassNotFoundException
+        return (f"{DELTA_SPARK_PACKAGE} jars are not on the Spark classpath "
+                f"({DELTA_SPARK_CLASS} is not loadable)")
+    extensions = spark.conf.get("spark.sql.extensions", "") or ""
+    if DELTA_SPARK_EXTENSION not in extensions:
+        return f"spark.sql.extensions does not include {DELTA_SPARK_EXTENSION}"
+    if spark.conf.get("spark.sql.catalog.spark_catalog", "") != DELTA_SPARK_CATALOG:
+        return f"spark.sql.catalog.spark_catalog is not {DELTA_SPARK_CATALOG}"
+    return None
+
+
+def open_sink(spec: TableSpec, *, pipeline_id: str, engine: Engine = "auto", spark: Any = None,
+              clock: Callable[[], datetime] | None = None, max_commit_retries: int = 3) -> DeltaUpsertSink:
+    """Open the sink for one table.
+
+    ``engine="auto"`` picks delta-spark when ``spark`` is given and the Delta jars and
+    session extension are present in it, else delta-rs. ``clock`` returns the
+    current UTC time (tombstone timestamps and expiry; tests inject one).
+    """
+    if engine in ("auto", "delta-spark"):
+        missing = delta_spark_missing(spark)
+        if missing is None:
+            return DeltaSparkSink(spec, pipeline_id=pipeline_id, spark=spark,
+                                  clock=clock or (lambda: datetime.now(timezone.utc)),
+                                  max_commit_retries=max_commit_retries)
+        if engine == "delta-spark":
+            raise ConfigError(f"sink engine delta-spark is not available: {missing}. Start Spark with "
+                              f"--packages {DELTA_SPARK_PACKAGE}, spark.sql.extensions={DELTA_SPARK_EXTENSION} "
+                              f"and spark.sql.catalog.spark_catalog={DELTA_SPARK_CATALOG}, or use engine delta-rs")
+        if spark is not None:
+            log.info("table %s: using delta-rs (delta-spark unavailable: %s)", spec.name, missing)
+    return open_rs_sink(spec, pipeline_id=pipeline_id, engine="delta-rs", clock=clock,
+                        max_commit_retries=max_commit_retries)

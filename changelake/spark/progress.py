@@ -9,8 +9,8 @@ from typing import Any
 
 from pyspark.sql.streaming import StreamingQueryListener
 
-from changelake.service import metrics
-from changelake.service.http import Health
+from changelake import metrics
+
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ def lag_by_partition(source_progress: dict[str, Any]) -> dict[tuple[str, str], i
 
 
 class ProgressListener(StreamingQueryListener):
-    def __init__(self, health: Health) -> None:
+    def __init__(self, health: Any) -> None:   # the service's Health (duck-typed: this wing imports no service)
         self.health = health
         self.last_lag: dict[tuple[str, str], int] = {}
         self._last_batch_seen: int | None = None

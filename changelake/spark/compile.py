@@ -37,16 +37,23 @@ or reordering stateful nodes) needs a new checkpoint.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
 from changelake.changelog import KIND, SEQ, RowKind
-from changelake.operators._event_time import LATE_KINDS
 from changelake.errors import ConfigError
-from changelake.operators.group_aggregate import (EncodedGlobalGroupAggregate, GroupAggregate, encode_partial,
-                                                  local_partials, mergeable)
-from changelake.operators.spark_binding import LateRows, StateStats, apply_join_kernel, apply_kernel
+from changelake.operators._event_time import LATE_KINDS
+from changelake.operators.group_aggregate import (
+    EncodedGlobalGroupAggregate,
+    GroupAggregate,
+    encode_partial,
+    local_partials,
+    mergeable,
+)
+from changelake.operators.lookup_join import LookupStats, observe
 from changelake.plan.physical import EVENT_TIME_OPS, TWO_INPUT_OPS, PhysicalNode, PhysicalPlan
+from changelake.spark.binding import LateRows, StateStats, apply_join_kernel, apply_kernel
 
 #: Buckets per stateful node unless the caller says otherwise (docs/state-design.md: B=32 for keys
 #: of many values; a low-cardinality key touches at most as many buckets as it has values).
@@ -160,7 +167,7 @@ class _LookupJoin:
     def __call__(self, batches):
         import pyarrow as pa
 
-        from changelake.operators.lookup_join import LookupJoiner, SparkLookupStats
+        from changelake.operators.lookup_join import LookupJoiner
 
         key = (self.node_id, self.config)
         joiner = _JOINERS.get(key)
@@ -180,7 +187,7 @@ def lookup_join(node: PhysicalNode, df, partitions: int, accumulator: Any = None
     from pyspark.sql import functions as F
     from pyspark.sql.types import ByteType, StringType, StructField, StructType
 
-    from changelake.operators.spark_binding import arrow_schema_of
+    from changelake.spark.binding import arrow_schema_of
 
     (keys,) = node.state_keys
     out = StructType(spark_schema(node).fields + [StructField(KIND, ByteType(), False),
@@ -225,8 +232,9 @@ class _LocalAggregate:
 def local_aggregate(df, config: Any) -> tuple[Any, list[str]]:
     """The local step of a two-phase aggregate over changelog ``df``: the partials DataFrame (group key
     columns, :data:`PARTIAL`, ``_kind``, ``_seq``) and the names of its key columns."""
-    from changelake.operators.spark_binding import arrow_schema_of
     from pyspark.sql.types import BinaryType, ByteType, StringType, StructField, StructType
+
+    from changelake.spark.binding import arrow_schema_of
 
     user = [f for f in df.schema.fields if not f.name.startswith("_")]
     keys = [user[i] for i in config.group_keys]
@@ -255,7 +263,7 @@ class _Pack:
     def __call__(self, batches):
         import pyarrow as pa
 
-        from changelake.service.decode_stage import SCHEMA, to_ipc
+        from changelake.spark.decode_stage import SCHEMA, to_ipc
 
         for batch in batches:
             if batch.num_rows:
@@ -273,3 +281,49 @@ def packed_changes(tables: Mapping[str, Any]) -> tuple[Any, list[str]]:
     for f in frames[1:]:
         out = out.unionByName(f)
     return out, names
+
+
+class SparkLookupStats:
+    """Lookup figures carried from the Python workers to the driver through a Spark accumulator.
+
+    Each task of a lookup join adds its joiner's :class:`LookupStats` under (lookup, worker pid);
+    the driver drains the accumulator after each micro-batch (:meth:`drain`): it adds hits,
+    misses and latencies to its registry and keeps each worker's latest cache size, whose sum is
+    ``changelake_lookup_cache_rows``.
+    """
+
+    def __init__(self) -> None:
+        self.cache_rows: dict[tuple[str, int], int] = {}
+
+    @staticmethod
+    def accumulator(spark: Any) -> Any:
+        from pyspark.accumulators import AccumulatorParam
+
+        class Merge(AccumulatorParam):
+            def zero(self, value: dict) -> dict:
+                return {}
+
+            def addInPlace(self, a: dict, b: dict) -> dict:
+                for k, s in b.items():
+                    a[k] = a[k].merge(s) if k in a else s
+                return a
+
+        return spark.sparkContext.accumulator({}, Merge())
+
+    @staticmethod
+    def report(accumulator: Any, lookup: str, stats: LookupStats) -> None:
+        """In a task: add a joiner's figures."""
+        accumulator.add({(lookup, os.getpid()): stats})
+
+    def drain(self, accumulator: Any) -> dict[str, LookupStats]:
+        """On the driver, after a batch: the figures per lookup since the last drain (observed into the
+        registry), with the cache rows summed over workers."""
+        value, accumulator.value = accumulator.value, {}
+        out: dict[str, LookupStats] = {}
+        for (lookup, pid), stats in value.items():
+            self.cache_rows[(lookup, pid)] = stats.cache_rows
+            out[lookup] = out[lookup].merge(stats) if lookup in out else LookupStats().merge(stats)
+        for lookup, stats in out.items():
+            stats.cache_rows = sum(r for (name, _), r in self.cache_rows.items() if name == lookup)
+            observe(lookup, stats)
+        return out

@@ -399,7 +399,7 @@ def apply_join_kernel(left, right, kernel_cls: type, config: Any, *, left_keys: 
 
 def arrow_schema_of(schema) -> pa.Schema:
     """The Arrow schema of a Spark ``StructType``; timestamps in UTC, the session time zone
-    (``changelake.service.spark.build_session`` sets it)."""
+    (``changelake.spark.session.build_session`` sets it)."""
     from pyspark.sql.pandas.types import to_arrow_schema
 
     return to_arrow_schema(schema, timezone="UTC")

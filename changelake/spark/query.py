@@ -1,0 +1,137 @@
+"""The pipeline's Spark query: Kafka source -> decode stage -> (operator graph) -> ``foreachBatch``.
+
+The query (:meth:`PipelineQuery.stream`)::
+
+    Kafka records -> DecodeStage (mapInArrow, executors): IPC payloads of rows, dead letters, stats
+        -> payloads for the driver: stats, dead letters, rows of sources mirrored into a table
+        -> per source read by the operator graph: typed rows (unpacked from the payloads)
+           -> the compiled graph (changelake.spark.compile) -> each graph table's changes as payloads
+    foreachBatch(the union of both): ONE Spark action per micro-batch (``toArrow``), so the
+    stateful operators run once per batch; the collected payloads go to the service's
+    ``BatchProcessor.process_decoded`` (pure Arrow, no Spark), the workers' reports to /metrics.
+
+The processor is duck-typed (``stage``, ``plan``, ``routes``, ``graph_routes``, ``buckets``,
+``graph_tables``, ``process_decoded``): this wing imports nothing from the service above it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from changelake import metrics
+from changelake.changelog import KIND, SEQ
+from changelake.spark.binding import LateRows, StateStats
+from changelake.spark.compile import SparkLookupStats, compile_plan, packed_changes
+from changelake.spark.decode_stage import SPARK_SCHEMA as DECODE_STAGE_SCHEMA
+from changelake.spark.decode_stage import from_ipc
+from changelake.spark.kafka_source import SOURCE_NAME, KafkaSource
+
+ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+
+
+class PipelineQuery:
+    """The Spark side of one pipeline: builds the streaming DataFrame and is its ``foreachBatch``."""
+
+    def __init__(self, processor: Any, *, read_tasks: int) -> None:
+        self.processor = processor
+        self.read_tasks = read_tasks
+        #: Spark accumulator of the graph operators' state sizes (set by :meth:`stream`)
+        self.state_stats: Any = None
+        #: Spark accumulator of the event-time joins' late rows (set by :meth:`stream`)
+        self.late_rows: Any = None
+        #: Spark accumulator of the lookup joins' figures (set by :meth:`stream`), drained after each batch
+        self.lookup_stats: Any = None
+        self.lookup_metrics = SparkLookupStats()
+
+    def stream(self, records: Any) -> Any:
+        """The streaming DataFrame ``foreachBatch`` receives: payloads (``DECODE_STAGE_SCHEMA``)."""
+        p = self.processor
+        decoded = records.mapInArrow(p.stage, DECODE_STAGE_SCHEMA)
+        if p.plan is None:
+            return decoded
+        # Both branches read the decoded payloads. Behind an exchange, and selecting in Python (a
+        # DataFrame filter would be pushed below the exchange, making the two exchanges differ),
+        # Spark decodes once per batch; without it, it reads and decodes Kafka once per branch.
+        decoded = decoded.repartition(self.read_tasks)
+        graph_only = {i for i in p.graph_routes if p.routes[i].spec.table is None}
+        to_driver = decoded.mapInArrow(_DropRows(graph_only), DECODE_STAGE_SCHEMA) if graph_only else decoded
+        sources = {node.source: decoded.mapInArrow(_Unpack(i, node.schema), _unpacked_ddl(node.schema))
+                   for i, node in p.graph_routes.items()}
+        self.state_stats = StateStats.accumulator(records.sparkSession)
+        self.late_rows = LateRows.accumulator(records.sparkSession)
+        if any(n.op == "lookup_join" for n in p.plan):
+            self.lookup_stats = SparkLookupStats.accumulator(records.sparkSession)
+        packed, p.graph_tables = packed_changes(compile_plan(p.plan, sources, buckets=p.buckets,
+                                                                state_stats=self.state_stats,
+                                                                late_rows=self.late_rows,
+                                                                lookup_stats=self.lookup_stats))
+        return to_driver.unionByName(packed)
+
+    # Spark calls this with the batch DataFrame and its id.
+    def __call__(self, batch_df: Any, batch_id: int) -> None:
+        out = batch_df.toArrow()                              # the batch's only Spark action
+        late = LateRows.take(self.late_rows) if self.late_rows is not None else {}
+        self.processor.process_decoded(out, batch_id, late_rows=late)
+        if self.state_stats is not None:
+            for operator, (rows, size) in StateStats.totals(self.state_stats.value).items():
+                metrics.STATE_ROWS.labels(operator=operator).set(rows)
+                metrics.STATE_BYTES.labels(operator=operator).set(size)
+        if self.lookup_stats is not None:
+            self.lookup_metrics.drain(self.lookup_stats)      # hits, misses, latencies, cache rows
+
+
+class _DropRows:
+    """mapInArrow: the decode stage's payloads without the ``rows`` of graph-only routes."""
+
+    def __init__(self, routes: set[int]) -> None:
+        self.routes = pa.array(sorted(routes), pa.int16())
+
+    def __call__(self, batches):
+        for batch in batches:
+            yield batch.filter(pc.invert(pc.and_(pc.equal(batch.column("part"), "rows"),
+                                                 pc.is_in(batch.column("_route"), self.routes))))
+
+
+class _Unpack:
+    """mapInArrow: route ``route``'s ``rows`` payloads -> typed rows (its columns, ``_kind``, ``_seq``)."""
+
+    def __init__(self, route: int, schema: pa.Schema) -> None:
+        self.route = route
+        self.schema = schema.append(pa.field(KIND, pa.int8())).append(pa.field(SEQ, pa.string()))
+
+    def __call__(self, batches):
+        for batch in batches:
+            mine = batch.filter(pc.and_(pc.equal(batch.column("_route"), self.route),
+                                        pc.equal(batch.column("part"), "rows")))
+            for payload in mine.column("payload").to_pylist():
+                yield from from_ipc(payload).select(self.schema.names).cast(self.schema).to_batches()
+
+
+def _unpacked_ddl(schema: pa.Schema) -> Any:
+    from pyspark.sql.pandas.types import from_arrow_schema
+    from pyspark.sql.types import ByteType, StringType, StructField, StructType
+
+    return StructType(list(from_arrow_schema(schema).fields)
+                      + [StructField(KIND, ByteType(), False), StructField(SEQ, StringType(), False)])
+
+
+def start(spark: Any, query: PipelineQuery, *, name: str, checkpoint: str, reader_options: Mapping[str, str],
+          available_now: bool, trigger_seconds: float) -> Any:
+    """Start the streaming query; returns Spark's StreamingQuery."""
+    spark.dataSource.register(KafkaSource)
+    if query.processor.plan is not None:        # the operators' state (changelake.spark.binding)
+        spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER)
+    reader = spark.readStream.format(SOURCE_NAME)
+    for k, v in reader_options.items():
+        reader = reader.option(k, v)
+    writer = (query.stream(reader.load()).writeStream.queryName(name)
+              .foreachBatch(query)
+              .option("checkpointLocation", checkpoint))
+    if available_now:
+        writer = writer.trigger(availableNow=True)
+    else:
+        writer = writer.trigger(processingTime=f"{trigger_seconds} seconds")
+    return writer.start()
