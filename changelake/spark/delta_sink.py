@@ -203,6 +203,8 @@ def open_sink(spec: TableSpec, *, pipeline_id: str, engine: Engine = "auto", spa
     session extension are present in it, else delta-rs. ``clock`` returns the
     current UTC time (tombstone timestamps and expiry; tests inject one).
     """
+    if engine not in ("auto", "delta-rs", "delta-spark"):
+        raise ConfigError(f"unknown sink engine {engine!r}; expected auto, delta-rs or delta-spark")
     if engine in ("auto", "delta-spark"):
         missing = delta_spark_missing(spark)
         if missing is None:
