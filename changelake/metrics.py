@@ -11,6 +11,9 @@ figure here is the driver's view of the whole job.
 
 from __future__ import annotations
 
+from collections import Counter as Tally
+from collections.abc import Mapping
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 REGISTRY = CollectorRegistry(auto_describe=True)
@@ -117,3 +120,21 @@ LOOKUP_LATENCY = Histogram(
 LOOKUP_CACHE_ROWS = Gauge(
     "changelake_lookup_cache_rows", "Keys held in a lookup join's caches (summed over Python workers).",
     ["lookup"], registry=REGISTRY)
+
+
+# --- figures made away from the registry -------------------------------------------------
+#: The counters a kernel may count into its :class:`Figures` (by figure name): the kernel runs in
+#: whatever process runs it (a Spark Python worker, the in-process runner); whoever runs it
+#: publishes the figures into the registry that is scraped.
+FIGURES = {"stale_retractions": STALE_RETRACTIONS, "materializer_corrections": MATERIALIZER_CORRECTIONS}
+
+
+class Figures(Tally):
+    """Counts by (figure name, label value), e.g. ``figures["stale_retractions", "GroupAggregate"] += 1``."""
+
+
+def publish(figures: Mapping[tuple[str, str], int]) -> None:
+    """Add ``figures`` to this process's registry."""
+    for (name, label), n in figures.items():
+        if n:
+            FIGURES[name].labels(label).inc(n)

@@ -18,10 +18,10 @@ from typing import ClassVar, Iterator, TypeVar
 
 import pyarrow as pa
 
+from changelake.errors import ConfigError
+from changelake.metrics import Figures
 from changelake.operators._rows import Changes, coerce
 from changelake.operators._state import KeyedState, restore_stores, snapshot_stores
-from changelake.errors import ConfigError
-from changelake.metrics import STATE_BYTES, STATE_ROWS
 
 K = TypeVar("K", bound="Kernel")
 
@@ -74,6 +74,14 @@ class Kernel:
     def __init__(self) -> None:
         self._stores: list[KeyedState] = []
         self.mini_batch: MiniBatchBuffer | None = None
+        #: counts made since :meth:`take_figures` (stale retractions, corrections): published by the runner
+        self.figures = Figures()
+
+    def take_figures(self) -> Figures:
+        """The figures counted since the last call, and reset them."""
+        out = Figures(self.figures)
+        self.figures.clear()
+        return out
 
     def _register(self, store: KeyedState) -> KeyedState:
         self._stores.append(store)
@@ -135,12 +143,8 @@ class Kernel:
     def snapshot(self) -> bytes:
         """All keyed state (and a pending mini-batch bundle) as bytes; see ``_state``.
 
-        Also publishes the state size (``changelake_state_rows`` / ``changelake_state_bytes``).
         """
-        data = snapshot_stores(self.OPERATOR, self._all_stores())
-        STATE_ROWS.labels(operator=self.OPERATOR).set(self.state_rows)
-        STATE_BYTES.labels(operator=self.OPERATOR).set(len(data))
-        return data
+        return snapshot_stores(self.OPERATOR, self._all_stores())
 
     @classmethod
     def restore(cls: type[K], config, data: bytes) -> K:

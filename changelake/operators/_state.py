@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterator, Literal
 import pyarrow as pa
 
 from changelake.errors import ConfigError, StateError
-from changelake.metrics import STALE_RETRACTIONS
+from changelake.metrics import Figures
 
 log = logging.getLogger(__name__)
 
@@ -217,19 +217,21 @@ class StaleRetractions:
     A stale retraction is a -U/-D that finds no matching state: the state expired
     by TTL, or the row was never seen (input not in order, or started from an
     incomplete snapshot). ``warn`` logs and goes on as Flink does; ``fail`` raises
-    :class:`StateError`. Either way ``changelake_stale_retractions_total`` counts it.
+    :class:`StateError`. Either way it is counted into ``figures`` (the kernel's, published by its
+    runner as ``changelake_stale_retractions_total``).
     """
 
-    def __init__(self, operator: str, policy: StaleRetractionPolicy) -> None:
+    def __init__(self, operator: str, policy: StaleRetractionPolicy, figures: Figures | None = None) -> None:
         if policy not in ("warn", "fail"):
             raise ConfigError(f"on_stale_retraction must be 'warn' or 'fail', got {policy!r}")
         self.operator = operator
         self.policy = policy
         self.count = 0
+        self.figures = Figures() if figures is None else figures
 
     def __call__(self, describe: Callable[[], str]) -> None:
         self.count += 1
-        STALE_RETRACTIONS.labels(operator=self.operator).inc()
+        self.figures["stale_retractions", self.operator] += 1
         if self.policy == "fail":
             raise StateError(f"{self.operator}: {describe()}. The state expired (raise the state TTL) or the "
                              "input is missing earlier changes; set on_stale_retraction: warn to skip such rows")

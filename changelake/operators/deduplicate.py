@@ -97,7 +97,7 @@ class Deduplicate(Kernel):
         super().__init__()
         self.config = config
         self.state = self._register(KeyedState(STATE_LAST_ROW, config.state_ttl_ms))
-        self.stale = StaleRetractions(self.OPERATOR, config.on_stale_retraction)
+        self.stale = StaleRetractions(self.OPERATOR, config.on_stale_retraction, self.figures)
         if config.mini_batch_size is not None:
             self.mini_batch = MiniBatchBuffer(config.mini_batch_size)
 

@@ -36,8 +36,8 @@ import pyarrow as pa
 from changelake.changelog import KIND, user_columns
 from changelake.errors import ConfigError
 from changelake.operators import changelog_mode as cm
-from changelake.operators._group_fold import GroupDeltas, fold, partial, vectorisable
 from changelake.operators._base import Kernel, MiniBatchBuffer
+from changelake.operators._group_fold import GroupDeltas, fold, partial, vectorisable
 from changelake.operators._rows import DELETE, INSERT, UPDATE_AFTER, UPDATE_BEFORE, Changes, is_accumulate, project
 from changelake.operators._state import KeyedState, StaleRetractionPolicy, StaleRetractions, check_ttl
 from changelake.operators.aggregates import AggregateFunction, builtin
@@ -128,7 +128,7 @@ class _GroupEmitter(Kernel):
         self.config = config
         self.aggs = _Aggs(config)
         self.state = self._register(KeyedState(STATE_ACCUMULATORS, config.state_ttl_ms))
-        self.stale = StaleRetractions(self.OPERATOR, config.on_stale_retraction)
+        self.stale = StaleRetractions(self.OPERATOR, config.on_stale_retraction, self.figures)
         if config.mini_batch_size is not None:
             self.mini_batch = MiniBatchBuffer(config.mini_batch_size)
 

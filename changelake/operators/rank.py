@@ -42,7 +42,7 @@ from changelake.changelog import RowKind
 from changelake.errors import ConfigError, StateError
 from changelake.operators import changelog_mode as cm
 from changelake.operators._base import Kernel
-from changelake.operators._rows import INSERT, DELETE, UPDATE_AFTER, UPDATE_BEFORE, Changes, project
+from changelake.operators._rows import DELETE, INSERT, UPDATE_AFTER, UPDATE_BEFORE, Changes, project
 from changelake.operators._state import KeyedState, StaleRetractionPolicy, StaleRetractions, check_ttl
 from changelake.operators._topn_buffer import SortColumn, SortOrder, TopNBuffer
 
@@ -111,7 +111,7 @@ class TopNBase(Kernel):
         self.config = config
         self.order = SortOrder(config.sort_keys)
         self.state = self._register(KeyedState(STATE_PARTITION, config.state_ttl_ms))
-        self.stale = StaleRetractions(self.OPERATOR, config.on_stale_retraction)
+        self.stale = StaleRetractions(self.OPERATOR, config.on_stale_retraction, self.figures)
         self._out: Changes | None = None
         self.rank_end = config.rank_end or 0
 

@@ -30,7 +30,6 @@ from changelake.operators import changelog_mode as cm
 from changelake.operators._base import Kernel
 from changelake.operators._rows import DELETE, INSERT, UPDATE_AFTER, Changes, is_accumulate, project
 from changelake.operators._state import KeyedState, StaleRetractionPolicy, StaleRetractions, check_ttl
-from changelake.metrics import MATERIALIZER_CORRECTIONS
 
 #: key -> list of rows alive for the sink key, oldest first.
 STATE_ROWS_BY_KEY = "sink-materializer-rows"
@@ -59,7 +58,7 @@ class SinkUpsertMaterializer(Kernel):
         super().__init__()
         self.config = config
         self.rows = self._register(KeyedState(STATE_ROWS_BY_KEY, config.state_ttl_ms))
-        self.stale = StaleRetractions(self.OPERATOR, config.on_stale_retraction)
+        self.stale = StaleRetractions(self.OPERATOR, config.on_stale_retraction, self.figures)
         self._match = (lambda r: r) if config.upsert_key is None else (lambda r: project(r, config.upsert_key))
 
     @staticmethod
@@ -93,4 +92,4 @@ class SinkUpsertMaterializer(Kernel):
             store.put(key, alive, now)
             if pos == len(alive):
                 out.emit(UPDATE_AFTER, alive[-1])
-                MATERIALIZER_CORRECTIONS.labels(table=self.config.table).inc()
+                self.figures["materializer_corrections", self.config.table] += 1

@@ -98,7 +98,7 @@ class _JoinBase(Kernel):
         self.right = JoinRecordView(STATE_RIGHT_RECORDS, config.right_input, config.right_state_ttl_ms)
         self._register(self.left.store)
         self._register(self.right.store)
-        self.stale = StaleRetractions(self.OPERATOR, config.on_stale_retraction)
+        self.stale = StaleRetractions(self.OPERATOR, config.on_stale_retraction, self.figures)
         flags = config.filter_null_keys or (True,)
         self._null_filter = flags * len(config.left_key) if len(flags) == 1 else flags
         if config.mini_batch_size is not None:

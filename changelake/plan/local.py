@@ -16,10 +16,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from changelake.changelog import KIND, RowKind
+from changelake.metrics import publish
+from changelake.operators._event_time import LATE_KINDS
 from changelake.operators.lookup_join import observe
 from changelake.plan import sql
-from changelake.operators._event_time import LATE_KINDS
-from changelake.plan.physical import EVENT_TIME_OPS, TWO_INPUT_OPS, PhysicalNode, PhysicalPlan
+from changelake.plan.physical import (
+    EVENT_TIME_OPS,
+    TWO_INPUT_OPS,
+    PhysicalNode,
+    PhysicalPlan,
+)
 
 
 def changelog_of(node: PhysicalNode, table: pa.Table | None) -> pa.Table:
@@ -84,6 +90,7 @@ class LocalRunner:
         else:
             out = kernel.process(ins[0], now=now)
         out.extend(kernel.finish(now=now))
+        publish(kernel.take_figures())       # this process's registry: the runner runs in it
         table = out.to_arrow(node.schema)
         if node.op in EVENT_TIME_OPS:
             table, late = split_late(table)

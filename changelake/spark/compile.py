@@ -37,13 +37,11 @@ or reordering stateful nodes) needs a new checkpoint.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from typing import Any
 
 from changelake.changelog import KIND, SEQ, RowKind
 from changelake.errors import ConfigError
-from changelake.operators._event_time import LATE_KINDS
 from changelake.operators.group_aggregate import (
     EncodedGlobalGroupAggregate,
     GroupAggregate,
@@ -51,9 +49,9 @@ from changelake.operators.group_aggregate import (
     local_partials,
     mergeable,
 )
-from changelake.operators.lookup_join import LookupStats, observe
 from changelake.plan.physical import EVENT_TIME_OPS, TWO_INPUT_OPS, PhysicalNode, PhysicalPlan
-from changelake.spark.binding import LateRows, StateStats, apply_join_kernel, apply_kernel
+from changelake.spark.binding import apply_join_kernel, apply_kernel
+from changelake.spark.reports import ReportChannel, lookup_report
 
 #: Buckets per stateful node unless the caller says otherwise (docs/state-design.md: B=32 for keys
 #: of many values; a low-cardinality key touches at most as many buckets as it has values).
@@ -81,21 +79,19 @@ def is_two_phase(node: PhysicalNode) -> bool:
 
 
 def compile_plan(plan: PhysicalPlan, sources: Mapping[str, Any], *,
-                 buckets: int | Mapping[str, int] = DEFAULT_BUCKETS, state_stats: Any = None,
-                 two_phase: bool = True, late_rows: Any = None, lookup_stats: Any = None) -> dict[str, Any]:
+                 buckets: int | Mapping[str, int] = DEFAULT_BUCKETS, channel: ReportChannel | None = None,
+                 two_phase: bool = True) -> dict[str, Any]:
     """``{table: changelog DataFrame}`` for every sink of ``plan``.
 
     ``sources`` maps each source name to its decoded streaming DataFrame (at least the
     source's columns, ``_kind`` and ``_seq``). ``buckets`` is one bucket count for every stateful
-    node, or per node id (missing ids get :data:`DEFAULT_BUCKETS`). ``state_stats``, an accumulator
-    from :meth:`StateStats.accumulator`, receives each stateful node's state size by node id.
+    node, or per node id (missing ids get :data:`DEFAULT_BUCKETS`; a lookup join repartitions into
+    its node's count). ``channel`` (:class:`~changelake.spark.reports.ReportChannel`) receives every
+    node's reports under its node id: state sizes, stale retractions, materializer corrections,
+    the event-time joins' late rows, the lookup joins' figures (without it they are dropped).
     ``two_phase=False`` runs every aggregate one-phase (the global kernel's snapshots are the
     one-phase GroupAggregate's, so either continues the other's state; the stateless local step
-    adds no state of its own). ``late_rows``, an accumulator from :meth:`LateRows.accumulator`,
-    receives the late rows of the interval and temporal joins (without it they are dropped uncounted).
-    ``lookup_stats``, an accumulator from :meth:`SparkLookupStats.accumulator`, receives the lookup
-    joins' hits, misses, query latencies and cache sizes (a lookup join repartitions into its node's
-    bucket count).
+    adds no state of its own).
     """
     missing = sorted({n.source for n in plan.sources} - set(sources))
     if missing:
@@ -104,19 +100,15 @@ def compile_plan(plan: PhysicalPlan, sources: Mapping[str, Any], *,
     for node in plan:
         ins = [frames[i] for i in node.inputs]
         b = buckets if isinstance(buckets, int) else buckets.get(node.id, DEFAULT_BUCKETS)
-        stats = None if state_stats is None else StateStats(state_stats, node.id)
         if node.op == "lookup_join":
-            frames[node.id] = lookup_join(node, ins[0], b, lookup_stats)
+            frames[node.id] = lookup_join(node, ins[0], b, channel)
             continue
-        late = None
-        if node.op in EVENT_TIME_OPS and late_rows is not None:
-            late = LateRows(late_rows, node.id, node.late_rows == "dead_letter")
-        frames[node.id] = _compile_node(node, ins, sources, b, stats, two_phase, late)
+        frames[node.id] = _compile_node(node, ins, sources, b, channel, two_phase)
     return {n.table: frames[n.id] for n in plan.sinks}
 
 
-def _compile_node(node: PhysicalNode, ins: list, sources: Mapping[str, Any], buckets: int, stats,
-                  two_phase: bool = True, late: LateRows | None = None):
+def _compile_node(node: PhysicalNode, ins: list, sources: Mapping[str, Any], buckets: int,
+                  channel: ReportChannel | None, two_phase: bool = True):
     from pyspark.sql import functions as F
 
     if node.op == "source":
@@ -138,19 +130,18 @@ def _compile_node(node: PhysicalNode, ins: list, sources: Mapping[str, Any], buc
     cls = kernel_class(node)
     if node.op in TWO_INPUT_OPS:
         lkeys, rkeys = node.state_keys
-        out = apply_join_kernel(ins[0], ins[1], cls, node.config, left_keys=lkeys, right_keys=rkeys,
-                                output_schema=spark_schema(node), buckets=buckets, stats=stats,
-                                time_columns=node.time_columns or None, late=late)
-        if node.op in EVENT_TIME_OPS and late is None:
-            out = out.filter(~F.col(KIND).isin(*LATE_KINDS))
-        return out
+        return apply_join_kernel(ins[0], ins[1], cls, node.config, left_keys=lkeys, right_keys=rkeys,
+                                 output_schema=spark_schema(node), buckets=buckets, channel=channel, node=node.id,
+                                 time_columns=(node.time_columns or None) if node.op in EVENT_TIME_OPS else None,
+                                 late_dead_letter=getattr(node, "late_rows", None) == "dead_letter")
     (keys,) = node.state_keys
     if two_phase and is_two_phase(node):
         local, keys = local_aggregate(ins[0], node.config)
         return apply_kernel(local, EncodedGlobalGroupAggregate, node.config, key_columns=keys,
-                            output_schema=spark_schema(node), buckets=buckets if keys else 1, stats=stats)
+                            output_schema=spark_schema(node), buckets=buckets if keys else 1, channel=channel,
+                            node=node.id)
     return apply_kernel(ins[0], cls, node.config, key_columns=keys, output_schema=spark_schema(node),
-                        buckets=buckets if keys else 1, stats=stats)
+                        buckets=buckets if keys else 1, channel=channel, node=node.id)
 
 
 #: Per Python worker: the lookup joiner of each lookup join node (by node id and config), whose cache
@@ -161,8 +152,8 @@ _JOINERS: dict[tuple[str, Any], Any] = {}
 class _LookupJoin:
     """mapInArrow: a task's rows (one hash partition of the lookup key) joined by this worker's joiner."""
 
-    def __init__(self, node_id: str, config: Any, schema, accumulator: Any) -> None:
-        self.node_id, self.config, self.schema, self.accumulator = node_id, config, schema, accumulator
+    def __init__(self, node_id: str, config: Any, schema, channel: ReportChannel | None) -> None:
+        self.node_id, self.config, self.schema, self.channel = node_id, config, schema, channel
 
     def __call__(self, batches):
         import pyarrow as pa
@@ -177,11 +168,11 @@ class _LookupJoin:
             if batch.num_rows:
                 out = joiner.join(pa.Table.from_batches([batch]))
                 yield from out.select(self.schema.names).cast(self.schema).to_batches()
-        if self.accumulator is not None:
-            SparkLookupStats.report(self.accumulator, self.config.lookup.name, joiner.take_stats())
+        if self.channel is not None:
+            self.channel.send([lookup_report(self.config.lookup.name, joiner.take_stats())])
 
 
-def lookup_join(node: PhysicalNode, df, partitions: int, accumulator: Any = None):
+def lookup_join(node: PhysicalNode, df, partitions: int, channel: ReportChannel | None = None):
     """A lookup join node over changelog ``df``: repartitioned by the stream's lookup key columns into
     ``partitions`` tasks, each joined in a Python worker's cached :class:`LookupJoiner`."""
     from pyspark.sql import functions as F
@@ -194,7 +185,7 @@ def lookup_join(node: PhysicalNode, df, partitions: int, accumulator: Any = None
                                                   StructField(SEQ, StringType(), True)])
     parts = df.select(*[F.col(c) for c in df.columns if not c.startswith("_")], F.col(KIND), F.col(SEQ)) \
         .repartition(partitions, *[F.col(k) for k in keys])
-    return parts.mapInArrow(_LookupJoin(node.id, node.config, arrow_schema_of(out), accumulator), out)
+    return parts.mapInArrow(_LookupJoin(node.id, node.config, arrow_schema_of(out), channel), out)
 
 
 #: Name of the partial-accumulator column between the local and the global aggregate (not "_"-prefixed:
@@ -281,49 +272,3 @@ def packed_changes(tables: Mapping[str, Any]) -> tuple[Any, list[str]]:
     for f in frames[1:]:
         out = out.unionByName(f)
     return out, names
-
-
-class SparkLookupStats:
-    """Lookup figures carried from the Python workers to the driver through a Spark accumulator.
-
-    Each task of a lookup join adds its joiner's :class:`LookupStats` under (lookup, worker pid);
-    the driver drains the accumulator after each micro-batch (:meth:`drain`): it adds hits,
-    misses and latencies to its registry and keeps each worker's latest cache size, whose sum is
-    ``changelake_lookup_cache_rows``.
-    """
-
-    def __init__(self) -> None:
-        self.cache_rows: dict[tuple[str, int], int] = {}
-
-    @staticmethod
-    def accumulator(spark: Any) -> Any:
-        from pyspark.accumulators import AccumulatorParam
-
-        class Merge(AccumulatorParam):
-            def zero(self, value: dict) -> dict:
-                return {}
-
-            def addInPlace(self, a: dict, b: dict) -> dict:
-                for k, s in b.items():
-                    a[k] = a[k].merge(s) if k in a else s
-                return a
-
-        return spark.sparkContext.accumulator({}, Merge())
-
-    @staticmethod
-    def report(accumulator: Any, lookup: str, stats: LookupStats) -> None:
-        """In a task: add a joiner's figures."""
-        accumulator.add({(lookup, os.getpid()): stats})
-
-    def drain(self, accumulator: Any) -> dict[str, LookupStats]:
-        """On the driver, after a batch: the figures per lookup since the last drain (observed into the
-        registry), with the cache rows summed over workers."""
-        value, accumulator.value = accumulator.value, {}
-        out: dict[str, LookupStats] = {}
-        for (lookup, pid), stats in value.items():
-            self.cache_rows[(lookup, pid)] = stats.cache_rows
-            out[lookup] = out[lookup].merge(stats) if lookup in out else LookupStats().merge(stats)
-        for lookup, stats in out.items():
-            stats.cache_rows = sum(r for (name, _), r in self.cache_rows.items() if name == lookup)
-            observe(lookup, stats)
-        return out

@@ -31,22 +31,12 @@ import pyarrow.compute as pc
 from changelake.changelog import DEAD_LETTER_SCHEMA, OFFSET, PARTITION, TOPIC
 from changelake.formats.message_key import key_shapes
 from changelake.spark.kafka_source import ARROW_SCHEMA, split_markers
+from changelake.spark.payloads import from_ipc, to_ipc  # noqa: F401  (from_ipc: for the driver's unpacking)
 
 SCHEMA = pa.schema([pa.field("_route", pa.int16()), pa.field("part", pa.string()), pa.field("payload", pa.binary())])
 SPARK_SCHEMA = "_route smallint, part string, payload binary"
 STATS_SCHEMA = pa.schema([pa.field("topic", pa.string()), pa.field("partition", pa.int32()),
                           pa.field("records", pa.int64()), pa.field("expired", pa.int64())])
-
-
-def to_ipc(table: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return sink.getvalue().to_pybytes()
-
-
-def from_ipc(payload: bytes) -> pa.Table:
-    return pa.ipc.open_stream(payload).read_all()
 
 
 class DecodeStage:

@@ -11,7 +11,6 @@ from pyspark.sql.streaming import StreamingQueryListener
 
 from changelake import metrics
 
-
 log = logging.getLogger(__name__)
 
 

@@ -21,13 +21,12 @@ from typing import Any, Mapping
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from changelake import metrics
 from changelake.changelog import KIND, SEQ
-from changelake.spark.binding import LateRows, StateStats
-from changelake.spark.compile import SparkLookupStats, compile_plan, packed_changes
+from changelake.spark.compile import compile_plan, packed_changes
 from changelake.spark.decode_stage import SPARK_SCHEMA as DECODE_STAGE_SCHEMA
 from changelake.spark.decode_stage import from_ipc
 from changelake.spark.kafka_source import SOURCE_NAME, KafkaSource
+from changelake.spark.reports import ReportChannel
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
@@ -38,13 +37,8 @@ class PipelineQuery:
     def __init__(self, processor: Any, *, read_tasks: int) -> None:
         self.processor = processor
         self.read_tasks = read_tasks
-        #: Spark accumulator of the graph operators' state sizes (set by :meth:`stream`)
-        self.state_stats: Any = None
-        #: Spark accumulator of the event-time joins' late rows (set by :meth:`stream`)
-        self.late_rows: Any = None
-        #: Spark accumulator of the lookup joins' figures (set by :meth:`stream`), drained after each batch
-        self.lookup_stats: Any = None
-        self.lookup_metrics = SparkLookupStats()
+        #: the operators' reports to the driver (set by :meth:`stream`), drained after each batch
+        self.channel: ReportChannel | None = None
 
     def stream(self, records: Any) -> Any:
         """The streaming DataFrame ``foreachBatch`` receives: payloads (``DECODE_STAGE_SCHEMA``)."""
@@ -60,27 +54,18 @@ class PipelineQuery:
         to_driver = decoded.mapInArrow(_DropRows(graph_only), DECODE_STAGE_SCHEMA) if graph_only else decoded
         sources = {node.source: decoded.mapInArrow(_Unpack(i, node.schema), _unpacked_ddl(node.schema))
                    for i, node in p.graph_routes.items()}
-        self.state_stats = StateStats.accumulator(records.sparkSession)
-        self.late_rows = LateRows.accumulator(records.sparkSession)
-        if any(n.op == "lookup_join" for n in p.plan):
-            self.lookup_stats = SparkLookupStats.accumulator(records.sparkSession)
+        self.channel = ReportChannel(records.sparkSession)
         packed, p.graph_tables = packed_changes(compile_plan(p.plan, sources, buckets=p.buckets,
-                                                                state_stats=self.state_stats,
-                                                                late_rows=self.late_rows,
-                                                                lookup_stats=self.lookup_stats))
+                                                             channel=self.channel))
         return to_driver.unionByName(packed)
 
     # Spark calls this with the batch DataFrame and its id.
     def __call__(self, batch_df: Any, batch_id: int) -> None:
         out = batch_df.toArrow()                              # the batch's only Spark action
-        late = LateRows.take(self.late_rows) if self.late_rows is not None else {}
-        self.processor.process_decoded(out, batch_id, late_rows=late)
-        if self.state_stats is not None:
-            for operator, (rows, size) in StateStats.totals(self.state_stats.value).items():
-                metrics.STATE_ROWS.labels(operator=operator).set(rows)
-                metrics.STATE_BYTES.labels(operator=operator).set(size)
-        if self.lookup_stats is not None:
-            self.lookup_metrics.drain(self.lookup_stats)      # hits, misses, latencies, cache rows
+        # the workers' reports: state sizes, figures and lookup statistics go to /metrics here; the late
+        # rows go with the batch (dead letters). A replayed batch reports again, as it recomputes.
+        drained = self.channel.drain() if self.channel is not None else None
+        self.processor.process_decoded(out, batch_id, late_rows=drained.late if drained else {})
 
 
 class _DropRows:

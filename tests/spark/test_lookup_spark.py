@@ -15,7 +15,7 @@ import pytest
 from deltalake import write_deltalake
 
 from changelake.changelog import KIND, SEQ
-from changelake.spark.compile import SparkLookupStats
+from changelake.spark.reports import ReportChannel
 from changelake.plan import CacheOptions, Lookup, Pipeline
 from changelake.plan.local import LocalRunner
 from changelake.plan.physical import sink_changes
@@ -86,9 +86,8 @@ def test_spark_lookup_join_equals_local_runner_and_reports_to_the_driver(rocksdb
 
     ddl = ", ".join(f"{c} {t}" for c, t in ORDERS.items()) + ", _kind TINYINT, _seq STRING"
     stream = spark.readStream.schema(StructType.fromDDL(ddl)).option("maxFilesPerTrigger", 1).parquet(str(src))
-    accumulator = SparkLookupStats.accumulator(spark)
-    packed, names = packed_changes(compile_plan(plan, {"orders": stream}, buckets=3, lookup_stats=accumulator))
-    driver = SparkLookupStats()
+    channel = ReportChannel(spark)
+    packed, names = packed_changes(compile_plan(plan, {"orders": stream}, buckets=3, channel=channel))
     got = collections.defaultdict(list)
     drained = []
 
@@ -102,7 +101,7 @@ def test_spark_lookup_join_equals_local_runner_and_reports_to_the_driver(rocksdb
             for row in changes.to_pylist():
                 row.pop(SEQ)
                 got[table].append((row.pop(KIND), row))
-        drained.append(driver.drain(accumulator))        # what BatchProcessor does after each batch
+        drained.append(channel.drain().lookups)        # what the pipeline's query does after each batch
 
     before = sample("hit") + sample("miss")
     run_to_end(packed, collect, tmp_path / "ckpt")

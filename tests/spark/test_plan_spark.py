@@ -16,7 +16,7 @@ import pytest
 
 from changelake.changelog import KIND, SEQ, RowKind
 from changelake.plan import Pipeline
-from changelake.spark.binding import StateStats
+from changelake.spark.reports import ReportChannel
 from changelake.plan.local import LocalRunner
 from changelake.plan.physical import sink_changes
 from changelake.spark.compile import compile_plan, packed_changes
@@ -99,7 +99,7 @@ def local_changes(plan, runner: LocalRunner) -> dict[str, list[tuple[int, dict]]
     return out
 
 
-def spark_changes(spark, tmp_path, plan, state_stats) -> tuple[dict[str, list[tuple[int, dict]]], list]:
+def spark_changes(spark, tmp_path, plan, channel) -> tuple[dict[str, list[tuple[int, dict]]], list]:
     from pyspark.sql.types import StructType
 
     dirs = {name: tmp_path / name for name in ("orders", "products")}
@@ -114,13 +114,14 @@ def spark_changes(spark, tmp_path, plan, state_stats) -> tuple[dict[str, list[tu
             .parquet(str(dirs[name]))
 
     tables = compile_plan(plan, {"orders": stream("orders", ORDERS), "products": stream("products", PRODUCTS)},
-                          buckets=3, state_stats=state_stats)
+                          buckets=3, channel=channel)
     packed, names = packed_changes(tables)
     out = collections.defaultdict(list)
     actions = []
 
     def collect(df, batch_id):
         got = df.toArrow()                 # the batch's only action
+        channel.drain()
         actions.append(batch_id)
         per_table = collections.defaultdict(list)
         for route, payload in zip(got["_route"].to_pylist(), got["payload"].to_pylist()):
@@ -142,8 +143,8 @@ def test_spark_executor_equals_local_runner(rocksdb, tmp_path):
     assert [n.op for n in plan].count("materialize") == 1
     runner = LocalRunner(plan)
     want = local_changes(plan, runner)
-    stats = StateStats.accumulator(rocksdb)
-    got, actions = spark_changes(rocksdb, tmp_path, plan, stats)
+    channel = ReportChannel(rocksdb)
+    got, actions = spark_changes(rocksdb, tmp_path, plan, channel)
     assert actions == [0, 1, 2]
     for table, key in keys(plan).items():
         assert fold(got[table], key) == fold(want[table], key), table
@@ -155,8 +156,8 @@ def test_spark_executor_equals_local_runner(rocksdb, tmp_path):
             per_key[who][row["category"]].append((kind, row))
     assert per_key["spark"] == per_key["local"]
     # the state sizes reported from the Python workers add up to the one-kernel state of each node
-    rows = {node: r for node, (r, _) in StateStats.totals(stats.value).items()}
+    rows = {node: r for node, (r, _) in channel.state_totals().items()}
     assert rows == {node: k.state_rows for node, k in runner.kernels.items()}
-    assert all(b > 0 for r, b in StateStats.totals(stats.value).values() if r)
+    assert all(b > 0 for r, b in channel.state_totals().values() if r)
     # state survived from batch to batch: product 1 moved to toys in batch 1, order 10 left it
     assert fold(got["category_sales"], ["category"])[("toys",)]["orders"] == 3

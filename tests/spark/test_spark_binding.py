@@ -130,11 +130,13 @@ def test_mini_batch_bundle_is_the_micro_batch():
                                   mini_batch_size=1000)
     out_schema = pa.schema([("category", pa.string()), ("cnt", pa.int64()), ("total", pa.int64())])
     t0 = _table(0, BATCHES[0]).select(["category", "price", KIND, SEQ])
-    out, snap, rows = run_bucket(GroupAggregate, config, None, t0, out_schema)
-    assert rows == 3
+    step = run_bucket(GroupAggregate, config, None, t0, out_schema)
+    out, snap = step.out, step.snapshot
+    assert step.state_rows == 3
     assert Changes.from_arrow(out).as_pairs() == [("+I", ("a", 2, 30)), ("+I", ("b", 1, 5)), ("+I", ("c", 1, 7))]
     t1 = _table(1, BATCHES[1]).select(["category", "price", KIND, SEQ])
-    out, snap, rows = run_bucket(GroupAggregate, config, snap, t1, out_schema)
+    step = run_bucket(GroupAggregate, config, snap, t1, out_schema)
+    out, snap = step.out, step.snapshot
     assert sorted(Changes.from_arrow(out).as_pairs()) == sorted([
         ("-U", ("a", 2, 30)), ("+U", ("a", 1, 20)), ("-U", ("b", 1, 5)), ("+U", ("b", 2, 16)),
         ("-U", ("c", 1, 7)), ("+U", ("c", 1, 1))])

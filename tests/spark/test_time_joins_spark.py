@@ -4,7 +4,7 @@ Three micro-batches (one parquet file per source and batch) through one streamin
 both joins, 3 state buckets: every bucket must reach the same watermark from the heartbeats
 although most keys live in one bucket, outer rows must be padded when their window closes
 (also in buckets that got no row of the batch), and late rows must come out through the
-LateRows accumulator, counted per side and, with late_rows: dead_letter, as rows.
+report channel, counted per side and, with late_rows: dead_letter, as rows.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import json
 import pyarrow as pa
 import pytest
 
-from changelake.spark.binding import LateRows
+from changelake.spark.reports import ReportChannel
 from changelake.plan import Pipeline
 from changelake.plan.local import LocalRunner
 from changelake.plan.physical import sink_changes
@@ -87,14 +87,14 @@ def test_time_joins_on_spark_equal_local_runner(rocksdb, tmp_path):
         ddl = ", ".join(f"{c} {t}" for c, t in cols.items()) + ", _kind TINYINT, _seq STRING"
         streams[name] = rocksdb.readStream.schema(StructType.fromDDL(ddl)).option("maxFilesPerTrigger", 1) \
             .parquet(str(tmp_path / name))
-    late = LateRows.accumulator(rocksdb)
-    packed, names = packed_changes(compile_plan(plan, streams, buckets=3, late_rows=late))
+    channel = ReportChannel(rocksdb)
+    packed, names = packed_changes(compile_plan(plan, streams, buckets=3, channel=channel))
     got = collections.defaultdict(list)
     late_per_batch = []
 
     def collect(df, batch_id):
         rows = df.toArrow()
-        late_per_batch.append(LateRows.take(late))
+        late_per_batch.append(channel.drain().late)
         parts = collections.defaultdict(list)
         for route, payload in zip(rows["_route"].to_pylist(), rows["payload"].to_pylist()):
             parts[names[route]].append(from_ipc(payload))

@@ -1,0 +1,16 @@
+"""Arrow IPC payloads: how tables travel inside a binary column between Spark's JVM and Python workers."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+
+def to_ipc(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def from_ipc(payload: bytes) -> pa.Table:
+    return pa.ipc.open_stream(payload).read_all()
