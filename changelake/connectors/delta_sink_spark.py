@@ -28,7 +28,13 @@ from pyspark.sql.pandas.types import from_arrow_schema
 
 from changelake.changelog import KIND, SEQ
 from changelake.connectors.delta_sink import DeltaUpsertSink, MergeCounts
-from changelake.connectors.delta_sink_merge import MergeClauses, backtick, table_merge, tombstone_merge
+from changelake.connectors.delta_sink_merge import (
+    MergeClauses,
+    backtick,
+    spark_null_safe_equal,
+    table_merge,
+    tombstone_merge,
+)
 from changelake.connectors.delta_sink_schema import DELETED_AT
 
 TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
@@ -117,14 +123,18 @@ class DeltaSparkSink(DeltaUpsertSink):
              .execute())
 
     def _merge_tombstones(self, changes: pa.Table, *, batch_id: int) -> None:
-        self._merge(self.tombstone_path, changes, tombstone_merge(self.spec.primary_key, backtick), batch_id)
+        clauses = tombstone_merge(self.spec.primary_key, backtick, nullable=self._nullable_key_types(changes),
+                                  null_safe_equal=spark_null_safe_equal)
+        self._merge(self.tombstone_path, changes, clauses, batch_id)
 
     def _merge_table(self, changes: pa.Table, *, batch_id: int) -> MergeCounts:
         path = self.spec.path
         before = self._require_state(path).version
         if changes.num_rows:
             columns = [c for c in changes.column_names if c != KIND]
-            self._merge(path, changes, table_merge(self.spec.primary_key, columns, backtick), batch_id)
+            clauses = table_merge(self.spec.primary_key, columns, backtick, nullable=self._nullable_key_types(changes),
+                                  null_safe_equal=spark_null_safe_equal)
+            self._merge(path, changes, clauses, batch_id)
         state = self._require_state(path)
         stats = self._metrics_of_commit(path, state.version) if state.version > before else {}
         if state.txn_version != batch_id:
