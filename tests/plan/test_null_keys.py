@@ -20,6 +20,9 @@ from changelake.connectors.delta_sink import TableSpec, open_sink
 from changelake.plan import Pipeline
 from changelake.plan.local import LocalRunner
 from changelake.plan.physical import sink_changes
+from changelake.plan.yaml import pipeline_from_config
+from changelake.service.config import parse_config
+from changelake.service.explain import explain
 
 from .histories import deliver, key_histories
 
@@ -87,6 +90,31 @@ def test_explain_shows_the_table_keys_that_may_be_null():
     text = p.explain()
     assert "Sink(name=[sink_top], table=[top], primaryKey=[category, rn], nullableKey=[category])" in text
     assert "Sink(name=[sink_prices], table=[prices], primaryKey=[id]) " in text
+
+
+def test_the_issue_config_validates_and_explains_its_nullable_keys():
+    config = parse_config("""
+pipeline: {id: issue11, checkpoint: /tmp/ckpt}
+kafka: {bootstrap_servers: "localhost:9092"}
+sources:
+  - {name: orders, topics: [shop.orders], columns: {order_id: bigint, product_id: bigint, qty: int},
+     primary_key: [order_id]}
+  - {name: products, topics: [shop.products], columns: {id: bigint, category: string, price: bigint},
+     primary_key: [id], table: products}
+views:
+  - {name: enriched, join: {left: orders, right: products, on: {product_id: id}}}
+  - {name: revenue, from: enriched, group_by: [category], aggregates: {revenue: "sum(price)"}}
+  - {name: top, from: products, top_n: {n: 3, order_by: [price desc], partition_by: [category], rank_column: rn}}
+tables:
+  - {name: products, primary_key: [id]}
+  - {name: revenue_by_category, from: revenue, primary_key: [category]}
+  - {name: top_products, from: top, primary_key: [category, rn]}
+""", environ={})
+    assert _nullable(pipeline_from_config(config).plan()) == {"revenue_by_category": ("category",),
+                                                              "top_products": ("category",)}
+    text = explain(config)
+    assert "table=[revenue_by_category], primaryKey=[category], nullableKey=[category])" in text
+    assert "table=[top_products], primaryKey=[category, rn], nullableKey=[category])" in text
 
 
 # --- in-process, into Delta, against DuckDB ----------------------------------------------------------

@@ -202,3 +202,12 @@ def test_delta_rs_matches_a_null_key_and_the_value_it_is_filled_with_apart(tmp_p
     assert [(r["k"] is None, r["n"]) for r in rows] == [(True, 10), (False, 11)]
     assert sink.apply(batch(3, 0, 3), batch_id=2).deletes == 2
     assert read_rows(spec.path, columns="k", order_by="k") == []
+
+
+def test_a_table_partitioned_by_its_nullable_key_column(make_sink):
+    sink = make_sink(name="parted", primary_key=KEY, nullable_key=("category",), partition_by=("category",))
+    sink.apply(ranked([("+I", None, 1, 1, "n1"), ("+I", "a", 1, 1, "a1")]), batch_id=0)
+    sink.apply(ranked([("+U", None, 1, 2, "n1'"), ("-D", "a", 1, 2, None)]), batch_id=1)
+    sink.apply(ranked([("+U", "a", 1, 1, "late")]), batch_id=2)
+    assert _live(sink.spec.path) == {(None, 1): ("n1'", seq(2))}
+    assert _tombs(sink.tombstone_path) == {("a", 1): seq(2)}
