@@ -104,8 +104,8 @@ def test_merge_condition_is_null_safe_only_for_the_nullable_columns():
         "t.`category` <=> s.`category` AND t.`rn` = s.`rn`"
     # delta-rs: no IS NOT DISTINCT FROM, which it runs as a nested-loop join
     assert key_predicate(KEY, double_quote, nullable=nullable, null_safe_equal=datafusion_null_safe_equal) == (
-        """coalesce(t."category", '') = coalesce(s."category", '') AND (t."category" IS NULL) = (s."category" IS NULL)"""
-        ''' AND t."rn" = s."rn"''')
+        """coalesce(t."category", '') = coalesce(s."category", '') """
+        'AND (t."category" IS NULL) = (s."category" IS NULL) AND t."rn" = s."rn"')
     assert key_predicate(KEY, double_quote) == 't."category" = s."category" AND t."rn" = s."rn"'
     with pytest.raises(ValueError, match="null_safe_equal"):
         key_predicate(KEY, double_quote, nullable=nullable)
@@ -182,7 +182,7 @@ def test_a_mirrored_table_still_rejects_a_null_key(make_sink):
 
 @pytest.mark.unit
 @pytest.mark.parametrize("type_, value", [
-    (pa.int8(), 3), (pa.int32(), 3), (pa.int64(), 0), (pa.float64(), 1.5), (pa.decimal128(10, 2), decimal.Decimal("0")),
+    (pa.int8(), 3), (pa.int32(), 3), (pa.int64(), 0), (pa.float64(), 1.5), (pa.decimal128(10, 2), decimal.Decimal(0)),
     (pa.string(), ""), (pa.binary(), b"x"), (pa.bool_(), False), (pa.date32(), dt.date(1970, 1, 1)),
     (pa.timestamp("us", tz="UTC"), datetime(1970, 1, 1, tzinfo=timezone.utc)),
     (pa.timestamp("us"), dt.datetime(2020, 1, 2)),
