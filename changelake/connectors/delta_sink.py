@@ -75,6 +75,9 @@ class TableSpec:
 
     ``tombstone_path`` defaults to ``<parent of path>/_changelake_tombstones/<last segment of path>``.
     ``storage_options`` are object-store options in delta-rs form (``AWS_REGION``, ...).
+    ``nullable_key``: the key columns that may hold NULL, NULL then being one key value (the
+    planner's ``nullable_key`` of a graph table keyed by a group or partition key that may be
+    NULL); a NULL in any other key column fails the batch.
     """
 
     name: str
@@ -85,6 +88,7 @@ class TableSpec:
     storage_options: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), hash=False)
     tombstone_path: str | None = None
     tombstone_expiry_interval: timedelta = timedelta(hours=1)
+    nullable_key: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if isinstance(self.primary_key, str) or not self.primary_key:
@@ -94,6 +98,11 @@ class TableSpec:
         # accept lists from config files; the spec stays immutable and hashable
         object.__setattr__(self, "primary_key", tuple(self.primary_key))
         object.__setattr__(self, "partition_by", tuple(self.partition_by))
+        object.__setattr__(self, "nullable_key", tuple(self.nullable_key))
+        strangers = [c for c in self.nullable_key if c not in self.primary_key]
+        if strangers:
+            raise ConfigError(f"table {self.name}: nullable_key names column(s) {strangers} outside the primary key "
+                              f"{list(self.primary_key)}")
         object.__setattr__(self, "storage_options", MappingProxyType(dict(self.storage_options)))
         reserved = [c for c in (*self.primary_key, *self.partition_by) if c.startswith("_")]
         if reserved:
@@ -174,7 +183,8 @@ class DeltaUpsertSink(abc.ABC):
         """Merge one changelog batch; exactly once per (pipeline id, table, batch id)."""
         if batch_id < 0:
             raise ValueError(f"batch_id must be >= 0, got {batch_id}")
-        changes = validate_changes(changes, primary_key=self.spec.primary_key, table=self.spec.name)
+        changes = validate_changes(changes, primary_key=self.spec.primary_key, table=self.spec.name,
+                                   nullable_key=self.spec.nullable_key)
         started = time.perf_counter()
         attempt = 0
         while True:
@@ -355,6 +365,10 @@ class DeltaUpsertSink(abc.ABC):
 
     def _forget_logs(self) -> None:
         self._logs.clear()
+
+    def _nullable_key_types(self, changes: pa.Table) -> dict[str, pa.DataType]:
+        """The key columns that may hold NULL, with their types in ``changes``, for the MERGE's ``ON``."""
+        return {k: changes.schema.field(k).type for k in self.spec.nullable_key}
 
     # --- engine I/O -------------------------------------------------------------
 

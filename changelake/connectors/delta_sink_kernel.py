@@ -13,6 +13,11 @@ key's tombstone ``_seq`` if it has one; ``row`` = the table row's ``_seq``)::
                                 and tombstone (key, seq, now) written when tomb < seq or absent
 
 The MERGE itself (``row < seq``) runs in the engine; everything above is here.
+
+NULL keys: a key column listed in ``nullable_key`` (a graph table keyed by a group or
+partition key that may be NULL, see ``TableSpec``) may hold NULL, and NULL is then one key
+value like any other, as a SQL GROUP BY has it: the reduction, the tombstone lookup and the
+engines' MERGE match NULL with NULL. A NULL in any other key column fails the batch.
 """
 
 from __future__ import annotations
@@ -32,10 +37,15 @@ from changelake.errors import SinkCommitError
 _VALID_KINDS = pa.array([int(k) for k in RowKind], pa.int8())
 _ROW = "__changelake_row"
 _TOMB_SEQ = "__changelake_tomb_seq"
+_NULL_FLAG = "__changelake_key_is_null_"
 
 
-def validate_changes(changes: pa.Table, *, primary_key: Sequence[str], table: str) -> pa.Table:
-    """Check what the sink relies on; raise :class:`SinkCommitError` before anything is written."""
+def validate_changes(changes: pa.Table, *, primary_key: Sequence[str], table: str,
+                     nullable_key: Sequence[str] = ()) -> pa.Table:
+    """Check what the sink relies on; raise :class:`SinkCommitError` before anything is written.
+
+    Key columns in ``nullable_key`` may hold NULL; the others, ``_seq`` and ``_kind`` may not.
+    """
     if isinstance(changes, pa.RecordBatch):
         changes = pa.Table.from_batches([changes])
     if not isinstance(changes, pa.Table):
@@ -45,7 +55,7 @@ def validate_changes(changes: pa.Table, *, primary_key: Sequence[str], table: st
         raise SinkCommitError(
             f"batch for table {table} lacks column(s) {missing}; every change must carry the primary key "
             f"{list(primary_key)} and the reserved columns {KIND}, {SEQ} (route such rows to the dead-letter path)")
-    for name in (*primary_key, SEQ, KIND):
+    for name in (*[k for k in primary_key if k not in nullable_key], SEQ, KIND):
         nulls = changes[name].null_count
         if nulls:
             raise SinkCommitError(
@@ -64,7 +74,7 @@ def validate_changes(changes: pa.Table, *, primary_key: Sequence[str], table: st
 
 
 def latest_per_key(changes: pa.Table, *, primary_key: Sequence[str]) -> pa.Table:
-    """Drop ``-U`` rows and keep, per key, the change with the greatest ``(_seq, _kind)``."""
+    """Drop ``-U`` rows and keep, per key, the change with the greatest ``(_seq, _kind)`` (NULL is one key value)."""
     kept = changes.filter(pc.not_equal(changes[KIND], pa.scalar(int(RowKind.UPDATE_BEFORE), pa.int8())))
     if kept.num_rows <= 1:
         return kept
@@ -75,9 +85,16 @@ def latest_per_key(changes: pa.Table, *, primary_key: Sequence[str]) -> pa.Table
     starts[0] = True
     for name in primary_key:
         col = kept[name].take(order).combine_chunks()
-        differs = pc.not_equal(col.slice(1), col.slice(0, n - 1))
-        starts[1:] |= differs.to_numpy(zero_copy_only=False)
+        starts[1:] |= _differs(col.slice(1), col.slice(0, n - 1))
     return kept.take(order.filter(pa.array(starts)))
+
+
+def _differs(a: pa.Array, b: pa.Array) -> np.ndarray:
+    """``a[i]`` and ``b[i]`` differ, NULL equal to NULL only (sorting puts a key's NULLs side by side)."""
+    if not (a.null_count or b.null_count):
+        return pc.not_equal(a, b).to_numpy(zero_copy_only=False)
+    one_null = pc.not_equal(pc.is_null(a), pc.is_null(b))
+    return pc.or_(one_null, pc.fill_null(pc.not_equal(a, b), False)).to_numpy(zero_copy_only=False)
 
 
 @dataclass(frozen=True)
@@ -130,20 +147,39 @@ def _lookup_tombstone_seq(reduced: pa.Table, tombstones: pa.Table, primary_key: 
     """The tombstone ``_seq`` of each row of ``reduced`` (null where the key has none), in row order."""
     if tombstones.num_rows == 0 or reduced.num_rows == 0:
         return pa.nulls(reduced.num_rows, pa.string())
-    left = reduced.select(list(primary_key)).append_column(
-        _ROW, pa.array(np.arange(reduced.num_rows, dtype=np.int64)))
-    right = pa.table({k: tombstones[k].cast(reduced.schema.field(k).type) for k in primary_key}
-                     | {_TOMB_SEQ: tombstones[SEQ].cast(pa.string())})
+    keys = list(primary_key)
+    batch_keys, tomb_keys, on = _null_safe_keys(
+        reduced.select(keys), pa.table({k: tombstones[k].cast(reduced.schema.field(k).type) for k in keys}), keys)
+    left = batch_keys.append_column(_ROW, pa.array(np.arange(reduced.num_rows, dtype=np.int64)))
+    right = tomb_keys.append_column(_TOMB_SEQ, tombstones[SEQ].cast(pa.string()))
     if right.num_rows > reduced.num_rows:
         # The tombstone table can be far larger than the batch: keep only the batch's keys first
         # (a semi join hashes the batch side), so the outer join below stays batch-sized.
-        numbered = right.select(list(primary_key)).append_column(
-            _ROW, pa.array(np.arange(right.num_rows, dtype=np.int64)))
-        hits = numbered.join(reduced.select(list(primary_key)), keys=list(primary_key), join_type="left semi")
+        numbered = tomb_keys.append_column(_ROW, pa.array(np.arange(right.num_rows, dtype=np.int64)))
+        hits = numbered.join(batch_keys, keys=on, join_type="left semi")
         right = right.take(hits[_ROW])
-    joined = left.join(right, keys=list(primary_key), join_type="left outer")
+    joined = left.join(right, keys=on, join_type="left outer")
     order = pc.sort_indices(joined[_ROW])
     return joined[_TOMB_SEQ].take(order).combine_chunks()
+
+
+def _null_safe_keys(a: pa.Table, b: pa.Table, key: Sequence[str]) -> tuple[pa.Table, pa.Table, list[str]]:
+    """Key columns of ``a`` and ``b`` for an Arrow join in which NULL meets NULL (a plain join
+    matches no NULL): a key column that has NULLs becomes whether the value is NULL, plus the
+    value with NULLs filled by one of the column's values (any will do beside the NULL flag)."""
+    left: dict[str, pa.ChunkedArray] = {}
+    right: dict[str, pa.ChunkedArray] = {}
+    for i, k in enumerate(key):
+        x, y = a[k], b[k]
+        if x.null_count or y.null_count:
+            flag = f"{_NULL_FLAG}{i}"
+            left[flag], right[flag] = pc.is_null(x), pc.is_null(y)
+            values = pc.drop_null(pa.chunked_array(x.chunks + y.chunks, x.type))
+            if len(values) == 0:
+                continue                # NULL on both sides: the flag is the whole match
+            x, y = pc.fill_null(x, values[0]), pc.fill_null(y, values[0])
+        left[k], right[k] = x, y
+    return pa.table(left), pa.table(right), list(left)
 
 
 def align_to_table(reduced: pa.Table, target_schema: pa.Schema) -> pa.Table:

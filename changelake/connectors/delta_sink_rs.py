@@ -16,7 +16,12 @@ from deltalake.exceptions import CommitFailedError
 
 from changelake.changelog import KIND, SEQ
 from changelake.connectors.delta_sink import DeltaUpsertSink, MergeCounts
-from changelake.connectors.delta_sink_merge import MergeClauses, table_merge, tombstone_merge
+from changelake.connectors.delta_sink_merge import (
+    MergeClauses,
+    datafusion_null_safe_equal,
+    table_merge,
+    tombstone_merge,
+)
 from changelake.connectors.delta_sink_merge import double_quote as quote
 from changelake.connectors.delta_sink_schema import DELETED_AT
 
@@ -65,8 +70,9 @@ class DeltaRsSink(DeltaUpsertSink):
                 .execute())
 
     def _merge_tombstones(self, changes: pa.Table, *, batch_id: int) -> None:
-        self._merge(self._log(self.tombstone_path), changes, tombstone_merge(self.spec.primary_key, quote),
-                    batch_id)
+        clauses = tombstone_merge(self.spec.primary_key, quote, nullable=self._nullable_key_types(changes),
+                                  null_safe_equal=datafusion_null_safe_equal)
+        self._merge(self._log(self.tombstone_path), changes, clauses, batch_id)
 
     def _merge_table(self, changes: pa.Table, *, batch_id: int) -> MergeCounts:
         table = self._log(self.spec.path)
@@ -74,7 +80,9 @@ class DeltaRsSink(DeltaUpsertSink):
         inserted = updated = deleted = 0
         if changes.num_rows:
             columns = [c for c in changes.column_names if c != KIND]
-            stats = self._merge(table, changes, table_merge(self.spec.primary_key, columns, quote), batch_id)
+            clauses = table_merge(self.spec.primary_key, columns, quote, nullable=self._nullable_key_types(changes),
+                                  null_safe_equal=datafusion_null_safe_equal)
+            stats = self._merge(table, changes, clauses, batch_id)
             inserted = stats["num_target_rows_inserted"]
             updated = stats["num_target_rows_updated"]
             deleted = stats["num_target_rows_deleted"]

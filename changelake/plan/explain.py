@@ -1,5 +1,7 @@
 """A physical plan as text, like Flink's ``EXPLAIN CHANGELOG_MODE``: one tree per table sink,
-each node with its changelog mode, upsert key and what its state holds."""
+each node with its changelog mode, upsert key and what its state holds; a table whose key
+columns may hold NULL (a NULL group or partition key, see ``plan.nullability``) lists them
+as ``nullableKey``."""
 
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ def describe(node: PhysicalNode) -> str:
             args.append("appendOnly=[true]")
     elif node.op == "sink":
         args.append(f"table=[{node.table}], primaryKey=[{', '.join(node.primary_key)}]")
+        if node.nullable_key:
+            args.append(f"nullableKey=[{', '.join(node.nullable_key)}]")
     elif node.op == "filter":
         args.append(f"where=[{node.predicate}]")
     elif node.op == "project":

@@ -38,7 +38,11 @@ Executors must honour, per node kind (``op``):
 
 ``state_keys`` holds, per input, the column names whose values partition the node's state
 (an empty tuple: one partition, e.g. a global aggregate). Rows of one key must reach the
-same kernel instance in their order of arrival.
+same kernel instance in their order of arrival. A NULL key value is a key like any other
+(SQL's GROUP BY and PARTITION BY give NULL a group of its own); only a join's equi-key NULL
+matches nothing. ``not_null`` lists the columns no row holds NULL in
+(:mod:`changelake.plan.nullability`); a sink's ``nullable_key`` are the table key columns
+that may hold NULL, which the Delta sink then matches null-safely.
 """
 
 from __future__ import annotations
@@ -87,10 +91,16 @@ class PhysicalNode:
     append_only: bool = False               # source: declared insert-only
     state_layout: str = ""                  # what the state holds, for explain
     note: str = ""                          # why the planner added or changed the node
+    not_null: frozenset[str] = frozenset()  # columns no row holds NULL in (plan.nullability)
 
     @property
     def stateful(self) -> bool:
         return self.op in STATEFUL_OPS
+
+    @property
+    def nullable_key(self) -> tuple[str, ...]:
+        """Sink: the table's key columns that may hold NULL (a NULL group or partition key)."""
+        return tuple(k for k in self.primary_key if k not in self.not_null)
 
     def make_kernel(self):
         """A fresh kernel for this node (stateful nodes; a lookup join's joiner)."""

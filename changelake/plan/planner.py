@@ -12,12 +12,13 @@ Three passes, as Flink's changelog-mode inference:
    need through unless it drops the upsert key.
 3. **Configs** (definition order): every stateful node's kernel config is built with
    ``generate_update_before`` set from pass 2, and the node's changelog mode is what its
-   kernel declares for that config (``Kernel.contract()``).
+   kernel declares for that config (``Kernel.contract()``); and the columns that are never
+   NULL (:mod:`changelake.plan.nullability`), which tell each table which key columns may be.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import pyarrow as pa
@@ -31,6 +32,7 @@ from changelake.operators import (
     StreamingSemiAntiJoin, make_rank)
 from changelake.plan import sql
 from changelake.plan.graph import LogicalNode, Pipeline, StateOptions, _check_columns
+from changelake.plan.nullability import not_null_columns
 from changelake.plan.physical import PhysicalNode, PhysicalPlan
 
 #: Bundle size of the mini-batch operators in the in-process runner; on Spark the micro-batch is the bundle.
@@ -111,8 +113,9 @@ def _finish(d: _Draft, done: dict[str, PhysicalNode]) -> PhysicalNode:
         mode = done[d.inputs[0]].mode
     else:                                               # filter / project keep the input's kinds
         mode = done[d.inputs[0]].mode
-    return PhysicalNode(id=d.id, op=d.op, inputs=d.inputs, schema=d.schema, mode=mode, upsert_key=d.upsert_key,
+    node = PhysicalNode(id=d.id, op=d.op, inputs=d.inputs, schema=d.schema, mode=mode, upsert_key=d.upsert_key,
                         kernel=d.kernel, config=config, **d.extra)
+    return replace(node, not_null=not_null_columns(node, [done[i] for i in d.inputs]))
 
 
 def _idx(schema: pa.Schema, columns) -> tuple[int, ...]:

@@ -9,8 +9,10 @@ common subset of Spark SQL and DuckDB (column references, arithmetic, comparison
 
 from __future__ import annotations
 
+import json
 import threading
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
+from typing import Any
 
 import duckdb
 import pyarrow as pa
@@ -98,3 +100,79 @@ def hash_bucket(columns: Sequence[str], buckets: int) -> str:
         raise ValueError("hash_bucket needs at least one column")
     h = f"hash({', '.join(column(c) for c in columns)})"
     return f"CAST((({h} % {buckets}) + {buckets}) % {buckets} AS INT)"
+
+
+# --- what can be NULL (for the planner's nullability, ``changelake.plan.nullability``) -------------
+
+#: comparisons that are NULL, so a filter drops the row, when an operand is NULL
+_NULL_REJECTING = frozenset({"COMPARE_EQUAL", "COMPARE_NOTEQUAL", "COMPARE_LESSTHAN", "COMPARE_GREATERTHAN",
+                             "COMPARE_LESSTHANOREQUALTO", "COMPARE_GREATERTHANOREQUALTO"})
+
+
+def _parse(expression: str) -> dict[str, Any] | None:
+    """DuckDB's syntax tree of ``SELECT (expression)`` (``json_serialize_sql``), None if it does not parse."""
+    con = getattr(_local, "con", None)
+    if con is None:
+        con = _local.con = duckdb.connect()
+    try:
+        tree = json.loads(con.execute("SELECT json_serialize_sql(?)", [f"SELECT ({expression})"]).fetchall()[0][0])
+    except duckdb.Error:
+        return None
+    if tree.get("error"):
+        return None
+    return tree["statements"][0]["node"]["select_list"][0]
+
+
+def _column(node: dict[str, Any]) -> str | None:
+    names = node.get("column_names") if node.get("class") == "COLUMN_REF" else None
+    return names[0] if names and len(names) == 1 else None
+
+
+def never_null(expression: str, not_null: Collection[str]) -> bool:
+    """Whether ``expression`` is never NULL, given the input columns ``not_null`` never are: a
+    reference to such a column, a non-NULL constant, or a COALESCE with such an argument.
+    Anything else is taken as possibly NULL, which is always safe (a CAST too: Spark without ANSI
+    mode casts a bad value to NULL)."""
+    def walk(node: dict[str, Any] | None) -> bool:
+        if node is None:
+            return False
+        kind = node.get("class")
+        if kind == "COLUMN_REF":
+            return _column(node) in not_null
+        if kind == "CONSTANT":
+            return node.get("literal", {}).get("kind") != "NULL_LITERAL"
+        if node.get("type") == "OPERATOR_COALESCE":
+            return any(walk(c) for c in node.get("children", ()))
+        return False
+
+    return walk(_parse(expression))
+
+
+def null_rejected(predicate: str) -> frozenset[str]:
+    """The columns in which a row that holds NULL never passes the filter ``predicate``: those a
+    top-level ``AND`` term tests with ``IS NOT NULL`` (or ``NOT ... IS NULL``), compares (``=``,
+    ``<>``, ``<``, ``>``, ``<=``, ``>=``) or tests with ``IN``."""
+    out: set[str] = set()
+
+    def conjuncts(node: dict[str, Any]):
+        if node.get("type") == "CONJUNCTION_AND":
+            for child in node.get("children", ()):
+                yield from conjuncts(child)
+        else:
+            yield node
+
+    tree = _parse(predicate)
+    for term in conjuncts(tree) if tree is not None else ():
+        kind, children = term.get("type"), term.get("children") or []
+        if kind == "OPERATOR_NOT" and children and children[0].get("type") == "OPERATOR_IS_NULL":
+            kind, children = "OPERATOR_IS_NOT_NULL", children[0].get("children") or []
+        if kind == "OPERATOR_IS_NOT_NULL":
+            operands = children
+        elif kind == "COMPARE_IN":
+            operands = children[:1]                       # the tested value; a NULL in the list rejects nothing
+        elif kind in _NULL_REJECTING:
+            operands = [term.get("left"), term.get("right")]
+        else:
+            continue
+        out.update(c for c in (_column(o) for o in operands if o) if c is not None)
+    return frozenset(out)

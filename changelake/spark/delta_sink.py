@@ -39,7 +39,13 @@ from changelake.connectors.delta_sink import (
     TableSpec,
 )
 from changelake.connectors.delta_sink import open_sink as open_rs_sink
-from changelake.connectors.delta_sink_merge import MergeClauses, backtick, table_merge, tombstone_merge
+from changelake.connectors.delta_sink_merge import (
+    MergeClauses,
+    backtick,
+    spark_null_safe_equal,
+    table_merge,
+    tombstone_merge,
+)
 from changelake.connectors.delta_sink_schema import DELETED_AT
 from changelake.errors import ConfigError
 
@@ -131,14 +137,18 @@ class DeltaSparkSink(DeltaUpsertSink):
              .execute())
 
     def _merge_tombstones(self, changes: pa.Table, *, batch_id: int) -> None:
-        self._merge(self.tombstone_path, changes, tombstone_merge(self.spec.primary_key, backtick), batch_id)
+        clauses = tombstone_merge(self.spec.primary_key, backtick, nullable=self._nullable_key_types(changes),
+                                  null_safe_equal=spark_null_safe_equal)
+        self._merge(self.tombstone_path, changes, clauses, batch_id)
 
     def _merge_table(self, changes: pa.Table, *, batch_id: int) -> MergeCounts:
         path = self.spec.path
         before = self._require_state(path).version
         if changes.num_rows:
             columns = [c for c in changes.column_names if c != KIND]
-            self._merge(path, changes, table_merge(self.spec.primary_key, columns, backtick), batch_id)
+            clauses = table_merge(self.spec.primary_key, columns, backtick, nullable=self._nullable_key_types(changes),
+                                  null_safe_equal=spark_null_safe_equal)
+            self._merge(path, changes, clauses, batch_id)
         state = self._require_state(path)
         stats = self._metrics_of_commit(path, state.version) if state.version > before else {}
         if state.txn_version != batch_id:

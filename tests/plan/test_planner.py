@@ -171,7 +171,8 @@ def test_explain_prints_each_table_tree_with_modes_keys_and_state():
     sales.to_table("sales", primary_key=["category"])
     text = p.explain()
     lines = text.splitlines()
-    assert lines[0].startswith("Sink(name=[sink_sales], table=[sales], primaryKey=[category]) changelogMode=[+I,+U,-D]")
+    assert lines[0].startswith("Sink(name=[sink_sales], table=[sales], primaryKey=[category], nullableKey=[category]) "
+                               "changelogMode=[+I,+U,-D]")   # products.category may be NULL: one group
     assert lines[1].startswith("+- GroupAggregate(name=[aggregate_join_orders_products], groupBy=[category]")
     assert "changelogMode=[+I,+U,-D] upsertKey=[category]" in lines[1]
     assert "SUM(price) AS revenue" in lines[1]

@@ -6,6 +6,7 @@ import orjson
 import pyarrow as pa
 import pytest
 
+from changelake.connectors.delta_read import read_delta
 from changelake.spark.kafka_source import ARROW_SCHEMA, EXPIRED
 from changelake.service.config import parse_config
 from changelake.service.pipeline import BatchProcessor, graph_sink_changes
@@ -57,3 +58,35 @@ def test_graph_changes_ordered_by_the_graph_then_sequenced_after_earlier_batches
     seqs = got["_seq"].to_pylist()
     assert seqs == sorted(seqs) and len(set(seqs)) == 4
     assert seqs[-1] < graph_sink_changes(changes, primary_key=["id"], batch_id=13)["_seq"][0].as_py()
+
+
+def test_a_graph_table_keyed_by_a_nullable_group_key_takes_the_null_group_and_a_mirror_still_dead_letters(
+        tmp_path):
+    config = parse_config(f"""
+pipeline: {{id: null-groups, checkpoint: {tmp_path}/ckpt}}
+kafka: {{bootstrap_servers: localhost:1}}
+sources:
+  - {{name: products, topics: [shop.products], columns: {{id: bigint, name: string}}, primary_key: [id],
+      table: products, on_error: skip}}
+views:
+  - {{name: by_name, from: products, group_by: [name], aggregates: {{n: "count(*)"}}}}
+tables:
+  - {{name: products, primary_key: [id]}}
+  - {{name: by_name, from: by_name, primary_key: [name]}}
+storage: {{root: {tmp_path}/lake}}
+""")
+    processor = BatchProcessor(config)
+    out = pa.Table.from_batches(list(processor.stage(iter([_records([{"id": 1, "name": None},
+                                                                      {"id": None, "name": "b"}])]))))
+    stats, parts = processor.stage.split(out)
+    # what the graph made of the batch: the NULL name is one group
+    graph = pa.table({"name": pa.array([None], pa.string()), "n": pa.array([1], pa.int64()),
+                      "_kind": pa.array([0], pa.int8()), "_seq": ["000000000000"]})
+    report = processor._apply(stats, [(processor.routes[0], parts[0]["rows"], parts[0]["dl"])], 0,
+                              {"by_name": graph})
+    assert report.committed_tables == ["by_name", "products"]
+    assert report.dead_letters == {"missing-key": 1}                # the mirror's NULL primary key
+    assert processor.sinks["by_name"].spec.nullable_key == ("name",)
+    assert processor.sinks["products"].spec.nullable_key == ()
+    assert read_delta(config.table_path("by_name"), columns=["name", "n"]).to_pylist() == [{"name": None, "n": 1}]
+    assert read_delta(config.table_path("products"), columns=["id", "name"]).to_pylist() == [{"id": 1, "name": None}]

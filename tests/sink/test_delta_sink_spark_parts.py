@@ -15,7 +15,7 @@ import pytest
 from pyspark.sql.functions import expr
 
 from changelake.connectors.delta_sink import TableSpec
-from changelake.connectors.delta_sink_merge import backtick, table_merge
+from changelake.connectors.delta_sink_merge import backtick, spark_null_safe_equal, table_merge
 from changelake.spark.delta_sink import (
     TXN_APP_ID_CONF,
     TXN_VERSION_CONF,
@@ -66,6 +66,17 @@ def test_merge_clauses_are_valid_spark_sql_and_select_the_intended_rows(spark_si
     updated = matched.where(clauses.update_when).select(
         *[expr(value).alias(column.strip("`")) for column, value in clauses.update_set.items()])
     assert [tuple(r) for r in updated.collect()] == [("eu", 1, seq(6))]
+
+
+def test_the_null_safe_merge_condition_matches_a_null_region_with_a_null_region_only(spark_sink):
+    clauses = table_merge(spark_sink.spec.primary_key, ["Region", "order id", "_seq"], backtick,
+                          nullable={"Region": pa.string()}, null_safe_equal=spark_null_safe_equal)
+    target = spark_sink._frame(pa.table({"Region": pa.array([None, "eu", None], pa.string()), "order id": [1, 1, 2],
+                                         "_seq": [seq(5)] * 3}))
+    source = spark_sink._frame(pa.table({"Region": pa.array([None, None, "eu"], pa.string()), "order id": [1, 3, 2],
+                                         "_seq": [seq(6)] * 3, "_kind": pa.array([2, 0, 2], pa.int8())}))
+    pairs = target.alias("t").join(source.alias("s"), on=expr(clauses.on)).select("t.Region", "t.`order id`")
+    assert [tuple(r) for r in pairs.collect()] == [(None, 1)]
 
 
 def test_transaction_settings_stay_in_the_private_session(spark, spark_sink):
