@@ -170,7 +170,7 @@ def _processor_class():
                     parts[part].append(from_ipc(payload))
             tables = [pa.concat_tables(p).cast(schema) if p else schema.empty_table()
                       for p, schema in zip(parts, self.sides)]
-            stored = self.state.get() if self.state.exists() else None
+            stored = self.state.get()          # None when absent (one round trip to the JVM, not two)
             snapshot = bytes(stored[0]) if stored is not None else None
             step = run_bucket(self.kernel_cls, self.config, snapshot, tables[0] if len(tables) == 1 else tables,
                               self.output_schema, now=self.clock(timerValues))
