@@ -20,7 +20,7 @@ from changelake.connectors.delta_sink import TableSpec, open_sink
 from changelake.plan import Pipeline
 from changelake.plan.local import LocalRunner
 from changelake.plan.physical import sink_changes
-from changelake.plan.yaml import pipeline_from_config
+from changelake.service.views import pipeline_from_config
 from changelake.service.config import parse_config
 from changelake.service.explain import explain
 
