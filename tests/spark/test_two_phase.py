@@ -54,9 +54,8 @@ def test_aggregate_compiles_two_phase_unless_distinct(spark, tmp_path):
     tables = compile_plan(plan, srcs, buckets=3)
     one_phase = compile_plan(plan, srcs, buckets=3, two_phase=False)
     # every stateful operator packs its input and unpacks its output (two mapInArrow); the local step is one more
-    assert _mapinarrow_count(one_phase["category_stats"]) == 2
-    assert _mapinarrow_count(tables["category_stats"]) == 3
-    assert _mapinarrow_count(tables["product_stats"]) == 2
+    assert _mapinarrow_count(tables["category_stats"]) == _mapinarrow_count(one_phase["category_stats"]) + 1
+    assert _mapinarrow_count(tables["product_stats"]) == _mapinarrow_count(one_phase["product_stats"])
 
 
 def test_local_then_global_equals_one_phase():
