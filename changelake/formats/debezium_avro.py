@@ -259,6 +259,9 @@ class DebeziumAvroDecoder(SchemaMixin):
                 body = io.BytesIO(raw[5:])
                 try:
                     event = reader(body, writer, None)
+                except UnicodeDecodeError as exc:
+                    raise Reject("malformed", f"a string in the Avro body is not valid UTF-8 ({exc}); the producer "
+                                              f"wrote bytes that are not text into a string field") from None
                 except Exception as exc:  # noqa: BLE001 - truncated/corrupt body
                     raise Reject("malformed", f"the Avro body does not match writer schema {schema_id} "
                                               f"({type(exc).__name__}: {exc}); the message is truncated or "

@@ -73,7 +73,13 @@ def decode_json_chunk(plan: BulkPlan, records: pa.Table, *, key: Sequence[str]) 
     n = len(idx)
     if n == 0:
         return None
-    data = b"\n".join(values.take(pa.array(idx)).to_pylist())
+    present = values.take(pa.array(idx))
+    if not utf8_valid(present):
+        # Arrow's JSON reader does not check the UTF-8 of every string it reads (values in nested
+        # objects, fields it ignores): an invalid message would reach a table. orjson checks the
+        # whole document, so the per-message path turns it into a 'malformed' dead letter.
+        return None
+    data = b"\n".join(present.to_pylist())
     if data.count(b"\n") != n - 1:
         return None   # a value holds a line break (pretty-printed JSON): one message per line is needed
     # every message must be one JSON object: '{' after each line break, '}' before it. Besides
@@ -92,6 +98,15 @@ def decode_json_chunk(plan: BulkPlan, records: pa.Table, *, key: Sequence[str]) 
     body = _single(table.column("payload")) if plan.envelope else \
         pa.StructArray.from_arrays([_single(table.column(c)) for c in table.column_names], names=table.column_names)
     return assemble(body, records, idx, plan.specs, plan.meta, key=key)
+
+
+def utf8_valid(values: pa.Array) -> bool:
+    """Whether every value of a binary array is valid UTF-8 (Arrow's checked cast, ~1 GB/s)."""
+    try:
+        values.cast(pa.string())
+    except pa.ArrowInvalid:
+        return False
+    return True
 
 
 def _single(column: pa.ChunkedArray) -> pa.Array:

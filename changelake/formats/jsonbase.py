@@ -4,8 +4,10 @@ A subclass implements :meth:`JsonChangelogDecoder._message`: given the parsed
 message it registers the changes with the collector, raises
 :class:`~changelake.formats.assemble.Reject` for a bad one, or returns the name
 of a counted skip. The loop guarantees the rest: tombstones and empty values
-produce nothing (counted as ``tombstone``), unparseable bytes and any
-unexpected failure become ``malformed`` dead letters, nothing raises.
+produce nothing (counted as ``tombstone``), unparseable bytes (not
+UTF-8, not JSON) and any unexpected failure become ``malformed`` dead letters,
+nothing raises. orjson checks the UTF-8 of the whole document, so no string a
+decoder emits can be invalid.
 """
 
 from __future__ import annotations
@@ -83,8 +85,7 @@ class JsonChangelogDecoder(SchemaMixin):
             try:
                 obj = loads(raw)
             except _JSONDecodeError as exc:
-                out.reject(i, "malformed", f"not valid JSON ({exc}); the topic must carry {self.format_name} "
-                                           f"messages as UTF-8 JSON")
+                out.reject(i, "malformed", not_json(raw, exc, self.format_name))
                 continue
             try:
                 skipped = message(out, i, obj, partitions[i], offsets[i])
@@ -98,3 +99,13 @@ class JsonChangelogDecoder(SchemaMixin):
             if skipped:
                 out.skip(skipped)
         return out.finish(self._column_specs(out), self._meta, self._key)
+
+
+def not_json(raw: bytes, exc: Exception, format_name: str) -> str:
+    """The error of a value orjson refused: invalid UTF-8 (where) or invalid JSON."""
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as bad:
+        return (f"not valid UTF-8: byte 0x{raw[bad.start]:02x} at position {bad.start} ({bad.reason}); the topic "
+                f"must carry {format_name} messages as UTF-8 JSON, check the producer's character set")
+    return f"not valid JSON ({exc}); the topic must carry {format_name} messages as UTF-8 JSON"
