@@ -169,7 +169,10 @@ class ChangeCollector:
         arrays.append(recs.column("topic").take(record_index).combine_chunks())
         arrays.append(recs.column("partition").take(record_index).combine_chunks())
         arrays.append(recs.column("offset").take(record_index).combine_chunks())
-        arrays.append(pa.array(self.source_ts, type=pa.int64()).cast(METADATA_FIELDS[5].type).take(msg_index))
+        source_ts, bad = to_arrow(self.source_ts, METADATA_FIELDS[5].type, unit="ms")
+        for i, why in bad.items():
+            bad_msgs.setdefault(i, ("schema-mismatch", f"the change's source timestamp: {why}"))
+        arrays.append(source_ts.take(msg_index))
         arrays.append(pa.array(self.db, type=pa.string()).take(msg_index))
         arrays.append(pa.array(self.table, type=pa.string()).take(msg_index))
         fields.extend(METADATA_FIELDS)

@@ -46,7 +46,7 @@ def to_arrow(values: Sequence[Any], target: pa.DataType, *, unit: str | None = N
     if decimal_scale is None:
         fast = _fast(values, target, unit)
         if fast is not None:
-            return fast, {}
+            return in_range(fast, values, target, unit)
     coerce = _coercer(target, unit, decimal_scale)
     out: list[Any] = []
     bad: dict[int, str] = {}
@@ -61,18 +61,87 @@ def to_arrow(values: Sequence[Any], target: pa.DataType, *, unit: str | None = N
             bad[i] = _describe(v, target, exc)
             append(None)
     try:
-        return pa.array(out, type=target), bad
-    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
-        # a coerced value Arrow still rejects (nested types): isolate it
+        arr = pa.array(out, type=target)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, UnicodeError):
+        # a coerced value Arrow still rejects (nested types, integers beyond 64 bits): isolate it
         for i, v in enumerate(out):
             if v is None:
                 continue
             try:
                 pa.array([v], type=target)
-            except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
+            except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, UnicodeError) as exc:
                 bad[i] = _describe(values[i], target, exc)
                 out[i] = None
-        return pa.array(out, type=target), bad
+        arr = pa.array(out, type=target)
+    arr, outside = in_range(arr, values, target, unit)
+    bad.update(outside)
+    return arr, bad
+
+
+# --- the range every engine reading the table accepts ------------------------------------
+
+#: SQL's DATE / TIMESTAMP range (what Spark, Delta and Python's datetime hold): 0001-01-01 up to
+#: 9999-12-31 23:59:59.999999, as days and seconds since the epoch
+_MIN_DAY, _MAX_DAY = -719_162, 2_932_896
+_MIN_SECOND, _END_SECOND = _MIN_DAY * 86_400, (_MAX_DAY + 1) * 86_400
+_INT64 = (-(2 ** 63), 2 ** 63 - 1)
+
+
+def bounds(target: pa.DataType) -> tuple[int, int] | None:
+    """Smallest and largest stored integer of a date / time / timestamp type (None: no limit)."""
+    if pat.is_date32(target):
+        return _MIN_DAY, _MAX_DAY
+    if pat.is_timestamp(target):
+        per = _UNIT_PER_SECOND[target.unit]
+        lo, hi = _MIN_SECOND * per, _END_SECOND * per - 1
+        return None if lo < _INT64[0] and hi > _INT64[1] else (max(lo, _INT64[0]), min(hi, _INT64[1]))
+    if pat.is_time(target):
+        return 0, 86_400 * _UNIT_PER_SECOND[target.unit] - 1
+    return None
+
+
+def outside(arr: pa.Array, target: pa.DataType) -> pa.Array | None:
+    """Boolean mask of the values of a temporal array outside :func:`bounds` (None: all inside).
+    One min/max pass; the mask only when something is outside."""
+    limits = bounds(target)
+    if limits is None or arr.null_count == len(arr):
+        return None
+    ints = arr.view(pa.int32() if target.bit_width == 32 else pa.int64())
+    low, high = pc.min_max(ints).values()
+    if limits[0] <= low.as_py() and high.as_py() <= limits[1]:
+        return None
+    return pc.fill_null(pc.or_(pc.less(ints, limits[0]), pc.greater(ints, limits[1])), False)
+
+
+def in_range(arr: pa.Array, values: Sequence[Any], target: pa.DataType,
+             unit: str | None) -> tuple[pa.Array, dict[int, str]]:
+    """``arr`` with the dates / times / timestamps outside :func:`bounds` set to null, and what is
+    wrong with each (an engine cannot read such a value back: it must not reach a table)."""
+    mask = outside(arr, target) if pat.is_temporal(target) else None
+    if mask is None:
+        return arr, {}
+    bad = {i: _describe(values[i], target, out_of_range(values[i], target, unit))
+           for i in pc.indices_nonzero(mask).to_pylist()}
+    return pc.if_else(mask, pa.scalar(None, target), arr), bad
+
+
+def out_of_range(value: Any, target: pa.DataType, unit: str | None) -> Unfit:
+    """The error for a date / time / timestamp outside :func:`bounds`."""
+    what = "a time of day (00:00:00 to 23:59:59.999999999)" if pat.is_time(target) else \
+        "the SQL range 0001-01-01 to 9999-12-31"
+    hint = ""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if unit is None:   # the unit was assumed: the likely mistake
+            hint = (f" when read as {_UNIT_NAME['d' if pat.is_date32(target) else 'ms']} (the default for an "
+                    f"integer); if the source sends another unit, declare the column's encoding (e.g. "
+                    f"io.debezium.time.MicroTimestamp)")
+        else:
+            hint = f" when read as {_UNIT_NAME[unit]}"
+    return Unfit(f"outside {what}{hint}")
+
+
+_UNIT_NAME = {"d": "days since 1970-01-01", "s": "seconds", "ms": "milliseconds", "us": "microseconds",
+              "ns": "nanoseconds"}
 
 
 def _describe(value: Any, target: pa.DataType, exc: BaseException) -> str:
@@ -153,11 +222,11 @@ def _coercer(target: pa.DataType, unit: str | None, decimal_scale: int | None):
     if pat.is_decimal(target):
         return _to_decimal(target)
     if pat.is_date(target):
-        return _date(unit or "d")
+        return _date(unit)
     if pat.is_timestamp(target):
-        return _timestamp(target, unit or "ms")
+        return _timestamp(target, unit)
     if pat.is_time(target):
-        return _time(target, unit or "ms")
+        return _time(target, unit)
     if pat.is_duration(target):
         return _int_in_range(pa.int64())
     return lambda v: v  # nested types: Arrow checks them
@@ -284,7 +353,9 @@ def _decimal_bytes(target: pa.DataType, scale: int):
     return coerce
 
 
-def _date(unit: str):
+def _date(declared_unit: str | None):
+    unit = declared_unit or "d"
+
     def coerce(v: Any) -> dt.date:
         if isinstance(v, dt.datetime):
             return v.date()
@@ -293,8 +364,11 @@ def _date(unit: str):
         if isinstance(v, bool):
             raise Unfit("a boolean is not a date")
         if isinstance(v, int):
-            return (_EPOCH + dt.timedelta(days=v)).date() if unit == "d" else \
-                (_EPOCH + dt.timedelta(microseconds=v * 1_000_000 // _UNIT_PER_SECOND[unit])).date()
+            try:
+                return (_EPOCH + dt.timedelta(days=v)).date() if unit == "d" else \
+                    (_EPOCH + dt.timedelta(microseconds=v * 1_000_000 // _UNIT_PER_SECOND[unit])).date()
+            except OverflowError:
+                raise out_of_range(v, pa.date32(), declared_unit) from None
         if isinstance(v, str):
             return dt.date.fromisoformat(v.strip()[:10])
         raise Unfit("expected days since epoch or YYYY-MM-DD")
@@ -317,15 +391,20 @@ def _parse_datetime(text: str) -> dt.datetime:
     return dt.datetime.fromisoformat(s)
 
 
-def _timestamp(target: pa.TimestampType, unit: str):
+def _timestamp(target: pa.TimestampType, declared_unit: str | None):
     scale_to = _UNIT_PER_SECOND[target.unit]
-    scale_from = _UNIT_PER_SECOND[unit]
+    scale_from = _UNIT_PER_SECOND[declared_unit or "ms"]
+
+    lo, hi = bounds(target) or _INT64
 
     def coerce(v: Any) -> int:
         if isinstance(v, bool):
             raise Unfit("a boolean is not a timestamp")
         if isinstance(v, int):
-            return v * scale_to // scale_from
+            n = v * scale_to // scale_from
+            if not lo <= n <= hi:
+                raise out_of_range(v, target, declared_unit)
+            return n
         if isinstance(v, str):
             v = _parse_datetime(v)
         if isinstance(v, dt.datetime):
@@ -339,15 +418,20 @@ def _timestamp(target: pa.TimestampType, unit: str):
     return coerce
 
 
-def _time(target: pa.DataType, unit: str):
+def _time(target: pa.DataType, declared_unit: str | None):
     scale_to = _UNIT_PER_SECOND[target.unit]
-    scale_from = _UNIT_PER_SECOND[unit]
+    scale_from = _UNIT_PER_SECOND[declared_unit or "ms"]
+
+    lo, hi = bounds(target) or _INT64
 
     def coerce(v: Any) -> int:
         if isinstance(v, bool):
             raise Unfit("a boolean is not a time")
         if isinstance(v, int):
-            return v * scale_to // scale_from
+            n = v * scale_to // scale_from
+            if not lo <= n <= hi:
+                raise out_of_range(v, target, declared_unit)
+            return n
         if isinstance(v, (str, dt.time)):
             t = v if isinstance(v, dt.time) else dt.time.fromisoformat(v.strip()[:15])
             micros = ((t.hour * 60 + t.minute) * 60 + t.second) * 1_000_000 + t.microsecond

@@ -24,7 +24,7 @@ import pyarrow.types as pat
 from changelake.changelog import DEAD_LETTER_SCHEMA, METADATA_FIELDS
 from changelake.formats.assemble import ColumnSpec, MetaColumn
 from changelake.formats.base import DecodeResult
-from changelake.formats.convert import _rescale
+from changelake.formats.convert import _rescale, outside
 
 _SOURCE = pa.struct([("ts_ms", pa.int64()), ("db", pa.string()), ("schema", pa.string()),
                      ("table", pa.string()), ("file", pa.string()), ("pos", pa.int64()), ("row", pa.int64()),
@@ -172,9 +172,15 @@ def assemble(body: pa.StructArray, records: pa.Table, idx: np.ndarray, specs: Se
         fields.append(pa.field(spec.name, spec.type, nullable=spec.nullable))
 
     source = _field(body, "source")
+    source_ts = _to_ms(_field(source, "ts_ms"))
+    if source_ts is None:
+        return None
     for m in meta:
         value = _meta(m.key, body, source)
-        arrays.append((_to_ms(value) if pat.is_timestamp(m.type) else value.cast(m.type)).take(row_msg))
+        value = _to_ms(value) if pat.is_timestamp(m.type) else value.cast(m.type)
+        if value is None:
+            return None
+        arrays.append(value.take(row_msg))
         fields.append(pa.field(m.column, m.type))
 
     record_index = pa.array(idx).take(row_msg)
@@ -188,7 +194,7 @@ def assemble(body: pa.StructArray, records: pa.Table, idx: np.ndarray, specs: Se
     arrays.append(records.column("topic").combine_chunks().take(record_index))
     arrays.append(records.column("partition").combine_chunks().take(record_index))
     arrays.append(records.column("offset").combine_chunks().take(record_index))
-    arrays.append(_to_ms(_field(source, "ts_ms")).take(row_msg))
+    arrays.append(source_ts.take(row_msg))
     arrays.append(_field(source, "db").cast(pa.string()).take(row_msg))
     arrays.append(_field(source, "table").cast(pa.string()).take(row_msg))
     fields.extend(METADATA_FIELDS)
@@ -207,6 +213,14 @@ def _field(struct: pa.StructArray, name: str) -> pa.Array:
 
 def _finish_column(spec: ColumnSpec, column: pa.Array) -> pa.Array | None:
     """The column in its declared type; None when that takes a per-value conversion."""
+    t = spec.type
+    column = _convert_column(spec, column)
+    if column is not None and pat.is_temporal(t) and outside(column, t) is not None:
+        return None   # a date or time no engine can read back: the per-message path explains it
+    return column
+
+
+def _convert_column(spec: ColumnSpec, column: pa.Array) -> pa.Array | None:
     t = spec.type
     src = column.type
     try:
@@ -242,8 +256,10 @@ def _same_kind(src: pa.DataType, dst: pa.DataType) -> bool:
     return any(k(src) and k(dst) for k in kinds)
 
 
-def _to_ms(ints: pa.Array) -> pa.Array:
-    return ints.cast(pa.int64()).cast(METADATA_FIELDS[5].type)
+def _to_ms(ints: pa.Array) -> pa.Array | None:
+    """Epoch milliseconds as a timestamp; None when one is outside the SQL range (per-message path)."""
+    ts = ints.cast(pa.int64()).cast(METADATA_FIELDS[5].type)
+    return None if outside(ts, ts.type) is not None else ts
 
 
 def _meta(key: str, body: pa.StructArray, source: pa.StructArray) -> pa.Array:
