@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from typing import Any
 
 import pyarrow as pa
 
@@ -39,5 +41,23 @@ def arrow_type(text: str) -> pa.DataType:
     raise ConfigError(f"unknown column type {text!r}; use one of {sorted(_SIMPLE)} or decimal(p,s)")
 
 
-def arrow_schema(columns: dict[str, str]) -> pa.Schema:
-    return pa.schema([pa.field(name, arrow_type(t)) for name, t in columns.items()])
+def arrow_schema(columns: Mapping[str, Any]) -> pa.Schema:
+    """Declared columns: name -> type text, or name -> ``{type, encoding, scale}`` (a declared wire
+    encoding, carried as field metadata: :mod:`changelake.formats.encodings`)."""
+    fields = []
+    for name, t in columns.items():
+        if isinstance(t, str):
+            try:
+                fields.append(pa.field(name, arrow_type(t)))
+            except ConfigError as exc:
+                raise ConfigError(f"column {name!r}: {exc}") from None
+        else:
+            from changelake.formats.encodings import declared_field   # only sources declare encodings
+            fields.append(declared_field(name, _plain(t), arrow_type))
+    return pa.schema(fields)
+
+
+def _plain(declaration: Any) -> Any:
+    """A column declaration as a mapping (a pydantic model of the config, or already one)."""
+    dump = getattr(declaration, "model_dump", None)
+    return dump(exclude_none=True) if dump is not None else declaration

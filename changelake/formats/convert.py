@@ -37,17 +37,19 @@ class Unfit(ValueError):
 
 
 def to_arrow(values: Sequence[Any], target: pa.DataType, *, unit: str | None = None,
-             decimal_scale: int | None = None) -> tuple[pa.Array, dict[int, str]]:
+             decimal_scale: int | None = None, wire: str | None = None) -> tuple[pa.Array, dict[int, str]]:
     """Convert ``values`` to an array of ``target``; returns ``(array, bad)``.
 
     ``decimal_scale`` marks values as Kafka Connect ``Decimal`` bytes (base64 in
-    JSON, raw in Avro) holding an unscaled integer with that scale.
+    JSON, raw in Avro) holding an unscaled integer with that scale. ``wire``, a
+    declared encoding's (:class:`changelake.formats.encodings.Encoding`), admits only
+    values written that way; without it, any value that converts exactly is taken.
     """
     if decimal_scale is None:
-        fast = _fast(values, target, unit)
+        fast = _fast(values, target, unit, wire)
         if fast is not None:
             return in_range(fast, values, target, unit)
-    coerce = _coercer(target, unit, decimal_scale)
+    coerce = _coercer(target, unit, decimal_scale, wire)
     out: list[Any] = []
     bad: dict[int, str] = {}
     append = out.append
@@ -152,15 +154,21 @@ def _describe(value: Any, target: pa.DataType, exc: BaseException) -> str:
     return f"value {shown} ({type(value).__name__}) does not fit {target}: {detail}"
 
 
-def _fast(values: Sequence[Any], target: pa.DataType, unit: str | None) -> pa.Array | None:
+#: the Arrow type Arrow must infer for a declared wire encoding to take the fast path
+_FAST_WIRE = {"int": pat.is_integer, "iso": pat.is_string, "decimal-text": pat.is_string}
+
+
+def _fast(values: Sequence[Any], target: pa.DataType, unit: str | None, wire: str | None = None) -> pa.Array | None:
     """Arrow inference + cast when the inferred type converts losslessly; else None."""
     try:
         inferred = pa.array(values)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, UnicodeError):
         return None
     src = inferred.type
     if pat.is_null(src):
         return pa.nulls(len(values), type=target)
+    if wire is not None and not _FAST_WIRE.get(wire, lambda _: False)(src):
+        return None   # values of another shape than declared (or a wire read value by value)
     try:
         if src == target:
             return inferred
@@ -206,9 +214,11 @@ def _rescale(ints: pa.Array, src_unit: str, dst_unit: str) -> pa.Array:
 # --- one-value coercions ------------------------------------------------------------
 
 
-def _coercer(target: pa.DataType, unit: str | None, decimal_scale: int | None):
+def _coercer(target: pa.DataType, unit: str | None, decimal_scale: int | None, wire: str | None = None):
     if decimal_scale is not None:
         return _decimal_bytes(target, decimal_scale)
+    if wire is not None and wire in _WIRES:
+        return _WIRES[wire](target, unit)
     if pat.is_boolean(target):
         return _to_bool
     if pat.is_integer(target):
@@ -439,3 +449,97 @@ def _time(target: pa.DataType, declared_unit: str | None):
         raise Unfit("expected a time of day")
 
     return coerce
+
+
+# --- declared wire encodings (changelake.formats.encodings) -----------------------------
+
+_UNIT_OF = {"d": "days", "s": "seconds", "ms": "milliseconds", "us": "microseconds", "ns": "nanoseconds"}
+
+
+def _digits(text: str) -> bool:
+    body = text[1:] if text[:1] in ("+", "-") else text
+    return body.isascii() and body.isdigit()
+
+
+def _wire_int(target: pa.DataType, unit: str | None):
+    """An integer in ``unit`` (or a string of digits, as Canal sends numbers); nothing else."""
+    inner = _coercer(target, unit, None)
+    expected = f"expected an integer of {_UNIT_OF[unit or 'ms']}, as the column's declared encoding says"
+
+    def coerce(v: Any) -> Any:
+        if type(v) is int:
+            return inner(v)
+        if isinstance(v, str) and _digits(v):
+            return inner(int(v))
+        raise Unfit(expected)
+
+    return coerce
+
+
+def _wire_text(target: pa.DataType, unit: str | None):
+    """ISO-8601 text (DATE, TIME, TIMESTAMP) or decimal text; nothing else."""
+    inner = _coercer(target, unit, None)
+    what = "a decimal number as text" if pat.is_decimal(target) else "ISO-8601 text"
+
+    def coerce(v: Any) -> Any:
+        if not isinstance(v, str):
+            raise Unfit(f"expected {what}, as the column's declared encoding says")
+        if pat.is_date32(target):
+            return dt.date.fromisoformat(v)   # the whole text, not only its first ten characters
+        return inner(v)
+
+    return coerce
+
+
+def _wire_zoned(target: pa.DataType, unit: str | None):
+    """io.debezium.time.ZonedTimestamp: ISO-8601 text with a UTC offset (or Z)."""
+    inner = _coercer(target, unit, None)
+
+    def coerce(v: Any) -> Any:
+        if not isinstance(v, str):
+            raise Unfit("expected ISO-8601 text with a UTC offset (io.debezium.time.ZonedTimestamp)")
+        parsed = _parse_datetime(v)
+        if parsed.tzinfo is None:
+            raise Unfit("has no UTC offset, which io.debezium.time.ZonedTimestamp text always has")
+        return inner(parsed)
+
+    return coerce
+
+
+def _wire_variable_decimal(target: pa.DataType, unit: str | None):
+    """io.debezium.data.VariableScaleDecimal: {"scale": s, "value": base64 of the unscaled integer}."""
+    inner = _coercer(target, unit, None)
+
+    def coerce(v: Any) -> Any:
+        if not (isinstance(v, dict) and "scale" in v and "value" in v) or type(v["scale"]) is not int:
+            raise Unfit('expected {"scale": <int>, "value": <base64>} (io.debezium.data.VariableScaleDecimal)')
+        d = _unscaled(_to_bytes(v["value"]), v["scale"])
+        return inner(str(d) if pat.is_string(target) else d)
+
+    return coerce
+
+
+def _wire_bytes(decode, what: str):
+    def make(target: pa.DataType, unit: str | None):
+        def coerce(v: Any) -> bytes:
+            if not isinstance(v, str):
+                raise Unfit(f"expected {what} text, as the column's declared encoding says")
+            return decode(v)
+        return coerce
+    return make
+
+
+def _url_safe(v: str) -> bytes:
+    return base64.b64decode(v + "=" * (-len(v) % 4), altchars=b"-_", validate=True)
+
+
+_WIRES = {
+    "int": _wire_int,
+    "iso": _wire_text,
+    "decimal-text": _wire_text,
+    "zoned": _wire_zoned,
+    "variable-decimal": _wire_variable_decimal,
+    "base64": _wire_bytes(lambda v: base64.b64decode(v, validate=True), "base64"),
+    "base64-url-safe": _wire_bytes(_url_safe, "URL-safe base64"),
+    "hex": _wire_bytes(bytes.fromhex, "hexadecimal"),
+}

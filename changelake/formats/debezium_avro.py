@@ -45,6 +45,7 @@ from changelake.formats import debezium_avro_bulk as bulk
 from changelake.formats.assemble import (ChangeCollector, ColumnSpec, MetaColumn, Reject, gc_paused, infer_columns,
                                          SchemaMixin, merge_results)
 from changelake.formats.base import DecodeResult
+from changelake.formats.encodings import column_spec
 from changelake.formats.debezium_bulk import present_values
 from changelake.formats.options import Option, parse_options
 
@@ -94,7 +95,7 @@ class DebeziumAvroDecoder(SchemaMixin):
         self._raw: dict[int, Any] = {}               # schema id -> registered schema as JSON data
         self._framed: dict[int, bytes] = {}          # schema id -> bulk container schema
         self._declared = columns
-        self._specs = [ColumnSpec(f.name, f.type, f.nullable) for f in columns] if columns is not None else None
+        self._specs = [column_spec(f) for f in columns] if columns is not None else None
         self._meta = [MetaColumn(k, c, METADATA_TYPES[k]) for k, c in self.metadata]
         self._key = opts["key"]
         self._required: set[str] = set(self._key)    # columns a new writer schema may not drop

@@ -29,13 +29,17 @@ from changelake.formats.convert import _rescale, outside
 _SOURCE = pa.struct([("ts_ms", pa.int64()), ("db", pa.string()), ("schema", pa.string()),
                      ("table", pa.string()), ("file", pa.string()), ("pos", pa.int64()), ("row", pa.int64()),
                      ("lsn", pa.int64())])
+#: declared wire encodings the JSON reader enforces itself: it refuses any value of another JSON type
+#: (an ``int`` encoding reads int64, ``decimal-text`` reads strings); text timestamps and bytes go
+#: message by message
+_BULK_WIRES = (None, "int", "decimal-text")
 _SIMPLE_META = {"ingestion-timestamp", "source.timestamp", "source.database", "source.schema", "source.table"}
 
 
 def _raw_type(spec: ColumnSpec) -> pa.DataType | None:
     """How Arrow's JSON reader reads the column (None: the bulk path cannot)."""
     t = spec.type
-    if spec.pre is not None or spec.decimal_scale is not None:
+    if spec.pre is not None or spec.decimal_scale is not None or spec.wire not in _BULK_WIRES:
         return None
     if pat.is_floating(t):
         return pa.float64()   # then cast, as the per-message path does: same float32 rounding

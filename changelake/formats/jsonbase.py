@@ -21,6 +21,7 @@ from changelake.errors import ConfigError
 from changelake.formats.assemble import (ChangeCollector, ColumnSpec, MetaColumn, Reject, SchemaMixin, gc_paused,
                                          infer_columns)
 from changelake.formats.base import DecodeResult
+from changelake.formats.encodings import column_spec
 
 _loads = orjson.loads
 _JSONDecodeError = orjson.JSONDecodeError
@@ -40,8 +41,7 @@ class JsonChangelogDecoder(SchemaMixin):
         self.metadata: tuple[tuple[str, str], ...] = opts["metadata"]
         metadata, metadata_types, key = self.metadata, self.metadata_types, opts["key"]
         self._declared = columns
-        self._specs: list[ColumnSpec] | None = (
-            [ColumnSpec(f.name, f.type, f.nullable) for f in columns] if columns is not None else None)
+        self._specs: list[ColumnSpec] | None = [column_spec(f) for f in columns] if columns is not None else None
         self._meta = [MetaColumn(k, c, metadata_types[k]) for k, c in metadata]
         self._key = tuple(key)
         if columns is not None:
