@@ -328,7 +328,7 @@ def _to_decimal(target: pa.DataType):
         elif isinstance(v, float):
             d = decimal.Decimal(repr(v))
         elif isinstance(v, dict) and "value" in v and "scale" in v:  # io.debezium.data.VariableScaleDecimal
-            d = _unscaled(_to_bytes(v["value"]), int(v["scale"]))
+            d = unscaled_decimal(_to_bytes(v["value"]), int(v["scale"]))
         else:
             raise Unfit("expected a decimal number")
         if not d.is_finite():
@@ -343,15 +343,20 @@ def _to_decimal(target: pa.DataType):
     return coerce
 
 
-def _unscaled(raw: bytes, scale: int) -> decimal.Decimal:
-    return decimal.Decimal(int.from_bytes(raw, "big", signed=True)).scaleb(-scale)
+#: a context in which scaleb is exact (the default one keeps 28 digits: DECIMAL(38, s) would be rounded)
+_EXACT = decimal.Context(prec=decimal.MAX_PREC, Emax=decimal.MAX_EMAX, Emin=decimal.MIN_EMIN)
+
+
+def unscaled_decimal(raw: bytes, scale: int) -> decimal.Decimal:
+    """The decimal of a big-endian two's-complement unscaled integer and its scale, exactly."""
+    return decimal.Decimal(int.from_bytes(raw, "big", signed=True)).scaleb(-scale, _EXACT)
 
 
 def _decimal_bytes(target: pa.DataType, scale: int):
     after = _to_decimal(target) if pat.is_decimal(target) else None
 
     def coerce(v: Any) -> Any:
-        d = _unscaled(_to_bytes(v), scale)
+        d = unscaled_decimal(_to_bytes(v), scale)
         if after is not None:
             return after(d)
         if pat.is_floating(target):
@@ -513,7 +518,7 @@ def _wire_variable_decimal(target: pa.DataType, unit: str | None):
     def coerce(v: Any) -> Any:
         if not (isinstance(v, dict) and "scale" in v and "value" in v) or type(v["scale"]) is not int:
             raise Unfit('expected {"scale": <int>, "value": <base64>} (io.debezium.data.VariableScaleDecimal)')
-        d = _unscaled(_to_bytes(v["value"]), v["scale"])
+        d = unscaled_decimal(_to_bytes(v["value"]), v["scale"])
         return inner(str(d) if pat.is_string(target) else d)
 
     return coerce
