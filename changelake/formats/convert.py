@@ -256,6 +256,10 @@ def _to_bool(v: Any) -> bool:
     raise Unfit("expected true or false")
 
 
+#: doubles from this magnitude on are not all integers exactly (2^53)
+_EXACT_FLOAT_INT = 2.0 ** 53
+
+
 def _int_in_range(target: pa.DataType):
     bits = target.bit_width
     lo, hi = (0, 2 ** bits - 1) if pat.is_unsigned_integer(target) else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
@@ -267,6 +271,13 @@ def _int_in_range(target: pa.DataType):
             n = v
         elif isinstance(v, float):
             if not v.is_integer():
+                raise Unfit("has a fractional part")
+            if abs(v) >= _EXACT_FLOAT_INT:
+                # a JSON integer beyond 64 bits arrives as a double: its last digits are gone
+                raise Unfit("is too large to have been read exactly")
+            n = int(v)
+        elif isinstance(v, decimal.Decimal):
+            if not v.is_finite() or v != v.to_integral_value():
                 raise Unfit("has a fractional part")
             n = int(v)
         elif isinstance(v, str):
@@ -547,4 +558,5 @@ _WIRES = {
     "base64": _wire_bytes(lambda v: base64.b64decode(v, validate=True), "base64"),
     "base64-url-safe": _wire_bytes(_url_safe, "URL-safe base64"),
     "hex": _wire_bytes(bytes.fromhex, "hexadecimal"),
+    "latin-1": _wire_bytes(lambda v: v.encode("latin-1"), "ISO-8859-1"),
 }

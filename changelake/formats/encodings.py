@@ -47,6 +47,7 @@ encoding                                    for types        the value on the wi
 ``base64``                                  BYTES            base64 text (Debezium's default)
 ``base64-url-safe``                         BYTES            URL-safe base64 text
 ``hex``                                     BYTES            hexadecimal text
+``iso-8859-1``                              BYTES            one character per byte (Canal's default)
 ==========================================  ===============  =================================================
 
 An integer encoding also accepts a string of digits (Canal sends every value as text).
@@ -112,6 +113,7 @@ ENCODINGS: dict[str, Encoding] = {e.name: e for e in (
     Encoding("base64", "base64", (_BYTES,)),
     Encoding("base64-url-safe", "base64-url-safe", (_BYTES,)),
     Encoding("hex", "hex", (_BYTES,)),
+    Encoding("iso-8859-1", "latin-1", (_BYTES,)),
 )}
 
 

@@ -12,10 +12,14 @@ decoder emits can be invalid.
 
 from __future__ import annotations
 
+import decimal
+import json
+import re
 from typing import Any
 
 import orjson
 import pyarrow as pa
+import pyarrow.types as pat
 
 from changelake.errors import ConfigError
 from changelake.formats.assemble import (ChangeCollector, ColumnSpec, MetaColumn, Reject, SchemaMixin, gc_paused,
@@ -25,6 +29,12 @@ from changelake.formats.encodings import column_spec
 
 _loads = orjson.loads
 _JSONDecodeError = orjson.JSONDecodeError
+_exact_loads = json.loads
+
+#: a JSON number a double may not hold exactly: a fraction or exponent in 17 characters or more
+#: (15 significant digits always survive), or an integer beyond 64 bits. Also matches inside
+#: strings, which only costs the slower, exact parse of that message.
+_LONG_NUMBER = re.compile(rb"(?=[0-9+-]*[.eE])[0-9.eE+-]{17,}|[0-9]{20,}")
 
 
 class JsonChangelogDecoder(SchemaMixin):
@@ -65,6 +75,11 @@ class JsonChangelogDecoder(SchemaMixin):
             self._specs = infer_columns(out.images)
         return self._specs or []
 
+    def _exact_numbers(self) -> bool:
+        """Whether a DECIMAL column needs number literals read exactly (Maxwell and OGG write
+        decimals as JSON numbers; orjson reads those as doubles, 15-17 significant digits)."""
+        return any(pat.is_decimal(s.type) for s in self._specs or ())
+
     # --- the loop -------------------------------------------------------------------
 
     def decode(self, records: pa.Table) -> DecodeResult:
@@ -78,6 +93,7 @@ class JsonChangelogDecoder(SchemaMixin):
         offsets = records.column("offset").to_pylist()
         loads = _loads
         message = self._message
+        exact = self._exact_numbers()
         for i, raw in enumerate(values):
             if not raw:
                 out.skip("tombstone")
@@ -87,6 +103,13 @@ class JsonChangelogDecoder(SchemaMixin):
             except _JSONDecodeError as exc:
                 out.reject(i, "malformed", not_json(raw, exc, self.format_name))
                 continue
+            if exact and _LONG_NUMBER.search(raw):
+                # valid (orjson said so) but a number orjson reads as a double may have more digits than
+                # a double keeps: read the message again with numbers as exact decimals
+                try:
+                    obj = _exact_loads(raw, parse_float=decimal.Decimal)
+                except ValueError:   # not expected once orjson has accepted it: keep orjson's reading
+                    pass
             try:
                 skipped = message(out, i, obj, partitions[i], offsets[i])
             except Reject as rej:

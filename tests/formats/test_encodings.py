@@ -77,6 +77,7 @@ GOOD = [
     ("base64", "bytes", base64.b64encode(b"\x00\xff\x00").decode(), b"\x00\xff\x00"),
     ("base64-url-safe", "bytes", "_-8", b"\xff\xef"),
     ("hex", "bytes", "00ff10", b"\x00\xff\x10"),
+    ("iso-8859-1", "bytes", "\u00ff\u0000a", b"\xff\x00a"),
 ]
 
 # (encoding, declared type, a value not written that way)
@@ -282,3 +283,30 @@ def test_connect_decimals_keep_38_digits_with_the_envelope_too() -> None:
     out = make_decoder("debezium-json").decode(records([{"schema": schema, "payload": change("c", after=value)}]))
     assert out.rows.select(["v", "w"]).to_pylist() == [{"v": decimal.Decimal("9999999999999999999999999999.9999999999"),
                                                         "w": "-9999999999999999999999999999.9999999999"}]
+
+
+def test_canal_bytes_are_iso_8859_1_unless_declared_otherwise() -> None:
+    data = bytes(range(256)).decode("latin-1")
+    message = {**CANAL, "data": [{"id": "1", "raw": data, "b64": "AP8="}]}
+    columns = arrow_schema({"id": "bigint", "raw": "bytes", "b64": {"type": "bytes", "encoding": "base64"}})
+    out = make_decoder("canal-json", columns=columns).decode(records([message]))
+    assert out.rows.select(["raw", "b64"]).to_pylist() == [{"raw": bytes(range(256)), "b64": b"\x00\xff"}]
+    # a character beyond ISO-8859-1 cannot be a byte
+    bad = {**CANAL, "data": [{"id": "2", "raw": "\u20ac", "b64": None}]}
+    out = make_decoder("canal-json", columns=columns).decode(records([bad]))
+    assert out.dead_letters.column("reason").to_pylist() == ["schema-mismatch"]
+
+
+@pytest.mark.parametrize("fmt", ["maxwell-json", "ogg-json"])
+def test_decimals_written_as_json_numbers_keep_every_digit(fmt: str) -> None:
+    """Maxwell and OGG write DECIMAL values as JSON numbers; orjson reads those as doubles."""
+    columns = sql_schema([("id", "BIGINT"), ("d", "DECIMAL(38,19)"), ("f", "DOUBLE")])
+    row = b'{"id":1,"d":1234567890123456789.1234567890123456789,"f":0.30000000000000004}'
+    wrap = {"maxwell-json": b'{"database":"db","table":"t","type":"insert","ts":1,"data":%s}',
+            "ogg-json": b'{"table":"S.T","op_type":"I","op_ts":"2024-01-01 00:00:00","after":%s}'}[fmt]
+    huge = wrap % b'{"id":-9223372036854775809,"d":1,"f":1}'   # beyond 64 bits: not silently -2^63
+    out = make_decoder(fmt, columns=columns).decode(records([wrap % row, huge]))
+    assert out.rows.select(["id", "d", "f"]).to_pylist() == [
+        {"id": 1, "d": decimal.Decimal("1234567890123456789.1234567890123456789"), "f": 0.30000000000000004}]
+    assert out.dead_letters.column("reason").to_pylist() == ["schema-mismatch"]
+    assert "column 'id'" in out.dead_letters.column("error")[0].as_py()
