@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import decimal
 import json
-import re
 from typing import Any
 
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.types as pat
 
 from changelake.errors import ConfigError
@@ -31,16 +31,20 @@ _loads = orjson.loads
 _JSONDecodeError = orjson.JSONDecodeError
 _exact_loads = json.loads
 
-#: a JSON number a double may not hold exactly: a fraction or exponent in 17 characters or more
-#: (15 significant digits always survive), or an integer beyond 64 bits. Also matches inside
-#: strings, which only costs the slower, exact parse of that message.
-_LONG_NUMBER = re.compile(rb"(?=[0-9+-]*[.eE])[0-9.eE+-]{17,}|[0-9]{20,}")
+#: a JSON number a double may not hold exactly: 16 or more significant digits with a decimal point
+#: (15 always survive; an integer of up to 16 digits is read exactly), or an integer beyond 64 bits.
+#: Matched for a whole batch at once (Arrow's RE2). It also matches digits inside strings and long
+#: integers, which only costs those messages the slower, exact parse.
+_LONG_NUMBER = r"[0-9][0-9.]{16,}"
 
 
 class JsonChangelogDecoder(SchemaMixin):
     """Base of the JSON CDC decoders (not used directly)."""
 
     format_name = "?"
+    #: the format writes exact decimals as JSON numbers (Debezium writes them as text or base64, or
+    #: as doubles in decimal.handling.mode=double; Canal writes every value as text)
+    decimals_as_numbers = False
     #: readable metadata keys and their Arrow types
     metadata_types: dict[str, pa.DataType] = {}
 
@@ -76,9 +80,9 @@ class JsonChangelogDecoder(SchemaMixin):
         return self._specs or []
 
     def _exact_numbers(self) -> bool:
-        """Whether a DECIMAL column needs number literals read exactly (Maxwell and OGG write
-        decimals as JSON numbers; orjson reads those as doubles, 15-17 significant digits)."""
-        return any(pat.is_decimal(s.type) for s in self._specs or ())
+        """Whether a DECIMAL column needs number literals read exactly: the format writes decimals as
+        JSON numbers (Maxwell, OGG), which orjson reads as doubles (15-17 significant digits)."""
+        return self.decimals_as_numbers and any(pat.is_decimal(s.type) for s in self._specs or ())
 
     # --- the loop -------------------------------------------------------------------
 
@@ -93,7 +97,7 @@ class JsonChangelogDecoder(SchemaMixin):
         offsets = records.column("offset").to_pylist()
         loads = _loads
         message = self._message
-        exact = self._exact_numbers()
+        long_numbers = _long_numbers(records.column("value")) if self._exact_numbers() else None
         for i, raw in enumerate(values):
             if not raw:
                 out.skip("tombstone")
@@ -103,7 +107,7 @@ class JsonChangelogDecoder(SchemaMixin):
             except _JSONDecodeError as exc:
                 out.reject(i, "malformed", not_json(raw, exc, self.format_name))
                 continue
-            if exact and _LONG_NUMBER.search(raw):
+            if long_numbers is not None and long_numbers[i]:
                 # valid (orjson said so) but a number orjson reads as a double may have more digits than
                 # a double keeps: read the message again with numbers as exact decimals
                 try:
@@ -132,3 +136,8 @@ def not_json(raw: bytes, exc: Exception, format_name: str) -> str:
         return (f"not valid UTF-8: byte 0x{raw[bad.start]:02x} at position {bad.start} ({bad.reason}); the topic "
                 f"must carry {format_name} messages as UTF-8 JSON, check the producer's character set")
     return f"not valid JSON ({exc}); the topic must carry {format_name} messages as UTF-8 JSON"
+
+
+def _long_numbers(values: pa.ChunkedArray) -> list[bool]:
+    """Per raw value: does it hold a number literal orjson may not read exactly (:data:`_LONG_NUMBER`)?"""
+    return pc.fill_null(pc.match_substring_regex(values, _LONG_NUMBER), False).to_pylist()
