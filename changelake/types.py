@@ -52,7 +52,7 @@ def arrow_schema(columns: Mapping[str, Any]) -> pa.Schema:
             except ConfigError as exc:
                 raise ConfigError(f"column {name!r}: {exc}") from None
         else:
-            from changelake.formats.encodings import declared_field   # only sources declare encodings
+            from changelake.formats.encodings import declared_field  # only sources declare encodings
             fields.append(declared_field(name, _plain(t), arrow_type))
     return pa.schema(fields)
 

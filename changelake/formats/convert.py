@@ -10,8 +10,15 @@ wrong) and its slot becomes null: the caller turns its message into a
 
 ``unit`` says how integers stand for time values: Debezium's
 ``io.debezium.time.Timestamp`` is milliseconds, ``MicroTimestamp`` microseconds,
-``Date`` days, and so on. It comes from the Debezium schema when there is one;
-integers for TIMESTAMP/TIME columns default to milliseconds, for DATE to days.
+``Date`` days, and so on. It comes from the Debezium schema or a declared encoding
+(:mod:`changelake.formats.encodings`, which also sets ``wire``: only values written
+that way are taken); integers for TIMESTAMP/TIME columns default to milliseconds,
+for DATE to days.
+
+Nothing is wrapped, clipped or rounded: an integer out of its type's range, a
+decimal with more places than its scale, and a date, time or timestamp outside
+0001-01-01 .. 9999-12-31 (a time: outside one day) - values no engine reading the
+table could hold - come back in ``bad``.
 """
 
 from __future__ import annotations

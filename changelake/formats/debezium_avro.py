@@ -237,12 +237,47 @@ class DebeziumAvroDecoder(SchemaMixin):
         return self._specs
 
     def _decode(self, records: pa.Table) -> DecodeResult:
+        """Message by message through fastavro. Declared columns are read with the encodings of each
+        message's writer schema: consecutive messages whose schemas read them alike are decoded
+        together (usually the whole chunk), so a batch that mixes writer schemas is read right."""
+        runs = self._runs(records)
+        if len(runs) == 1:
+            return self._decode_run(records, runs[0][2])
+        return merge_results([self._decode_run(records.slice(start, stop - start), specs)
+                              for start, stop, specs in runs])
+
+    def _runs(self, records: pa.Table) -> list[tuple[int, int, list[ColumnSpec] | None]]:
+        """(start, stop, column specs) of the consecutive records that share how columns are read;
+        a record without a known writer schema joins the run it is in."""
+        if self._declared is None:
+            return [(0, records.num_rows, None)]   # columns from the writer schemas: one set for all
+        self._read_writer_schemas(records)
+        runs: list[list] = []
+        by_id: dict[int, list[ColumnSpec] | None] = {}
+        heads = pc.binary_slice(records.column("value"), 0, 5).to_pylist()
+        for i, head in enumerate(heads):
+            specs = None
+            if head and len(head) == 5 and head[0] == 0:
+                schema_id = int.from_bytes(head[1:5], "big")
+                if schema_id in self._columns_by_id:
+                    if schema_id not in by_id:
+                        by_id[schema_id] = self._effective_specs(schema_id)
+                    specs = by_id[schema_id]
+            if not runs:
+                runs.append([0, 1, specs])
+            elif specs is None or runs[-1][2] is None or specs == runs[-1][2]:
+                runs[-1][1] = i + 1
+                runs[-1][2] = runs[-1][2] or specs
+            else:
+                runs.append([i, i + 1, specs])
+        return [tuple(r) for r in runs] or [(0, records.num_rows, None)]
+
+    def _decode_run(self, records: pa.Table, specs: list[ColumnSpec] | None) -> DecodeResult:
         out = ChangeCollector(records, len(self._meta))
         values = records.column("value").to_pylist()
         partitions = records.column("partition").to_pylist()
         offsets = records.column("offset").to_pylist()
         reader = fastavro.schemaless_reader
-        encodings: dict[str, ColumnSpec] | None = None
         for i, raw in enumerate(values):
             if not raw:
                 out.skip("tombstone")
@@ -269,7 +304,6 @@ class DebeziumAvroDecoder(SchemaMixin):
                                               f"corrupt") from None
                 # bytes after the record are ignored, as Flink does (Flink's own test messages end
                 # with a newline); the bulk path's sentinel check sends such chunks here
-                encodings = self._columns_by_id.get(schema_id)
                 skipped = self._event(out, i, event, partitions[i], offsets[i])
             except Reject as rej:
                 out.reject(i, rej.reason, rej.error)
@@ -278,10 +312,7 @@ class DebeziumAvroDecoder(SchemaMixin):
                 out.skip(skipped)
         if self._specs is None and out.images:
             self._specs = infer_columns(out.images)
-        specs = self._specs
-        if self._declared is not None and encodings:
-            specs = [dbz.with_source_encoding(s, encodings.get(s.name)) for s in specs]
-        return out.finish(specs or [], self._meta, self._key)
+        return out.finish(specs or self._specs or [], self._meta, self._key)
 
     def _event(self, out: ChangeCollector, record: int, event: Any, partition: int, offset: int) -> str | None:
         if not isinstance(event, dict):

@@ -1,8 +1,8 @@
 """The bulk path of the Debezium decoders.
 
-When a chunk of messages is healthy - every value parses as JSON of the
-expected shape, with the declared column types, and only ops c/r/u/d with the
-images they need - Arrow's JSON reader parses the whole chunk straight into
+When a chunk of messages is healthy - every value is valid UTF-8 and parses as
+JSON of the expected shape, with the declared column types, dates in range, and
+only ops c/r/u/d with the images they need - Arrow's JSON reader parses the whole chunk straight into
 columns, without a Python object per value, and the changelog is assembled
 with vectorized takes (:func:`assemble`, shared with the Avro bulk path).
 Anything else (a tombstone is fine) makes :func:`decode_json_chunk` return None and the chunk goes through the per-message

@@ -17,7 +17,9 @@ from hypothesis import strategies as st
 from changelake.changelog import DEAD_LETTER_SCHEMA
 from changelake.formats import REASONS, make_decoder
 from changelake.formats.debezium_avro import DebeziumAvroDecoder
+from changelake.formats.debezium_bulk import decode_json_chunk
 from changelake.formats.sqltypes import sql_schema
+from tests.formats import fuzz_cases as fz
 from tests.formats.helpers import change, records
 
 pytestmark = pytest.mark.unit
@@ -178,9 +180,6 @@ def test_rows_only_come_from_decodable_messages() -> None:
 # decodes to exactly the values it was written from (fuzz_cases: every kind of value a source
 # database holds). Bulk paths are held to the same truth with chunks they must take.
 
-from changelake.formats.debezium_bulk import decode_json_chunk  # noqa: E402
-from tests.formats import fuzz_cases as fz  # noqa: E402
-
 TRUTH_VARIANTS = {
     "debezium-json": lambda: fz.DebeziumBare(),
     "debezium-json+schema": lambda: fz.DebeziumEnvelope(),
@@ -337,7 +336,7 @@ def test_inferred_columns_dead_letter_every_malformed_message(variant: str) -> N
     @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
     @given(mixed_batch(f))
     def run(batch) -> None:
-        messages, good, bad = batch
+        messages, _, bad = batch
         result = make_decoder(f.fmt).decode(records(messages))
         result.rows.validate(full=True)
         letters = {d["offset"] - 100: d for d in result.dead_letters.to_pylist()}
