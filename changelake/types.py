@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 
 import pyarrow as pa
 
@@ -40,8 +41,19 @@ def arrow_type(text: str) -> pa.DataType:
     raise ConfigError(f"unknown column type {text!r}; use one of {sorted(_SIMPLE)} or decimal(p,s)")
 
 
-def arrow_schema(columns: dict[str, str]) -> pa.Schema:
-    return pa.schema([pa.field(name, arrow_type(t)) for name, t in columns.items()])
+def arrow_schema(columns: Mapping[str, str]) -> pa.Schema:
+    """Columns as name -> type text. (A source's columns may also declare a wire encoding:
+    :func:`changelake.formats.encodings.source_schema` reads those.)"""
+    fields = []
+    for name, t in columns.items():
+        if not isinstance(t, str):
+            raise ConfigError(f"column {name!r}: only a source's columns declare an encoding; write the type "
+                              f"alone here, e.g. {name}: bigint")
+        try:
+            fields.append(pa.field(name, arrow_type(t)))
+        except ConfigError as exc:
+            raise ConfigError(f"column {name!r}: {exc}") from None
+    return pa.schema(fields)
 
 
 _INT_WIDENING = {"byte": 0, "short": 1, "integer": 2, "long": 3}

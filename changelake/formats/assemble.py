@@ -35,7 +35,8 @@ class ColumnSpec:
 
     ``unit``/``decimal_scale``/``pre`` describe the source encoding (see
     :func:`changelake.formats.convert.to_arrow`); ``pre`` runs first on each
-    non-null value.
+    non-null value. ``wire`` is set for a declared encoding
+    (:mod:`changelake.formats.encodings`): only values written that way are accepted.
     """
 
     name: str
@@ -44,6 +45,7 @@ class ColumnSpec:
     unit: str | None = None
     decimal_scale: int | None = None
     pre: Callable[[Any], Any] | None = None
+    wire: str | None = None
 
 
 @dataclass(frozen=True)
@@ -137,11 +139,12 @@ class ChangeCollector:
             name = spec.name
             if spec.pre is not None:
                 values = _apply_pre(values, spec.pre, name, row_msg, bad_msgs)
-            arr, bad = to_arrow(values, spec.type, unit=spec.unit, decimal_scale=spec.decimal_scale)
+            arr, bad = to_arrow(values, spec.type, unit=spec.unit, decimal_scale=spec.decimal_scale, wire=spec.wire)
             for i, why in bad.items():
                 bad_msgs.setdefault(row_msg[i], (
-                    "schema-mismatch", f"column {name!r}: {why}; fix the producer or declare the column with a "
-                                       f"type that holds this value"))
+                    "schema-mismatch", f"column {name!r}: {why}; fix the producer or "
+                                       + ("the column's declared type and encoding" if spec.wire else
+                                          "declare the column with a type that holds this value")))
             must_have = name in key or not spec.nullable
             if must_have and arr.null_count:
                 reason = "missing-key" if name in key else "schema-mismatch"
@@ -169,7 +172,10 @@ class ChangeCollector:
         arrays.append(recs.column("topic").take(record_index).combine_chunks())
         arrays.append(recs.column("partition").take(record_index).combine_chunks())
         arrays.append(recs.column("offset").take(record_index).combine_chunks())
-        arrays.append(pa.array(self.source_ts, type=pa.int64()).cast(METADATA_FIELDS[5].type).take(msg_index))
+        source_ts, bad = to_arrow(self.source_ts, METADATA_FIELDS[5].type, unit="ms")
+        for i, why in bad.items():
+            bad_msgs.setdefault(i, ("schema-mismatch", f"the change's source timestamp: {why}"))
+        arrays.append(source_ts.take(msg_index))
         arrays.append(pa.array(self.db, type=pa.string()).take(msg_index))
         arrays.append(pa.array(self.table, type=pa.string()).take(msg_index))
         fields.extend(METADATA_FIELDS)

@@ -13,13 +13,15 @@ One Canal message carries a ``data`` array; every element becomes its own change
 ``database.include`` / ``table.include`` are regular expressions that must match
 the whole name; other messages are counted as ``skipped['filtered']``. Values
 arrive as strings and are converted to the declared column types, or to the
-types ``mysqlType`` (else ``sqlType``) reports. Canal carries no binlog
+types ``mysqlType`` (else ``sqlType``) reports; a BYTES column reads Canal's ISO-8859-1 text
+unless another encoding is declared. Canal carries no binlog
 position, so ``_seq`` is the Kafka position.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import pyarrow as pa
@@ -71,6 +73,9 @@ class CanalJsonDecoder(JsonChangelogDecoder):
     def __init__(self, *, columns: pa.Schema | None = None, options: Mapping[str, Any] | None = None) -> None:
         opts = parse_options(FORMAT, options, option_specs())
         super().__init__(columns=columns, opts=opts)
+        if self._specs is not None:   # Canal writes bytes as ISO-8859-1 text, not base64
+            self._specs = [replace(s, wire="latin-1") if s.wire is None and pa.types.is_binary(s.type) else s
+                           for s in self._specs]
         self._db_re = opts["database_include"]
         self._table_re = opts["table_include"]
         self.database_include: str | None = self._db_re.pattern if self._db_re else None

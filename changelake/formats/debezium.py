@@ -26,6 +26,7 @@ import pyarrow as pa
 
 from changelake.changelog import RowKind, seq_from_kafka, seq_from_log_position
 from changelake.formats.assemble import ChangeCollector, ColumnSpec, MetaColumn, Reject
+from changelake.formats.convert import unscaled_decimal
 from changelake.formats.options import Option
 
 INSERT, UPDATE_BEFORE, UPDATE_AFTER, DELETE = (int(k) for k in RowKind)
@@ -194,7 +195,7 @@ def variable_scale_decimal(v: Any) -> decimal.Decimal:
     raw = v["value"]
     if isinstance(raw, str):
         raw = base64.b64decode(raw, validate=True)
-    return decimal.Decimal(int.from_bytes(raw, "big", signed=True)).scaleb(-int(v["scale"]))
+    return unscaled_decimal(raw, int(v["scale"]))
 
 
 def connect_column(name: str, field: dict) -> ColumnSpec:

@@ -45,6 +45,7 @@ from changelake.formats import debezium_avro_bulk as bulk
 from changelake.formats.assemble import (ChangeCollector, ColumnSpec, MetaColumn, Reject, gc_paused, infer_columns,
                                          SchemaMixin, merge_results)
 from changelake.formats.base import DecodeResult
+from changelake.formats.encodings import column_spec
 from changelake.formats.debezium_bulk import present_values
 from changelake.formats.options import Option, parse_options
 
@@ -94,7 +95,7 @@ class DebeziumAvroDecoder(SchemaMixin):
         self._raw: dict[int, Any] = {}               # schema id -> registered schema as JSON data
         self._framed: dict[int, bytes] = {}          # schema id -> bulk container schema
         self._declared = columns
-        self._specs = [ColumnSpec(f.name, f.type, f.nullable) for f in columns] if columns is not None else None
+        self._specs = [column_spec(f) for f in columns] if columns is not None else None
         self._meta = [MetaColumn(k, c, METADATA_TYPES[k]) for k, c in self.metadata]
         self._key = opts["key"]
         self._required: set[str] = set(self._key)    # columns a new writer schema may not drop
@@ -236,12 +237,47 @@ class DebeziumAvroDecoder(SchemaMixin):
         return self._specs
 
     def _decode(self, records: pa.Table) -> DecodeResult:
+        """Message by message through fastavro. Declared columns are read with the encodings of each
+        message's writer schema: consecutive messages whose schemas read them alike are decoded
+        together (usually the whole chunk), so a batch that mixes writer schemas is read right."""
+        runs = self._runs(records)
+        if len(runs) == 1:
+            return self._decode_run(records, runs[0][2])
+        return merge_results([self._decode_run(records.slice(start, stop - start), specs)
+                              for start, stop, specs in runs])
+
+    def _runs(self, records: pa.Table) -> list[tuple[int, int, list[ColumnSpec] | None]]:
+        """(start, stop, column specs) of the consecutive records that share how columns are read;
+        a record without a known writer schema joins the run it is in."""
+        if self._declared is None:
+            return [(0, records.num_rows, None)]   # columns from the writer schemas: one set for all
+        self._read_writer_schemas(records)
+        runs: list[list] = []
+        by_id: dict[int, list[ColumnSpec] | None] = {}
+        heads = pc.binary_slice(records.column("value"), 0, 5).to_pylist()
+        for i, head in enumerate(heads):
+            specs = None
+            if head and len(head) == 5 and head[0] == 0:
+                schema_id = int.from_bytes(head[1:5], "big")
+                if schema_id in self._columns_by_id:
+                    if schema_id not in by_id:
+                        by_id[schema_id] = self._effective_specs(schema_id)
+                    specs = by_id[schema_id]
+            if not runs:
+                runs.append([0, 1, specs])
+            elif specs is None or runs[-1][2] is None or specs == runs[-1][2]:
+                runs[-1][1] = i + 1
+                runs[-1][2] = runs[-1][2] or specs
+            else:
+                runs.append([i, i + 1, specs])
+        return [tuple(r) for r in runs] or [(0, records.num_rows, None)]
+
+    def _decode_run(self, records: pa.Table, specs: list[ColumnSpec] | None) -> DecodeResult:
         out = ChangeCollector(records, len(self._meta))
         values = records.column("value").to_pylist()
         partitions = records.column("partition").to_pylist()
         offsets = records.column("offset").to_pylist()
         reader = fastavro.schemaless_reader
-        encodings: dict[str, ColumnSpec] | None = None
         for i, raw in enumerate(values):
             if not raw:
                 out.skip("tombstone")
@@ -259,13 +295,15 @@ class DebeziumAvroDecoder(SchemaMixin):
                 body = io.BytesIO(raw[5:])
                 try:
                     event = reader(body, writer, None)
+                except UnicodeDecodeError as exc:
+                    raise Reject("malformed", f"a string in the Avro body is not valid UTF-8 ({exc}); the producer "
+                                              f"wrote bytes that are not text into a string field") from None
                 except Exception as exc:  # noqa: BLE001 - truncated/corrupt body
                     raise Reject("malformed", f"the Avro body does not match writer schema {schema_id} "
                                               f"({type(exc).__name__}: {exc}); the message is truncated or "
                                               f"corrupt") from None
                 # bytes after the record are ignored, as Flink does (Flink's own test messages end
                 # with a newline); the bulk path's sentinel check sends such chunks here
-                encodings = self._columns_by_id.get(schema_id)
                 skipped = self._event(out, i, event, partitions[i], offsets[i])
             except Reject as rej:
                 out.reject(i, rej.reason, rej.error)
@@ -274,10 +312,7 @@ class DebeziumAvroDecoder(SchemaMixin):
                 out.skip(skipped)
         if self._specs is None and out.images:
             self._specs = infer_columns(out.images)
-        specs = self._specs
-        if self._declared is not None and encodings:
-            specs = [dbz.with_source_encoding(s, encodings.get(s.name)) for s in specs]
-        return out.finish(specs or [], self._meta, self._key)
+        return out.finish(specs or self._specs or [], self._meta, self._key)
 
     def _event(self, out: ChangeCollector, record: int, event: Any, partition: int, offset: int) -> str | None:
         if not isinstance(event, dict):

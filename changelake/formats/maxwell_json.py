@@ -57,6 +57,7 @@ def sequence(obj: dict, partition: int, offset: int) -> str:
 class MaxwellJsonDecoder(JsonChangelogDecoder):
     format_name = FORMAT
     metadata_types = METADATA_TYPES
+    decimals_as_numbers = True
 
     def __init__(self, *, columns: pa.Schema | None = None, options: Mapping[str, Any] | None = None) -> None:
         opts = parse_options(FORMAT, options, option_specs())

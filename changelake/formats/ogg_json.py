@@ -59,6 +59,7 @@ def _epoch_ms(text: Any) -> int | None:
 class OggJsonDecoder(JsonChangelogDecoder):
     format_name = FORMAT
     metadata_types = METADATA_TYPES
+    decimals_as_numbers = True
 
     def __init__(self, *, columns: pa.Schema | None = None, options: Mapping[str, Any] | None = None) -> None:
         opts = parse_options(FORMAT, options, option_specs())

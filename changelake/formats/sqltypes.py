@@ -10,7 +10,7 @@ Decimal128Type(decimal128(10, 2))
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import pyarrow as pa
 
@@ -100,10 +100,17 @@ def _split_top_level(body: str) -> tuple[str, str]:
     raise ConfigError(f"MAP type needs a key and a value type, got MAP<{body}>")
 
 
-def sql_schema(columns: Iterable[tuple[str, str]] | Iterable[list[str]]) -> pa.Schema:
-    """An Arrow schema from ``[(name, sql type), ...]``; ``NOT NULL`` makes the field non-nullable."""
+def sql_schema(columns: Iterable[Sequence[str]]) -> pa.Schema:
+    """An Arrow schema from ``[(name, sql type), ...]``; ``NOT NULL`` makes the field non-nullable.
+    A third element declares the column's wire encoding (:mod:`changelake.formats.encodings`), e.g.
+    ``("created", "TIMESTAMP(6)", "io.debezium.time.MicroTimestamp")``."""
+    from changelake.formats.encodings import encoded
+
     fields = []
-    for name, type_text in columns:
+    for name, type_text, *encoding in columns:
         nullable = not type_text.strip().upper().endswith("NOT NULL")
-        fields.append(pa.field(name, sql_type(type_text), nullable=nullable))
+        field = pa.field(name, sql_type(type_text), nullable=nullable)
+        if encoding and encoding[0] is not None:
+            field = encoded(field, encoding[0])
+        fields.append(field)
     return pa.schema(fields)

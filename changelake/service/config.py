@@ -70,13 +70,37 @@ class KafkaSettings(_Model):
         return {k: v.get_secret_value() for k, v in self.properties.items()}
 
 
+class ColumnDecl(_Model):
+    """A declared column with the wire encoding of its values, for sources without a schema in
+    the messages: ``{type: timestamp, encoding: io.debezium.time.MicroTimestamp}``."""
+
+    type: str
+    encoding: str | None = Field(None, description="how the value is written on the wire (docs/formats.md, "
+                                 "'Wire encodings'), e.g. io.debezium.time.MicroTimestamp, epoch-millis, iso-8601")
+    scale: int | None = Field(None, ge=0, description="scale of a decimal sent as base64 bytes (default: the type's)")
+
+
+def _check_columns(columns: Any) -> Any:
+    """Types and encodings are checked before pydantic parses the entries, so that a mistake gets
+    one error that lists what is accepted."""
+    if isinstance(columns, Mapping):
+        from changelake.formats.encodings import source_schema
+        try:
+            source_schema(columns)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+    return columns
+
+
 class SourceSpec(_Model):
     name: str
     topics: list[str] | None = None
     topic_pattern: str | None = None
     format: Literal["debezium-json", "debezium-avro-confluent", "canal-json", "maxwell-json", "ogg-json"] = "debezium-json"
     options: dict[str, Any] = Field(default_factory=dict)
-    columns: dict[str, str] | None = Field(None, description="column name -> type (int, bigint, double, string, boolean, timestamp, date, decimal(p,s))")
+    columns: dict[str, str | ColumnDecl] | None = Field(
+        None, description="column name -> type (int, bigint, double, string, boolean, timestamp, date, decimal(p,s)), "
+        "or -> {type, encoding, scale} to declare how a schema-less message encodes the value")
     starting_offsets: Literal["earliest", "latest"] | dict[str, dict[str, int]] = "earliest"
     on_error: Literal["fail", "skip", "dlq"] = "dlq"
     dead_letter_topic: str | None = Field(None, description="Kafka topic for this source's dead letters "
@@ -94,6 +118,8 @@ class SourceSpec(_Model):
                               "from it is an error. Interval joins and a temporal join's facts need it")
 
     _delay = field_validator("watermark_delay")(_check_optional_duration)
+
+    _columns = field_validator("columns", mode="before")(_check_columns)
 
     @model_validator(mode="after")
     def _one_topic_selector(self) -> "SourceSpec":

@@ -48,6 +48,7 @@ from changelake.changelog import DEAD_LETTER_SCHEMA, KIND, SEQ, RowKind
 from changelake.connectors.delta_sink import DeltaUpsertSink, TableSpec, open_sink
 from changelake.errors import ConfigError, DecodeError
 from changelake.formats import make_decoder
+from changelake.formats.encodings import source_schema
 from changelake.plan.graph import Pipeline
 from changelake.plan.physical import PhysicalPlan, sink_changes
 from changelake.service.config import ChangelakeConfig, SourceSpec, parse_duration
@@ -57,7 +58,6 @@ from changelake.service.quarantine import Quarantine
 from changelake.service.views import pipeline_from_config
 from changelake.spark.compile import CHANGES_PART
 from changelake.spark.decode_stage import DecodeStage, split_null_keys
-from changelake.types import arrow_schema
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ class BatchReport:
 class _Route:
     def __init__(self, spec: SourceSpec) -> None:
         self.spec = spec
-        self.decoder = make_decoder(spec.format, columns=arrow_schema(spec.columns) if spec.columns else None,
+        self.decoder = make_decoder(spec.format, columns=source_schema(spec.columns) if spec.columns else None,
                                     options=spec.options)
         self._rx = re.compile(spec.topic_pattern) if spec.topic_pattern else None
         self._topics = frozenset(spec.topics or ())

@@ -30,9 +30,9 @@ import pyarrow as pa
 
 from changelake.connectors.lookup import CacheOptions, Lookup
 from changelake.errors import ConfigError
+from changelake.formats.encodings import source_schema
 from changelake.plan.graph import Pipeline, StateOptions, Stream
 from changelake.service.config import ChangelakeConfig, LookupSpec, SourceSpec, ViewSpec, parse_duration
-from changelake.types import arrow_schema
 
 
 def pipeline_from_config(config: ChangelakeConfig) -> Pipeline | None:
@@ -71,7 +71,7 @@ def _decoded_columns(s: SourceSpec) -> pa.Schema:
     (``options.metadata``, e.g. the change's operation time as a versioned table's event time)."""
     from changelake.formats import make_decoder
 
-    schema = make_decoder(s.format, columns=arrow_schema(s.columns), options=s.options).output_schema
+    schema = make_decoder(s.format, columns=source_schema(s.columns), options=s.options).output_schema
     # Spark holds timestamps in microseconds (a metadata time may be declared in ms)
     return pa.schema([f.with_type(pa.timestamp("us", tz=f.type.tz)) if pa.types.is_timestamp(f.type) else f
                       for f in schema if not f.name.startswith("_")])

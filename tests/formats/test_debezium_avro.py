@@ -150,3 +150,25 @@ def test_shifted_message_boundaries_are_caught() -> None:
     result = decoder.decode(table)
     assert result.dead_letters.column("offset").to_pylist() == [20]
     assert len(set(result.rows.column("_offset").to_pylist())) == 49
+
+
+def test_a_batch_mixing_writer_schemas_reads_each_message_with_its_own_encodings() -> None:
+    """Declared columns took the encodings of the batch's last message for every message: a
+    MicroTimestamp column read as milliseconds after a message of another writer schema."""
+    from tests.formats.avro_envelopes import envelope, framed
+
+    micro = envelope([{"name": "id", "type": "long"},
+                      {"name": "at", "type": {"type": "long", "connect.name": "io.debezium.time.MicroTimestamp"}}])
+    milli = envelope([{"name": "id", "type": "long"},
+                      {"name": "at", "type": {"type": "long", "connect.name": "io.debezium.time.Timestamp"}}])
+    columns = pa.schema([pa.field("id", pa.int64()), pa.field("at", pa.timestamp("us"))])
+    decoder = DebeziumAvroDecoder(columns=columns, schema_lookup={1: micro, 2: milli}.__getitem__)
+    at = dt.datetime(2024, 1, 2, 3, 4, 5, 678000)
+    messages = [framed(1, micro, "c", pos=1, after={"id": 1, "at": 1_704_164_645_678_000}),
+                framed(2, milli, "c", pos=2, after={"id": 2, "at": 1_704_164_645_678}),
+                framed(1, micro, "c", pos=3, after={"id": 3, "at": 1_704_164_645_678_000}),
+                b"\x00\x00\x00\x00\x09\x00"]   # an unknown schema id last
+    out = decoder._decode(records(messages))
+    assert out.rows.column("at").to_pylist() == [at, at, at]
+    assert out.rows.column("id").to_pylist() == [1, 2, 3]
+    assert out.dead_letters.column("reason").to_pylist() == ["malformed"]

@@ -67,3 +67,13 @@ def test_a_table_learns_one_key_and_refuses_keyless_or_disagreeing_messages(tmp_
     assert keys.key_of("a") is None
     keys.learn({"a": [key_shapes(records([{"op": "c"}], keys=[b'{"id": 1, "region": "eu"}']))]})
     assert keys.key_of("a") == ("id", "region") and not keys.unknown()
+
+
+@pytest.mark.parametrize("raw", [b'{"i\xffd": 1}', b'{"id": "\xff"}', b'{"schema": {}, "payload": {"\xc0\xafid": 1}}',
+                                 b'{"id": "\\ud800"}', b"\xff\xfe", b"\x00\x00\x00"])
+def test_a_key_that_is_not_utf8_json_has_no_fields(raw: bytes) -> None:
+    """Such a key names no columns (the table then needs tables[].primary_key) and never raises;
+    the message's value is decoded as usual and the key keeps its raw bytes in any dead letter."""
+    assert key_fields(raw) is None
+    shapes = key_shapes(records([{"op": "c"}], keys=[raw]))
+    assert shapes.to_pylist()[0]["fields"] is None
