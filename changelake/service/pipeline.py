@@ -159,9 +159,12 @@ class BatchProcessor:
                 self.sinks[name] = open_engine_sink(spec, spark=self._spark, **opened)
         return self.sinks[name]
 
-    def process_decoded(self, out: pa.Table, batch_id: int, *, late_rows: dict | None = None) -> BatchReport:
-        """Apply the collected output of the executors' :class:`DecodeStage` and graph, and the late
-        rows of the event-time joins (``{(view, side): (count, JSON rows)}``, see ``LateRows``)."""
+    def process_decoded(self, out: pa.Table, batch_id: int, *, late_rows: dict | None = None,
+                        rejected: Sequence[Any] = ()) -> BatchReport:
+        """Apply the collected output of the executors' :class:`DecodeStage` and graph, the late
+        rows of the event-time joins (``{(view, side): (count, JSON rows)}``) and the input rows an
+        operator could not process (``rejected``: node, side, row as JSON, seq, error; see
+        ``changelake.spark.reports.Rejected``), which go by their source's ``on_error``."""
         stats, parts = self.stage.split(out)
         self.keys.learn(_key_shapes(self.routes, parts))
         graph_changes = {self.graph_tables[i]: got.pop(CHANGES_PART) for i, got in parts.items()
@@ -179,7 +182,29 @@ class BatchProcessor:
             if rows is not None or dead is not None:
                 decoded.append((route, rows if rows is not None else _empty(route),
                                 dead if dead is not None else DEAD_LETTER_SCHEMA.empty_table()))
+        decoded.extend(self._rejected(rejected))
         return self._apply(stats, decoded, batch_id, graph_changes, late_rows)
+
+    def _rejected(self, rejected: Sequence[Any]) -> list[tuple["_Route", pa.Table, pa.Table]]:
+        """Rows an operator raised on, as dead letters (reason ``operator-error``) of the source they
+        descend from, so that source's ``on_error`` applies: they never stop the pipeline in a loop."""
+        by_source: dict[str, list[dict]] = {}
+        for r in rejected:
+            source = self._source_of(r.node, r.side)
+            spec = next(s for s in self.config.sources if s.name == source)
+            partition, offset = _kafka_position(r.seq)
+            topic = spec.topics[0] if spec.topics and len(spec.topics) == 1 else f"view:{r.node}"
+            by_source.setdefault(source, []).append({
+                "topic": topic, "partition": partition, "offset": offset, "timestamp": None, "key": None,
+                "value": r.row.encode(), "reason": "operator-error",
+                "error": (f"view {r.node!r} could not process this {r.side} input row (position {r.seq}): "
+                          f"{r.error}. The row was set aside and the pipeline went on; fix the value or the "
+                          "view, then `changelake dlq replay` delivers it again")})
+        out = []
+        for source, letters in by_source.items():
+            route = next(r for r in self.routes if r.spec.name == source)
+            out.append((route, _empty(route), pa.Table.from_pylist(letters, schema=DEAD_LETTER_SCHEMA)))
+        return out
 
     def _apply(self, stats: dict[tuple[str, int], tuple[int, int]],
                decoded: list[tuple["_Route", pa.Table, pa.Table]], batch_id: int,
@@ -330,6 +355,14 @@ def _key_shapes(routes: list["_Route"], parts: dict[int, dict[str, pa.Table]]) -
         if "keys" in got and routes[i].spec.table is not None:
             shapes.setdefault(routes[i].spec.table, []).append(got["keys"])
     return shapes
+
+
+def _kafka_position(seq: str | None) -> tuple[int, int]:
+    """(partition, offset) of an ordering token made from a Kafka position (``changelog.seq_from_kafka``);
+    (-1, -1) when the token is a database log position or not a source row's."""
+    if seq and len(seq) == 26 and seq[0] == "k" and seq[1:].isdigit():
+        return int(seq[1:6]), int(seq[6:])
+    return -1, -1
 
 
 def _empty(route: "_Route") -> pa.Table:

@@ -50,8 +50,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from changelake.changelog import KIND, SEQ
-from changelake.errors import ConfigError
+from changelake.errors import ConfigError, StateError
 from changelake.operators._event_time import LATE_KINDS, WATERMARK_KIND
+from changelake.operators._rows import Changes
 from changelake.spark import reports
 from changelake.spark.payloads import from_ipc, to_ipc
 
@@ -95,24 +96,115 @@ def run_bucket(kernel_cls: type, config: Any, snapshot: bytes | None, table: pa.
     ``table`` is the bucket's changelog rows, or for a join the pair (left rows, right rows).
     Pure: usable and testable without Spark.
     """
-    inputs = [table] if isinstance(table, pa.Table) else list(table)
-    inputs = [_kernel_input(t) for t in inputs]
-    cfg = _bundle_config(config, sum(t.num_rows for t in inputs))
+    return _run_segments(kernel_cls, config, snapshot, _segments(table), output_schema, now)
+
+
+def _segments(table: pa.Table | Sequence[pa.Table]) -> list[tuple[str | None, pa.Table]]:
+    """The bucket's input in processing order: (side, rows ordered by ``_seq``); side None: one input."""
+    if isinstance(table, pa.Table):
+        return [(None, _ordered(table))]
+    return [(side, _ordered(t)) for side, t in zip(SIDES, table)]
+
+
+def _run_segments(kernel_cls: type, config: Any, snapshot: bytes | None, segments: list[tuple[str | None, pa.Table]],
+                  output_schema: pa.Schema, now: int) -> BucketStep:
+    cfg = _bundle_config(config, sum(t.num_rows for _, t in segments))
     kernel = kernel_cls.restore(cfg, snapshot) if snapshot is not None else kernel_cls(cfg)
-    if len(inputs) == 1:
-        out = kernel.process(inputs[0], now=now)
-    else:
-        out = kernel.process(inputs[0], side=SIDES[0], now=now)
-        out.extend(kernel.process(inputs[1], side=SIDES[1], now=now))
-    out.extend(kernel.finish(now=now))
+    out = None
+    for side, rows in segments:
+        rows = _user_and_kind(rows)
+        got = kernel.process(rows, now=now) if side is None else kernel.process(rows, side=side, now=now)
+        out = got if out is None else (out.extend(got) or out)
+    finished = kernel.finish(now=now)
+    out = finished if out is None else (out.extend(finished) or out)
     data = kernel.snapshot() if kernel.state_rows else None
     return BucketStep(out.to_arrow(output_schema), data, kernel.state_rows, dict(kernel.take_figures()))
 
 
-def _kernel_input(table: pa.Table) -> pa.Table:
-    """User columns + ``_kind``, stably ordered by ``_seq`` when present (ties keep arrival order)."""
+@dataclasses.dataclass
+class Poisoned:
+    """An input row the kernel could not process, and why."""
+    side: str | None
+    row: pa.Table             # one row: user columns, ``_kind``, ``_seq``
+    error: BaseException
+
+
+def run_bucket_isolating(kernel_cls: type, config: Any, snapshot: bytes | None,
+                         table: pa.Table | Sequence[pa.Table], output_schema: pa.Schema, *,
+                         now: int = 0) -> tuple[BucketStep, list[Poisoned]]:
+    """:func:`run_bucket`, and when the kernel raises on the bucket's rows, the rows that make it raise
+    are found by halving (each half from the state the half before it left) and set aside, so one bad
+    change never stops the pipeline in a loop: the state and output are those of the other rows, in
+    their order. A :class:`~changelake.errors.StateError` (a policy's deliberate stop) is not caught.
+    """
+    segments = _segments(table)
+    try:
+        return _run_segments(kernel_cls, config, snapshot, segments, output_schema, now), []
+    except StateError:
+        raise
+    except Exception:
+        if sum(t.num_rows for _, t in segments) == 0:
+            raise
+    steps: list[BucketStep] = []
+    poisoned: list[Poisoned] = []
+    _isolate(kernel_cls, config, snapshot, segments, output_schema, now, steps, poisoned)
+    if not steps:           # every row was bad: the state stays as it was
+        return BucketStep(Changes().to_arrow(output_schema), snapshot, _rows_of(kernel_cls, config, snapshot),
+                          {}), poisoned
+    figures: dict = {}
+    for s in steps:
+        for k, v in s.figures.items():
+            figures[k] = figures.get(k, 0) + v
+    return BucketStep(pa.concat_tables([s.out for s in steps]), steps[-1].snapshot, steps[-1].state_rows,
+                      figures), poisoned
+
+
+def _isolate(kernel_cls, config, snapshot, segments, output_schema, now, steps, poisoned) -> None:
+    snap = steps[-1].snapshot if steps else snapshot
+    try:
+        steps.append(_run_segments(kernel_cls, config, snap, segments, output_schema, now))
+        return
+    except StateError:
+        raise
+    except Exception as exc:
+        total = sum(t.num_rows for _, t in segments)
+        if total == 1:
+            side, row = next((side, t) for side, t in segments if t.num_rows)
+            poisoned.append(Poisoned(side, row, exc))
+            return
+    first, second = _halves(segments, total // 2)
+    _isolate(kernel_cls, config, snapshot, first, output_schema, now, steps, poisoned)
+    _isolate(kernel_cls, config, snapshot, second, output_schema, now, steps, poisoned)
+
+
+def _halves(segments, n: int):
+    """The segments' rows split after the first ``n`` (order kept)."""
+    first, second, left = [], [], n
+    for side, t in segments:
+        if left >= t.num_rows:
+            first.append((side, t))
+            left -= t.num_rows
+        elif left > 0:
+            first.append((side, t.slice(0, left)))
+            second.append((side, t.slice(left)))
+            left = 0
+        else:
+            second.append((side, t))
+    return [s for s in first if s[1].num_rows], [s for s in second if s[1].num_rows]
+
+
+def _rows_of(kernel_cls: type, config: Any, snapshot: bytes | None) -> int:
+    return kernel_cls.restore(config, snapshot).state_rows if snapshot is not None else 0
+
+
+def _ordered(table: pa.Table) -> pa.Table:
+    """Stably ordered by ``_seq`` when present (ties keep arrival order)."""
     if SEQ in table.column_names and table.num_rows > 1:
-        table = table.sort_by([(SEQ, "ascending")])
+        return table.sort_by([(SEQ, "ascending")])
+    return table
+
+
+def _user_and_kind(table: pa.Table) -> pa.Table:
     return table.select([n for n in table.column_names if not n.startswith("_") or n == KIND])
 
 
@@ -146,6 +238,17 @@ def late_reports(info: NodeInfo, late: pa.Table) -> list[reports.Late]:
     return out
 
 
+def poisoned_reports(info: NodeInfo, bad: Sequence[Poisoned]) -> list[reports.Rejected]:
+    out = []
+    for p in bad:
+        row = p.row.to_pylist()[0]
+        seq = row.pop(SEQ, None)
+        row.pop(KIND, None)
+        out.append(reports.Rejected(info.node, p.side or "left", json.dumps(row, default=str), seq,
+                                    f"{type(p.error).__name__}: {p.error}"))
+    return out
+
+
 def _processor_class():
     from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
@@ -172,8 +275,9 @@ def _processor_class():
                       for p, schema in zip(parts, self.sides)]
             stored = self.state.get()          # None when absent (one round trip to the JVM, not two)
             snapshot = bytes(stored[0]) if stored is not None else None
-            step = run_bucket(self.kernel_cls, self.config, snapshot, tables[0] if len(tables) == 1 else tables,
-                              self.output_schema, now=self.clock(timerValues))
+            step, bad = run_bucket_isolating(self.kernel_cls, self.config, snapshot,
+                                             tables[0] if len(tables) == 1 else tables, self.output_schema,
+                                             now=self.clock(timerValues))
             if step.snapshot is None:
                 self.state.clear()
             else:
@@ -187,6 +291,7 @@ def _processor_class():
                                           0 if step.snapshot is None else len(step.snapshot)))
             if step.figures:
                 sent.append(reports.Counts(step.figures))
+            sent.extend(poisoned_reports(self.info, bad))
             emitted = [(REPORT, reports.encode(sent))]
             if out.num_rows:
                 emitted.insert(0, (DATA, to_ipc(with_positions(out))))

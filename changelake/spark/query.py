@@ -65,7 +65,8 @@ class PipelineQuery:
         # the workers' reports: state sizes, figures and lookup statistics go to /metrics here; the late
         # rows go with the batch (dead letters). A replayed batch reports again, as it recomputes.
         drained = self.channel.drain() if self.channel is not None else None
-        self.processor.process_decoded(out, batch_id, late_rows=drained.late if drained else {})
+        self.processor.process_decoded(out, batch_id, late_rows=drained.late if drained else {},
+                                       rejected=drained.rejected if drained else ())
 
 
 class _DropRows:

@@ -11,6 +11,8 @@ scrapes. Every figure an operator makes therefore travels as a typed report:
                     materializer corrections, ...)
     Late            event-time joins' late rows            changelake_late_rows_total and, with
                                                            late_rows: dead_letter, dead letters
+    Rejected        an input row a kernel raised on        the source's on_error: dead letter
+                    (isolated by halving the bucket)       (reason operator-error), fail, or skip
     LookupFigures   each lookup-join task                  hits, misses, latencies; cache rows summed
                                                            over the workers' latest reports
 
@@ -59,6 +61,16 @@ class Late:
 
 
 @dataclass(frozen=True)
+class Rejected:
+    """An input row an operator could not process (set aside so the pipeline goes on)."""
+    node: str
+    side: str
+    row: str                          # the row as JSON
+    seq: str | None                   # its ordering token (a source row: its log or Kafka position)
+    error: str
+
+
+@dataclass(frozen=True)
 class LookupFigures:
     lookup: str
     worker: int
@@ -77,6 +89,7 @@ def decode(payload: bytes) -> list[Any]:
 class Drained:
     """What one drain found: late rows for the batch's dead letters, lookup figures per lookup."""
     late: dict[tuple[str, str], tuple[int, list[str]]] = field(default_factory=dict)
+    rejected: list[Rejected] = field(default_factory=list)
     lookups: dict[str, LookupStats] = field(default_factory=dict)
 
 
@@ -121,6 +134,8 @@ class ReportChannel:
             elif isinstance(r, Late):
                 n, rows = out.late.get((r.node, r.side), (0, []))
                 out.late[(r.node, r.side)] = (n + r.count, rows + list(r.rows))
+            elif isinstance(r, Rejected):
+                out.rejected.append(r)
             elif isinstance(r, LookupFigures):
                 self.cache_rows[(r.lookup, r.worker)] = r.stats.cache_rows
                 got = out.lookups.get(r.lookup)
