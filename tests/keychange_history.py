@@ -174,6 +174,7 @@ class Message:
     topic: str
     key: bytes
     value: bytes
+    moves: int = 0          # rows of the message whose key changed
 
 
 def encode(db: KeyChangeDatabase, fmt: str, *, topic_prefix: str, redeliver: int = 12) -> list[Message]:
@@ -187,9 +188,11 @@ def encode(db: KeyChangeDatabase, fmt: str, *, topic_prefix: str, redeliver: int
         pos += 1_000
         es += 1_000
         key_col = TABLES[st.table]["key"]
-        for value, row in writer(st, pos=pos, es=es, n=n):
+        for value, rows in writer(st, pos=pos, es=es, n=n):
+            row = rows[0][1] or rows[0][0]
+            moves = sum(1 for b, a in rows if b is not None and a is not None and b[key_col] != a[key_col])
             messages.append(Message(f"{topic_prefix}.{st.table}", orjson.dumps({key_col: row[key_col]}),
-                                    orjson.dumps(value)))
+                                    orjson.dumps(value), moves))
     if redeliver:
         cut = len(messages) * 3 // 4
         messages[cut:cut] = messages[cut - redeliver:cut]
@@ -213,7 +216,7 @@ def _canal(st: Statement, *, pos: int, es: int, n: int):
              "mysqlType": {c: _MYSQL[c][0] for c in columns}, "old": old,
              "pkNames": [TABLES[st.table]["key"]], "sql": "", "sqlType": {c: _MYSQL[c][1] for c in columns},
              "table": st.table, "ts": es + 5, "type": kind}
-    yield value, (st.rows[0][1] or st.rows[0][0])
+    yield value, st.rows
 
 
 def _maxwell(st: Statement, *, pos: int, es: int, n: int):
@@ -224,7 +227,7 @@ def _maxwell(st: Statement, *, pos: int, es: int, n: int):
             value["old"] = {k: before[k] for k in before if before[k] != after[k]}
         if i == len(st.rows) - 1:
             value["commit"] = True
-        yield value, (after or before)
+        yield value, [(before, after)]
 
 
 def _ogg(st: Statement, *, pos: int, es: int, n: int):
@@ -234,7 +237,7 @@ def _ogg(st: Statement, *, pos: int, es: int, n: int):
                  "op_ts": "2023-11-14 22:13:20.000000", "current_ts": "2023-11-14T22:13:21.000000",
                  "pos": f"{pos + i:020d}", "primary_keys": [TABLES[st.table]["key"]],
                  "before": _image(before), "after": _image(after)}
-        yield value, (after or before)
+        yield value, [(before, after)]
 
 
 def _debezium(st: Statement, *, pos: int, es: int, n: int):
@@ -245,7 +248,7 @@ def _debezium(st: Statement, *, pos: int, es: int, n: int):
                             "snapshot": "false", "db": DATABASE, "table": st.table, "server_id": 1,
                             "file": "mysql-bin.000003", "pos": pos, "row": i},
                  "op": op, "ts_ms": es + 3}
-        yield value, (after or before)
+        yield value, [(before, after)]
 
 
 _WRITERS = {"canal-json": _canal, "maxwell-json": _maxwell, "ogg-json": _ogg, "debezium-json": _debezium}
@@ -262,3 +265,97 @@ def raw_records(messages: list[Message], *, partition: int = 0, first_offset: in
         "topic": [m.topic for m in messages], "partition": [partition] * n,
         "offset": list(range(first_offset, first_offset + n)), "timestamp": [None] * n,
         "key": [m.key for m in messages], "value": [m.value for m in messages]}, schema=RAW_SCHEMA)
+
+
+def source_batches(messages: list[Message], size: int):
+    """The messages as the Kafka source's record batches (``kafka_source.ARROW_SCHEMA``) of ``size``
+    messages, every topic in partition 0 with its own offsets."""
+    import pyarrow as pa
+
+    from changelake.connectors.kafka_source import ARROW_SCHEMA, EXPIRED
+
+    offsets: dict[str, int] = {}
+    for start in range(0, len(messages), size):
+        chunk = messages[start:start + size]
+        positions = []
+        for m in chunk:
+            positions.append(offsets.get(m.topic, 0))
+            offsets[m.topic] = positions[-1] + 1
+        yield pa.RecordBatch.from_pydict({
+            "topic": [m.topic for m in chunk], "partition": [0] * len(chunk), "offset": positions,
+            "timestamp": [1_700_000_000_000] * len(chunk), "key": [m.key for m in chunk],
+            "value": [m.value for m in chunk], EXPIRED: [0] * len(chunk)}, schema=ARROW_SCHEMA)
+
+
+# --- the pipeline: mirrors and join + aggregate + top-n, per format ------------------------------------
+
+#: short name of each format's sources and tables
+PREFIX = {"canal-json": "canal", "maxwell-json": "maxwell", "ogg-json": "ogg", "debezium-json": "dbz"}
+#: where each format's keys come from: every place a key can be known is used by some format
+KEYS_FROM = {"canal-json": "source and table", "maxwell-json": "table (the graph takes the table's key)",
+             "ogg-json": "source (graph); the table's key is learnt from the message keys",
+             "debezium-json": "source and table"}
+
+GRAPH_TABLES = {   # suffix -> (primary key, columns, DuckDB query over the final customers and orders)
+    "orders_enriched": (["order_id"], ["order_id", "customer_id", "amount", "id", "name", "region"],
+                        "SELECT o.order_id, o.customer_id, o.amount, c.id, c.name, c.region "
+                        "FROM orders o LEFT JOIN customers c ON o.customer_id = c.id"),
+    "region_sales": (["region"], ["region", "orders", "total"],
+                     "SELECT c.region, count(*) AS orders, sum(o.amount) AS total "
+                     "FROM orders o JOIN customers c ON o.customer_id = c.id GROUP BY c.region"),
+    "top_regions": (["rnk"], ["rnk", "region", "orders", "total"],
+                    "SELECT * FROM (SELECT row_number() OVER (ORDER BY total DESC, region) AS rnk, * FROM ("
+                    "SELECT c.region, count(*) AS orders, sum(o.amount) AS total "
+                    "FROM orders o JOIN customers c ON o.customer_id = c.id GROUP BY c.region)) WHERE rnk <= 2"),
+}
+
+
+def topic(topic_prefix: str, fmt: str, table: str) -> str:
+    return f"{topic_prefix}-{PREFIX[fmt]}.{table}"
+
+
+def pipeline_sections(topic_prefix: str, formats=FORMATS, *, views: bool = True) -> dict[str, list]:
+    """``sources``, ``views`` and ``tables`` of the config: per format, both tables mirrored, and
+    ``orders LEFT JOIN customers`` -> matched rows by region -> top 2 regions."""
+    sources, tables, graph = [], [], []
+    for fmt in formats:
+        p = PREFIX[fmt]
+        for table, spec in TABLES.items():
+            key = [spec["key"]]
+            source = {"name": f"{p}_{table}", "topics": [topic(topic_prefix, fmt, table)], "format": fmt,
+                      "columns": spec["columns"], "on_error": "fail", "table": f"{p}_{table}"}
+            if fmt != "maxwell-json":
+                source["primary_key"] = key
+            sources.append(source)
+            tables.append({"name": f"{p}_{table}"} | ({} if fmt == "ogg-json" else {"primary_key": key}))
+        if views:
+            graph += [
+                {"name": f"{p}_enriched", "join": {"left": f"{p}_orders", "right": f"{p}_customers",
+                                                   "on": {"customer_id": "id"}, "how": "left"}},
+                {"name": f"{p}_matched", "from": f"{p}_enriched", "filter": "region IS NOT NULL"},
+                {"name": f"{p}_sales", "from": f"{p}_matched", "group_by": ["region"],
+                 "aggregates": {"orders": "count(*)", "total": "sum(amount)"}},
+                {"name": f"{p}_top", "from": f"{p}_sales",
+                 "top_n": {"n": 2, "order_by": ["total desc", "region"], "rank_column": "rnk"}},
+            ]
+            views_of = {"orders_enriched": "enriched", "region_sales": "sales", "top_regions": "top"}
+            tables += [{"name": f"{p}_{t}", "from": f"{p}_{views_of[t]}", "primary_key": pk}
+                       for t, (pk, _, _) in GRAPH_TABLES.items()]
+    return {"sources": sources, "views": graph, "tables": tables}
+
+
+def expected_graph_tables(db: KeyChangeDatabase) -> dict[str, set[tuple]]:
+    """Each graph table (by suffix) as DuckDB computes it over the database's final state."""
+    import duckdb
+    import pyarrow as pa
+
+    from changelake.types import arrow_schema
+
+    con = duckdb.connect()
+    for table, spec in TABLES.items():
+        con.register(table, pa.Table.from_pylist(list(db.state[table].values()),
+                                                 schema=arrow_schema(spec["columns"])))
+    out = {t: {tuple(r) for r in con.sql(f"SELECT {', '.join(cols)} FROM ({sql})").fetchall()}
+           for t, (_, cols, sql) in GRAPH_TABLES.items()}
+    con.close()
+    return out
