@@ -278,8 +278,9 @@ class BatchProcessor:
         report.seconds = time.monotonic() - started
         self.last_report = report
         self._accumulate(report)
-        log.info("batch %d: %d records, changes %s, dead letters %s, %.2fs", batch_id, report.records,
-                 json.dumps(report.changes), json.dumps(report.dead_letters), report.seconds)
+        log.info("batch %d: %d records, changes %s, key changes %s, dead letters %s, %.2fs", batch_id,
+                 report.records, json.dumps(report.changes), json.dumps(report.key_changes),
+                 json.dumps(report.dead_letters), report.seconds)
         return report
 
     def _check_keys(self, route: _Route, rows: pa.Table, bad: pa.Table) -> tuple[pa.Table, pa.Table, int]:
