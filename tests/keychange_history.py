@@ -159,7 +159,7 @@ class KeyChangeDatabase:
             self._count("chain")
         return None
 
-    def history(self, *, customers: int = 12, orders: int = 20, changes: int = 150) -> "KeyChangeDatabase":
+    def history(self, *, customers: int = 12, orders: int = 20, changes: int = 150) -> KeyChangeDatabase:
         self.insert("customers", customers)                 # multi-row inserts: the initial rows
         self.insert("orders", orders)
         for _ in range(changes):
@@ -204,7 +204,7 @@ def _image(row: dict | None) -> dict | None:
 
 
 def _canal(st: Statement, *, pos: int, es: int, n: int):
-    text = lambda row: {k: None if v is None else str(v) for k, v in row.items()}   # noqa: E731
+    text = lambda row: {k: None if v is None else str(v) for k, v in row.items()}
     columns = TABLES[st.table]["columns"]
     kind = st.op.upper()
     data = [text(after if after is not None else before) for before, after in st.rows]
@@ -298,15 +298,15 @@ KEYS_FROM = {"canal-json": "source and table", "maxwell-json": "table (the graph
 
 GRAPH_TABLES = {   # suffix -> (primary key, columns, DuckDB query over the final customers and orders)
     "orders_enriched": (["order_id"], ["order_id", "customer_id", "amount", "id", "name", "region"],
-                        "SELECT o.order_id, o.customer_id, o.amount, c.id, c.name, c.region "
-                        "FROM orders o LEFT JOIN customers c ON o.customer_id = c.id"),
+                        ("SELECT o.order_id, o.customer_id, o.amount, c.id, c.name, c.region "
+                         "FROM orders o LEFT JOIN customers c ON o.customer_id = c.id")),
     "region_sales": (["region"], ["region", "orders", "total"],
-                     "SELECT c.region, count(*) AS orders, sum(o.amount) AS total "
-                     "FROM orders o JOIN customers c ON o.customer_id = c.id GROUP BY c.region"),
+                     ("SELECT c.region, count(*) AS orders, sum(o.amount) AS total "
+                      "FROM orders o JOIN customers c ON o.customer_id = c.id GROUP BY c.region")),
     "top_regions": (["rnk"], ["rnk", "region", "orders", "total"],
-                    "SELECT * FROM (SELECT row_number() OVER (ORDER BY total DESC, region) AS rnk, * FROM ("
-                    "SELECT c.region, count(*) AS orders, sum(o.amount) AS total "
-                    "FROM orders o JOIN customers c ON o.customer_id = c.id GROUP BY c.region)) WHERE rnk <= 2"),
+                    ("SELECT * FROM (SELECT row_number() OVER (ORDER BY total DESC, region) AS rnk, * FROM ("
+                     "SELECT c.region, count(*) AS orders, sum(o.amount) AS total "
+                     "FROM orders o JOIN customers c ON o.customer_id = c.id GROUP BY c.region)) WHERE rnk <= 2")),
 }
 
 

@@ -10,6 +10,8 @@ messages, re-deliveries - must give the database's final state in every format.
 
 from __future__ import annotations
 
+import itertools
+
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -22,7 +24,14 @@ from changelake.connectors.delta_sink_kernel import latest_per_key
 from changelake.formats import make_decoder
 from changelake.key_changes import split_key_changes
 from changelake.types import arrow_schema
-from tests.keychange_history import FORMATS, TABLES, KeyChangeDatabase, Message, encode, raw_records
+from tests.keychange_history import (
+    FORMATS,
+    TABLES,
+    KeyChangeDatabase,
+    Message,
+    encode,
+    raw_records,
+)
 
 from .avro_envelopes import ID, NAME, envelope, framed
 
@@ -191,10 +200,10 @@ def test_flink_conformance_cases_keep_their_row_kinds_under_their_key(fmt, path)
     names = [c[0] for c in case["schema"]]
     other = next(n for n in names[1:] if any(
         a["kind"] == "-U" and b["kind"] == "+U" and a["row"][names.index(n)] != b["row"][names.index(n)]
-        for a, b in zip(expected, expected[1:])))
+        for a, b in itertools.pairwise(expected)))
     by_other = split_key_changes(rows, (other,))
     differs = [(a["kind"], b["kind"]) == ("-U", "+U") and a["row"][names.index(other)] != b["row"][names.index(other)]
-               for a, b in zip(expected, expected[1:])]
+               for a, b in itertools.pairwise(expected)]
     deliberate = [dict(e) for e in expected]
     for i, moved in enumerate(differs):
         if moved:

@@ -18,13 +18,22 @@ dominates (a further restart that finds nothing to do is tested by test_graph_pi
 from __future__ import annotations
 
 import signal
+from pathlib import Path
 
 import pytest
 import yaml
 
 from changelake.connectors.delta_read import read_delta
-from tests.keychange_history import (FORMATS, GRAPH_TABLES, PREFIX, TABLES, KeyChangeDatabase, encode,
-                                     expected_graph_tables, pipeline_sections)
+from tests.keychange_history import (
+    FORMATS,
+    GRAPH_TABLES,
+    PREFIX,
+    TABLES,
+    KeyChangeDatabase,
+    encode,
+    expected_graph_tables,
+    pipeline_sections,
+)
 
 from .test_crash_recovery import _run_pipeline
 
@@ -53,11 +62,10 @@ def _tables(config) -> dict[str, set[tuple]]:
 
 
 def _read(config, name: str, columns: list[str]) -> set[tuple]:
-    try:
-        rows = read_delta(config.table_path(name), columns=columns).to_pylist()
-    except Exception:            # not created yet
+    path = config.table_path(name)
+    if not (Path(path) / "_delta_log").exists():      # not created yet
         return set()
-    return {tuple(r[c] for c in columns) for r in rows}
+    return {tuple(r[c] for c in columns) for r in read_delta(path, columns=columns).to_pylist()}
 
 
 def test_key_changes_in_every_format_sigkill_then_restart(kafka, tmp_path):

@@ -21,8 +21,18 @@ from changelake.plan.physical import sink_changes
 from changelake.plan.yaml import pipeline_from_config
 from changelake.service.config import parse_config
 from changelake.types import arrow_schema
-from tests.keychange_history import (FORMATS, GRAPH_TABLES, PREFIX, TABLES, KeyChangeDatabase, encode,
-                                     expected_graph_tables, pipeline_sections, raw_records, topic)
+from tests.keychange_history import (
+    FORMATS,
+    GRAPH_TABLES,
+    PREFIX,
+    TABLES,
+    KeyChangeDatabase,
+    encode,
+    expected_graph_tables,
+    pipeline_sections,
+    raw_records,
+    topic,
+)
 
 pytestmark = pytest.mark.unit
 

@@ -19,8 +19,16 @@ from changelake.connectors.delta_read import read_delta
 from changelake.service import metrics
 from changelake.service.config import parse_config
 from changelake.service.pipeline import BatchProcessor
-from tests.keychange_history import (FORMATS, PREFIX, TABLES, KeyChangeDatabase, Message, encode,
-                                     pipeline_sections, source_batches)
+from tests.keychange_history import (
+    FORMATS,
+    PREFIX,
+    TABLES,
+    KeyChangeDatabase,
+    Message,
+    encode,
+    pipeline_sections,
+    source_batches,
+)
 
 pytestmark = pytest.mark.unit
 
