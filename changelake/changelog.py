@@ -17,7 +17,11 @@ column          Arrow type  meaning
 ==============  ==========  ==========================================================
 
 ``_seq`` is built by :func:`seq_from_log_position` or :func:`seq_from_kafka` so
-that plain string comparison orders changes of one key correctly.
+that plain string comparison orders changes of one key correctly. The rows of one
+message share its ``_seq`` (the ``-U`` and ``+U`` of an update; the rows of a multi-row
+Canal message; the ``-D`` and ``+I`` of a key change, see :mod:`changelake.key_changes`):
+among them, a row's position in the batch is its order, so whatever reduces a key's
+changes takes the last row of the greatest ``_seq``.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Names follow Prometheus conventions: ``changelake_`` prefix, ``_total`` for
 counters, units in the name. Label values are bounded: topic, partition,
-table, format, kind, reason, operator, engine, lookup, result. Never keys or offsets.
+table, source, format, kind, reason, operator, engine, lookup, result. Never keys or offsets.
 
 The driver serves these on ``/metrics``. Counts made in executor Python
 workers travel back to the driver with the batch (see the pipeline), so every
@@ -31,6 +31,10 @@ CONSUMER_LAG = Gauge(
     "changelake_consumer_lag_records",
     "End offset minus the last committed offset, per topic-partition.",
     ["topic", "partition"], registry=REGISTRY)
+KEY_CHANGES = Counter(
+    "changelake_key_changes_total",
+    "Updates that changed the row's primary key, applied as a delete of the old key and an insert of the new "
+    "one, by source (changelake.key_changes).", ["source"], registry=REGISTRY)
 EXPIRED_OFFSETS = Counter(
     "changelake_expired_offsets_skipped_total",
     "Offsets that had expired from Kafka (below the low watermark) before they were read: data lost upstream.",

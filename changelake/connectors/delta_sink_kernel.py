@@ -3,8 +3,10 @@
 Per batch, per primary key (``seq`` = the change's ``_seq``; ``tomb`` = the
 key's tombstone ``_seq`` if it has one; ``row`` = the table row's ``_seq``)::
 
-    -U                       -> ignored (a retraction; its +U follows)
-    several changes of a key -> only the greatest (_seq, _kind) survives
+    -U                       -> ignored (a retraction; its +U follows under the same key, or
+                                it was a key change, which arrives as -D, +I instead)
+    several changes of a key -> only the last change of the greatest _seq survives (changes
+                                sharing a _seq come from one message, in batch order)
     +I/+U, tomb >= seq       -> dropped: resurrections_prevented
     +I/+U, otherwise         -> MERGE: insert if no row, update if row < seq, else stale
                                 and, when tomb < seq, the tombstone is removed
@@ -74,12 +76,18 @@ def validate_changes(changes: pa.Table, *, primary_key: Sequence[str], table: st
 
 
 def latest_per_key(changes: pa.Table, *, primary_key: Sequence[str]) -> pa.Table:
-    """Drop ``-U`` rows and keep, per key, the change with the greatest ``(_seq, _kind)`` (NULL is one key value)."""
+    """Drop ``-U`` rows and keep, per key (NULL is one key value), the last change (batch order) of the greatest ``_seq``.
+
+    Equal ``_seq`` means one message: a chain of key changes in a multi-row message can give a key
+    ``-D`` then ``+I`` at one ``_seq``, and the ``+I`` is the key's final state.
+    """
     kept = changes.filter(pc.not_equal(changes[KIND], pa.scalar(int(RowKind.UPDATE_BEFORE), pa.int8())))
     if kept.num_rows <= 1:
         return kept
-    order = pc.sort_indices(kept, sort_keys=[(k, "ascending") for k in primary_key]
-                            + [(SEQ, "descending"), (KIND, "descending")])
+    position = pa.array(np.arange(kept.num_rows, dtype=np.int64))
+    order = pc.sort_indices(kept.append_column(_ROW, position),
+                            sort_keys=[(k, "ascending") for k in primary_key]
+                            + [(SEQ, "descending"), (_ROW, "descending")])
     n = kept.num_rows
     starts = np.zeros(n, dtype=bool)
     starts[0] = True

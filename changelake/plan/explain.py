@@ -21,6 +21,8 @@ def describe(node: PhysicalNode) -> str:
         args.append(f"columns=[{', '.join(node.schema.names)}]")
         if node.append_only:
             args.append("appendOnly=[true]")
+        elif node.upsert_key:
+            args.append(f"keyChanges=[{', '.join(node.upsert_key)} changed: -D old, +I new]")
     elif node.op == "sink":
         args.append(f"table=[{node.table}], primaryKey=[{', '.join(node.primary_key)}]")
         if node.nullable_key:

@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from changelake.changelog import KIND, RowKind
+from changelake.key_changes import split_key_changes
 from changelake.metrics import publish
 from changelake.operators._event_time import LATE_KINDS
 from changelake.operators.lookup_join import observe
@@ -55,6 +56,8 @@ class LocalRunner:
         self.joiners = {n.id: n.make_kernel() for n in plan if n.op == "lookup_join"}
         #: node id -> late rows of the time-bounded joins (``_kind`` 5: left input, 7: right), as emitted
         self.late: dict[str, list[pa.Table]] = {}
+        #: source -> updates that changed its primary key (split into -D, +I at the source node)
+        self.key_changes: dict[str, int] = {}
 
     def step(self, inputs: Mapping[str, pa.Table], *, now: int = 0) -> dict[str, pa.Table]:
         """Feed one micro-batch (decoded changelogs by source name); returns each table's changes."""
@@ -65,7 +68,7 @@ class LocalRunner:
         for node in self.plan:
             ins = [outs[i] for i in node.inputs]
             if node.op == "source":
-                outs[node.id] = changelog_of(node, inputs.get(node.source))
+                outs[node.id] = self._source_step(node, inputs.get(node.source))
             elif node.op == "filter":
                 outs[node.id] = sql.apply_filter(ins[0], node.predicate)
             elif node.op == "project":
@@ -79,6 +82,16 @@ class LocalRunner:
             else:
                 outs[node.id] = self._kernel_step(node, ins, now)
         return {n.table: outs[n.id] for n in self.plan.sinks}
+
+    def _source_step(self, node: PhysicalNode, table: pa.Table | None) -> pa.Table:
+        """A source's decoded rows with its key changes split by its primary key (as the service's decode
+        stage does on Spark), as the source node's changelog."""
+        if table is None or node.upsert_key is None or node.append_only:
+            return changelog_of(node, table)
+        split = split_key_changes(table, node.upsert_key)
+        if split.moves:
+            self.key_changes[node.source] = self.key_changes.get(node.source, 0) + split.moves
+        return changelog_of(node, split.changes)
 
     def _kernel_step(self, node: PhysicalNode, ins: list[pa.Table], now: int) -> pa.Table:
         kernel = self.kernels[node.id]

@@ -10,7 +10,10 @@ runs ``kernel(config)`` over the input changelog, partitioned by ``state_keys``.
 Executors must honour, per node kind (``op``):
 
 ==============  ==========================================================================
-``source``      the decoded rows of source ``source`` (its declared columns)
+``source``      the decoded rows of source ``source`` (its declared columns); with a primary key
+                (``upsert_key``), an update that changed it is a move: ``-D`` old, ``+I`` new
+                (:func:`changelake.key_changes.split_key_changes`; on Spark the service's
+                decode stage has split them, ``LocalRunner`` splits them itself)
 ``normalize``   ``Deduplicate`` keep-last on arrival, keyed by the source's primary key:
                 drop the input's ``-U`` rows first (``drop_update_before``), so a
                 re-delivered change is suppressed as a no-op (Flink's ChangelogNormalize)

@@ -3,10 +3,13 @@
 Tables that sources mirror come first (decode -> upsert sink); the operator graph of
 ``views`` and ``tables[].from`` follows as the planner decided it
 (:mod:`changelake.plan.explain`), with each node's changelog mode, upsert key and state.
+Both say how an update that changes a primary key is applied (``keyChanges``), and the last
+lines how each format reports one (:mod:`changelake.key_changes`).
 """
 
 from __future__ import annotations
 
+from changelake.key_changes import REPORTED_AS
 from changelake.plan.explain import explain_plan
 from changelake.service.views import pipeline_from_config
 from changelake.service.config import ChangelakeConfig
@@ -24,12 +27,22 @@ def explain(config: ChangelakeConfig) -> str:
         for i, s in enumerate(mirrors):
             branch, cont = ("+- ", "   ") if i == len(mirrors) - 1 else (":- ", ":  ")
             what = f"topics=[{', '.join(s.topics)}]" if s.topics else f"topicPattern=[{s.topic_pattern}]"
-            lines.append(f"{branch}Decode(format=[{s.format}], source=[{s.name}], onError=[{s.on_error}]) "
-                         "changelogMode=[+I,-U,+U,-D]")
+            key = ", ".join(table.primary_key or ["the key"])
+            lines.append(f"{branch}Decode(format=[{s.format}], source=[{s.name}], onError=[{s.on_error}], "
+                         f"keyChanges=[{key} changed: -D old, +I new]) changelogMode=[+I,-U,+U,-D]")
             lines.append(f"{cont}+- KafkaSource({what}, startingOffsets=[{s.starting_offsets}]) "
                          "changelogMode=[+I] (raw records)")
         lines.append("")
     graph = pipeline_from_config(config)
+    keyed = {s.name for s in config.sources if s.table is not None}
     if graph is not None:
-        lines.append(explain_plan(graph.plan()))
+        plan = graph.plan()
+        lines.append(explain_plan(plan))
+        keyed |= {n.source for n in plan.sources if n.upsert_key and not n.append_only}
+    formats = sorted({s.format for s in config.sources if s.name in keyed})
+    if formats:
+        lines.append("")
+        lines.append("keyChanges: an update whose primary key differs before and after is applied as a -D of the old "
+                     "key, then a +I of the new one, at the update's _seq. The formats report one as:")
+        lines.extend(f"  {f}: {REPORTED_AS[f]}" for f in formats)
     return "\n".join(lines).rstrip() + "\n"

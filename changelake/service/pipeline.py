@@ -12,9 +12,12 @@ The query (:meth:`BatchProcessor.stream`)::
 Every micro-batch runs :class:`BatchProcessor` through ``foreachBatch`` on the driver:
 
 1. collect the payloads and report offsets that expired upstream;
-2. the rows of mirrored sources go to their table; graph tables' changes, ordered per key
-   as the last kernel emitted them, get a fresh ``_seq`` (batch id, then position) that orders
-   them after every earlier batch, and a lone ``-U`` becomes a ``-D`` (``sink_changes``);
+2. the rows of mirrored sources go to their table, key changes split by the table's key
+   (``changelake.key_changes``; the decode stage split the graph sources' rows by their key and
+   counted, both counts reach ``changelake_key_changes_total`` here); graph tables' changes,
+   ordered per key as the last kernel emitted them, get a fresh ``_seq`` (batch id, then
+   position) that orders them after every earlier batch, and a lone ``-U`` becomes a ``-D``
+   (``sink_changes``);
 3. apply each source's ``on_error`` policy to the dead letters (fail: stop before
    anything is written; skip: count and drop; dlq: quarantine with raw bytes); rows of
    graph sources with a null primary key are dead letters from the executors on;
@@ -49,6 +52,7 @@ from changelake.connectors.delta_sink import DeltaUpsertSink, TableSpec, open_si
 from changelake.errors import ConfigError, DecodeError
 from changelake.formats import make_decoder
 from changelake.formats.encodings import source_schema
+from changelake.key_changes import split_key_changes
 from changelake.plan.graph import Pipeline
 from changelake.plan.physical import PhysicalPlan, sink_changes
 from changelake.service.config import ChangelakeConfig, SourceSpec, parse_duration
@@ -79,6 +83,7 @@ class BatchReport:
     records: int = 0
     changes: dict[str, dict[str, int]] = field(default_factory=dict)    # table -> kind -> n
     dead_letters: dict[str, int] = field(default_factory=dict)          # reason -> n
+    key_changes: dict[str, int] = field(default_factory=dict)           # source -> updates that moved a row
     expired: int = 0
     committed_tables: list[str] = field(default_factory=list)
     seconds: float = 0.0
@@ -169,6 +174,8 @@ class BatchProcessor:
         self.keys.learn(_key_shapes(self.routes, parts))
         graph_changes = {self.graph_tables[i]: got.pop(CHANGES_PART) for i, got in parts.items()
                          if CHANGES_PART in got}
+        moves = {self.routes[i].spec.name: pc.sum(got.pop("moves")["moves"]).as_py() for i, got in parts.items()
+                 if "moves" in got}
         decoded = []
         for i, got in parts.items():
             if not got:
@@ -183,7 +190,7 @@ class BatchProcessor:
                 decoded.append((route, rows if rows is not None else _empty(route),
                                 dead if dead is not None else DEAD_LETTER_SCHEMA.empty_table()))
         decoded.extend(self._rejected(rejected))
-        return self._apply(stats, decoded, batch_id, graph_changes, late_rows)
+        return self._apply(stats, decoded, batch_id, graph_changes, late_rows, moves)
 
     def _rejected(self, rejected: Sequence[Any]) -> list[tuple["_Route", pa.Table, pa.Table]]:
         """Rows an operator raised on, as dead letters (reason ``operator-error``) of the source they
@@ -208,9 +215,11 @@ class BatchProcessor:
 
     def _apply(self, stats: dict[tuple[str, int], tuple[int, int]],
                decoded: list[tuple["_Route", pa.Table, pa.Table]], batch_id: int,
-               graph_changes: dict[str, pa.Table] | None = None, late_rows: dict | None = None) -> BatchReport:
+               graph_changes: dict[str, pa.Table] | None = None, late_rows: dict | None = None,
+               moves: dict[str, int] | None = None) -> BatchReport:
+        """``moves``: per source, the key changes the decode stage split for the graph."""
         started = time.monotonic()
-        report = BatchReport(batch_id=batch_id)
+        report = BatchReport(batch_id=batch_id, key_changes=dict(moves or {}))
         for (topic, partition), (n, expired) in stats.items():
             report.records += n
             if expired:
@@ -222,7 +231,9 @@ class BatchProcessor:
         per_table: dict[str, list[pa.Table]] = {}
         letters: list[tuple[str, pa.Table]] = []
         for route, rows, dead in decoded:
-            rows, bad = self._check_keys(route, rows, dead)
+            rows, bad, moved = self._check_keys(route, rows, dead)
+            if moved:
+                report.key_changes[route.spec.name] = report.key_changes.get(route.spec.name, 0) + moved
             if bad.num_rows:
                 self.quarantine.observe(route, bad)
                 self._handle_bad(route, bad, batch_id, report)
@@ -230,6 +241,8 @@ class BatchProcessor:
                     letters.append((route.spec.name, bad))
             if rows.num_rows and route.spec.table is not None:
                 per_table.setdefault(route.spec.table, []).append(rows)
+        for source, n in report.key_changes.items():
+            metrics.KEY_CHANGES.labels(source=source).inc(n)
         letters.extend(self._late_letters(late_rows or {}, batch_id, report))
         for name, changes in (graph_changes or {}).items():
             pk = self.config.table(name).primary_key
@@ -252,15 +265,17 @@ class BatchProcessor:
         report.seconds = time.monotonic() - started
         self.last_report = report
         self._accumulate(report)
-        log.info("batch %d: %d records, changes %s, dead letters %s, %.2fs", batch_id, report.records,
-                 json.dumps(report.changes), json.dumps(report.dead_letters), report.seconds)
+        log.info("batch %d: %d records, changes %s, key changes %s, dead letters %s, %.2fs", batch_id,
+                 report.records, json.dumps(report.changes), json.dumps(report.key_changes),
+                 json.dumps(report.dead_letters), report.seconds)
         return report
 
-    def _check_keys(self, route: _Route, rows: pa.Table, bad: pa.Table) -> tuple[pa.Table, pa.Table]:
-        """Rows whose primary key is absent or null become dead letters: they could not be applied."""
+    def _check_keys(self, route: _Route, rows: pa.Table, bad: pa.Table) -> tuple[pa.Table, pa.Table, int]:
+        """The rows for the route's table with key changes split by the table's key (and how many), and
+        the dead letters plus the rows whose primary key is absent or null: they could not be applied."""
         bad = bad.cast(DEAD_LETTER_SCHEMA)
         if rows.num_rows == 0 or route.spec.table is None:
-            return rows, bad
+            return rows, bad, 0
         key = self.keys.key_of(route.spec.table)
         if key is None:
             raise DecodeError(f"table {route.spec.table!r} has no primary_key and none was learnt from the "
@@ -271,7 +286,9 @@ class BatchProcessor:
                 f"source {route.spec.name!r}: the decoded rows have no column(s) {missing} that table "
                 f"{route.spec.table!r} uses as primary key; fix tables[].primary_key or the source's columns",
                 reason="missing-key")
-        return split_null_keys(rows, bad, key, f"table {route.spec.table!r}")
+        split = split_key_changes(rows, key)
+        rows, bad = split_null_keys(split.changes, bad, key, f"table {route.spec.table!r}")
+        return rows, bad, split.moves
 
     def _late_letters(self, late_rows: dict, batch_id: int, report: BatchReport) -> list[tuple[str, pa.Table]]:
         """Count the joins' late rows; those of views with ``late_rows: dead_letter`` become dead letters
@@ -334,6 +351,8 @@ class BatchProcessor:
                 acc[k] = acc.get(k, 0) + n
         for reason, n in report.dead_letters.items():
             t.dead_letters[reason] = t.dead_letters.get(reason, 0) + n
+        for source, n in report.key_changes.items():
+            t.key_changes[source] = t.key_changes.get(source, 0) + n
 
 
 def graph_sink_changes(changes: pa.Table, *, primary_key: Sequence[str], batch_id: int) -> pa.Table:

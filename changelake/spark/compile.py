@@ -4,7 +4,8 @@
 columns, ``_kind``, ``_seq``) and returns, per sink table, its changelog as a streaming
 DataFrame (the sink input's columns, ``_kind``, ``_seq``). Every node of the plan becomes::
 
-    source       select the node's columns, cast to its schema
+    source       select the node's columns, cast to its schema (key changes arrive split: see
+                 ``physical``, the service's decode stage does it)
     filter       rows where the SQL predicate is true (F.expr, the text the planner checked)
     project      F.expr per output column, cast to the planned type
     stateful     drop -U first when drop_update_before; then the kernel in bucketed state:

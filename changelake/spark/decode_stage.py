@@ -11,7 +11,10 @@ a few seconds as IPC payloads on 2 cores). Each output row is one payload:
 =========  ==========================================================================
 ``stats``  per topic-partition counts of the task: records read, offsets expired upstream
 ``rows``   changelog rows of route ``_route`` (its decoder's ``output_schema``); for a route that
-           feeds the operator graph, only rows whose graph key (``graph_keys``) is not null
+           feeds the operator graph, key changes split by its graph key (``graph_keys``, see
+           :mod:`changelake.key_changes`) and only rows whose graph key is not null
+``moves``  how many updates of route ``_route`` were key changes split here (one row, ``moves``):
+           counted on the driver
 ``dl``     dead letters of route ``_route`` (raw bytes, position, reason, error), including the
            rows whose graph key is null (reason ``missing-key``): they never reach a kernel
 ``raw``    raw records of route ``_route`` whose decoder learns its columns at run
@@ -30,6 +33,7 @@ import pyarrow.compute as pc
 
 from changelake.changelog import DEAD_LETTER_SCHEMA, OFFSET, PARTITION, TOPIC
 from changelake.formats.message_key import key_shapes
+from changelake.key_changes import split_key_changes
 from changelake.spark.kafka_source import ARROW_SCHEMA, split_markers
 from changelake.spark.payloads import from_ipc, to_ipc  # noqa: F401  (from_ipc: for the driver's unpacking)
 
@@ -84,7 +88,10 @@ class DecodeStage:
             result = route.decoder.decode(mine)
             rows, dead = result.rows, result.dead_letters.cast(DEAD_LETTER_SCHEMA)
             if self.graph_keys.get(i):
-                rows, dead = split_null_keys(rows, dead, self.graph_keys[i], f"source {route.spec.name!r}")
+                split = split_key_changes(rows, self.graph_keys[i])
+                if split.moves:
+                    out.append((i, "moves", to_ipc(pa.table({"moves": pa.array([split.moves], pa.int64())}))))
+                rows, dead = split_null_keys(split.changes, dead, self.graph_keys[i], f"source {route.spec.name!r}")
             if rows.num_rows:
                 out.append((i, "rows", to_ipc(rows)))
             if dead.num_rows:

@@ -15,10 +15,11 @@ log = logging.getLogger(__name__)
 
 
 def parse_offsets(value: Any) -> dict[str, dict[str, int]]:
-    """Offsets from a progress entry, which Spark gives as JSON text or as a dict."""
+    """Offsets from a progress entry, which Spark gives as JSON text or as a dict (``"null"`` when unknown:
+    e.g. the latest offset of a restarted available-now query whose only batch was a replay)."""
     if not value:
         return {}
-    return json.loads(value) if isinstance(value, str) else dict(value)
+    return (json.loads(value) if isinstance(value, str) else dict(value)) or {}
 
 
 def lag_by_partition(source_progress: dict[str, Any]) -> dict[tuple[str, str], int]:

@@ -27,9 +27,12 @@ def test_reduction_keeps_the_greatest_seq_per_key_and_drops_before_images():
     assert _rows(latest_per_key(batch, primary_key=("id",))) == [(1, 2, seq(9)), (2, 0, seq(1))]
 
 
-def test_reduction_over_a_composite_key_with_a_seq_tie_prefers_the_delete():
-    batch = pa.table({"a": [1, 1, 1, 2], "b": ["x", "x", "y", "x"],
-                      "_kind": pa.array([2, 3, 0, 0], pa.int8()), "_seq": [seq(5), seq(5), seq(1), seq(1)]})
+def test_reduction_over_a_composite_key_with_a_seq_tie_keeps_the_last_row_of_the_message():
+    # Rows sharing a _seq come from one message, in order: the last one is the key's final state
+    # ((1, x): +U then -D; (2, x): -D then +I, as a chain of key changes in a multi-row message gives).
+    batch = pa.table({"a": [1, 1, 1, 2, 2], "b": ["x", "x", "y", "x", "x"],
+                      "_kind": pa.array([2, 3, 0, 3, 0], pa.int8()),
+                      "_seq": [seq(5), seq(5), seq(1), seq(7), seq(7)]})
     reduced = latest_per_key(batch, primary_key=("a", "b"))
     assert sorted(zip(reduced["a"].to_pylist(), reduced["b"].to_pylist(), reduced["_kind"].to_pylist())) == [
         (1, "x", 3), (1, "y", 0), (2, "x", 0)]
