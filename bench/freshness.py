@@ -466,7 +466,7 @@ def main(argv: list[str] | None = None) -> int:
     trend = "growing" if slope > 0.02 * args.rate else "not growing"
     print(f"backlog (acknowledged - committed to the mirror): at the end of production {int(backlog[-1]):,} "
           f"changes, max {int(backlog.max()):,}, median {int(np.median(backlog)):,}; trend over the second half "
-          f"{slope:+,.1f} changes/s ({trend}: more than 2% of the rate is growing)")
+          f"{slope:+,.1f} changes/s ({trend}; growing means above 2% of the rate)")
     lag = sum(result.lag.values()) if result else -1
     print(f"lag at the end (after the drain, {drain_wait:.1f}s): {lag:,} records (Spark progress); "
           f"everything committed: {drained}; expired offsets (must be 0): {expired}")
