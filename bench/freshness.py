@@ -75,6 +75,7 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import machine
+from bench.spark_timing import BatchClock
 from bench.gen import debezium_envelope
 
 CATEGORIES = ["tools", "garden", "kitchen", "toys", "sports", "office", "auto", "outdoor", "books", "music"]
@@ -383,11 +384,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"snapshot: {snapshot:,} events produced; starting the pipeline", flush=True)
 
             runner = PipelineRunner(cfg, serve_http=False)
+            clock = BatchClock()          # per micro-batch: Spark action and driver (Delta) seconds
             outcome: dict = {}
 
             def run() -> None:
                 try:
-                    outcome["result"] = runner.run(install_signal_handlers=False)
+                    with clock:
+                        outcome["result"] = runner.run(install_signal_handlers=False)
                 except BaseException as exc:          # noqa: BLE001 - reported by the main thread
                     outcome["error"] = exc
 
@@ -398,6 +401,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise SystemExit(f"the pipeline did not catch up on the snapshot: {outcome.get('error')!r}")
             print(f"pipeline caught up on the snapshot in {time.monotonic() - t_start:.1f}s (Spark start-up "
                   "included); steady phase starts", flush=True)
+            warmup_batches = len(clock.batches)
             producer.stdin.write("GO\n")
             producer.stdin.flush()
             line = producer.stdout.readline()
@@ -458,6 +462,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"mirror commits while producing: {len(steady)}, every {np.median(gaps) if len(gaps) else float('nan'):.2f}s "
           f"(median; p90 {np.percentile(gaps, 90) if len(gaps) else float('nan'):.2f}s), "
           f"{len(acked) / max(len(steady), 1):,.0f} changes per commit")
+    timed = np.array(clock.batches[warmup_batches:]).reshape(-1, 2)
+    if len(timed):
+        (a50, d50), (a90, d90) = np.percentile(timed, [50, 90], axis=0)
+        print(f"micro-batches after the snapshot: {len(timed)}; Spark action (read, decode, operators, collect) "
+              f"median {a50:.2f}s (p90 {a90:.2f}s), driver (Delta commits) median {d50:.2f}s (p90 {d90:.2f}s)")
     grid = np.arange(t0, t1 + 1e-9, 1.0)
     backlog = (np.searchsorted(np.sort(acked), grid, side="right")
                - np.searchsorted(np.sort(mirror[~np.isnan(mirror)]), grid, side="right"))

@@ -34,12 +34,15 @@ class BatchClock:
     batch the query reported was timed (use it after the run: it is what keeps this clock honest).
     """
 
+    def __init__(self) -> None:
+        self.batches: list[tuple[float, float]] = []        # (spark action s, driver s)
+        self.setup: dict[str, float] = {}                   # pipeline set-up steps outside the batches
+        self._undo: list = []
+
     def __enter__(self) -> "BatchClock":
         from changelake.service import pipeline, runner
         from changelake.spark import query
 
-        self.batches: list[tuple[float, float]] = []        # (spark action s, driver s)
-        self.setup: dict[str, float] = {}                   # pipeline set-up steps outside the batches
         driver: list[float] = []
 
         def timed(label: str):
@@ -71,7 +74,6 @@ class BatchClock:
                 self.batches.append((total - sum(driver), sum(driver)))
             return call
 
-        self._undo = []
         try:
             self._undo.append(_wrap(pipeline.BatchProcessor, "__init__", timed("plan, sinks, decode stage")))
             # the runner imported start_query by name: the clock wraps the name the runner calls
@@ -91,7 +93,8 @@ class BatchClock:
 
     def check(self, progress: list[dict]) -> None:
         """Raise unless the clock timed as many batches as the query ran (``RunResult.progress``,
-        Spark's recent progress; each entry with a ``batchId``)."""
+        Spark's recent progress; each entry with a ``batchId``). For ``availableNow`` runs: with a
+        processing-time trigger, an idle trigger reports the next batch's id before it runs."""
         ran = len({p["batchId"] for p in progress})
         if ran and len(self.batches) != ran:
             raise RuntimeError(f"bench/spark_timing.py: the query ran {ran} micro-batch(es) but BatchClock timed "
