@@ -19,7 +19,8 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/changelake demo --workdir demo-output
 
-## Every test tier (unit, spark, kafka, integration). Benchmarks live in bench/.
+## Every test tier (unit, spark, kafka, integration), and every benchmark in bench/ in its --quick
+## mode as a smoke run (tests/bench/test_bench_smoke.py; full-size benchmarks run from bench/).
 test: $(STAMP)
 	$(PY) -m pytest -p no:cacheprovider
 

@@ -22,8 +22,9 @@ rows). The arrival sequence is cut into micro-batches of ``--batch`` events.
   from query start to termination (the session start is reported apart).
 
 Peak state rows: the largest state after a micro-batch (within one, the kernel also holds that
-batch's rows until its end moves the watermark); on Spark from the ``StateStats`` accumulator, the
-sum over buckets, so each bucket's two watermark entries count.
+batch's rows until its end moves the watermark); on Spark from the report channel
+(``changelake.spark.reports.ReportChannel``: each bucket's latest state size, summed over the
+buckets), so each bucket's two watermark entries count.
 
 Both results are checked against DuckDB's interval join over the rows that were in time (the
 late rows computed from the documented watermark rule), and the late-row counts against it.
@@ -162,10 +163,10 @@ def run_spark(batches: list[dict[str, pa.Table]], work: Path, buckets: int) -> d
     import pyarrow.parquet as pq
     from pyspark.sql.types import StructType
 
-    from changelake.spark.binding import LateRows, StateStats
     from changelake.spark.compile import compile_plan, packed_changes
     from changelake.spark.decode_stage import from_ipc
-    from changelake.service.pipeline import ROCKSDB_PROVIDER
+    from changelake.spark.query import ROCKSDB_PROVIDER
+    from changelake.spark.reports import ReportChannel
     from changelake.spark.session import build_session
 
     streams_dir = {}
@@ -188,10 +189,9 @@ def run_spark(batches: list[dict[str, pa.Table]], work: Path, buckets: int) -> d
             ddl = ", ".join(f"{c} {ty}" for c, ty in cols.items()) + ", _kind TINYINT, _seq STRING"
             streams[name] = spark.readStream.schema(StructType.fromDDL(ddl)).option("maxFilesPerTrigger", 1) \
                 .parquet(str(streams_dir[name]))
-        stats, late = StateStats.accumulator(spark), LateRows.accumulator(spark)
+        channel = ReportChannel(spark)
         plan = pipeline().plan()
-        packed, names = packed_changes(compile_plan(plan, streams, buckets=buckets, state_stats=stats,
-                                                    late_rows=late))
+        packed, names = packed_changes(compile_plan(plan, streams, buckets=buckets, channel=channel))
         out: list[pa.Table] = []
         peaks, late_rows = [0], [0]
 
@@ -200,8 +200,9 @@ def run_spark(batches: list[dict[str, pa.Table]], work: Path, buckets: int) -> d
             for route, payload in zip(rows["_route"].to_pylist(), rows["payload"].to_pylist()):
                 if names[route] == "shipped":
                     out.append(from_ipc(payload).select(["order_id", "ship_id"]))
-            peaks[0] = max(peaks[0], StateStats.totals(stats.value).get("shipped", (0, 0))[0])
-            late_rows[0] += sum(n for n, _ in LateRows.take(late).values())
+            drained = channel.drain()       # as the service's foreachBatch does, after the batch's action
+            peaks[0] = max(peaks[0], channel.state_totals().get("shipped", (0, 0))[0])
+            late_rows[0] += sum(n for n, _ in drained.late.values())
 
         t = time.perf_counter()
         q = (packed.writeStream.foreachBatch(collect).option("checkpointLocation", str(work / "checkpoint"))

@@ -126,3 +126,27 @@ def run_python_job(python: str, script: Path, args: Sequence[str], *, nice: int 
     if proc.returncode:
         raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}:\n{err[-3000:]}")
     return JobRun(seconds, out, dict(mem.peak_mb), mem.total_mb)
+
+
+def pyflink_missing(python: str) -> str | None:
+    """Why ``python`` cannot run the PyFlink peer (no such interpreter, or no ``pyflink`` in it), or None."""
+    if not Path(python).exists():
+        return f"no interpreter at {python} (install apache-flink==2.3.0 in a venv there, or pass --flink-python)"
+    done = subprocess.run([python, "-c", "import pyflink"], capture_output=True, text=True)
+    if done.returncode:
+        return f"{python} cannot import pyflink (pip install apache-flink==2.3.0 there)"
+    return None
+
+
+def skip_pyflink(python: str, *, quick: bool, skipped: bool) -> bool:
+    """Whether a benchmark leaves out its PyFlink peer: when asked to; in a quick (smoke) run, when PyFlink
+    is not installed. A full run without PyFlink stops, saying how to go on without it."""
+    if skipped:
+        return True
+    why = pyflink_missing(python)
+    if why is None:
+        return False
+    if quick:
+        print(f"pyflink: skipped in the quick run: {why}", flush=True)
+        return True
+    raise SystemExit(f"the PyFlink peer cannot run: {why}; or pass --skip-pyflink")

@@ -2,6 +2,7 @@
 through Kafka (embedded broker) -> changelake (Spark) -> Delta (delta-rs), on embedded defaults.
 
     .venv/bin/python bench/mirror.py [--events 1000000] [--keys 200000] [--profile]
+    .venv/bin/python bench/mirror.py --quick     # smoke run: 20,000 events, 4,000 keys, 2 micro-batches
 
 Prints events/s end to end (from query start, Spark start-up included, and from the first
 batch on), peak RSS of the driver, the Spark JVM and the Python workers, and the Delta
@@ -91,7 +92,10 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=250_000, help="max records per micro-batch")
     ap.add_argument("--workdir", default="bench/out/mirror")
     ap.add_argument("--profile", action="store_true", help="cProfile the driver; print the top functions")
+    ap.add_argument("--quick", action="store_true", help="smoke run: 20,000 events over 4,000 keys, batches of 10,000")
     args = ap.parse_args()
+    if args.quick:
+        args.events, args.keys, args.batch = 20_000, 4_000, 10_000
     work = Path(args.workdir).absolute()
     shutil.rmtree(work, ignore_errors=True)
     print(f"machine: {machine()}")
@@ -131,15 +135,15 @@ def main() -> int:
         profiler = cProfile.Profile() if args.profile else None
         first_batch_done: list[float] = []
         from changelake.service import pipeline as pl
-        original = pl.BatchProcessor._apply
+        original = pl.BatchProcessor.process_decoded   # the driver part of each micro-batch
 
-        def timed(self, stats, decoded, batch_id):
-            out = original(self, stats, decoded, batch_id)
+        def timed(self, *args, **kwargs):
+            out = original(self, *args, **kwargs)
             first_batch_done.append(time.monotonic())
-            print(f"  batch {batch_id}: {out.records:,} records, merged on the driver in {out.seconds:.2f}s",
+            print(f"  batch {out.batch_id}: {out.records:,} records, merged on the driver in {out.seconds:.2f}s",
                   flush=True)
             return out
-        pl.BatchProcessor._apply = timed
+        pl.BatchProcessor.process_decoded = timed
         with PeakMemory() as mem:
             start = time.monotonic()
             if profiler:

@@ -31,7 +31,8 @@ files per table split by key, so per-key order is kept and both source tasks hav
   the YAML printed by ``--print-yaml`` (sources with ``primary_key`` and ``normalize: false``,
   ``views``, a table keyed by category), ``available_now``, timed from query start to end with
   the Spark session start reported separately; the result is read from the Delta table.
-  Needs the plan's Spark executor (``changelake/plan/spark.py``); ``auto`` falls back to:
+  Batch and set-up times come from ``bench/spark_timing.py``'s ``BatchClock``, stage times from
+  Spark's event log. ``auto`` falls back, where the Spark executor is missing, to:
 * **changelake, in-process** (``LocalRunner``): the same plan, records consumed back from the
   broker, decoded, fed in micro-batches of ``--batch`` records. It proves the comparison and the
   plan's semantics; its time is NOT a product figure (no Spark, no Delta, one process).
@@ -59,7 +60,7 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import PeakMemory, machine, run_python_job
+from bench.common import PeakMemory, machine, run_python_job, skip_pyflink
 from bench.gen import debezium_envelope
 from bench.spark_timing import BatchClock, spark_stages
 
@@ -315,7 +316,7 @@ def spark_executor_missing() -> str | None:
     from changelake.service.config import ChangelakeConfig
 
     if importlib.util.find_spec("changelake.spark.compile") is None:
-        return "changelake/plan/spark.py (the plan's Spark executor) is not on this tree"
+        return "changelake/spark/compile.py (the plan's Spark executor) is not on this tree"
     if "views" not in ChangelakeConfig.model_fields:
         return "the service config has no 'views' section yet"
     return None
@@ -353,6 +354,7 @@ def run_changelake_spark(queries: list[str], *, bootstrap: str, work: Path, batc
             with BatchClock() as clock:
                 run = PipelineRunner(configs[q], serve_http=False, spark=spark).run(
                     available_now=True, install_signal_handlers=False)
+            clock.check(run.progress)
             seconds = time.perf_counter() - t
             in_batches = sum(p["durationMs"].get("triggerExecution", 0) for p in run.progress) / 1000
             if run.totals.expired:
@@ -451,7 +453,7 @@ def main() -> int:
     ap.add_argument("--keys", type=int, default=200_000, help="product keys")
     ap.add_argument("--order-events", type=int, help="order change events (default: --events)")
     ap.add_argument("--order-keys", type=int, help="order keys (default: 1.5 x --keys)")
-    ap.add_argument("--quick", action="store_true", help="smoke run: 20,000 events over 4,000 keys per table")
+    ap.add_argument("--quick", action="store_true", help="smoke run: 20,000 events over 4,000 keys per table; PyFlink only where installed")
     ap.add_argument("--changelake", choices=("auto", "spark", "local", "none"), default="auto")
     ap.add_argument("--queries", default="a,b")
     ap.add_argument("--skip-pyflink", action="store_true")
@@ -463,6 +465,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.quick:
         args.events, args.keys = 20_000, 4_000
+    args.skip_pyflink = skip_pyflink(args.flink_python, quick=args.quick, skipped=args.skip_pyflink)
     queries = [q for q in args.queries.split(",") if q]
     w = Workload(events={"products": args.events, "orders": args.order_events or args.events},
                  keys={"products": args.keys, "orders": args.order_keys or args.keys * 3 // 2})

@@ -3,6 +3,7 @@
     PYTHONPATH=. python bench/sink.py                  # 1M changes, 200k keys, batches of 100k
     PYTHONPATH=. python bench/sink.py --preload 1000000 --changes 100000 --hot recent
     PYTHONPATH=. python bench/sink.py --preload 1000000 --changes 100000 --hot uniform
+    PYTHONPATH=. python bench/sink.py --quick          # smoke run: 20k changes, 4k keys, 2k preloaded
 
 Every change is a +I (first change of a key), +U or -D (``--delete-ratio``), with
 strictly increasing ``_seq`` per key; each batch is shuffled, and ``--late-ratio``
@@ -121,7 +122,11 @@ def main() -> None:
     parser.add_argument("--engine", default="delta-rs", choices=["delta-rs"])
     parser.add_argument("--dir", default=None, help="where to write the table (default: a temp dir)")
     parser.add_argument("--profile", action="store_true", help="print time per sink phase (timed batches)")
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke run: 20,000 changes over 4,000 keys in batches of 5,000, 2,000 rows preloaded")
     args = parser.parse_args()
+    if args.quick:
+        args.changes, args.keys, args.batch, args.preload = 20_000, 4_000, 5_000, 2_000
     phases = instrument_phases() if args.profile else {}
 
     rng = np.random.default_rng(7)

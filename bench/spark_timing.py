@@ -3,57 +3,105 @@ per-stage times from Spark's event log (``spark.eventLog.enabled``, uncompressed
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import time
 from pathlib import Path
 
 
+def _wrap(owner: object, name: str, around) -> tuple[object, str, object]:
+    """Replace ``owner.name`` by ``around(original)``; returns what :func:`_unwrap` needs. Raises when the
+    attribute is gone, so that a refactoring of the service breaks the clock loudly, not silently."""
+    original = inspect.getattr_static(owner, name, None)
+    if original is None:
+        raise RuntimeError(f"bench/spark_timing.py: {getattr(owner, '__name__', owner)}.{name} is gone; "
+                           "update BatchClock to the pipeline's new layout")
+    setattr(owner, name, functools.wraps(original)(around(getattr(owner, name))))
+    return owner, name, original
+
+
 class BatchClock:
-    """Times each micro-batch's Spark action (read, decode, operators, collect) and driver part (Delta)."""
+    """Times each micro-batch of a service pipeline run in this process.
 
-    def __enter__(self):
-        from changelake.service import pipeline, runner
+    Per batch: the whole ``foreachBatch`` call (:meth:`changelake.spark.query.PipelineQuery.__call__`)
+    split into its Spark action (read, decode, operators, collect: everything but the driver part)
+    and its driver part (:meth:`changelake.service.pipeline.BatchProcessor.process_decoded`: sinks,
+    dead letters). Outside the batches: building the processor (plan, sinks, decode stage) and
+    starting the query (streaming graph, Python data source), as the service runner calls them.
 
+    ``batches``: ``[(spark action s, driver s)]`` in batch order. :meth:`check` raises unless every
+    batch the query reported was timed (use it after the run: it is what keeps this clock honest).
+    """
+
+    def __init__(self) -> None:
         self.batches: list[tuple[float, float]] = []        # (spark action s, driver s)
         self.setup: dict[str, float] = {}                   # pipeline set-up steps outside the batches
-        cls = self._cls = pipeline.BatchProcessor
-        self._runner = runner
-        self._init, self._start = init, start = cls.__init__, runner.start_query
-        self._call, self._process = call, process = cls.__call__, cls.process_decoded
+        self._undo: list = []
+
+    def __enter__(self) -> "BatchClock":
+        from changelake.service import pipeline, runner
+        from changelake.spark import query
+
         driver: list[float] = []
 
-        def timed_init(proc, *args, **kwargs):
-            t = time.perf_counter()
-            init(proc, *args, **kwargs)
-            self.setup["plan, sinks, decode stage"] = time.perf_counter() - t
+        def timed(label: str):
+            def around(fn):
+                def call(*args, **kwargs):
+                    t = time.perf_counter()
+                    try:
+                        return fn(*args, **kwargs)
+                    finally:
+                        self.setup[label] = self.setup.get(label, 0.0) + time.perf_counter() - t
+                return call
+            return around
 
-        def timed_start(*args, **kwargs):
-            t = time.perf_counter()
-            query = start(*args, **kwargs)
-            self.setup["query start (streaming graph, Python data source)"] = time.perf_counter() - t
-            return query
+        def driver_part(fn):
+            def call(*args, **kwargs):
+                t = time.perf_counter()
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    driver.append(time.perf_counter() - t)
+            return call
 
-        def timed_process(proc, out, batch_id):
-            t = time.perf_counter()
-            try:
-                return process(proc, out, batch_id)
-            finally:
-                driver.append(time.perf_counter() - t)
+        def whole_batch(fn):
+            def call(*args, **kwargs):
+                t = time.perf_counter()
+                driver.clear()
+                fn(*args, **kwargs)
+                total = time.perf_counter() - t
+                self.batches.append((total - sum(driver), sum(driver)))
+            return call
 
-        def timed_call(proc, batch_df, batch_id):
-            t = time.perf_counter()
-            driver.clear()
-            call(proc, batch_df, batch_id)
-            total = time.perf_counter() - t
-            self.batches.append((total - sum(driver), sum(driver)))
-
-        cls.__call__, cls.process_decoded, cls.__init__ = timed_call, timed_process, timed_init
-        runner.start_query = timed_start
+        try:
+            self._undo.append(_wrap(pipeline.BatchProcessor, "__init__", timed("plan, sinks, decode stage")))
+            # the runner imported start_query by name: the clock wraps the name the runner calls
+            self._undo.append(_wrap(runner, "start_query",
+                                    timed("query start (streaming graph, Python data source)")))
+            self._undo.append(_wrap(pipeline.BatchProcessor, "process_decoded", driver_part))
+            self._undo.append(_wrap(query.PipelineQuery, "__call__", whole_batch))
+        except BaseException:
+            self.__exit__()
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._cls.__call__, self._cls.process_decoded, self._cls.__init__ = self._call, self._process, self._init
-        self._runner.start_query = self._start
+        for owner, name, original in reversed(self._undo):
+            setattr(owner, name, original)
+        self._undo = []
+
+    def check(self, progress: list[dict]) -> None:
+        """Raise unless the clock timed as many batches as the query ran (``RunResult.progress``,
+        Spark's recent progress; each entry with a ``batchId``). For ``availableNow`` runs: with a
+        processing-time trigger, an idle trigger reports the next batch's id before it runs."""
+        ran = len({p["batchId"] for p in progress})
+        if ran and len(self.batches) != ran:
+            raise RuntimeError(f"bench/spark_timing.py: the query ran {ran} micro-batch(es) but BatchClock timed "
+                               f"{len(self.batches)}; the foreachBatch callable moved, update BatchClock")
+        if "plan, sinks, decode stage" not in self.setup or len(self.setup) != 2:
+            raise RuntimeError(f"bench/spark_timing.py: set-up steps timed: {sorted(self.setup)}; the pipeline's "
+                               "assembly moved, update BatchClock")
 
 
 def spark_stages(eventlog: Path) -> dict[str, list[dict]]:

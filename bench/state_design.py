@@ -5,6 +5,7 @@ One generated input, four designs, one run::
     nice -n 19 /tmp/venv/bin/python bench/state_design.py [--events 1000000] [--keys 200000]
         [--buckets 8,32,128] [--normalize-buckets 32,128] [--per-key-files 2]
         [--flink-python /tmp/venv-flink/bin/python] [--skip pyflink,jvm,bucketed,normalize,per-key]
+    python bench/state_design.py --quick    # smoke run: 20,000 events, 4,000 keys, one bucket count each
 
 Input: ``--events`` Debezium-style change events over ``--keys`` product ids (9 categories,
 integer prices in cents). Per event a random id is drawn: absent -> insert; present -> update
@@ -29,7 +30,8 @@ Designs:
 
 Each Spark design runs as an availableNow query over the 10 parquet files (5 per micro-batch),
 timed from ``start()`` to the end (query start included, as for Flink's job start). Final
-results (category -> count, sum) are compared with a direct fold of the generated data.
+results (category -> count, sum) are compared with a direct fold of the generated data; the run
+fails when one differs.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import machine, run_python_job
+from bench.common import machine, run_python_job, skip_pyflink
 from changelake.changelog import KIND, SEQ
 
 CATEGORIES = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india"]
@@ -313,8 +315,15 @@ def main() -> None:
     ap.add_argument("--normalize-buckets", default="32,128")
     ap.add_argument("--skip", default="",
                     help="comma list of designs to skip: bucketed,jvm,normalize,per-key,pyflink")
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke run: 20,000 events over 4,000 keys, B=8 only, per-key on 1 file; PyFlink only "
+                         "where installed")
     args = ap.parse_args()
+    if args.quick:
+        args.events, args.keys, args.buckets, args.normalize_buckets, args.per_key_files = 20_000, 4_000, "8", "8", 1
     skip = set(filter(None, args.skip.split(",")))
+    if skip_pyflink(args.flink_python, quick=args.quick, skipped="pyflink" in skip):
+        skip.add("pyflink")
 
     work = Path(tempfile.mkdtemp(prefix="changelake-state-design-"))
     print(f"machine: {machine()}; work dir {work}")
@@ -356,8 +365,8 @@ def main() -> None:
     if "normalize" not in skip:
         for b in (int(x) for x in args.normalize_buckets.split(",")):
             secs, res = run_bucketed_normalize(spark, work / "data", work, b)
-            report(f"normalize by id (keep-last Deduplicate, 200k keys) bucketed B={b}", args.events, secs, res,
-                   expected)
+            report(f"normalize by id (keep-last Deduplicate, {args.keys:,} keys) bucketed B={b}", args.events, secs,
+                   res, expected)
     if "per-key" not in skip:
         n = args.per_key_files
         secs, res = run_per_key(spark, work / "data", work, n)
@@ -371,6 +380,9 @@ def main() -> None:
         ratio = f"{events / secs / flink_eps:.2f}x" if flink_eps else "-"
         print(f"| {name} | {events:,} | {secs:.1f} | {events / secs:,.0f} | {ratio} | {ok} |")
     shutil.rmtree(work, ignore_errors=True)
+    wrong = [name for name, _, _, ok in figures if not ok]
+    if wrong:
+        raise SystemExit(f"results differ from the direct fold of the data: {wrong}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,504 @@
+"""Freshness benchmark (issue 12): how long a change takes from Kafka to a committed Delta version.
+
+    .venv/bin/python bench/freshness.py [--rate 2000] [--duration 300] [--keys 100000] [--no-graph]
+    .venv/bin/python bench/freshness.py --quick     # smoke run: 30 s at 200 events/s, 2,000 keys
+
+**What runs.** The embedded broker (librdkafka's mock cluster); a producer process that writes
+Debezium JSON changes of a ``products`` table (MySQL connector envelope, 8 columns) at a steady
+``--rate`` for ``--duration`` seconds over ``--topics`` topics of 4 partitions (a key always goes
+to the same topic and partition; ``--linger`` ms per producer batch, see below); and, in this process, the service pipeline as ``changelake run``
+runs it (``PipelineRunner``, ``trigger_interval: 1 second``, embedded defaults: ``local[2]``,
+delta-rs) with two tables:
+
+* ``products``: the mirror of the source (upserts keyed by ``id``);
+* ``category_stock`` (unless ``--no-graph``): a graph table, ``GROUP BY category`` with
+  ``count(*)`` and ``sum(stock)`` over the same source (``normalize: false``, as Flink's
+  ``cdc-events-duplicate`` default).
+
+Before the timed phase the producer writes a snapshot of every key (``op: r``) and the pipeline
+catches up on it, so Spark's start-up and first micro-batch are not in the figures. Then the
+steady phase: each change picks a key uniformly; a live key is updated (new price and stock, a
+fifth of them a new category) or, 5% of the time, deleted; a deleted key is inserted again.
+
+**How freshness is measured, per change of the steady phase.**
+
+* *Kafka append time*: when the broker acknowledged the append (the producer's delivery report,
+  served every few milliseconds), a wall-clock time of this machine: the append happened before
+  it, and after the producer was handed the record; the run prints the gap between the two
+  (``produce -> ack``: linger, compression, round trip) so the bound is visible. (The mock broker
+  stamps records with a fixed LogAppendTime, so the record's own timestamp cannot serve.)
+* *Which micro-batch read it*: Spark's checkpoint writes, before batch N runs, the end offset of
+  every partition it reads (``offsets/N``; batch N reads [end of N-1, end of N)). A change at
+  (topic, partition, offset) was read by the first batch whose end offset for that partition is
+  above its offset. The pipeline keeps every ``offsets/N`` file for the run
+  (``spark.sql.streaming.minBatchesToRetain``).
+* *Which Delta version holds it*: every commit of the sink carries a Delta app transaction
+  ``(changelake:<pipeline>:<table>, batch id)``, the sink's idempotence key. Reading the table's
+  ``_delta_log/*.json`` gives per version its ``txn`` batch id and its ``commitInfo.timestamp``
+  (what ``DeltaTable.history()`` reports). A change is visible in a table from the first version
+  whose batch id is at least the batch that read it; for the mirror that is the commit of that
+  very batch, for the graph table too whenever the batch changed the aggregate.
+* *Freshness* = that version's commit timestamp - the append time. p50, p99 and max are over all
+  changes of the steady phase, per table. This is exact per change, without sampling: no change
+  is left out, and nothing is inferred from the table's contents (which keep only a key's latest
+  row).
+
+**The broker's message sets.** The mock broker finds the message set holding a fetch offset by
+walking the partition's sets from the oldest (a real broker has an offset index). With sets of
+one or two records, as a producer lingering 5 ms writes at 150 records/s per partition, reads
+slow down as the log grows (one consumer read ~20,000 records/s from sets of 4 records here,
+~1 M/s from sets of 10,000), and the benchmark measured the mock, not the pipeline: at 10,000
+events/s the mirror's batches took 36-52 s instead of ~1 s. The producer therefore lingers
+``--linger`` = 100 ms, so that a set holds tens of records. The linger is not in the figures:
+freshness counts from the append.
+
+**Other figures.** Records/s offered (produced) and sustained (committed to the mirror while the
+producer ran, and the time to drain the rest after it stopped); the backlog (acknowledged minus
+committed changes) over time: at the end of production, its maximum, and its trend over the
+second half of the run (events/s; about 0 when the pipeline keeps up). The run checks that no
+offset expired in the broker (the mock keeps 5 MB per partition), that every change was committed,
+and that both tables equal the final state of the source (the graph table: DuckDB's GROUP BY over
+it). Targets (issue 12, printed beside the figures, not asserted): mirror p99 <= 3 s at 10,000
+events/s; graph p99 <= 5 s at 2,000 events/s, with no growing backlog.
+"""
+
+from __future__ import annotations
+
+import argparse
+import array
+import functools
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import orjson
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import machine
+from bench.spark_timing import BatchClock
+from bench.gen import debezium_envelope
+
+CATEGORIES = ["tools", "garden", "kitchen", "toys", "sports", "office", "auto", "outdoor", "books", "music"]
+COLUMNS = {"id": "bigint", "name": "string", "description": "string", "category": "string",
+           "weight": "double", "price": "double", "stock": "int", "active": "boolean"}
+TOPIC = "bench.fresh.products.{n}"
+PIPELINE_ID = "bench-freshness"
+MIRROR, GRAPH = "products", "category_stock"
+TARGETS = {MIRROR: "p99 <= 3 s at 10,000 events/s", GRAPH: "p99 <= 5 s at 2,000 events/s, no growing backlog"}
+
+
+# -- the source database --------------------------------------------------------------------------------
+class Changes:
+    """A products table's Debezium history: a snapshot of ``keys`` rows, then changes one at a time."""
+
+    def __init__(self, keys: int, seed: int = 12) -> None:
+        self.keys = keys
+        self.rng = random.Random(seed)
+        self.live: dict[int, dict] = {}
+        self.pos = 154
+        self.ts = 1_700_000_000_000
+
+    def _row(self, i: int) -> dict:
+        rng = self.rng
+        return {"id": i, "name": f"product {i}", "description": f"a fine product number {i} of its kind",
+                "category": rng.choice(CATEGORIES), "weight": round(rng.uniform(0.1, 50), 3),
+                "price": round(rng.uniform(1, 999), 2), "stock": rng.randint(0, 5000), "active": rng.random() < 0.9}
+
+    def _envelope(self, op: str, before: dict | None, after: dict | None) -> bytes:
+        self.pos += 200
+        self.ts += 1
+        return debezium_envelope(op, before, after, table="products", pos=self.pos, ts=self.ts,
+                                 snapshot="true" if op == "r" else "false")
+
+    def snapshot(self):
+        for i in range(1, self.keys + 1):
+            self.live[i] = self._row(i)
+            yield i, self._envelope("r", None, self.live[i])
+
+    def next(self) -> tuple[int, bytes]:
+        rng = self.rng
+        k = rng.randint(1, self.keys)
+        before = self.live.get(k)
+        if before is None:
+            self.live[k] = self._row(k)
+            return k, self._envelope("c", None, self.live[k])
+        if rng.random() < 0.05:
+            del self.live[k]
+            return k, self._envelope("d", before, None)
+        after = dict(before, price=round(rng.uniform(1, 999), 2), stock=rng.randint(0, 5000))
+        if rng.random() < 0.2:
+            after["category"] = rng.choice(CATEGORIES)
+        self.live[k] = after
+        return k, self._envelope("u", before, after)
+
+
+# -- the producer process -------------------------------------------------------------------------------
+def produce_main(args: argparse.Namespace) -> int:
+    """The producer process: the snapshot as fast as it goes ("SNAPSHOT n"), then, on "GO" from stdin,
+    the steady phase at ``--rate``; writes its delivery reports and the final state to ``--out``."""
+    from confluent_kafka import Producer
+
+    out = Path(args.out)
+    topics = [TOPIC.format(n=n) for n in range(args.topics)]
+    topic_no = {t: i for i, t in enumerate(topics)}
+    # delivery reports of the steady phase: topic, partition, offset, handed to the producer (s), ack (s).
+    # (The mock broker stamps every record with LogAppendTime 1234 ms, so the ack is the append time here.)
+    rep_topic, rep_part, rep_off = array.array("b"), array.array("b"), array.array("q")
+    rep_sent, rep_acked = array.array("d"), array.array("d")
+    failed = [0]
+    steady = [False]
+
+    def delivered(sent: float, err, msg) -> None:
+        if err is not None:
+            failed[0] += 1
+            return
+        if steady[0]:
+            rep_acked.append(time.time())
+            rep_sent.append(sent)
+            rep_topic.append(topic_no[msg.topic()])
+            rep_part.append(msg.partition())
+            rep_off.append(msg.offset())
+
+    producer = Producer({"bootstrap.servers": args.bootstrap, "linger.ms": args.linger, "compression.type": "zstd",
+                         "batch.num.messages": 10_000, "queue.buffering.max.messages": 1_000_000,
+                         "log_level": 3})
+
+    def send(key: int, value: bytes) -> None:
+        while True:
+            try:
+                producer.produce(topics[key % len(topics)], key=b'{"id":%d}' % key, value=value,
+                                 on_delivery=functools.partial(delivered, time.time()))
+                return
+            except BufferError:
+                producer.poll(0.01)
+
+    changes = Changes(args.keys, seed=args.seed)
+    n = 0
+    for key, value in changes.snapshot():
+        send(key, value)
+        n += 1
+        if n % 10_000 == 0:
+            producer.poll(0)
+    if producer.flush(120) or failed[0]:
+        raise SystemExit(f"producer: the snapshot was not delivered ({failed[0]} failed)")
+    print(f"SNAPSHOT {n}", flush=True)
+    if sys.stdin.readline().strip() != "GO":
+        return 1
+    steady[0] = True
+    n = 0
+    start = time.monotonic()
+    while True:
+        elapsed = time.monotonic() - start
+        if elapsed >= args.duration:
+            break
+        due = int(args.rate * elapsed)
+        while n < due:
+            send(*changes.next())
+            n += 1
+        producer.poll(0)
+        time.sleep(0.002)
+    produced_s = time.monotonic() - start
+    if producer.flush(120) or failed[0]:
+        raise SystemExit(f"producer: {failed[0]} changes were not delivered")
+    np.savez(out / "deliveries.npz", topic=np.frombuffer(rep_topic, np.int8), partition=np.frombuffer(rep_part, np.int8),
+             offset=np.frombuffer(rep_off, np.int64), sent=np.frombuffer(rep_sent, np.float64),
+             acked=np.frombuffer(rep_acked, np.float64), topics=np.array(topics))
+    (out / "final_state.json").write_bytes(orjson.dumps(list(changes.live.values())))
+    print(f"PRODUCED {n} {produced_s:.3f} {time.process_time():.3f}", flush=True)
+    return 0
+
+
+# -- reading what the pipeline did ----------------------------------------------------------------------
+def batch_end_offsets(checkpoint: Path) -> dict[int, dict[str, dict[str, int]]]:
+    """batch id -> the source's end offsets (topic -> partition -> next offset) from Spark's offset log."""
+    out = {}
+    for f in (checkpoint / "offsets").iterdir():
+        if f.name.isdigit():
+            lines = f.read_text().splitlines()
+            if len(lines) >= 3:                      # v1, batch metadata, one line per source
+                out[int(f.name)] = json.loads(lines[2])
+    return out
+
+
+def committed_batches(checkpoint: Path) -> list[int]:
+    """Batch ids Spark recorded as done (``commits/N``, written after foreachBatch returned)."""
+    d = checkpoint / "commits"
+    return sorted(int(f.name) for f in d.iterdir() if f.name.isdigit()) if d.exists() else []
+
+
+def delta_commits(table: Path) -> tuple[np.ndarray, np.ndarray]:
+    """(batch ids, commit timestamps in s) of a table's versions that carry a sink transaction, by batch id."""
+    batches, stamps = [], []
+    for f in sorted((table / "_delta_log").glob("*.json")):
+        txn = stamp = None
+        for line in f.read_bytes().splitlines():
+            action = orjson.loads(line)
+            if "txn" in action:
+                txn = action["txn"]["version"]
+            elif "commitInfo" in action:
+                stamp = action["commitInfo"]["timestamp"] / 1000
+        if txn is not None and stamp is not None:
+            batches.append(txn)
+            stamps.append(stamp)
+    order = np.argsort(batches, kind="stable")
+    return np.asarray(batches, np.int64)[order], np.asarray(stamps, np.float64)[order]
+
+
+def read_batches(topics: list[str], topic: np.ndarray, partition: np.ndarray, offset: np.ndarray,
+                 ends: dict[int, dict[str, dict[str, int]]]) -> np.ndarray:
+    """Per change, the id of the micro-batch that read it (-1: none yet)."""
+    ids = np.array(sorted(ends), np.int64)
+    out = np.full(len(offset), -1, np.int64)
+    for t, name in enumerate(topics):
+        for p in np.unique(partition[topic == t]):
+            mine = (topic == t) & (partition == p)
+            edge = np.array([ends[b].get(name, {}).get(str(p), 0) for b in ids], np.int64)
+            edge = np.maximum.accumulate(edge) if len(edge) else edge
+            at = np.searchsorted(edge, offset[mine], side="right")     # first batch whose end > offset
+            out[mine] = np.where(at < len(ids), ids[np.minimum(at, len(ids) - 1)], -1)
+    return out
+
+
+def visible_at(batch: np.ndarray, commits: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """Per change, the timestamp of the table's first version whose batch id >= the batch that read it
+    (NaN: not committed)."""
+    ids, stamps = commits
+    at = np.searchsorted(ids, batch, side="left")
+    ok = (batch >= 0) & (at < len(ids))
+    out = np.full(len(batch), np.nan)
+    out[ok] = stamps[at[ok]]
+    return out
+
+
+# -- the run --------------------------------------------------------------------------------------------
+def config(args: argparse.Namespace, bootstrap: str, work: Path):
+    from changelake.service.config import parse_config
+
+    raw = {
+        "pipeline": {"id": PIPELINE_ID, "checkpoint": str(work / "checkpoint"), "trigger_interval": args.trigger,
+                     "read_tasks": 2,
+                     "spark_conf": {"spark.sql.streaming.minBatchesToRetain": "1000000"}},
+        "kafka": {"bootstrap_servers": bootstrap},
+        "sources": [{"name": "products", "topic_pattern": TOPIC.format(n="").replace(".", r"\.") + r"\d+",
+                     "format": "debezium-json", "columns": COLUMNS, "table": MIRROR, "primary_key": ["id"],
+                     "normalize": False}],
+        "tables": [{"name": MIRROR, "primary_key": ["id"]}],
+        "storage": {"root": str(work / "lake")},
+        "metrics": {"port": 0},
+    }
+    if args.graph:
+        raw["views"] = [{"name": "by_category", "from": "products", "group_by": ["category"],
+                         "aggregates": {"products": "count(*)", "stock": "sum(stock)"}}]
+        raw["tables"].append({"name": GRAPH, "from": "by_category", "primary_key": ["category"]})
+    return parse_config(orjson.dumps(raw).decode())
+
+
+def wait_committed(checkpoint: Path, records: int, *, timeout_s: float, alive) -> bool:
+    """Wait until the batches Spark committed read at least ``records`` records in all."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and alive():
+        done = committed_batches(checkpoint)
+        if done:
+            ends = batch_end_offsets(checkpoint).get(done[-1], {})
+            if sum(int(o) for parts in ends.values() for o in parts.values()) >= records:
+                return True
+        time.sleep(0.5)
+    return False
+
+
+def verify(cfg, final: list[dict], graph: bool) -> dict[str, str]:
+    import duckdb
+    import pyarrow as pa
+
+    from changelake.connectors.delta_read import read_delta
+
+    out = {}
+    got = read_delta(cfg.table_path(MIRROR), columns=["id", "category", "price", "stock"]).to_pylist()
+    want = {r["id"]: (r["category"], r["price"], r["stock"]) for r in final}
+    have = {r["id"]: (r["category"], r["price"], r["stock"]) for r in got}
+    out[MIRROR] = "ok" if have == want and len(got) == len(have) else \
+        f"MISMATCH: {len(have)} rows, {len(want)} expected, {sum(have.get(k) != v for k, v in want.items())} differ"
+    if graph:
+        con = duckdb.connect()
+        con.register("products", pa.table({c: [r[c] for r in final] for c in ("id", "category", "stock")}))
+        want_g = {k: (int(c), int(s)) for k, c, s in
+                  con.sql("SELECT category, count(*), sum(stock) FROM products GROUP BY category").fetchall()}
+        con.close()
+        rows = read_delta(cfg.table_path(GRAPH), columns=["category", "products", "stock"]).to_pylist()
+        have_g = {r["category"]: (int(r["products"]), int(r["stock"])) for r in rows}
+        out[GRAPH] = "ok" if have_g == want_g else f"MISMATCH: {sorted(have_g.items())[:3]} vs {sorted(want_g.items())[:3]}"
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rate", type=float, default=2_000, help="change events per second in the steady phase")
+    ap.add_argument("--duration", type=float, default=300, help="seconds of steady production")
+    ap.add_argument("--keys", type=int, default=100_000, help="product keys (all written by the snapshot)")
+    ap.add_argument("--topics", type=int, default=4, help="topics of 4 partitions (the mock keeps 5 MB/partition)")
+    ap.add_argument("--linger", type=float, default=100,
+                    help="the producer's linger.ms: how long it gathers records into one message set")
+    ap.add_argument("--trigger", default="1 second", help="the pipeline's trigger_interval")
+    ap.add_argument("--no-graph", dest="graph", action="store_false", help="the mirror table only")
+    ap.add_argument("--drain", type=float, default=None,
+                    help="seconds to wait for the pipeline to commit the rest after production (default: "
+                         "max(60, duration))")
+    ap.add_argument("--quick", action="store_true", help="smoke run: 30 s at 200 events/s over 2,000 keys")
+    ap.add_argument("--workdir", help="keep the run here (default: a temporary directory, removed)")
+    ap.add_argument("--seed", type=int, default=12)
+    ap.add_argument("--produce", action="store_true", help=argparse.SUPPRESS)   # the producer process
+    ap.add_argument("--bootstrap", help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.rate, args.duration, args.keys, args.topics = 200, 30, 2_000, 2
+    if args.produce:
+        return produce_main(args)
+    drain_s = args.drain if args.drain is not None else max(60.0, args.duration)
+
+    work = Path(args.workdir).absolute() if args.workdir else Path(tempfile.mkdtemp(prefix="bench-freshness-"))
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    load0 = os.getloadavg()
+    tables = [MIRROR, GRAPH] if args.graph else [MIRROR]
+    print(f"freshness: {args.rate:,.0f} events/s for {args.duration:.0f} s over {args.keys:,} keys, "
+          f"{args.topics} topics x 4 partitions, producer linger {args.linger:g} ms, trigger {args.trigger}, tables {tables}; {machine()}; "
+          f"load average {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}; "
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", flush=True)
+
+    from changelake.connectors.embedded_broker import EmbeddedBroker
+    from changelake.service.runner import PipelineRunner
+
+    ok = True
+    with EmbeddedBroker() as broker:
+        cfg = config(args, broker.bootstrap_servers, work)
+        checkpoint = Path(cfg.pipeline.checkpoint)
+        producer = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), "--produce", "--bootstrap", broker.bootstrap_servers,
+             "--out", str(work), "--rate", str(args.rate), "--duration", str(args.duration), "--keys", str(args.keys),
+             "--topics", str(args.topics), "--seed", str(args.seed), "--linger", str(args.linger)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        try:
+            line = producer.stdout.readline()
+            if not line.startswith("SNAPSHOT "):
+                raise SystemExit(f"the producer did not write the snapshot: {line!r}")
+            snapshot = int(line.split()[1])
+            print(f"snapshot: {snapshot:,} events produced; starting the pipeline", flush=True)
+
+            runner = PipelineRunner(cfg, serve_http=False)
+            clock = BatchClock()          # per micro-batch: Spark action and driver (Delta) seconds
+            outcome: dict = {}
+
+            def run() -> None:
+                try:
+                    with clock:
+                        outcome["result"] = runner.run(install_signal_handlers=False)
+                except BaseException as exc:          # noqa: BLE001 - reported by the main thread
+                    outcome["error"] = exc
+
+            thread = threading.Thread(target=run, name="pipeline", daemon=True)
+            t_start = time.monotonic()
+            thread.start()
+            if not wait_committed(checkpoint, snapshot, timeout_s=600, alive=thread.is_alive):
+                raise SystemExit(f"the pipeline did not catch up on the snapshot: {outcome.get('error')!r}")
+            print(f"pipeline caught up on the snapshot in {time.monotonic() - t_start:.1f}s (Spark start-up "
+                  "included); steady phase starts", flush=True)
+            warmup_batches = len(clock.batches)
+            producer.stdin.write("GO\n")
+            producer.stdin.flush()
+            line = producer.stdout.readline()
+            if producer.wait() != 0 or not line.startswith("PRODUCED "):
+                raise SystemExit(f"the producer failed: {line!r}")
+            produced, produced_s, producer_cpu = int(line.split()[1]), float(line.split()[2]), float(line.split()[3])
+            print(f"produced {produced:,} changes in {produced_s:.1f}s (the producer process used {producer_cpu:.1f} "
+                  "CPU-s of the machine's cores); waiting for the pipeline to commit them", flush=True)
+            t_drain = time.monotonic()
+            drained = wait_committed(checkpoint, snapshot + produced, timeout_s=drain_s, alive=thread.is_alive)
+            drain_wait = time.monotonic() - t_drain
+            runner.request_stop()
+            thread.join(timeout=300)
+        finally:
+            if producer.poll() is None:
+                producer.kill()
+                producer.wait()
+        if "error" in outcome:
+            raise outcome["error"]
+        result = outcome.get("result")
+        load1 = os.getloadavg()
+
+        # -- per change: which batch read it, when each table made it visible ------------------------------
+        d = np.load(work / "deliveries.npz")
+        topics = [str(t) for t in d["topics"]]
+        acked, sent = d["acked"], d["sent"]
+        batch = read_batches(topics, d["topic"], d["partition"], d["offset"], batch_end_offsets(checkpoint))
+        visible = {t: visible_at(batch, delta_commits(Path(cfg.table_path(t)))) for t in tables}
+        final = orjson.loads((work / "final_state.json").read_bytes())
+        checks = verify(cfg, final, args.graph)
+
+    t0, t1 = acked.min(), acked.max()
+    expired = result.totals.expired if result else -1
+    print(f"\nsteady phase: {len(acked):,} changes acknowledged over {t1 - t0:.1f}s "
+          f"({len(acked) / max(t1 - t0, 1e-9):,.0f} events/s offered); produce -> ack "
+          f"p50 {np.percentile(acked - sent, 50) * 1000:.0f} ms, p99 {np.percentile(acked - sent, 99) * 1000:.0f} ms")
+    print(f"load average at start {load0[0]:.2f}, at end {load1[0]:.2f}")
+    print("\n| table | changes | freshness p50 | p99 | max | not committed | target |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | --- |")
+    for t in tables:
+        lat = visible[t] - acked
+        done = lat[~np.isnan(lat)]
+        missing = int(np.isnan(lat).sum())
+        ok &= missing == 0
+        p50, p99 = np.percentile(done, [50, 99]) if len(done) else (float("nan"),) * 2
+        mx = done.max() if len(done) else float("nan")
+        print(f"| {t} | {len(lat):,} | {p50:.2f} s | {p99:.2f} s | {mx:.2f} s | {missing:,} | {TARGETS[t]} |")
+
+    mirror = visible[MIRROR]
+    committed_in = np.count_nonzero(mirror <= t1)
+    sustained = committed_in / max(t1 - t0, 1e-9)
+    last = np.nanmax(mirror) if np.isfinite(mirror).any() else float("nan")
+    _, stamps = delta_commits(Path(cfg.table_path(MIRROR)))
+    steady = stamps[(stamps >= t0) & (stamps <= t1)]
+    gaps = np.diff(steady)
+    print(f"\nrecords/s: offered {len(acked) / max(t1 - t0, 1e-9):,.0f}; committed to the mirror while producing "
+          f"{sustained:,.0f}; the rest committed {max(last - t1, 0):.1f}s after production stopped")
+    print(f"mirror commits while producing: {len(steady)}, every {np.median(gaps) if len(gaps) else float('nan'):.2f}s "
+          f"(median; p90 {np.percentile(gaps, 90) if len(gaps) else float('nan'):.2f}s), "
+          f"{len(acked) / max(len(steady), 1):,.0f} changes per commit")
+    timed = np.array(clock.batches[warmup_batches:]).reshape(-1, 2)
+    if len(timed):
+        (a50, d50), (a90, d90) = np.percentile(timed, [50, 90], axis=0)
+        print(f"micro-batches after the snapshot: {len(timed)}; Spark action (read, decode, operators, collect) "
+              f"median {a50:.2f}s (p90 {a90:.2f}s), driver (Delta commits) median {d50:.2f}s (p90 {d90:.2f}s)")
+    grid = np.arange(t0, t1 + 1e-9, 1.0)
+    backlog = (np.searchsorted(np.sort(acked), grid, side="right")
+               - np.searchsorted(np.sort(mirror[~np.isnan(mirror)]), grid, side="right"))
+    half = grid >= t0 + (t1 - t0) / 2
+    slope = np.polyfit(grid[half] - t0, backlog[half], 1)[0] if half.sum() >= 2 else 0.0
+    trend = "growing" if slope > 0.02 * args.rate else "not growing"
+    print(f"backlog (acknowledged - committed to the mirror): at the end of production {int(backlog[-1]):,} "
+          f"changes, max {int(backlog.max()):,}, median {int(np.median(backlog)):,}; trend over the second half "
+          f"{slope:+,.1f} changes/s ({trend}; growing means above 2% of the rate)")
+    lag = sum(result.lag.values()) if result else -1
+    print(f"lag at the end: {lag:,} records (Spark progress); committed within the drain wait of {drain_s:.0f}s: "
+          f"{drained} ({drain_wait:.1f}s waited; the batch running then was finished); expired offsets "
+          f"(must be 0): {expired}")
+    for t, verdict in checks.items():
+        print(f"verification of {t} against the source's final state: {verdict}")
+    ok &= expired == 0 and all(v == "ok" for v in checks.values())
+    if not args.workdir:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"freshness run {'ok' if ok else 'FAILED'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""Benchmarks never rot: every entry point in bench/ runs in its ``--quick`` mode, as a subprocess.
+
+Each benchmark checks its own result (against DuckDB, a fold of the generated data, or the
+generator's final state) and exits non-zero when it differs; these tests check the exit code and
+that the figures were printed. No timing is asserted. Helper modules run through the entry points
+that import them. A new ``bench/*.py`` must be added to ``SMOKE`` or ``HELPERS``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "bench"
+
+#: entry point -> (arguments besides --quick, markers, what its output must show)
+SMOKE: dict[str, tuple[list[str], tuple[str, ...], list[str]]] = {
+    "decode.py": ([], ("unit",), [r"debezium-json .* events/s per core", r"debezium-avro .* events/s per core",
+                                   r"canal-json .* rows/s per core"]),
+    "sink.py": ([], ("unit",), [r"[\d,]+ changes/s; final state matches the expected rows"]),
+    "joins.py lookup": (["lookup", "--dims", "delta,postgres"], ("unit",),
+                        [r"\| delta \| cold \| [\d,]+ \|", r"\| delta \| warm \| [\d,]+ \|"]),
+    "mirror.py": ([], ("spark", "kafka"), [r"[\d,]+ events/s end to end",
+                                            r"verification against the generator's final state: ok",
+                                            r"expired offsets \(must be 0\): 0"]),
+    "operators.py": ([], ("spark", "kafka"), [r"\| a \| changelake \| [\d,]+ \| .* \| True \|",
+                                               r"\| b \| changelake \| [\d,]+ \| .* \| True \|",
+                                               r"batch 0: [\d,]+ records; Spark action .* driver \(Delta\)"]),
+    "joins.py interval": (["interval"], ("spark",), [r"\| local \| [\d,]+ \| .* \| True \|",
+                                                      r"\| spark \| [\d,]+ \| .* \| True \|"]),
+    "state_design.py": ([], ("spark",), [r"\| jvm-signed \(RocksDB\) \| [\d,]+ \| .* \| True \|",
+                                          r"\| bucketed kernel B=8 \| .* \| True \|",
+                                          r"\| normalize by id .* \| True \|",
+                                          r"\| per-key transformWithState .* \| True \|"]),
+    "freshness.py": ([], ("spark", "kafka"), [r"\| products \| [\d,]+ \| [\d.]+ s \| [\d.]+ s \| [\d.]+ s \| 0 \|",
+                                               r"\| category_stock \| [\d,]+ \| [\d.]+ s \|",
+                                               r"records/s: offered [\d,]+", r"backlog .* at the end of production",
+                                               r"freshness run ok"]),
+}
+#: helper modules and what exercises them
+HELPERS = {
+    "common.py": "imported by operators.py, joins.py, state_design.py, freshness.py, mirror.py",
+    "gen.py": "imported by decode.py, mirror.py, operators.py, freshness.py",
+    "_interval.py": "run by joins.py interval",
+    "spark_timing.py": "BatchClock in operators.py (and test_batch_clock below), spark_stages in operators.py",
+    "pyflink_ops_job.py": "run by operators.py in PyFlink's own interpreter, where apache-flink is installed",
+}
+
+
+def _params() -> list:
+    return [pytest.param(name, id=name.replace(".py", "").replace(" ", "-"),
+                         marks=[getattr(pytest.mark, m) for m in marks])
+            for name, (_, marks, _) in SMOKE.items()]
+
+
+@pytest.mark.parametrize("name", _params())
+def test_quick_run(name: str, tmp_path: Path) -> None:
+    script = name.split()[0]
+    args, _, expected = SMOKE[name]
+    extra = ["--workdir", str(tmp_path / "work")] if script in ("mirror.py", "freshness.py") else []
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, str(BENCH / script), *args, "--quick", *extra], cwd=tmp_path, env=env,
+                          check=False, capture_output=True, text=True, timeout=1200)
+    seconds = time.monotonic() - started
+    tail = f"\n--- stdout (end) ---\n{done.stdout[-4000:]}\n--- stderr (end) ---\n{done.stderr[-4000:]}"
+    assert done.returncode == 0, f"{name} --quick exited {done.returncode} after {seconds:.0f}s{tail}"
+    missing = [p for p in expected if not re.search(p, done.stdout)]
+    assert not missing, f"{name} --quick did not print {missing}{tail}"
+
+
+@pytest.mark.unit
+def test_every_benchmark_has_a_smoke_run() -> None:
+    scripts = {p.name for p in BENCH.glob("*.py")}
+    covered = {n.split()[0] for n in SMOKE} | set(HELPERS)
+    assert scripts == covered, (f"not covered: {sorted(scripts - covered)} (add them to SMOKE or HELPERS); "
+                                f"gone: {sorted(covered - scripts)}")
+
+
+@pytest.mark.unit
+def test_batch_clock_times_the_foreach_batch_callable() -> None:
+    """bench/spark_timing.py's BatchClock wraps the service's foreachBatch callable and its driver part:
+    a fake batch through PipelineQuery.__call__ is timed, and everything is unwrapped afterwards."""
+    import pyarrow as pa
+
+    sys.path.insert(0, str(ROOT))
+    from bench.spark_timing import BatchClock
+    from changelake.service import pipeline
+    from changelake.spark.query import PipelineQuery
+
+    class Batch:
+        def toArrow(self) -> pa.Table:
+            return pa.table({"x": [1]})
+
+    class Processor:
+        def __init__(self) -> None:
+            self.seen: list[int] = []
+
+        def process_decoded(self, out: pa.Table, batch_id: int, *, late_rows: dict) -> None:
+            self.seen.append(batch_id)
+
+    before = (PipelineQuery.__call__, pipeline.BatchProcessor.process_decoded, pipeline.BatchProcessor.__init__)
+    processor = Processor()
+    with BatchClock() as clock:
+        PipelineQuery(processor, read_tasks=1)(Batch(), 7)
+        PipelineQuery(processor, read_tasks=1)(Batch(), 8)
+    assert processor.seen == [7, 8]
+    assert len(clock.batches) == 2 and all(action >= 0 and driver >= 0 for action, driver in clock.batches)
+    assert (PipelineQuery.__call__, pipeline.BatchProcessor.process_decoded,
+            pipeline.BatchProcessor.__init__) == before
+    with pytest.raises(RuntimeError, match="ran 3 micro-batch"):
+        clock.check([{"batchId": 0}, {"batchId": 1}, {"batchId": 2}])
