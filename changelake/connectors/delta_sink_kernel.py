@@ -75,9 +75,21 @@ def latest_per_key(changes: pa.Table, *, primary_key: Sequence[str]) -> pa.Table
     starts[0] = True
     for name in primary_key:
         col = kept[name].take(order).combine_chunks()
-        differs = pc.not_equal(col.slice(1), col.slice(0, n - 1))
+        after, before = col.slice(1), col.slice(0, n - 1)
+        differs = pc.not_equal(after, before)
+        if pa.types.is_floating(col.type):     # one key, as in the MERGE: NaN = NaN (and -0.0 = 0.0)
+            differs = pc.and_not(differs, pc.and_(pc.is_nan(after), pc.is_nan(before)))
         starts[1:] |= differs.to_numpy(zero_copy_only=False)
     return kept.take(order.filter(pa.array(starts)))
+
+
+def _merge_equal(column: pa.ChunkedArray | pa.Array):
+    """A floating key column with -0.0 as 0.0 and every NaN as one NaN, so that an Arrow join (which
+    compares bits) matches the keys the MERGE (SQL equality) matches."""
+    if not pa.types.is_floating(column.type):
+        return column
+    column = pc.if_else(pc.equal(column, 0), pa.scalar(0, column.type), column)
+    return pc.if_else(pc.is_nan(column), pa.scalar(float("nan"), column.type), column)
 
 
 @dataclass(frozen=True)
@@ -130,16 +142,16 @@ def _lookup_tombstone_seq(reduced: pa.Table, tombstones: pa.Table, primary_key: 
     """The tombstone ``_seq`` of each row of ``reduced`` (null where the key has none), in row order."""
     if tombstones.num_rows == 0 or reduced.num_rows == 0:
         return pa.nulls(reduced.num_rows, pa.string())
-    left = reduced.select(list(primary_key)).append_column(
-        _ROW, pa.array(np.arange(reduced.num_rows, dtype=np.int64)))
-    right = pa.table({k: tombstones[k].cast(reduced.schema.field(k).type) for k in primary_key}
+    left = pa.table({k: _merge_equal(reduced[k]) for k in primary_key}
+                    | {_ROW: pa.array(np.arange(reduced.num_rows, dtype=np.int64))})
+    right = pa.table({k: _merge_equal(tombstones[k].cast(reduced.schema.field(k).type)) for k in primary_key}
                      | {_TOMB_SEQ: tombstones[SEQ].cast(pa.string())})
     if right.num_rows > reduced.num_rows:
         # The tombstone table can be far larger than the batch: keep only the batch's keys first
         # (a semi join hashes the batch side), so the outer join below stays batch-sized.
         numbered = right.select(list(primary_key)).append_column(
             _ROW, pa.array(np.arange(right.num_rows, dtype=np.int64)))
-        hits = numbered.join(reduced.select(list(primary_key)), keys=list(primary_key), join_type="left semi")
+        hits = numbered.join(left.select(list(primary_key)), keys=list(primary_key), join_type="left semi")
         right = right.take(hits[_ROW])
     joined = left.join(right, keys=list(primary_key), join_type="left outer")
     order = pc.sort_indices(joined[_ROW])

@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from changelake.changelog import KIND, user_columns
+from changelake.operators._values import canonical_column
 from changelake.operators.aggregates import Avg, Count, Sum
 
 
@@ -61,12 +62,14 @@ def group_ids(bundle: pa.Table, keys: list[str]) -> np.ndarray:
     """Per row of ``bundle``, the number of its group by the ``keys`` columns, groups numbered in order
     of their first row (NULL is a group of its own). Arrow groups the values as they are: a
     pandas groupby would turn a BIGINT key column with a NULL into float64, where 2^63-1 and
-    2^63-2 are one value."""
+    2^63-2 are one value. Arrow tells -0.0 from 0.0 and NaNs by their bits, SQL (and the row path)
+    does not: a floating key's zeros, and its NaNs, are made one before grouping."""
     n = bundle.num_rows
     if not keys or not n:                   # a global aggregate: one group
         return np.zeros(n, dtype=np.int64)
     pos = "__changelake_pos"
-    grouped = bundle.select(keys).append_column(pos, pa.array(np.arange(n, dtype=np.int64))) \
+    columns = {k: _sql_equal(bundle.column(k)) for k in keys}
+    grouped = pa.table({**columns, pos: pa.array(np.arange(n, dtype=np.int64))}) \
         .group_by(keys, use_threads=False).aggregate([(pos, "min"), (pos, "list")])
     rank = np.empty(grouped.num_rows, dtype=np.int64)
     rank[np.argsort(grouped[f"{pos}_min"].to_numpy())] = np.arange(grouped.num_rows)
@@ -74,6 +77,14 @@ def group_ids(bundle: pa.Table, keys: list[str]) -> np.ndarray:
     gid = np.empty(n, dtype=np.int64)
     gid[pc.list_flatten(rows).to_numpy()] = np.repeat(rank, pc.list_value_length(rows).to_numpy())
     return gid
+
+
+def _sql_equal(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    """A floating column with -0.0 as 0.0 and every NaN as one NaN (values SQL calls equal)."""
+    if not pa.types.is_floating(column.type):
+        return column
+    column = pc.if_else(pc.equal(column, 0), pa.scalar(0, column.type), column)
+    return pc.if_else(pc.is_nan(column), pa.scalar(float("nan"), column.type), column)
 
 
 def fold(bundle: pa.Table, group_keys: tuple[int, ...], calls) -> GroupDeltas:
@@ -105,9 +116,10 @@ def fold(bundle: pa.Table, group_keys: tuple[int, ...], calls) -> GroupDeltas:
     np.add.at(all_deltas, gid, contrib)
     np.add.at(lead_deltas, gid[leading], contrib[leading])
     _, first_pos = np.unique(gid, return_index=True)
-    key_rows = bundle.select(keys).take(pa.array(first_pos)).to_pylist() if keys else [{}] * n_groups
+    key_table = bundle.select(keys).take(pa.array(first_pos))
+    key_columns = [canonical_column(c, c.to_pylist()) for c in key_table.columns]
     return GroupDeltas(
-        keys=[tuple(r[k] for k in keys) for r in key_rows],
+        keys=list(zip(*key_columns)) if keys else [()] * n_groups,
         rows=np.bincount(gid, minlength=n_groups),
         leading=np.bincount(gid[leading], minlength=n_groups),
         all_deltas=all_deltas, lead_deltas=lead_deltas, first=first_pos)

@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from changelake.changelog import KIND, RowKind, user_columns
 from changelake.errors import ValueOverflowError
-from changelake.operators._values import canonical_column
+from changelake.operators._values import canonical, canonical_column
 
 INSERT = int(RowKind.INSERT)
 UPDATE_BEFORE = int(RowKind.UPDATE_BEFORE)
@@ -63,10 +63,11 @@ class Changes:
 
     @classmethod
     def of(cls, records: Iterable[tuple[int | str, Sequence]]) -> "Changes":
-        """Build from ``(kind, row)`` pairs; kind as a code or as ``"+I"``/``"-U"``/``"+U"``/``"-D"``."""
+        """Build from ``(kind, row)`` pairs; kind as a code or as ``"+I"``/``"-U"``/``"+U"``/``"-D"`` (a NaN
+        becomes the kernels' one NaN, as in :meth:`from_arrow`)."""
         out = cls()
         for kind, row in records:
-            out.emit(int(RowKind.from_short(kind)) if isinstance(kind, str) else int(kind), row)
+            out.emit(int(RowKind.from_short(kind)) if isinstance(kind, str) else int(kind), map(canonical, row))
         return out
 
     def as_pairs(self) -> list[tuple[str, tuple]]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import decimal
 import math
 import pickle
+import struct
 
 import pyarrow as pa
 import pytest
@@ -169,3 +170,18 @@ def test_an_arrow_round_trip_keeps_every_changes_value_and_kind():
     assert back.kinds == [INSERT, DELETE] and back.rows[0][1] is NAN
     assert math.copysign(1, back.rows[1][1]) < 0
     assert KIND in arrow(rows).column_names
+
+
+def test_the_vectorised_fold_groups_a_double_key_as_the_row_path_does():
+    """Arrow's group_by tells -0.0 from 0.0 and NaNs by their bits; SQL, and the row path, do not."""
+    schema = pa.schema([("k", pa.float64()), ("v", pa.int64())])
+    config = GroupAggregateConfig(group_keys=(0,), aggregates=(AggCall("COUNT"), AggCall("SUM", 1)),
+                                  mini_batch_size=6)
+    other_nan = struct.unpack("<d", struct.pack("<Q", 0x7FF8_0000_0000_0123))[0]
+    rows = arrow([(INSERT, (-0.0, 1)), (INSERT, (float("nan"), 2)), (INSERT, (0.0, 3)), (INSERT, (other_nan, 4)),
+                  (INSERT, (1.5, 5)), (INSERT, (None, 6))], schema)
+    vectorised = GroupAggregate(config).process(rows).as_pairs()          # a full Arrow bundle: the fold
+    row_path = GroupAggregate(config).process(Changes.from_arrow(rows)).as_pairs()
+    assert [r[1:] for _, r in vectorised] == [r[1:] for _, r in row_path] == [(2, 4), (2, 6), (1, 5), (1, 6)]
+    partials, first = local_partials(rows, config)
+    assert [p[0] for p in partials] == [2, 2, 1, 1] and first == [0, 1, 4, 5]
