@@ -64,7 +64,7 @@ class Changes:
     @classmethod
     def of(cls, records: Iterable[tuple[int | str, Sequence]]) -> "Changes":
         """Build from ``(kind, row)`` pairs; kind as a code or as ``"+I"``/``"-U"``/``"+U"``/``"-D"`` (a NaN
-        becomes the kernels' one NaN, as in :meth:`from_arrow`)."""
+        becomes a ``SqlNaN``, as in :meth:`from_arrow`)."""
         out = cls()
         for kind, row in records:
             out.emit(int(RowKind.from_short(kind)) if isinstance(kind, str) else int(kind), map(canonical, row))
@@ -76,8 +76,8 @@ class Changes:
 
     @classmethod
     def from_arrow(cls, table: pa.Table | pa.RecordBatch) -> "Changes":
-        """Read a changelog batch (user columns plus ``_kind``); a float NaN is read as the kernels'
-        one NaN (:mod:`._values`), which equals itself."""
+        """Read a changelog batch (user columns plus ``_kind``); a float NaN is read as a ``SqlNaN`` with
+        its bits, which equals every NaN (:mod:`._values`)."""
         if KIND not in table.column_names:
             raise ValueError(f"changelog batch has no {KIND!r} column; columns are {table.column_names}")
         cols = [canonical_column(c, c.to_pylist()) for c in (table.column(n) for n in user_columns(table))]
@@ -101,7 +101,7 @@ def _column(values: list, f: pa.Field) -> pa.Array:
     except (OverflowError, pa.ArrowInvalid):
         numeric = pa.types.is_integer(f.type) or pa.types.is_decimal(f.type)
         for v in values if numeric else ():
-            if isinstance(v, (int, decimal.Decimal)) and not isinstance(v, bool) and not _fits(v, f.type):
+            if isinstance(v, (int, decimal.Decimal)) and not isinstance(v, bool) and _too_large(v, f.type):
                 raise ValueOverflowError(
                     f"column {f.name!r} is {f.type} and cannot hold {v}: a SUM over BIGINT is BIGINT and a SUM "
                     "over DECIMAL(p, s) is DECIMAL(38, s), and one that leaves its type fails, as in Spark's ANSI "
@@ -110,12 +110,16 @@ def _column(values: list, f: pa.Field) -> pa.Array:
         raise
 
 
-def _fits(v, t: pa.DataType) -> bool:
+def _too_large(v: int | decimal.Decimal, t: pa.DataType) -> bool:
+    """True if ``v``'s integer part is too large for ``t`` (not: it has more decimal places than ``t``)."""
+    if pa.types.is_decimal(t):
+        digits = decimal.Decimal(v).adjusted() + 1
+        return digits > t.precision - t.scale
     try:
         pa.array([v], type=t)
-        return True
-    except (OverflowError, pa.ArrowInvalid):
         return False
+    except (OverflowError, pa.ArrowInvalid):
+        return True
 
 
 def coerce(batch: "Changes | pa.Table | pa.RecordBatch") -> Changes:

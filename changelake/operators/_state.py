@@ -96,8 +96,8 @@ class KeyedState:
 # Keys and values are pickled (protocol 5): fast, and exact for the SQL scalar types rows carry
 # (None, bool, int, float incl. NaN, str, bytes, Decimal, date/time types) and for the tuples,
 # lists and dicts operators build from them. Unpickling is restricted to exactly those types (and
-# the kernels' one NaN, which pickles by name: ``_values.sql_nan``), so a snapshot cannot name any
-# other class (no code runs on restore).
+# the kernels' NaN, which pickles by name with its bits: ``_values.sql_nan``), so a snapshot cannot
+# name any other class (no code runs on restore).
 
 _ALLOWED_GLOBALS = {
     ("decimal", "Decimal"), ("datetime", "datetime"), ("datetime", "date"), ("datetime", "time"),

@@ -71,16 +71,13 @@ class SortOrder:
         for spec, flag, v in zip(self.columns, self._null_flags, sort_key):
             if v is None:
                 out.append((flag, 0))
-            elif isinstance(v, float):          # NaN above every number (``_values``)
-                nan = math.isnan(v)
-                if spec.ascending:
-                    out.append((0, (1, 0.0) if nan else (0, v)))
+            elif isinstance(v, (int, float)) and not isinstance(v, bool):   # NaN above every number
+                if isinstance(v, float) and math.isnan(v):
+                    out.append((0, (1 if spec.ascending else -1, 0)))
                 else:
-                    out.append((0, (-1, 0.0) if nan else (0, -v)))
+                    out.append((0, (0, v if spec.ascending else -v)))
             elif spec.ascending:
                 out.append((0, v))
-            elif isinstance(v, int) and not isinstance(v, bool):
-                out.append((0, -v))
             else:
                 out.append((0, _Descending(v)))
         return tuple(out)

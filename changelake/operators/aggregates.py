@@ -63,6 +63,8 @@ class Count(AggregateFunction):
 #: Decimal arithmetic of SUM: exact for any sum of DECIMAL(38, s) values, and it raises instead of
 #: rounding (Python's default context rounds to 28 significant digits, fewer than DECIMAL(38, s) holds).
 EXACT = decimal.Context(prec=120, traps=[decimal.Inexact, decimal.InvalidOperation, decimal.Overflow])
+#: AVG's decimal division, rounded to the input's scale
+_HALF_UP = decimal.Context(prec=120, rounding=decimal.ROUND_HALF_UP, traps=[decimal.InvalidOperation])
 
 
 def add(a, b):
@@ -106,7 +108,8 @@ class Sum(AggregateFunction):
 
 
 class Avg(Sum):
-    """AVG: like Flink, integer input gives an integer result (truncated toward zero)."""
+    """AVG: like Flink, integer input gives an integer result (truncated toward zero); DECIMAL(p, s)
+    input gives DECIMAL(38, s), rounded half up (as Flink and Spark round decimal division)."""
 
     name = "AVG"
 
@@ -117,6 +120,9 @@ class Avg(Sum):
         if isinstance(total, int):
             q = abs(total) // abs(n)
             return q if (total >= 0) == (n > 0) else -q
+        if isinstance(total, decimal.Decimal):
+            scale = decimal.Decimal(1).scaleb(total.as_tuple().exponent)
+            return _HALF_UP.divide(total, n).quantize(scale, context=_HALF_UP)
         return total / n
 
 

@@ -1,6 +1,7 @@
 """Kernels keep SQL's semantics at the corners of the value domain (found by tests/spark/test_value_domain.py).
 
-* a NaN equals itself and sorts above every number, also after a snapshot round trip (``_values``);
+* a NaN equals every NaN and sorts above every number, also after a snapshot round trip, and keeps its
+  bits (``_values``);
 * SUM is exact: DECIMAL(38, s) does not round to Python's 28 digits, the vectorised fold does
   not wrap at 2^63, and a result its column cannot hold raises ValueOverflowError;
 * the vectorised fold groups a BIGINT key column with a NULL by its values (pandas made it float64).
@@ -21,7 +22,7 @@ from changelake.errors import ValueOverflowError
 from changelake.operators._rows import DELETE, INSERT, UPDATE_AFTER, UPDATE_BEFORE, Changes
 from changelake.operators._state import decode_value, encode_value
 from changelake.operators._topn_buffer import SortColumn, SortOrder
-from changelake.operators._values import NAN, canonical
+from changelake.operators._values import NAN, SqlNaN, canonical
 from changelake.operators.deduplicate import Deduplicate, DeduplicateConfig
 from changelake.operators.group_aggregate import AggCall, GroupAggregate, GroupAggregateConfig, local_partials
 from changelake.operators.rank import RankConfig, make_rank
@@ -42,14 +43,24 @@ def restored(kernel, config):
     return type(kernel).restore(config, kernel.snapshot())
 
 
-def test_the_kernels_nan_equals_any_nan_and_survives_the_state_codec():
+def bits(v: float) -> int:
+    return struct.unpack("<Q", struct.pack("<d", v))[0]
+
+
+ODD_NAN = struct.unpack("<d", struct.pack("<Q", 0xFFF8_0000_0000_0123))[0]   # negative, with a payload
+
+
+def test_the_kernels_nan_equals_any_nan_keeps_its_bits_and_survives_the_state_codec():
     assert NAN == float("nan") and float("nan") == NAN and not NAN != float("nan")
     assert NAN != 1.0 and not NAN == 1.0
-    again = decode_value(encode_value((1, NAN)))
-    assert again == (1, NAN) and hash(again) == hash((1, NAN)) and math.isnan(again[1])
-    assert pickle.loads(pickle.dumps(NAN)) is NAN
-    assert canonical(float("nan")) is NAN and canonical(-0.0) == 0.0 and math.copysign(1, canonical(-0.0)) < 0
-    assert pa.array([NAN], pa.float64())[0].is_valid and math.isnan(pa.array([NAN], pa.float32())[0].as_py())
+    odd = canonical(ODD_NAN)
+    assert isinstance(odd, SqlNaN) and odd == NAN and hash(odd) == hash(NAN) and bits(odd) == bits(ODD_NAN)
+    again = decode_value(encode_value((1, odd)))
+    assert again == (1, NAN) and hash(again) == hash((1, NAN)) and bits(again[1]) == bits(ODD_NAN)
+    assert bits(pickle.loads(pickle.dumps(odd))) == bits(ODD_NAN)
+    assert canonical(-0.0) == 0.0 and math.copysign(1, canonical(-0.0)) < 0
+    assert bits(pa.array([odd], pa.float64())[0].as_py()) == bits(ODD_NAN)
+    assert math.isnan(pa.array([NAN], pa.float32())[0].as_py())
 
 
 def test_a_row_holding_nan_matches_its_retraction_after_restore():
@@ -165,9 +176,10 @@ def test_a_bundle_whose_sum_passes_bigint_and_comes_back_emits_the_exact_sum():
 
 
 def test_an_arrow_round_trip_keeps_every_changes_value_and_kind():
-    rows = [(INSERT, (1, float("nan"))), (DELETE, (2, -0.0))]
+    rows = [(INSERT, (1, ODD_NAN)), (DELETE, (2, -0.0))]
     back = Changes.from_arrow(arrow(rows))
-    assert back.kinds == [INSERT, DELETE] and back.rows[0][1] is NAN
+    assert back.kinds == [INSERT, DELETE] and isinstance(back.rows[0][1], SqlNaN)
+    assert bits(back.to_arrow(ROWS).column("v")[0].as_py()) == bits(ODD_NAN)
     assert math.copysign(1, back.rows[1][1]) < 0
     assert KIND in arrow(rows).column_names
 
@@ -177,11 +189,31 @@ def test_the_vectorised_fold_groups_a_double_key_as_the_row_path_does():
     schema = pa.schema([("k", pa.float64()), ("v", pa.int64())])
     config = GroupAggregateConfig(group_keys=(0,), aggregates=(AggCall("COUNT"), AggCall("SUM", 1)),
                                   mini_batch_size=6)
-    other_nan = struct.unpack("<d", struct.pack("<Q", 0x7FF8_0000_0000_0123))[0]
-    rows = arrow([(INSERT, (-0.0, 1)), (INSERT, (float("nan"), 2)), (INSERT, (0.0, 3)), (INSERT, (other_nan, 4)),
+    rows = arrow([(INSERT, (-0.0, 1)), (INSERT, (float("nan"), 2)), (INSERT, (0.0, 3)), (INSERT, (ODD_NAN, 4)),
                   (INSERT, (1.5, 5)), (INSERT, (None, 6))], schema)
     vectorised = GroupAggregate(config).process(rows).as_pairs()          # a full Arrow bundle: the fold
     row_path = GroupAggregate(config).process(Changes.from_arrow(rows)).as_pairs()
     assert [r[1:] for _, r in vectorised] == [r[1:] for _, r in row_path] == [(2, 4), (2, 6), (1, 5), (1, 6)]
     partials, first = local_partials(rows, config)
     assert [p[0] for p in partials] == [2, 2, 1, 1] and first == [0, 1, 4, 5]
+
+
+def test_avg_of_a_decimal_rounds_half_up_to_the_input_scale():
+    """It divided in Python's default context, and a quotient with more places than DECIMAL(38, s)
+    failed to convert ("Rescaling Decimal value would cause data loss")."""
+    schema = pa.schema([("k", pa.int64()), ("v", pa.decimal128(10, 2))])
+    out_schema = pa.schema([("k", pa.int64()), ("a", pa.decimal128(38, 2))])
+    config = GroupAggregateConfig(group_keys=(0,), aggregates=(AggCall("AVG", 1),))
+    out = GroupAggregate(config).process(arrow([(INSERT, (1, D("1.00"))), (INSERT, (1, D("1.00"))),
+                                                (INSERT, (1, D("2.00"))), (INSERT, (2, D("-0.01"))),
+                                                (INSERT, (2, D("-0.02")))], schema))
+    last = {r[0]: r[1] for r in out.rows}
+    assert last == {1: D("1.33"), 2: D("-0.02")}
+    assert out.to_arrow(out_schema).num_rows == len(out)
+
+
+def test_a_decimal_with_more_places_than_its_column_is_not_reported_as_an_overflow():
+    with pytest.raises(pa.ArrowInvalid):
+        Changes.of([(INSERT, (D("1.001"),))]).to_arrow(pa.schema([("v", pa.decimal128(38, 2))]))
+    with pytest.raises(ValueOverflowError):
+        Changes.of([(INSERT, (D("1E36"),))]).to_arrow(pa.schema([("v", pa.decimal128(38, 2))]))
