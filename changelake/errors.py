@@ -39,6 +39,10 @@ class SinkCommitError(ChangelakeError):
     """A Delta commit failed or the table is not what the pipeline expects."""
 
 
+class ValueOverflowError(ChangelakeError):
+    """An operator computed a value its output column cannot hold (a SUM beyond BIGINT or DECIMAL(38, s))."""
+
+
 class StateError(ChangelakeError):
     """Operator state is inconsistent with its input (e.g. a retraction of an unknown row)."""
 

@@ -98,11 +98,24 @@ def latest_per_key(changes: pa.Table, *, primary_key: Sequence[str]) -> pa.Table
 
 
 def _differs(a: pa.Array, b: pa.Array) -> np.ndarray:
-    """``a[i]`` and ``b[i]`` differ, NULL equal to NULL only (sorting puts a key's NULLs side by side)."""
+    """``a[i]`` and ``b[i]`` differ, as one key of the MERGE: NULL equal to NULL only (sorting puts a key's
+    NULLs side by side), and for floating keys NaN equal to NaN (-0.0 already equals 0.0)."""
+    ne = pc.not_equal(a, b)
+    if pa.types.is_floating(a.type):
+        ne = pc.and_not(ne, pc.and_(pc.is_nan(a), pc.is_nan(b)))
     if not (a.null_count or b.null_count):
-        return pc.not_equal(a, b).to_numpy(zero_copy_only=False)
+        return ne.to_numpy(zero_copy_only=False)
     one_null = pc.not_equal(pc.is_null(a), pc.is_null(b))
-    return pc.or_(one_null, pc.fill_null(pc.not_equal(a, b), False)).to_numpy(zero_copy_only=False)
+    return pc.or_(one_null, pc.fill_null(ne, False)).to_numpy(zero_copy_only=False)
+
+
+def _merge_equal(column: pa.ChunkedArray | pa.Array):
+    """A floating key column with -0.0 as 0.0 and every NaN as one NaN, so that an Arrow join (which
+    compares bits) matches the keys the MERGE (SQL equality) matches."""
+    if not pa.types.is_floating(column.type):
+        return column
+    column = pc.if_else(pc.equal(column, 0), pa.scalar(0, column.type), column)
+    return pc.if_else(pc.is_nan(column), pa.scalar(float("nan"), column.type), column)
 
 
 @dataclass(frozen=True)
@@ -157,7 +170,8 @@ def _lookup_tombstone_seq(reduced: pa.Table, tombstones: pa.Table, primary_key: 
         return pa.nulls(reduced.num_rows, pa.string())
     keys = list(primary_key)
     batch_keys, tomb_keys, on = _null_safe_keys(
-        reduced.select(keys), pa.table({k: tombstones[k].cast(reduced.schema.field(k).type) for k in keys}), keys)
+        pa.table({k: _merge_equal(reduced[k]) for k in keys}),
+        pa.table({k: _merge_equal(tombstones[k].cast(reduced.schema.field(k).type)) for k in keys}), keys)
     left = batch_keys.append_column(_ROW, pa.array(np.arange(reduced.num_rows, dtype=np.int64)))
     right = tomb_keys.append_column(_TOMB_SEQ, tombstones[SEQ].cast(pa.string()))
     if right.num_rows > reduced.num_rows:

@@ -29,6 +29,21 @@ from changelake.connectors.delta_sink_schema import DELETED_AT
 COMPACT_ABOVE_FILES = 8
 
 
+def buffered_merge_is_exact(schema: pa.Schema, primary_key: tuple[str, ...]) -> bool:
+    """Whether delta-rs may MERGE on ``primary_key`` with a buffered source (``streamed_exec=False``).
+
+    Buffered, delta-rs (1.6.6) turns the source's key range into a filter on the target, and gets it
+    wrong for two key types: a DECIMAL(p, 0) key at or beyond 2^63 matches nothing (every upsert
+    inserts another row), and in a file whose FLOAT / DOUBLE key column holds a NaN beside one other
+    value (file statistics leave NaN out, so min = max), the NaN is rewritten with that value when an
+    upsert touches the file (another key's row silently changes). Streamed, the MERGE is exact for
+    both, so a table keyed by a floating-point or decimal column is merged streamed; the others keep
+    the buffered MERGE's file skipping.
+    """
+    return not any(pa.types.is_floating(schema.field(k).type) or pa.types.is_decimal(schema.field(k).type)
+                   for k in primary_key)
+
+
 class DeltaRsSink(DeltaUpsertSink):
     """Upsert sink that commits with delta-rs; the embedded default."""
 
@@ -61,8 +76,10 @@ class DeltaRsSink(DeltaUpsertSink):
     def _merge(self, table: DeltaTable, changes: pa.Table, clauses: MergeClauses, batch_id: int) -> dict:
         # streamed_exec=False: the (driver-sized) source is buffered, which lets delta-rs derive
         # key-range filters from it and skip target files no change can touch (4x faster on
-        # key-clustered changes in docs/benchmarks-sink.md; equal on random keys).
-        return (table.merge(changes, clauses.on, source_alias="s", target_alias="t", streamed_exec=False,
+        # key-clustered changes in docs/benchmarks-sink.md; equal on random keys) -- unless a key
+        # column holds values those filters get wrong (buffered_merge_is_exact).
+        buffered = buffered_merge_is_exact(changes.schema, self.spec.primary_key)
+        return (table.merge(changes, clauses.on, source_alias="s", target_alias="t", streamed_exec=not buffered,
                             commit_properties=self._commit(batch_id))
                 .when_matched_update(dict(clauses.update_set), predicate=clauses.update_when)
                 .when_matched_delete(predicate=clauses.delete_when)

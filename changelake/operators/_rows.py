@@ -10,12 +10,15 @@ an operator's output rows are new rows.
 
 from __future__ import annotations
 
+import decimal
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Sequence
 
 import pyarrow as pa
 
 from changelake.changelog import KIND, RowKind, user_columns
+from changelake.errors import ValueOverflowError
+from changelake.operators._values import canonical, canonical_column
 
 INSERT = int(RowKind.INSERT)
 UPDATE_BEFORE = int(RowKind.UPDATE_BEFORE)
@@ -60,10 +63,11 @@ class Changes:
 
     @classmethod
     def of(cls, records: Iterable[tuple[int | str, Sequence]]) -> "Changes":
-        """Build from ``(kind, row)`` pairs; kind as a code or as ``"+I"``/``"-U"``/``"+U"``/``"-D"``."""
+        """Build from ``(kind, row)`` pairs; kind as a code or as ``"+I"``/``"-U"``/``"+U"``/``"-D"`` (a NaN
+        becomes a ``SqlNaN``, as in :meth:`from_arrow`)."""
         out = cls()
         for kind, row in records:
-            out.emit(int(RowKind.from_short(kind)) if isinstance(kind, str) else int(kind), row)
+            out.emit(int(RowKind.from_short(kind)) if isinstance(kind, str) else int(kind), map(canonical, row))
         return out
 
     def as_pairs(self) -> list[tuple[str, tuple]]:
@@ -72,19 +76,50 @@ class Changes:
 
     @classmethod
     def from_arrow(cls, table: pa.Table | pa.RecordBatch) -> "Changes":
-        """Read a changelog batch (user columns plus ``_kind``)."""
+        """Read a changelog batch (user columns plus ``_kind``); a float NaN is read as a ``SqlNaN`` with
+        its bits, which equals every NaN (:mod:`._values`)."""
         if KIND not in table.column_names:
             raise ValueError(f"changelog batch has no {KIND!r} column; columns are {table.column_names}")
-        cols = [table.column(n).to_pylist() for n in user_columns(table)]
+        cols = [canonical_column(c, c.to_pylist()) for c in (table.column(n) for n in user_columns(table))]
         kinds = [int(k) for k in table.column(KIND).to_pylist()]
         return cls(kinds, list(zip(*cols)) if cols else [() for _ in kinds])
 
     def to_arrow(self, schema: pa.Schema) -> pa.Table:
-        """Write as a changelog batch: ``schema``'s user columns plus ``_kind`` (int8)."""
+        """Write as a changelog batch: ``schema``'s user columns plus ``_kind`` (int8).
+
+        A computed value its column cannot hold (a SUM beyond BIGINT) raises :class:`ValueOverflowError`.
+        """
         names = [f.name for f in schema]
-        columns = [pa.array([r[i] for r in self.rows], type=f.type) for i, f in enumerate(schema)]
+        columns = [_column([r[i] for r in self.rows], f) for i, f in enumerate(schema)]
         columns.append(pa.array(self.kinds, type=pa.int8()))
         return pa.Table.from_arrays(columns, names=names + [KIND])
+
+
+def _column(values: list, f: pa.Field) -> pa.Array:
+    try:
+        return pa.array(values, type=f.type)
+    except (OverflowError, pa.ArrowInvalid):
+        numeric = pa.types.is_integer(f.type) or pa.types.is_decimal(f.type)
+        for v in values if numeric else ():
+            if isinstance(v, (int, decimal.Decimal)) and not isinstance(v, bool) and _too_large(v, f.type):
+                raise ValueOverflowError(
+                    f"column {f.name!r} is {f.type} and cannot hold {v}: a SUM over BIGINT is BIGINT and a SUM "
+                    "over DECIMAL(p, s) is DECIMAL(38, s), and one that leaves its type fails, as in Spark's ANSI "
+                    "mode; to sum past BIGINT, cast the column to DECIMAL(38, 0) with a select before the "
+                    "aggregate (a DECIMAL(38, s) sum: to a smaller scale)") from None
+        raise
+
+
+def _too_large(v: int | decimal.Decimal, t: pa.DataType) -> bool:
+    """True if ``v``'s integer part is too large for ``t`` (not: it has more decimal places than ``t``)."""
+    if pa.types.is_decimal(t):
+        digits = decimal.Decimal(v).adjusted() + 1
+        return digits > t.precision - t.scale
+    try:
+        pa.array([v], type=t)
+        return False
+    except (OverflowError, pa.ArrowInvalid):
+        return True
 
 
 def coerce(batch: "Changes | pa.Table | pa.RecordBatch") -> Changes:

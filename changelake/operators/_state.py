@@ -95,13 +95,15 @@ class KeyedState:
 # ---- value codec -------------------------------------------------------------------------------
 # Keys and values are pickled (protocol 5): fast, and exact for the SQL scalar types rows carry
 # (None, bool, int, float incl. NaN, str, bytes, Decimal, date/time types) and for the tuples,
-# lists and dicts operators build from them. Unpickling is restricted to exactly those types, so
-# a snapshot cannot name any other class (no code runs on restore).
+# lists and dicts operators build from them. Unpickling is restricted to exactly those types (and
+# the kernels' NaN, which pickles by name with its bits: ``_values.sql_nan``), so a snapshot cannot
+# name any other class (no code runs on restore).
 
 _ALLOWED_GLOBALS = {
     ("decimal", "Decimal"), ("datetime", "datetime"), ("datetime", "date"), ("datetime", "time"),
     ("datetime", "timedelta"), ("datetime", "timezone"), ("builtins", "bytearray"), ("builtins", "set"),
     ("builtins", "frozenset"), ("_codecs", "encode"), ("zoneinfo", "ZoneInfo"),
+    ("changelake.operators._values", "sql_nan"),
 }
 
 

@@ -1,17 +1,20 @@
 """Sorted buffer of one Top-N partition: sort keys in order, each with its rows in arrival order.
 
 Plain lists (``[[sort_key, [item, ...]], ...]``) so that it snapshots as operator state.
-The order of sort keys is given by :class:`SortOrder` (per column: direction, nulls first/last).
+The order of sort keys is given by :class:`SortOrder` (per column: direction, nulls first/last;
+values order as in SQL, a NaN above every number: ``_values``).
 """
 
 from __future__ import annotations
 
 import bisect
 import functools
+import math
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
 from changelake.errors import ConfigError
+from changelake.operators._values import compare
 
 
 @dataclass(frozen=True)
@@ -57,10 +60,9 @@ class SortOrder:
                     continue
                 first_is_null = x is None
                 return (1 if first_is_null else -1) * (1 if spec.nulls_last else -1)
-            if x == y:
-                continue
-            r = -1 if x < y else 1
-            return r if spec.ascending else -r
+            r = compare(x, y)
+            if r:
+                return r if spec.ascending else -r
         return 0
 
     def key(self, sort_key: tuple) -> tuple:
@@ -69,10 +71,13 @@ class SortOrder:
         for spec, flag, v in zip(self.columns, self._null_flags, sort_key):
             if v is None:
                 out.append((flag, 0))
+            elif isinstance(v, (int, float)) and not isinstance(v, bool):   # NaN above every number
+                if isinstance(v, float) and math.isnan(v):
+                    out.append((0, (1 if spec.ascending else -1, 0)))
+                else:
+                    out.append((0, (0, v if spec.ascending else -v)))
             elif spec.ascending:
                 out.append((0, v))
-            elif isinstance(v, (int, float)) and not isinstance(v, bool):
-                out.append((0, -v))
             else:
                 out.append((0, _Descending(v)))
         return tuple(out)

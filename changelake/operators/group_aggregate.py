@@ -40,6 +40,7 @@ from changelake.operators._base import Kernel, MiniBatchBuffer
 from changelake.operators._group_fold import GroupDeltas, fold, partial, vectorisable
 from changelake.operators._rows import DELETE, INSERT, UPDATE_AFTER, UPDATE_BEFORE, Changes, is_accumulate, project
 from changelake.operators._state import KeyedState, StaleRetractionPolicy, StaleRetractions, check_ttl
+from changelake.operators._values import canonical, canonical_column
 from changelake.operators.aggregates import AggregateFunction, builtin
 
 #: group key -> [record_count, [accumulator per call], {distinct column: {value: count}}]
@@ -117,7 +118,7 @@ class _Aggs:
         group[1] = [fn.merge(a, b) for fn, a, b in zip(self.fns, group[1], partial[1])]
 
     def result(self, key: tuple, group: list) -> tuple:
-        return key + tuple(fn.value(a) for fn, a in zip(self.fns, group[1]))
+        return key + tuple(canonical(fn.value(a)) for fn, a in zip(self.fns, group[1]))
 
 
 class _GroupEmitter(Kernel):
@@ -316,7 +317,7 @@ def local_partials(table: pa.Table, config: GroupAggregateConfig) -> tuple[list[
     kernel = LocalGroupAggregate(LocalGroupAggregateConfig(config.group_keys, config.aggregates,
                                                            mini_batch_size=max(table.num_rows, 1)))
     names = user_columns(table)
-    columns = [table.column(names[i]).to_pylist() for i in config.group_keys]
+    columns = [canonical_column(c, c.to_pylist()) for c in (table.column(names[i]) for i in config.group_keys)]
     first: dict[tuple, int] = {}
     for i, key in enumerate(zip(*columns) if columns else [()] * table.num_rows):
         first.setdefault(key, i)

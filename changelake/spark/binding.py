@@ -377,7 +377,7 @@ def _spark_out(output_schema):
 
 def _packed(df, keys: Sequence[str], part: int, buckets: int, time_column: str | None = None):
     schema = arrow_schema_of(df.select(*[c for c in df.columns if c != BUCKET]).schema)
-    bucketed = df.withColumn(BUCKET, _bucket(keys, buckets))
+    bucketed = df.withColumn(BUCKET, _bucket(keys, buckets, df.schema))
     return bucketed.mapInArrow(_Pack(part, schema, buckets, time_column), PACKED), schema
 
 
@@ -451,10 +451,25 @@ def _check_columns(df, columns: Sequence[str]) -> None:
         raise ConfigError(f"input has no column(s) {missing}; columns are {df.columns}")
 
 
-def _bucket(key_columns: Sequence[str], buckets: int):
-    """``pmod(hash(keys), buckets)``; one bucket (0) when the state has no key."""
+def _bucket(key_columns: Sequence[str], buckets: int, schema=None):
+    """``pmod(hash(keys), buckets)``; one bucket (0) when the state has no key.
+
+    Spark's ``hash`` reads a double's bits, so -0.0 and 0.0 (equal in SQL, and one key in the
+    kernels) would land in different buckets: a FLOAT / DOUBLE key is hashed with -0.0 as 0.0 and
+    every NaN as one NaN (what Spark's own grouping and joins do, NormalizeFloatingNumbers).
+    """
     from pyspark.sql import functions as F
+    from pyspark.sql.types import DoubleType, FloatType
 
     if not key_columns:
         return F.lit(0)
-    return F.pmod(F.hash(*[F.col(c) for c in key_columns]), F.lit(buckets))
+    floating = {f.name for f in schema.fields if isinstance(f.dataType, (DoubleType, FloatType))} if schema else set()
+
+    def key(c: str):
+        col = F.col(c)
+        if c not in floating:
+            return col
+        return F.when(col == 0, F.lit(0.0).cast(schema[c].dataType)) \
+            .when(F.isnan(col), F.lit(float("nan")).cast(schema[c].dataType)).otherwise(col)
+
+    return F.pmod(F.hash(*[key(c) for c in key_columns]), F.lit(buckets))

@@ -87,3 +87,17 @@ def test_reconcile_adds_new_columns_as_nullable_and_accepts_timestamp_units():
     plan = reconcile(path="/t", table_schema=table, batch_fields=batch)
     assert [(f.name, f.nullable) for f in plan.new_fields] == [("extra", True)]
     assert plan.target_schema.names == ["id", "ts", "extra"]
+
+
+def test_a_double_key_is_one_key_as_in_the_merge_nan_and_both_zeros():
+    """The MERGE (DataFusion) matches NaN with NaN and -0.0 with 0.0; the reduction and the tombstone
+    lookup, which compare with Arrow, must agree: before, two changes of a NaN key both survived the
+    reduction, and a -0.0 key never found the tombstone of 0.0."""
+    nan = float("nan")
+    batch = pa.table({"k": pa.array([nan, nan, -0.0, 0.0]), "_kind": pa.array([0, 2, 0, 2], pa.int8()),
+                      "_seq": [seq(1), seq(2), seq(3), seq(4)]})
+    reduced = latest_per_key(batch, primary_key=("k",))
+    assert sorted(reduced["_seq"].to_pylist()) == [seq(2), seq(4)]
+    tombs = pa.table({"k": pa.array([0.0, nan]), "_seq": [seq(9), seq(9)]})
+    split = split_against_tombstones(reduced, tombs, primary_key=("k",), now=NOW)
+    assert split.table_changes.num_rows == 0 and split.resurrections_prevented == 2
