@@ -84,8 +84,8 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import machine
-from bench.spark_timing import BatchClock
 from bench.gen import debezium_envelope
+from bench.spark_timing import BatchClock
 
 CATEGORIES = ["tools", "garden", "kitchen", "toys", "sports", "office", "auto", "outdoor", "books", "music"]
 COLUMNS = {"id": "bigint", "name": "string", "description": "string", "category": "string",

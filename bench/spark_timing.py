@@ -11,8 +11,8 @@ from pathlib import Path
 
 
 def _wrap(owner: object, name: str, around) -> tuple[object, str, object]:
-    """Replace ``owner.name`` by ``around(original)``; returns what :func:`_unwrap` needs. Raises when the
-    attribute is gone, so that a refactoring of the service breaks the clock loudly, not silently."""
+    """Replace ``owner.name`` by ``around(original)``; returns what ``__exit__`` needs to undo it.
+    Raises when the attribute is gone, so that a refactoring of the service breaks the clock loudly."""
     original = inspect.getattr_static(owner, name, None)
     if original is None:
         raise RuntimeError(f"bench/spark_timing.py: {getattr(owner, '__name__', owner)}.{name} is gone; "
