@@ -27,6 +27,8 @@ SMOKE: dict[str, tuple[list[str], tuple[str, ...], list[str]]] = {
     "sink.py": ([], ("unit",), [r"[\d,]+ changes/s; final state matches the expected rows"]),
     "joins.py lookup": (["lookup", "--dims", "delta,postgres"], ("unit",),
                         [r"\| delta \| cold \| [\d,]+ \|", r"\| delta \| warm \| [\d,]+ \|"]),
+    "batch_latency.py": ([], ("spark", "kafka"), [r"per batch \(first left out\): median [\d.]+ s",
+                                                   r"tables equal to the source: yes"]),
     "mirror.py": ([], ("spark", "kafka"), [r"[\d,]+ events/s end to end",
                                             r"verification against the generator's final state: ok",
                                             r"expired offsets \(must be 0\): 0"]),
@@ -103,7 +105,7 @@ def test_batch_clock_times_the_foreach_batch_callable() -> None:
         def __init__(self) -> None:
             self.seen: list[int] = []
 
-        def process_decoded(self, out: pa.Table, batch_id: int, *, late_rows: dict) -> None:
+        def process_decoded(self, out: pa.Table, batch_id: int, *, late_rows: dict, rejected=()) -> None:
             self.seen.append(batch_id)
 
     before = (PipelineQuery.__call__, pipeline.BatchProcessor.process_decoded, pipeline.BatchProcessor.__init__)
