@@ -1,15 +1,15 @@
 """Pipeline assembly: Kafka source -> decode -> (operators) -> Delta sinks, one Spark query.
 
-The query (:meth:`BatchProcessor.stream`)::
+The query (:class:`changelake.spark.query.PipelineQuery`, started by :func:`start_query`)::
 
     Kafka records -> DecodeStage (mapInArrow, executors): IPC payloads of rows, dead letters, stats
         -> payloads for the driver: stats, dead letters, rows of sources mirrored into a table
         -> per source read by the operator graph: typed rows (unpacked from the payloads)
            -> the compiled graph (changelake.spark.compile) -> each graph table's changes as payloads
     foreachBatch(the union of both): ONE Spark action per micro-batch (``toArrow``), so the
-    stateful operators run once per batch
+    stateful operators run once per batch; the operators' reports drained from the report channel
 
-Every micro-batch runs :class:`BatchProcessor` through ``foreachBatch`` on the driver:
+Every micro-batch runs :meth:`BatchProcessor.process_decoded` (pure Arrow, no Spark) on the driver:
 
 1. collect the payloads and report offsets that expired upstream;
 2. the rows of mirrored sources go to their table, key changes split by the table's key
@@ -68,7 +68,6 @@ log = logging.getLogger(__name__)
 #: Test hook: ``CHANGELAKE_FAULT=<point>@<batch id>`` kills the process with SIGKILL at that point.
 FAULT_ENV = "CHANGELAKE_FAULT"
 _KIND_LABEL = {k.value: k.short for k in RowKind}
-ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
 
 def _fault(point: str, batch_id: int) -> None:

@@ -8,16 +8,18 @@ DataFrame (the sink input's columns, ``_kind``, ``_seq``). Every node of the pla
                  ``physical``, the service's decode stage does it)
     filter       rows where the SQL predicate is true (F.expr, the text the planner checked)
     project      F.expr per output column, cast to the planned type
-    stateful     drop -U first when drop_update_before; then the kernel in bucketed state:
-                 groupBy(pmod(hash(state keys), B)).transformWithStateInPandas (spark_binding)
+    stateful     drop -U first when drop_update_before; then the kernel in bucketed state, its rows
+                 crossing as Arrow IPC envelopes: groupBy(pmod(hash(state keys), B))
+                 .transformWithStateInPandas (changelake.spark.binding)
     aggregate    two-phase when its calls merge (:func:`is_two_phase`): a stateless mapInArrow
                  folds each Arrow batch per group key into partial accumulators, one row per
                  (task, batch, key); then the global kernel merges them in bucketed state
-    join         both inputs unioned with a side tag, bucketed by the join-key values
+    join         each input packed on its own (part = its side), bucketed by the join-key values,
+                 the two envelopes unioned
     interval / temporal join
                  as join, plus per input task batch one heartbeat row per bucket with its largest
                  event time (every bucket then agrees on the watermark); the kernel's late rows
-                 leave right behind it for the ``late_rows`` accumulator (LateRows)
+                 leave as reports on the report channel (changelake.spark.reports)
     lookup_join  repartition(B, stream lookup key columns), then a stateless mapInArrow: each Python
                  worker keeps one LookupJoiner (and its cache) per node, so within a micro-batch a
                  key's rows meet one cache and one lookup; _kind and _seq pass through

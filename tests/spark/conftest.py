@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from changelake.service.pipeline import ROCKSDB_PROVIDER
+from changelake.spark.query import ROCKSDB_PROVIDER
 
 
 @pytest.fixture
