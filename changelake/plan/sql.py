@@ -5,6 +5,8 @@ pipeline runs; the in-process runner evaluates with it; the Spark executor hands
 text to Spark SQL (``F.expr``) and casts to the planned type. Both evaluate in UTC. Write expressions in the
 common subset of Spark SQL and DuckDB (column references, arithmetic, comparisons,
 ``AND``/``OR``/``NOT``, ``CASE``, ``COALESCE``, ``CAST``, ``IS NULL``, ``IN``, ``LIKE``).
+Case mapping is not in that subset for non-ASCII text: ``upper('ß')`` is ``'SS'`` in Spark and
+``'ẞ'`` in DuckDB, ``lower('İ')`` differs too, so the two executors would write different rows.
 """
 
 from __future__ import annotations
