@@ -2,8 +2,8 @@
 
 The planner uses DuckDB to check an expression and derive its output type before the
 pipeline runs; the in-process runner evaluates with it; the Spark executor hands the same
-text to Spark SQL (``F.expr``) and casts to the planned type. Both evaluate in UTC. Write expressions in the
-common subset of Spark SQL and DuckDB (column references, arithmetic, comparisons,
+text to Spark SQL (``F.expr``) and casts to the planned type; both evaluate in UTC. Write
+expressions in the common subset of Spark SQL and DuckDB (column references, arithmetic, comparisons,
 ``AND``/``OR``/``NOT``, ``CASE``, ``COALESCE``, ``CAST``, ``IS NULL``, ``IN``, ``LIKE``).
 Case mapping is not in that subset for non-ASCII text: ``upper('ß')`` is ``'SS'`` in Spark and
 ``'ẞ'`` in DuckDB, ``lower('İ')`` differs too, so the two executors would write different rows.
