@@ -2,9 +2,11 @@
 
 The planner uses DuckDB to check an expression and derive its output type before the
 pipeline runs; the in-process runner evaluates with it; the Spark executor hands the same
-text to Spark SQL (``F.expr``) and casts to the planned type. Write expressions in the
-common subset of Spark SQL and DuckDB (column references, arithmetic, comparisons,
+text to Spark SQL (``F.expr``) and casts to the planned type; both evaluate in UTC. Write
+expressions in the common subset of Spark SQL and DuckDB (column references, arithmetic, comparisons,
 ``AND``/``OR``/``NOT``, ``CASE``, ``COALESCE``, ``CAST``, ``IS NULL``, ``IN``, ``LIKE``).
+Case mapping is not in that subset for non-ASCII text: ``upper('ß')`` is ``'SS'`` in Spark and
+``'ẞ'`` in DuckDB, ``lower('İ')`` differs too, so the two executors would write different rows.
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ def _query(table: pa.Table, sql: str) -> pa.Table:
     con = getattr(_local, "con", None)
     if con is None:
         con = _local.con = duckdb.connect()
+        # as the Spark session (build_session): a TIMESTAMP is cast, truncated and printed in UTC, not in
+        # the machine's zone (DuckDB's default), and comes back as timestamp[us, tz=UTC]
+        con.execute("SET TimeZone = 'UTC'")
     con.register("t", table)
     try:
         return con.sql(sql).to_arrow_table()

@@ -206,3 +206,27 @@ def test_with_state_sets_ttl_and_policy_of_one_node_and_is_refused_where_there_i
         orders.filter("qty > 1").with_state(ttl="1 hour")
     with pytest.raises(ConfigError, match="is not a duration"):
         StateOptions(ttl="a while")
+
+
+def test_filters_and_projections_evaluate_timestamps_in_utc_whatever_the_machine_zone():
+    """DuckDB's session zone defaulted to the machine's: on a machine in New York the in-process runner
+    cast 2024-01-01 00:30 UTC to the date 2023-12-31 (Spark, whose session is UTC, to 2024-01-01),
+    and a projected TIMESTAMP came back as timestamp[us, tz=America/New_York]."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import datetime as dt, pyarrow as pa\n"
+        "from changelake.plan import sql\n"
+        "utc = dt.timezone.utc\n"
+        "t = pa.table({'ts': pa.array([dt.datetime(2024, 1, 1, 0, 30, tzinfo=utc)], pa.timestamp('us', tz='UTC')),"
+        " '_kind': pa.array([0], pa.int8())})\n"
+        "p = [('ts', 'ts'), ('d', 'CAST(ts AS DATE)'), ('h', 'hour(ts)')]\n"
+        "schema = sql.project_schema('p', t.schema.remove(1), p)\n"
+        "out = sql.apply_project(t, p, schema)\n"
+        "kept = sql.apply_filter(t, \"CAST(ts AS DATE) = DATE '2024-01-01'\")\n"
+        "print(schema.field('ts').type.tz, out['d'][0], out['h'][0], kept.num_rows)\n")
+    env = {**os.environ, "TZ": "America/New_York"}
+    got = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert got.stdout.split() == ["UTC", "2024-01-01", "0", "1"]

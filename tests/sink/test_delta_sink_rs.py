@@ -77,7 +77,8 @@ def test_failed_tombstone_expiry_does_not_fail_the_committed_batch(rs_sink, cloc
 
 
 @pytest.mark.parametrize("key_type, keys", [
-    (pa.decimal128(38, 0), [Decimal(10**38 - 1), Decimal(2**63), Decimal(2**63 - 1), Decimal(10**38 - 1).copy_negate()]),
+    (pa.decimal128(38, 0),
+     [Decimal(10**38 - 1), Decimal(2**63), Decimal(2**63 - 1), Decimal(10**38 - 1).copy_negate()]),
     # the NaN beside equal values: the file's statistics (which leave NaN out) say min = max
     (pa.float64(), [1e16, math.nan, 1e16]),
 ])
