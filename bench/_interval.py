@@ -164,7 +164,7 @@ def run_spark(batches: list[dict[str, pa.Table]], work: Path, buckets: int) -> d
     from pyspark.sql.types import StructType
 
     from changelake.spark.compile import compile_plan, packed_changes
-    from changelake.spark.decode_stage import from_ipc
+    from changelake.spark.payloads import from_ipc
     from changelake.spark.query import ROCKSDB_PROVIDER
     from changelake.spark.reports import ReportChannel
     from changelake.spark.session import build_session

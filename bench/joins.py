@@ -137,7 +137,7 @@ def spark_passes(batches: list[pa.Table], dim: pa.Table, want: int, work: Path, 
             rows = [0]
 
             def collect(df, batch_id):
-                from changelake.spark.decode_stage import from_ipc
+                from changelake.spark.payloads import from_ipc
 
                 rows[0] += sum(from_ipc(x).num_rows for x in df.toArrow()["payload"].to_pylist())
 

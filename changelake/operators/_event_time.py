@@ -24,6 +24,10 @@ from __future__ import annotations
 
 from datetime import date, datetime, timezone
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from changelake.changelog import KIND
 from changelake.operators._state import KeyedState
 
 #: Row kind of a heartbeat: not a change, only an event time for the watermark (never emitted).
@@ -93,3 +97,9 @@ class Watermarks:
                 self.store.put(side, t, 0)
         self._pending = [None, None]
         return self.current
+
+
+def split_late(table: pa.Table) -> tuple[pa.Table, pa.Table]:
+    """An event-time join's output split into (changes, late input rows as the kernel emitted them)."""
+    late = pc.is_in(table[KIND], pa.array(list(LATE_KINDS), pa.int8()))
+    return table.filter(pc.invert(late)), table.filter(late)

@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 from changelake.changelog import KIND, RowKind
 from changelake.key_changes import split_key_changes
 from changelake.metrics import publish
-from changelake.operators._event_time import LATE_KINDS
+from changelake.operators._event_time import split_late
 from changelake.operators.lookup_join import observe
 from changelake.plan import sql
 from changelake.plan.physical import (
@@ -39,12 +39,6 @@ def changelog_of(node: PhysicalNode, table: pa.Table | None) -> pa.Table:
 
 def without_update_before(table: pa.Table) -> pa.Table:
     return table.filter(pc.not_equal(table[KIND], pa.scalar(int(RowKind.UPDATE_BEFORE), pa.int8())))
-
-
-def split_late(table: pa.Table) -> tuple[pa.Table, pa.Table]:
-    """An event-time join's output split into (changes, late rows)."""
-    late = pc.is_in(table[KIND], pa.array(list(LATE_KINDS), pa.int8()))
-    return table.filter(pc.invert(late)), table.filter(late)
 
 
 class LocalRunner:

@@ -104,8 +104,9 @@ def configure_logging(level: str) -> None:
 def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "version":
         import deltalake
-        import pyspark
-        print(f"changelake {__version__} (pyspark {pyspark.__version__}, deltalake {deltalake.__version__})")
+        from importlib.metadata import version
+
+        print(f"changelake {__version__} (pyspark {version('pyspark')}, deltalake {deltalake.__version__})")
         return 0
     if args.command == "validate":
         from changelake.service.config import load_config

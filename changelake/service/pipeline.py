@@ -197,7 +197,7 @@ class BatchProcessor:
         by_source: dict[str, list[dict]] = {}
         for r in rejected:
             source = self._source_of(r.node, r.side)
-            spec = next(s for s in self.config.sources if s.name == source)
+            spec = self._route_of(source).spec
             partition, offset = _kafka_position(r.seq)
             topic = spec.topics[0] if spec.topics and len(spec.topics) == 1 else f"view:{r.node}"
             by_source.setdefault(source, []).append({
@@ -208,9 +208,12 @@ class BatchProcessor:
                           "view, then `changelake dlq replay` delivers it again")})
         out = []
         for source, letters in by_source.items():
-            route = next(r for r in self.routes if r.spec.name == source)
+            route = self._route_of(source)
             out.append((route, _empty(route), pa.Table.from_pylist(letters, schema=DEAD_LETTER_SCHEMA)))
         return out
+
+    def _route_of(self, source: str) -> "_Route":
+        return next(r for r in self.routes if r.spec.name == source)
 
     def _apply(self, stats: dict[tuple[str, int], tuple[int, int]],
                decoded: list[tuple["_Route", pa.Table, pa.Table]], batch_id: int,
@@ -301,7 +304,7 @@ class BatchProcessor:
                             batch_id, view, n, side)
                 continue
             source = self._source_of(view, side)
-            spec = next(s for s in self.config.sources if s.name == source)
+            spec = self._route_of(source).spec
             error = (f"view {view!r}: this {side} input row's event time is behind the join's watermark (the "
                      "largest event time seen minus watermark_delay), so it was not joined; raise the source's "
                      "watermark_delay if such rows are expected")

@@ -46,12 +46,14 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from changelake.changelog import KIND, SEQ
 from changelake.errors import ConfigError, StateError
-from changelake.operators._event_time import LATE_KINDS, WATERMARK_KIND
+from changelake.metrics import Figures
+from changelake.operators._event_time import LATE_KINDS, WATERMARK_KIND, split_late
 from changelake.operators._rows import Changes
 from changelake.spark import reports
 from changelake.spark.payloads import from_ipc, to_ipc
@@ -110,13 +112,11 @@ def _run_segments(kernel_cls: type, config: Any, snapshot: bytes | None, segment
                   output_schema: pa.Schema, now: int) -> BucketStep:
     cfg = _bundle_config(config, sum(t.num_rows for _, t in segments))
     kernel = kernel_cls.restore(cfg, snapshot) if snapshot is not None else kernel_cls(cfg)
-    out = None
+    out = Changes()
     for side, rows in segments:
         rows = _user_and_kind(rows)
-        got = kernel.process(rows, now=now) if side is None else kernel.process(rows, side=side, now=now)
-        out = got if out is None else (out.extend(got) or out)
-    finished = kernel.finish(now=now)
-    out = finished if out is None else (out.extend(finished) or out)
+        out.extend(kernel.process(rows, now=now) if side is None else kernel.process(rows, side=side, now=now))
+    out.extend(kernel.finish(now=now))
     data = kernel.snapshot() if kernel.state_rows else None
     return BucketStep(out.to_arrow(output_schema), data, kernel.state_rows, dict(kernel.take_figures()))
 
@@ -137,29 +137,24 @@ def run_bucket_isolating(kernel_cls: type, config: Any, snapshot: bytes | None,
     change never stops the pipeline in a loop: the state and output are those of the other rows, in
     their order. A :class:`~changelake.errors.StateError` (a policy's deliberate stop) is not caught.
     """
-    segments = _segments(table)
-    try:
-        return _run_segments(kernel_cls, config, snapshot, segments, output_schema, now), []
-    except StateError:
-        raise
-    except Exception:
-        if sum(t.num_rows for _, t in segments) == 0:
-            raise
     steps: list[BucketStep] = []
     poisoned: list[Poisoned] = []
-    _isolate(kernel_cls, config, snapshot, segments, output_schema, now, steps, poisoned)
+    _isolate(kernel_cls, config, snapshot, _segments(table), output_schema, now, steps, poisoned)
+    if not poisoned:
+        return steps[0], []
     if not steps:           # every row was bad: the state stays as it was
         return BucketStep(Changes().to_arrow(output_schema), snapshot, _rows_of(kernel_cls, config, snapshot),
                           {}), poisoned
-    figures: dict = {}
-    for s in steps:
-        for k, v in s.figures.items():
-            figures[k] = figures.get(k, 0) + v
+    figures = Figures()
+    for step in steps:
+        figures.update(step.figures)
     return BucketStep(pa.concat_tables([s.out for s in steps]), steps[-1].snapshot, steps[-1].state_rows,
-                      figures), poisoned
+                      dict(figures)), poisoned
 
 
 def _isolate(kernel_cls, config, snapshot, segments, output_schema, now, steps, poisoned) -> None:
+    """Run ``segments`` from the state the last good step left (else ``snapshot``); when the kernel
+    raises, halve them, down to the single rows that make it raise (a bucket with no rows re-raises)."""
     snap = steps[-1].snapshot if steps else snapshot
     try:
         steps.append(_run_segments(kernel_cls, config, snap, segments, output_schema, now))
@@ -168,6 +163,8 @@ def _isolate(kernel_cls, config, snapshot, segments, output_schema, now, steps, 
         raise
     except Exception as exc:
         total = sum(t.num_rows for _, t in segments)
+        if total == 0:
+            raise
         if total == 1:
             side, row = next((side, t) for side, t in segments if t.num_rows)
             poisoned.append(Poisoned(side, row, exc))
@@ -211,12 +208,6 @@ def _user_and_kind(table: pa.Table) -> pa.Table:
 def with_positions(out: pa.Table) -> pa.Table:
     """``out`` plus ``_seq``: each row's zero-padded position, the order downstream buckets restore."""
     return out.append_column(SEQ, pa.array([f"{i:012d}" for i in range(out.num_rows)], pa.string()))
-
-
-def split_late(out: pa.Table) -> tuple[pa.Table, pa.Table]:
-    """An event-time join's output -> (changes, late input rows as the kernel emitted them)."""
-    late = pc.is_in(out.column(KIND), pa.array(list(LATE_KINDS), pa.int8()))
-    return out.filter(pc.invert(late)), out.filter(late)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -327,7 +318,7 @@ class _Pack:
             rows = table.drop_columns([BUCKET]).cast(self.schema)
             order = pc.sort_indices(bucket)
             ordered, keys = rows.take(order), bucket.take(order).to_numpy(zero_copy_only=False)
-            starts = [0] + [i for i in range(1, len(keys)) if keys[i] != keys[i - 1]] + [len(keys)]
+            starts = [0, *(np.flatnonzero(keys[1:] != keys[:-1]) + 1).tolist(), len(keys)]
             ids, payloads = [], []
             for a, b in zip(starts, starts[1:]):
                 ids.append(int(keys[a]))

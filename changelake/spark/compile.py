@@ -257,7 +257,8 @@ class _Pack:
     def __call__(self, batches):
         import pyarrow as pa
 
-        from changelake.spark.decode_stage import SCHEMA, to_ipc
+        from changelake.spark.decode_stage import SCHEMA
+        from changelake.spark.payloads import to_ipc
 
         for batch in batches:
             if batch.num_rows:

@@ -35,7 +35,7 @@ from changelake.changelog import DEAD_LETTER_SCHEMA, OFFSET, PARTITION, TOPIC
 from changelake.formats.message_key import key_shapes
 from changelake.key_changes import split_key_changes
 from changelake.spark.kafka_source import ARROW_SCHEMA, split_markers
-from changelake.spark.payloads import from_ipc, to_ipc  # noqa: F401  (from_ipc: for the driver's unpacking)
+from changelake.spark.payloads import from_ipc, to_ipc
 
 SCHEMA = pa.schema([pa.field("_route", pa.int16()), pa.field("part", pa.string()), pa.field("payload", pa.binary())])
 SPARK_SCHEMA = "_route smallint, part string, payload binary"

@@ -24,8 +24,8 @@ import pyarrow.compute as pc
 from changelake.changelog import KIND, SEQ
 from changelake.spark.compile import compile_plan, packed_changes
 from changelake.spark.decode_stage import SPARK_SCHEMA as DECODE_STAGE_SCHEMA
-from changelake.spark.decode_stage import from_ipc
 from changelake.spark.kafka_source import SOURCE_NAME, KafkaSource
+from changelake.spark.payloads import from_ipc
 from changelake.spark.reports import ReportChannel
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"

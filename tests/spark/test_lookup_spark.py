@@ -14,15 +14,15 @@ import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
+from changelake import metrics
 from changelake.changelog import KIND, SEQ
-from changelake.spark.reports import ReportChannel
 from changelake.plan import CacheOptions, Lookup, Pipeline
 from changelake.plan.local import LocalRunner
 from changelake.plan.physical import sink_changes
-from changelake.spark.compile import compile_plan, packed_changes
-from changelake import metrics
-from changelake.spark.decode_stage import from_ipc
 from changelake.service.pipeline import graph_sink_changes
+from changelake.spark.compile import compile_plan, packed_changes
+from changelake.spark.payloads import from_ipc
+from changelake.spark.reports import ReportChannel
 
 from .conftest import run_to_end, write_micro_batch
 from .test_plan_spark import _batch, fold

@@ -15,13 +15,13 @@ import json
 import pyarrow as pa
 import pytest
 
-from changelake.spark.reports import ReportChannel
 from changelake.plan import Pipeline
 from changelake.plan.local import LocalRunner
 from changelake.plan.physical import sink_changes
-from changelake.spark.compile import compile_plan, packed_changes
-from changelake.spark.decode_stage import from_ipc
 from changelake.service.pipeline import graph_sink_changes
+from changelake.spark.compile import compile_plan, packed_changes
+from changelake.spark.payloads import from_ipc
+from changelake.spark.reports import ReportChannel
 
 from .conftest import run_to_end, write_micro_batch
 from .test_plan_spark import _batch, fold

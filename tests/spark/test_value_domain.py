@@ -59,7 +59,6 @@ from changelake.plan import Pipeline
 from changelake.plan.local import LocalRunner
 from changelake.plan.physical import sink_changes
 from changelake.types import arrow_schema, arrow_type
-
 from tests.plan.histories import deliver, key_histories
 
 pytestmark = pytest.mark.spark
@@ -378,7 +377,7 @@ def spark_tables(spark, root: Path, plan, batches: list[dict[str, pa.Table]]) ->
     from changelake.connectors.delta_sink import TableSpec, open_sink
     from changelake.service.pipeline import graph_sink_changes
     from changelake.spark.compile import compile_plan, packed_changes
-    from changelake.spark.decode_stage import from_ipc
+    from changelake.spark.payloads import from_ipc
 
     from .conftest import run_to_end, write_micro_batch
 
