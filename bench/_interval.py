@@ -163,7 +163,7 @@ def run_spark(batches: list[dict[str, pa.Table]], work: Path, buckets: int) -> d
     import pyarrow.parquet as pq
     from pyspark.sql.types import StructType
 
-    from changelake.spark.compile import compile_plan, packed_changes
+    from changelake.spark.compile import compile_packed
     from changelake.spark.payloads import from_ipc
     from changelake.spark.query import ROCKSDB_PROVIDER
     from changelake.spark.reports import ReportChannel
@@ -191,7 +191,7 @@ def run_spark(batches: list[dict[str, pa.Table]], work: Path, buckets: int) -> d
                 .parquet(str(streams_dir[name]))
         channel = ReportChannel(spark)
         plan = pipeline().plan()
-        packed, names = packed_changes(compile_plan(plan, streams, buckets=buckets, channel=channel))
+        packed, names = compile_packed(plan, streams, buckets=buckets, channel=channel)
         out: list[pa.Table] = []
         peaks, late_rows = [0], [0]
 

@@ -108,7 +108,7 @@ def spark_passes(batches: list[pa.Table], dim: pa.Table, want: int, work: Path, 
 
     from bench.common import PeakMemory
     from changelake.plan import Pipeline
-    from changelake.spark.compile import compile_plan, packed_changes
+    from changelake.spark.compile import compile_packed
     from changelake.spark.session import build_session
 
     work = work / "spark"
@@ -133,7 +133,7 @@ def spark_passes(batches: list[pa.Table], dim: pa.Table, want: int, work: Path, 
         for label in ("cold", "warm"):
             stream = spark.readStream.schema(StructType.fromDDL(ddl)).option("maxFilesPerTrigger", 1) \
                 .parquet(str(source))
-            packed, _ = packed_changes(compile_plan(plan, {"orders": stream}))
+            packed, _ = compile_packed(plan, {"orders": stream})
             rows = [0]
 
             def collect(df, batch_id):

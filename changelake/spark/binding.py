@@ -4,8 +4,8 @@ User values cross between the JVM and the Python workers as Arrow only. Around e
 node::
 
     input rows (typed columns, _kind, _seq)
-      -> _bucket = pmod(hash(state key columns), B)                 (JVM)
-      -> mapInArrow Pack: per Arrow batch and bucket, one envelope row
+      -> mapInArrow Pack: per Arrow batch and bucket (spark.buckets.bucket_of of the state key
+             columns, B buckets), one envelope row
              (bucket, part = input side, payload = the rows as Arrow IPC)
       -> groupBy(bucket).transformWithStateInPandas: per bucket touched by the micro-batch
              state  = ValueState STATE_KERNEL_SNAPSHOT (kernel snapshot bytes, or absent)
@@ -46,7 +46,6 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -61,8 +60,6 @@ from changelake.spark.payloads import from_ipc, to_ipc
 #: Name of the ValueState holding one bucket's kernel snapshot. Part of the checkpoint contract:
 #: renaming it orphans the state of running queries.
 STATE_KERNEL_SNAPSHOT = "kernel-snapshot"
-#: Column holding the bucket number (computed by Spark before packing).
-BUCKET = "_bucket"
 SIDES = ("left", "right")
 
 #: The envelope into a stateful operator: bucket, input side, Arrow IPC payload.
@@ -302,27 +299,25 @@ def _processing_time(timer_values) -> int:
 
 
 class _Pack:
-    """mapInArrow over one input (user columns, ``_kind``, ``_seq``, ``_bucket``): per Arrow batch and
-    bucket present, one envelope row with the bucket's rows as IPC (``_bucket`` dropped). With
-    ``time_column``, also one heartbeat payload per bucket with the batch's largest event time."""
+    """mapInArrow over one input (user columns, ``_kind``, ``_seq``): per Arrow batch and bucket present
+    (:func:`changelake.spark.buckets.bucket_of` of ``keys``), one envelope row with the bucket's rows as
+    IPC. With ``time_column``, also one heartbeat payload per bucket with the batch's largest event time."""
 
-    def __init__(self, part: int, schema: pa.Schema, buckets: int, time_column: str | None = None) -> None:
-        self.part, self.schema, self.buckets, self.time_column = part, schema, buckets, time_column
+    def __init__(self, part: int, schema: pa.Schema, keys: Sequence[str], buckets: int,
+                 time_column: str | None = None) -> None:
+        self.part, self.schema, self.keys, self.buckets, self.time_column = part, schema, list(keys), buckets, time_column
 
     def __call__(self, batches):
+        from changelake.spark.buckets import split_by_bucket
+
         for batch in batches:
             if not batch.num_rows:
                 continue
-            table = pa.Table.from_batches([batch])
-            bucket = table.column(BUCKET).combine_chunks()
-            rows = table.drop_columns([BUCKET]).cast(self.schema)
-            order = pc.sort_indices(bucket)
-            ordered, keys = rows.take(order), bucket.take(order).to_numpy(zero_copy_only=False)
-            starts = [0, *(np.flatnonzero(keys[1:] != keys[:-1]) + 1).tolist(), len(keys)]
+            rows = pa.Table.from_batches([batch]).cast(self.schema)
             ids, payloads = [], []
-            for a, b in zip(starts, starts[1:]):
-                ids.append(int(keys[a]))
-                payloads.append(to_ipc(ordered.slice(a, b - a)))
+            for bucket, part in split_by_bucket(rows, self.keys, self.buckets):
+                ids.append(bucket)
+                payloads.append(to_ipc(part))
             if self.time_column is not None:
                 top = pc.max(rows.column(self.time_column))
                 if top.is_valid:
@@ -367,9 +362,8 @@ def _spark_out(output_schema):
 
 
 def _packed(df, keys: Sequence[str], part: int, buckets: int, time_column: str | None = None):
-    schema = arrow_schema_of(df.select(*[c for c in df.columns if c != BUCKET]).schema)
-    bucketed = df.withColumn(BUCKET, _bucket(keys, buckets, df.schema))
-    return bucketed.mapInArrow(_Pack(part, schema, buckets, time_column), PACKED), schema
+    schema = arrow_schema_of(df.schema)
+    return df.mapInArrow(_Pack(part, schema, keys if buckets > 1 else (), buckets, time_column), PACKED), schema
 
 
 def _run(packed, processor, output_schema, channel):
@@ -440,27 +434,3 @@ def _check_columns(df, columns: Sequence[str]) -> None:
     missing = [c for c in columns if c not in df.columns]
     if missing:
         raise ConfigError(f"input has no column(s) {missing}; columns are {df.columns}")
-
-
-def _bucket(key_columns: Sequence[str], buckets: int, schema=None):
-    """``pmod(hash(keys), buckets)``; one bucket (0) when the state has no key.
-
-    Spark's ``hash`` reads a double's bits, so -0.0 and 0.0 (equal in SQL, and one key in the
-    kernels) would land in different buckets: a FLOAT / DOUBLE key is hashed with -0.0 as 0.0 and
-    every NaN as one NaN (what Spark's own grouping and joins do, NormalizeFloatingNumbers).
-    """
-    from pyspark.sql import functions as F
-    from pyspark.sql.types import DoubleType, FloatType
-
-    if not key_columns:
-        return F.lit(0)
-    floating = {f.name for f in schema.fields if isinstance(f.dataType, (DoubleType, FloatType))} if schema else set()
-
-    def key(c: str):
-        col = F.col(c)
-        if c not in floating:
-            return col
-        return F.when(col == 0, F.lit(0.0).cast(schema[c].dataType)) \
-            .when(F.isnan(col), F.lit(float("nan")).cast(schema[c].dataType)).otherwise(col)
-
-    return F.pmod(F.hash(*[key(c) for c in key_columns]), F.lit(buckets))

@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from changelake.changelog import KIND, SEQ
-from changelake.spark.compile import compile_plan, packed_changes
+from changelake.spark.compile import compile_packed
 from changelake.spark.decode_stage import SPARK_SCHEMA as DECODE_STAGE_SCHEMA
 from changelake.spark.kafka_source import SOURCE_NAME, KafkaSource
 from changelake.spark.payloads import from_ipc
@@ -55,8 +55,7 @@ class PipelineQuery:
         sources = {node.source: decoded.mapInArrow(_Unpack(i, node.schema), _unpacked_ddl(node.schema))
                    for i, node in p.graph_routes.items()}
         self.channel = ReportChannel(records.sparkSession)
-        packed, p.graph_tables = packed_changes(compile_plan(p.plan, sources, buckets=p.buckets,
-                                                             channel=self.channel))
+        packed, p.graph_tables = compile_packed(p.plan, sources, buckets=p.buckets, channel=self.channel)
         return to_driver.unionByName(packed)
 
     # Spark calls this with the batch DataFrame and its id.

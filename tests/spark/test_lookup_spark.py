@@ -20,7 +20,7 @@ from changelake.plan import CacheOptions, Lookup, Pipeline
 from changelake.plan.local import LocalRunner
 from changelake.plan.physical import sink_changes
 from changelake.service.pipeline import graph_sink_changes
-from changelake.spark.compile import compile_plan, packed_changes
+from changelake.spark.compile import compile_packed
 from changelake.spark.payloads import from_ipc
 from changelake.spark.reports import ReportChannel
 
@@ -87,7 +87,7 @@ def test_spark_lookup_join_equals_local_runner_and_reports_to_the_driver(rocksdb
     ddl = ", ".join(f"{c} {t}" for c, t in ORDERS.items()) + ", _kind TINYINT, _seq STRING"
     stream = spark.readStream.schema(StructType.fromDDL(ddl)).option("maxFilesPerTrigger", 1).parquet(str(src))
     channel = ReportChannel(spark)
-    packed, names = packed_changes(compile_plan(plan, {"orders": stream}, buckets=3, channel=channel))
+    packed, names = compile_packed(plan, {"orders": stream}, buckets=3, channel=channel)
     got = collections.defaultdict(list)
     drained = []
 

@@ -2,7 +2,8 @@
 
 One streaming query (file sources, one parquet file per source and micro-batch, foreachBatch,
 availableNow) runs normalize -> filter -> join -> aggregate -> top-n plus a materialized sink:
-seven transformWithStateInPandas operators chained in one query. Every sink table, folded as
+six transformWithStateInPandas operators chained in one query, one per stateful node although
+two of them have two consumers each (the executed plan is counted). Every sink table, folded as
 the Delta sink folds it (latest change per key, -U ignored), must equal the LocalRunner's;
 the aggregate's changes must equal it per key and in order.
 """
@@ -19,7 +20,7 @@ from changelake.plan import Pipeline
 from changelake.plan.local import LocalRunner
 from changelake.plan.physical import sink_changes
 from changelake.service.pipeline import graph_sink_changes
-from changelake.spark.compile import compile_plan, packed_changes
+from changelake.spark.compile import compile_packed
 from changelake.spark.payloads import from_ipc
 from changelake.spark.reports import ReportChannel
 
@@ -113,9 +114,8 @@ def spark_changes(spark, tmp_path, plan, channel) -> tuple[dict[str, list[tuple[
         return spark.readStream.schema(StructType.fromDDL(ddl)).option("maxFilesPerTrigger", 1) \
             .parquet(str(dirs[name]))
 
-    tables = compile_plan(plan, {"orders": stream("orders", ORDERS), "products": stream("products", PRODUCTS)},
-                          buckets=3, channel=channel)
-    packed, names = packed_changes(tables)
+    packed, names = compile_packed(plan, {"orders": stream("orders", ORDERS), "products": stream("products", PRODUCTS)},
+                                   buckets=3, channel=channel)
     out = collections.defaultdict(list)
     actions = []
 
@@ -136,7 +136,12 @@ def spark_changes(spark, tmp_path, plan, channel) -> tuple[dict[str, list[tuple[
 
     q = run_to_end(packed, collect, tmp_path / "ckpt")
     assert len([p for p in q.recentProgress if p["numInputRows"]]) == 3, "expected one micro-batch per file"
-    return out, actions
+    return out, actions, stateful_operators(q)
+
+
+def stateful_operators(query) -> int:
+    """How many transformWithStateInPandas operators the executed plan of ``query``'s last batch holds."""
+    return query._jsq.streamingQuery().lastExecution().executedPlan().toString().count("TransformWithStateInPySpark")
 
 
 def test_spark_executor_equals_local_runner(rocksdb, tmp_path):
@@ -145,8 +150,10 @@ def test_spark_executor_equals_local_runner(rocksdb, tmp_path):
     runner = LocalRunner(plan)
     want = local_changes(plan, runner)
     channel = ReportChannel(rocksdb)
-    got, actions = spark_changes(rocksdb, tmp_path, plan, channel)
+    got, actions, operators = spark_changes(rocksdb, tmp_path, plan, channel)
     assert actions == [0, 1, 2]
+    # enriched and by_category have two consumers each; every stateful node still runs once per batch
+    assert operators == sum(n.stateful for n in plan) == 6
     for table, key in keys(plan).items():
         assert fold(got[table], key) == fold(want[table], key), table
         assert fold(want[table], key), f"{table}: the input should leave rows in it"

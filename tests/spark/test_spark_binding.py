@@ -141,21 +141,3 @@ def test_mini_batch_bundle_is_the_micro_batch():
         ("-U", ("a", 2, 30)), ("+U", ("a", 1, 20)), ("-U", ("b", 1, 5)), ("+U", ("b", 2, 16)),
         ("-U", ("c", 1, 7)), ("+U", ("c", 1, 1))])
     assert snap is not None
-
-
-def test_a_floating_key_hashes_to_one_bucket_for_both_zeros_and_every_nan(spark):
-    """Spark's hash reads a double's bits: -0.0 and 0.0 (one key in SQL and in the kernels) went to
-    different buckets, so a group or a join key holding both was split between two kernels."""
-    import math
-    import struct
-
-    from pyspark.sql.types import DoubleType, FloatType, StructField, StructType
-
-    from changelake.spark.binding import _bucket
-
-    other_nan = struct.unpack("<d", struct.pack("<Q", 0x7FF8_0000_0000_0123))[0]
-    schema = StructType([StructField("d", DoubleType()), StructField("f", FloatType())])
-    rows = [(-0.0, -0.0), (0.0, 0.0), (math.nan, math.nan), (other_nan, math.nan)]
-    df = spark.createDataFrame(rows, schema)
-    got = [(r[0], r[1]) for r in df.select(_bucket(["d"], 97, schema), _bucket(["f"], 97, schema)).collect()]
-    assert got[0] == got[1] and got[2] == got[3]

@@ -19,7 +19,7 @@ from changelake.plan import Pipeline
 from changelake.plan.local import LocalRunner
 from changelake.plan.physical import sink_changes
 from changelake.service.pipeline import graph_sink_changes
-from changelake.spark.compile import compile_plan, packed_changes
+from changelake.spark.compile import compile_packed
 from changelake.spark.payloads import from_ipc
 from changelake.spark.reports import ReportChannel
 
@@ -88,7 +88,7 @@ def test_time_joins_on_spark_equal_local_runner(rocksdb, tmp_path):
         streams[name] = rocksdb.readStream.schema(StructType.fromDDL(ddl)).option("maxFilesPerTrigger", 1) \
             .parquet(str(tmp_path / name))
     channel = ReportChannel(rocksdb)
-    packed, names = packed_changes(compile_plan(plan, streams, buckets=3, channel=channel))
+    packed, names = compile_packed(plan, streams, buckets=3, channel=channel)
     got = collections.defaultdict(list)
     late_per_batch = []
 

@@ -1,7 +1,7 @@
 """Two-phase (local-global) aggregation on the Spark executor.
 
-An aggregate whose calls merge compiles to a stateless mapInArrow (per Arrow batch, one partial
-accumulator per group key) in front of the bucketed global kernel; one with a DISTINCT call stays
+An aggregate whose calls merge runs two-phase: the router in front of it folds the rows it sends
+into one partial accumulator per group key, the bucketed global kernel merges them; one with a DISTINCT call stays
 one-phase. Over three micro-batches with retractions (a category emptied by a move, re-delivered
 changes), the tables and the per-key changes equal the in-process LocalRunner's.
 """
@@ -17,7 +17,8 @@ from changelake.operators.group_aggregate import (EncodedGlobalGroupAggregate, G
                                                   GroupAggregateConfig, AggCall, encode_partial, local_partials)
 from changelake.plan import Pipeline
 from changelake.plan.local import LocalRunner
-from changelake.spark.compile import compile_plan, is_two_phase
+from changelake.spark.chain import Chain
+from changelake.spark.compile import is_two_phase
 from tests.spark.test_plan_spark import ORDERS, PRODUCTS, fold, keys, local_changes, spark_changes
 
 pytestmark = pytest.mark.spark
@@ -36,26 +37,17 @@ def catalog() -> Pipeline:
     return p
 
 
-def _mapinarrow_count(df) -> int:
-    return str(df._jdf.queryExecution().logical()).count("MapInArrow")
-
-
-def test_aggregate_compiles_two_phase_unless_distinct(spark, tmp_path):
+def test_aggregate_compiles_two_phase_unless_distinct():
     plan = catalog().plan()
     nodes = {n.id: n for n in plan if n.op == "aggregate"}
     assert is_two_phase(nodes["by_category"]) and not is_two_phase(nodes["by_product"])
     assert not is_two_phase(catalog().plan(mini_batch=False).by_id["by_category"])
-
-    def stream(columns):
-        ddl = ", ".join(f"{c} {t}" for c, t in columns.items()) + ", _kind TINYINT, _seq STRING"
-        return spark.readStream.schema(ddl).parquet(str(tmp_path))
-
-    srcs = {"orders": stream(ORDERS), "products": stream(PRODUCTS)}
-    tables = compile_plan(plan, srcs, buckets=3)
-    one_phase = compile_plan(plan, srcs, buckets=3, two_phase=False)
-    # every stateful operator packs its input and unpacks its output (two mapInArrow); the local step is one more
-    assert _mapinarrow_count(tables["category_stats"]) == _mapinarrow_count(one_phase["category_stats"]) + 1
-    assert _mapinarrow_count(tables["product_stats"]) == _mapinarrow_count(one_phase["product_stats"])
+    # the router in front of by_category folds its rows into partials; by_product gets the rows
+    chain = Chain.of(plan, 3, 32, two_phase=True)
+    assert chain.two_phase == {"by_category"}
+    assert chain.side_schema(nodes["by_category"], 0).names == ["category", "partial", "_kind", "_seq"]
+    assert chain.side_schema(nodes["by_product"], 0).names == [*ORDERS, "_kind", "_seq"]
+    assert Chain.of(plan, 3, 32, two_phase=False).two_phase == frozenset()
 
 
 def test_local_then_global_equals_one_phase():
@@ -84,7 +76,8 @@ def test_local_then_global_equals_one_phase():
 def test_two_phase_equals_local_runner(rocksdb, tmp_path):
     plan = catalog().plan()
     want = local_changes(plan, LocalRunner(plan))
-    got, actions = spark_changes(rocksdb, tmp_path, plan, None)
+    got, actions, operators = spark_changes(rocksdb, tmp_path, plan, None)
+    assert operators == sum(n.stateful for n in plan)
     assert actions == [0, 1, 2]
     for table, key in keys(plan).items():
         assert fold(got[table], key) == fold(want[table], key), table

@@ -376,7 +376,7 @@ def spark_tables(spark, root: Path, plan, batches: list[dict[str, pa.Table]]) ->
 
     from changelake.connectors.delta_sink import TableSpec, open_sink
     from changelake.service.pipeline import graph_sink_changes
-    from changelake.spark.compile import compile_plan, packed_changes
+    from changelake.spark.compile import compile_packed
     from changelake.spark.payloads import from_ipc
 
     from .conftest import run_to_end, write_micro_batch
@@ -392,7 +392,7 @@ def spark_tables(spark, root: Path, plan, batches: list[dict[str, pa.Table]]) ->
         streams[node.source] = spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(str(directory))
     sinks = {n.table: open_sink(TableSpec(name=n.table, path=str(root / "lake" / n.table), primary_key=n.primary_key),
                                 pipeline_id="values", engine="delta-rs") for n in plan.sinks}
-    packed, names = packed_changes(compile_plan(plan, streams, buckets=2))
+    packed, names = compile_packed(plan, streams, buckets=2)
     batch_ids = []
 
     def collect(df, batch_id):

@@ -1,0 +1,479 @@
+"""A physical plan on Spark as one linear chain of stateful operators: each stateful node runs once.
+
+A DataFrame read by two consumers is planned twice by Spark, stateful operators and all, so a graph
+with fan-out cannot map one DataFrame to each node (docs/state-design.md). Here every stateful
+node's output has exactly one reader: the operator after it in the chain. The query is::
+
+    per source:    mapInArrow SourceRouter: the source's rows -> envelopes
+    union of the sources' envelopes
+      -> groupBy(g).transformWithStateInPandas(ChainProcessor 0)    stateful node 0
+      -> groupBy(g).transformWithStateInPandas(ChainProcessor 1)    stateful node 1
+      -> repartition(B, g).mapInArrow(LookupStage 2)               a lookup join
+      ...                                                          (topological order)
+      -> mapInArrow Deliver: sink envelopes -> packed table changes; report envelopes -> the channel
+
+An **envelope** is one row ``(g, target, bucket, part, payload)``: ``payload`` holds rows as Arrow
+IPC, addressed to ``target`` (a stateful node's position in the chain, a sink table, or
+:data:`REPORTS`), to state bucket ``bucket`` of that node and, for a join, to its input ``part``.
+``g`` is the group key of the next operator: the bucket for envelopes addressed to it, a negative
+pass-through group (``-1 - bucket mod PASS_GROUPS``) for every other envelope.
+
+Operator ``k`` groups by ``g``. A group ``g >= 0`` holds bucket ``g`` of node ``k``: the processor
+restores the bucket's kernel from its state (one ``ValueState`` per bucket, as the binding), runs it
+over the bucket's rows ordered by ``_seq``, stores the snapshot, and hands the output to the
+**router**. A negative group is passed through unchanged (only ``g`` is recomputed for the next
+operator), without state: a handful of Python calls per operator and batch, whatever the traffic.
+
+A lookup join (stateless, but a key's rows of a micro-batch should meet one lookup and one cache)
+has a place in the chain too, without state: ``repartition(B, g)`` then a ``mapInArrow``
+(:class:`LookupStage`) joining the task's envelopes addressed to it in one call of the worker's
+cached ``LookupJoiner`` and routing the result; the rest passes through.
+
+The router (:class:`Router`) runs behind each kernel, each lookup stage and at the sources. It
+applies the stateless steps behind the node as ``LocalRunner`` does (filter and select in DuckDB
+through ``changelake.plan.sql``) and addresses the rows to every consumer: each lookup join and
+each downstream stateful node, split by that node's state key into its
+buckets (:func:`changelake.spark.buckets.bucket_of`), its ``-U`` dropped when the node asks, the
+two-phase aggregate's local fold done here, and the event-time joins' heartbeats (one per bucket,
+the largest event time of the rows sent) added here; and each sink table. Reports (state sizes,
+figures, late rows, rejected rows, lookup figures) travel as envelopes addressed to
+:data:`REPORTS` to the end of the chain, where ``Deliver`` hands them to the report channel.
+
+Checkpoint contract: the state of node ``k`` lives in the ``k``-th ``transformWithStateInPandas``
+operator of the query, in ValueState ``kernel-snapshot`` of group ``g`` = the bucket. The chain order
+(topological, the plan's node order), the bucket count per node and :func:`bucket_of` decide where a
+key's state is: a plan of another shape, other bucket counts or another bucket function need a new
+checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from changelake.changelog import KIND, SEQ, RowKind
+from changelake.errors import ConfigError
+from changelake.operators._event_time import WATERMARK_KIND, split_late
+from changelake.operators.group_aggregate import (
+    EncodedGlobalGroupAggregate,
+    GroupAggregate,
+    encode_partial,
+    local_partials,
+    mergeable,
+)
+from changelake.plan.physical import EVENT_TIME_OPS, TWO_INPUT_OPS, PhysicalNode, PhysicalPlan
+from changelake.spark import reports
+from changelake.spark.binding import (
+    STATE_KERNEL_SNAPSHOT,
+    NodeInfo,
+    late_reports,
+    poisoned_reports,
+    run_bucket_isolating,
+    with_positions,
+)
+from changelake.spark.buckets import split_by_bucket
+from changelake.spark.payloads import from_ipc, to_ipc
+
+#: Spark DDL of an envelope (see the module docstring).
+ENVELOPE = "g int, target smallint, bucket int, part tinyint, payload binary"
+ENVELOPE_ARROW = pa.schema([pa.field("g", pa.int32(), False), pa.field("target", pa.int16(), False),
+                            pa.field("bucket", pa.int32(), False), pa.field("part", pa.int8(), False),
+                            pa.field("payload", pa.binary(), False)])
+#: ``target`` of report payloads (encoded ``changelake.spark.reports``).
+REPORTS = -1
+#: Pass-through groups per operator: envelopes not addressed to an operator cost it this many Python calls.
+PASS_GROUPS = 2
+#: ``part`` of a packed payload holding a sink table's changes (``_route`` is the table's index).
+CHANGES_PART = "changes"
+#: Name of the partial-accumulator column between the local and the global aggregate (not "_"-prefixed:
+#: the kernel sees only user columns and ``_kind``); suffixed while a group key has it.
+PARTIAL = "partial"
+
+_STATE_SCHEMA = "snapshot BINARY"
+
+
+def kernel_class(node: PhysicalNode) -> type:
+    """The class whose ``restore`` continues a snapshot of ``node``'s kernel (rank: a factory's product)."""
+    return node.kernel if isinstance(node.kernel, type) else type(node.make_kernel())
+
+
+def is_two_phase(node: PhysicalNode) -> bool:
+    """True if the executor runs aggregate ``node`` two-phase (local pre-aggregation, then global):
+    a mini-batch GroupAggregate whose calls all merge (no DISTINCT; see ``group_aggregate.mergeable``)."""
+    return (node.op == "aggregate" and node.kernel is GroupAggregate
+            and node.config.mini_batch_size is not None and mergeable(node.config))
+
+
+def _changelog(schema: pa.Schema) -> pa.Schema:
+    """``schema`` (user columns, all nullable) plus ``_kind`` and ``_seq``."""
+    return pa.schema([f.with_nullable(True) for f in schema]
+                     + [pa.field(KIND, pa.int8()), pa.field(SEQ, pa.string())])
+
+
+@dataclasses.dataclass(frozen=True)
+class Chain:
+    """What every router and operator of one compiled plan knows (pickled into the Python workers)."""
+    plan: PhysicalPlan
+    order: tuple[str, ...]                  # stateful and lookup join node ids: the chain's operators, in order
+    sinks: tuple[str, ...]                  # sink node ids; ``target`` len(order) + i, ``_route`` i
+    buckets: Mapping[str, int]              # per stateful node (1 when its state has no key)
+    two_phase: frozenset[str]               # aggregate nodes run local-global
+
+    @classmethod
+    def of(cls, plan: PhysicalPlan, buckets: int | Mapping[str, int], default: int, two_phase: bool) -> "Chain":
+        order = tuple(n.id for n in plan if n.stateful or n.op == "lookup_join")
+        per = {}
+        for node_id in order:
+            b = buckets if isinstance(buckets, int) else buckets.get(node_id, default)
+            if not isinstance(b, int) or b < 1:
+                raise ConfigError(f"buckets of {node_id!r} must be an integer >= 1, got {b!r}")
+            per[node_id] = b if any(plan[node_id].state_keys) else 1
+        phased = frozenset(i for i in order if two_phase and is_two_phase(plan[i]))
+        return cls(plan, order, tuple(n.id for n in plan.sinks), per, phased)
+
+    def target(self, node_id: str) -> int:
+        if node_id in self.sinks:
+            return len(self.order) + self.sinks.index(node_id)
+        return self.order.index(node_id)
+
+    def keys(self, node: PhysicalNode, side: int) -> tuple[str, ...]:
+        """The columns of ``node``'s input ``side`` that decide the bucket."""
+        if node.id in self.two_phase:
+            return self.partial_keys(node)[0]
+        return tuple(node.state_keys[side]) if node.state_keys else ()
+
+    def partial_keys(self, node: PhysicalNode) -> tuple[tuple[str, ...], str]:
+        """Two-phase aggregate: the group key column names and the partial column's name."""
+        user = self.plan[node.inputs[0]].schema
+        keys = tuple(user.field(i).name for i in node.config.group_keys)
+        partial = PARTIAL
+        while partial in keys:
+            partial += "_"
+        return keys, partial
+
+    def side_schema(self, node: PhysicalNode, side: int) -> pa.Schema:
+        """The Arrow schema of the rows of ``node``'s input ``side`` (user columns, ``_kind``, ``_seq``)."""
+        inp = self.plan[node.inputs[side]].schema
+        if node.id in self.two_phase:
+            keys, partial = self.partial_keys(node)
+            return _changelog(pa.schema([inp.field(k) for k in keys] + [pa.field(partial, pa.binary())]))
+        return _changelog(inp)
+
+
+#: Per Python worker: the lookup joiner of each lookup join node (by node id and config), whose cache
+#: outlives the task, so later micro-batches find their keys cached.
+_JOINERS: dict[tuple[str, Any], Any] = {}
+
+
+def _joiner(node: PhysicalNode):
+    from changelake.operators.lookup_join import LookupJoiner
+
+    key = (node.id, node.config)
+    joiner = _JOINERS.get(key)
+    if joiner is None:
+        joiner = _JOINERS[key] = LookupJoiner(node.config)
+    return joiner
+
+
+class Envelopes:
+    """Envelopes being written by a router whose output operator ``position + 1`` reads next."""
+
+    def __init__(self, chain: Chain, position: int) -> None:
+        self.chain, self.next = chain, position + 1
+        self.target: list[int] = []
+        self.bucket: list[int] = []
+        self.part: list[int] = []
+        self.payload: list[bytes] = []
+        self.sent: list = []                      # reports
+
+    def add(self, target: int, bucket: int, part: int, payload: bytes) -> None:
+        self.target.append(target)
+        self.bucket.append(bucket)
+        self.part.append(part)
+        self.payload.append(payload)
+
+    def batch(self) -> pa.RecordBatch:
+        if self.sent:
+            self.add(REPORTS, 0, 0, reports.encode(self.sent))
+            self.sent = []
+        target = np.array(self.target, dtype=np.int16)
+        bucket = np.array(self.bucket, dtype=np.int32)
+        out = pa.RecordBatch.from_arrays(
+            [pa.array(next_group(target, bucket, self.next)), pa.array(target), pa.array(bucket),
+             pa.array(np.array(self.part, dtype=np.int8)), pa.array(self.payload, pa.binary())],
+            schema=ENVELOPE_ARROW)
+        self.target, self.bucket, self.part, self.payload = [], [], [], []
+        return out
+
+
+def next_group(target: np.ndarray, bucket: np.ndarray, position: int) -> np.ndarray:
+    """``g`` for operator ``position``: the bucket for its own envelopes, a pass-through group otherwise."""
+    return np.where(target == position, bucket, -1 - bucket % PASS_GROUPS).astype(np.int32)
+
+
+class Router:
+    """Applies the stateless steps behind a node and addresses its rows to every consumer."""
+
+    def __init__(self, chain: Chain) -> None:
+        self.chain = chain
+
+    def route(self, node_id: str, rows: pa.Table, out: Envelopes) -> None:
+        """``rows`` (node ``node_id``'s output: its columns, ``_kind``, ``_seq``) to its consumers."""
+        if rows.num_rows == 0:
+            return
+        from changelake.plan import sql
+
+        plan = self.chain.plan
+        for c in plan.consumers(node_id):
+            if c.op == "filter":
+                self.route(c.id, sql.apply_filter(rows, c.predicate), out)
+            elif c.op == "project":
+                projected = sql.apply_project(rows, c.projections, c.schema)
+                self.route(c.id, projected.append_column(SEQ, rows.column(SEQ)), out)
+            elif c.op == "sink":
+                schema = _changelog(c.schema)
+                out.add(self.chain.target(c.id), 0, 0, to_ipc(rows.select(schema.names).cast(schema)))
+            elif c.stateful or c.op == "lookup_join":
+                for side, inp in enumerate(c.inputs):
+                    if inp == node_id:
+                        self._to_kernel(c, side, rows, out)
+            else:
+                raise ConfigError(f"node {c.id!r}: the Spark executor has no rule for op {c.op!r}")
+
+    def _to_kernel(self, node: PhysicalNode, side: int, rows: pa.Table, out: Envelopes) -> None:
+        chain = self.chain
+        if node.drop_update_before:
+            rows = rows.filter(pc.not_equal(rows.column(KIND), pa.scalar(int(RowKind.UPDATE_BEFORE), pa.int8())))
+        if node.id in chain.two_phase:
+            rows = self._local_aggregate(node, rows)
+        schema = chain.side_schema(node, side)
+        rows = rows.select(schema.names).cast(schema)
+        target, buckets = chain.target(node.id), chain.buckets[node.id]
+        for bucket, part in split_by_bucket(rows, chain.keys(node, side), buckets):
+            out.add(target, bucket, side, to_ipc(part))
+        if node.op in EVENT_TIME_OPS and rows.num_rows:
+            column = node.time_columns[side]
+            top = pc.max(rows.column(column))
+            if top.is_valid:
+                cols = {f.name: pa.nulls(1, f.type) for f in schema}
+                cols[column] = pa.array([top.as_py()], schema.field(column).type)
+                cols[KIND] = pa.array([WATERMARK_KIND], pa.int8())
+                cols[SEQ] = pa.array([""], pa.string())
+                beat = to_ipc(pa.table(cols, schema=schema))
+                for bucket in range(buckets):
+                    out.add(target, bucket, side, beat)
+
+    def _local_aggregate(self, node: PhysicalNode, rows: pa.Table) -> pa.Table:
+        """The local step of a two-phase aggregate: one row per group key of ``rows`` (the keys, the pickled
+        partial ``[record_count, [acc per call]]``, ``_kind`` +I, ``_seq`` of the key's first row)."""
+        if rows.num_rows == 0:
+            return rows
+        keys, partial = self.chain.partial_keys(node)
+        partials, first = local_partials(rows, node.config)
+        at = pa.array(first, pa.int64())
+        cols = {k: rows.column(k).take(at) for k in keys}
+        cols[partial] = pa.array([encode_partial(p) for p in partials], pa.binary())
+        cols[KIND] = pa.array([int(RowKind.INSERT)] * len(first), pa.int8())
+        cols[SEQ] = rows.column(SEQ).take(at)
+        return pa.table(cols)
+
+
+class LookupStage:
+    """mapInArrow of a lookup join's position in the chain (behind ``repartition(B, g)``): the task's
+    envelopes addressed to the node are joined in one call of this worker's cached joiner (so a key's
+    rows of a micro-batch meet one lookup) and routed on; every other envelope passes through."""
+
+    def __init__(self, chain: Chain, position: int) -> None:
+        self.chain, self.position = chain, position
+        self.node = chain.plan[chain.order[position]]
+
+    def __call__(self, batches):
+        mine: list[bytes] = []
+        for batch in batches:
+            target = batch.column(1).to_numpy()
+            own = target == self.position
+            if own.any():
+                mine.extend(batch.column(4).filter(pa.array(own)).to_pylist())
+            if not own.all():
+                rest = batch.filter(pa.array(~own))
+                g = next_group(rest.column(1).to_numpy(), rest.column(2).to_numpy(), self.position + 1)
+                yield rest.set_column(0, "g", pa.array(g))
+        if mine:
+            schema = self.chain.side_schema(self.node, 0)
+            rows = pa.concat_tables([from_ipc(p) for p in mine]).cast(schema)
+            joiner = _joiner(self.node)
+            joined = joiner.join(rows)
+            out = Envelopes(self.chain, self.position)
+            out.sent.append(reports.lookup_report(self.node.config.lookup.name, joiner.take_stats()))
+            result = _changelog(self.node.schema)
+            Router(self.chain).route(self.node.id, joined.select(result.names).cast(result), out)
+            yield out.batch()
+
+
+class SourceRouter:
+    """mapInArrow over one source's decoded rows: per Arrow batch, the envelopes of every source node
+    reading it, addressed as the router addresses a kernel's output."""
+
+    def __init__(self, chain: Chain, nodes: Sequence[str]) -> None:
+        self.chain, self.nodes = chain, list(nodes)
+
+    def __call__(self, batches):
+        router = Router(self.chain)
+        out = Envelopes(self.chain, -1)
+        for batch in batches:
+            if not batch.num_rows:
+                continue
+            table = pa.Table.from_batches([batch])
+            for node_id in self.nodes:
+                schema = _changelog(self.chain.plan[node_id].schema)
+                router.route(node_id, table.select(schema.names).cast(schema), out)
+            if out.target or out.sent:
+                yield out.batch()
+
+
+def processor_class():
+    """The ``StatefulProcessor`` class of the chain's operators (pyspark imported when called)."""
+    from pyspark.sql.streaming.stateful_processor import StatefulProcessor
+
+    class ChainProcessor(StatefulProcessor):
+        """Operator ``position`` of the chain: runs its node's kernel on its buckets, passes the rest on."""
+
+        def __init__(self, chain: Chain, position: int, clock) -> None:
+            self.chain, self.position, self.clock = chain, position, clock
+            node = chain.plan[chain.order[position]]
+            self.node = node
+            self.kernel_cls = EncodedGlobalGroupAggregate if node.id in chain.two_phase else kernel_class(node)
+            self.sides = [chain.side_schema(node, i) for i in range(len(node.inputs))]
+            self.output = node.schema
+            self.info = NodeInfo(node.id, node.late_rows == "dead_letter")
+
+        def init(self, handle) -> None:
+            self.state = handle.getValueState(STATE_KERNEL_SNAPSHOT, _STATE_SCHEMA)
+
+        def handleInputRows(self, key, rows, timerValues) -> Iterator:
+            g = int(key[0] if isinstance(key, tuple) else key)
+            if g < 0:
+                yield from self._pass(rows)
+            else:
+                yield self._frame(self._kernel(g, rows))
+
+        def _pass(self, rows):
+            """Envelopes for later operators, sinks and the driver: unchanged, regrouped for the next operator."""
+            import pandas as pd
+
+            for frame in rows:
+                target = frame.iloc[:, 1].to_numpy(dtype=np.int16)
+                bucket = frame.iloc[:, 2].to_numpy(dtype=np.int32)
+                yield pd.DataFrame({"g": next_group(target, bucket, self.position + 1), "target": target,
+                                    "bucket": bucket, "part": frame.iloc[:, 3].to_numpy(dtype=np.int8),
+                                    "payload": frame.iloc[:, 4].to_numpy(dtype=object)})
+
+        def _kernel(self, bucket: int, rows) -> pa.RecordBatch:
+            parts: list[list[pa.Table]] = [[] for _ in self.sides]
+            for frame in rows:
+                for part, payload in zip(frame.iloc[:, 3].tolist(), frame.iloc[:, 4].tolist()):
+                    parts[part].append(from_ipc(payload))
+            tables = [pa.concat_tables(p).cast(schema) if p else schema.empty_table()
+                      for p, schema in zip(parts, self.sides)]
+            stored = self.state.get()          # None when absent (one round trip to the JVM, not two)
+            snapshot = bytes(stored[0]) if stored is not None else None
+            step, bad = run_bucket_isolating(self.kernel_cls, self.node.config, snapshot,
+                                             tables[0] if len(tables) == 1 else tables, self.output,
+                                             now=self.clock(None))
+            if step.snapshot is None:
+                self.state.clear()
+            else:
+                self.state.update((step.snapshot,))
+            env = Envelopes(self.chain, self.position)
+            result = step.out
+            if self.node.op in EVENT_TIME_OPS:
+                result, late = split_late(result)
+                env.sent.extend(late_reports(self.info, late))
+            env.sent.append(reports.StateSize(self.node.id, bucket, step.state_rows,
+                                              0 if step.snapshot is None else len(step.snapshot)))
+            if step.figures:
+                env.sent.append(reports.Counts(step.figures))
+            env.sent.extend(poisoned_reports(self.info, bad))
+            if result.num_rows:
+                Router(self.chain).route(self.node.id, with_positions(result), env)
+            return env.batch()
+
+        @staticmethod
+        def _frame(batch: pa.RecordBatch):
+            import pandas as pd
+
+            return pd.DataFrame({"g": batch.column(0).to_numpy(), "target": batch.column(1).to_numpy(),
+                                 "bucket": batch.column(2).to_numpy(), "part": batch.column(3).to_numpy(),
+                                 "payload": pd.Series(batch.column(4).to_pylist(), dtype=object)})
+
+        def close(self) -> None:
+            pass
+
+    return ChainProcessor
+
+
+class Deliver:
+    """mapInArrow at the end of the chain: sink envelopes -> packed changes (``_route`` = the table's
+    index, ``part`` = ``"changes"``); report envelopes -> the report channel."""
+
+    def __init__(self, first_sink: int, channel: reports.ReportChannel | None) -> None:
+        self.first_sink, self.channel = first_sink, channel
+
+    def __call__(self, batches):
+        from changelake.spark.decode_stage import SCHEMA
+
+        sent = []
+        for batch in batches:
+            target = batch.column(1)
+            if self.channel is not None:
+                for payload in batch.filter(pc.equal(target, REPORTS)).column(4).to_pylist():
+                    sent.extend(reports.decode(payload))
+            mine = batch.filter(pc.greater_equal(target, self.first_sink))
+            if mine.num_rows:
+                route = pc.subtract(mine.column(1), pa.scalar(self.first_sink, pa.int16()))
+                yield pa.RecordBatch.from_arrays(
+                    [route, pa.array([CHANGES_PART] * mine.num_rows), mine.column(4)], schema=SCHEMA)
+        if self.channel is not None:
+            self.channel.send(sent)
+
+
+def _processing_time(timer_values) -> int:
+    import time
+
+    # Wall clock, not timerValues: timeMode "ProcessingTime" makes Spark schedule a no-data batch
+    # after every batch, so an availableNow query never ends (pyspark 4.2.0).
+    return int(time.time() * 1000)
+
+
+def compile_chain(plan: PhysicalPlan, sources: Mapping[str, Any], *, buckets: int | Mapping[str, int],
+                  default_buckets: int, channel: reports.ReportChannel | None, two_phase: bool):
+    """The packed changes of every sink table (``_route``, ``part``, ``payload``), through one chain of
+    ``transformWithStateInPandas`` operators, one per stateful node; and the table of each ``_route``."""
+    from changelake.spark.decode_stage import SPARK_SCHEMA
+
+    chain = Chain.of(plan, buckets, default_buckets, two_phase)
+    by_source: dict[str, list[str]] = {}
+    for node in plan.sources:
+        by_source.setdefault(node.source, []).append(node.id)
+    env = None
+    for source, nodes in by_source.items():
+        routed = sources[source].mapInArrow(SourceRouter(chain, nodes), ENVELOPE)
+        env = routed if env is None else env.unionByName(routed)
+    cls = processor_class()
+    for position, node_id in enumerate(chain.order):
+        if plan[node_id].op == "lookup_join":
+            env = (env.repartition(chain.buckets[node_id], "g")
+                   .mapInArrow(LookupStage(chain, position), ENVELOPE))
+            continue
+        env = (env.groupBy("g")
+               .transformWithStateInPandas(statefulProcessor=cls(chain, position, _processing_time),
+                                           outputStructType=ENVELOPE, outputMode="Append", timeMode="None"))
+    if env is None:
+        raise ConfigError("the plan reads no source")
+    packed = env.mapInArrow(Deliver(len(chain.order), channel), SPARK_SCHEMA)
+    return packed, [plan[s].table for s in chain.sinks]
