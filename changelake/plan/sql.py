@@ -1,12 +1,10 @@
 """Filter and projection expressions, in SQL, evaluated with DuckDB over Arrow.
 
 The planner uses DuckDB to check an expression and derive its output type before the
-pipeline runs; the in-process runner evaluates with it; the Spark executor hands the same
-text to Spark SQL (``F.expr``) and casts to the planned type; both evaluate in UTC. Write
-expressions in the common subset of Spark SQL and DuckDB (column references, arithmetic, comparisons,
-``AND``/``OR``/``NOT``, ``CASE``, ``COALESCE``, ``CAST``, ``IS NULL``, ``IN``, ``LIKE``).
-Case mapping is not in that subset for non-ASCII text: ``upper('ß')`` is ``'SS'`` in Spark and
-``'ẞ'`` in DuckDB, ``lower('İ')`` differs too, so the two executors would write different rows.
+pipeline runs; both executors evaluate with it, in UTC: the in-process runner, and the Spark
+executor's routers in the Python workers (``changelake.spark.chain``). So a filter or select gives
+the same values on both (Spark SQL would not: ``upper('ß')`` is ``'SS'`` in Spark and ``'ẞ'`` in
+DuckDB).
 """
 
 from __future__ import annotations
