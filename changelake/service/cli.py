@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Sequence
 
 from changelake import __version__
-from changelake.errors import ChangelakeError
+from changelake.errors import ChangelakeError, ConfigError
 
 
 class _EnvDefault(argparse.Action):
@@ -128,12 +128,13 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(version_text())
         return 0
     if args.command == "validate":
-        from changelake.service.config import load_config
-        from changelake.service.views import pipeline_from_config
-        config = load_config(args.config)
-        graph = pipeline_from_config(config)
-        if graph is not None:
-            graph.plan()        # the planner's checks: columns, keys, join key types, expressions
+        from changelake.service.config import check_config, problem_listing
+        from changelake.service.views import graph_problems
+        config, problems, origins = check_config(args.config)
+        if config is not None:      # the planner's checks: columns, keys, join key types, expressions
+            problems += [origins.problem(loc, message) for loc, message in graph_problems(config)]
+        if problems:
+            raise ConfigError(problem_listing(args.config, problems))
         print(f"{args.config}: ok ({len(config.sources)} source(s), {len(config.views)} view(s), "
               f"{len(config.tables)} table(s))")
         return 0
