@@ -111,10 +111,14 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "validate":
         from changelake.service.config import load_config
         from changelake.service.views import pipeline_from_config
+        from changelake.errors import ConfigError
         config = load_config(args.config)
-        graph = pipeline_from_config(config)
-        if graph is not None:
+        errors: list[str] = []
+        graph = pipeline_from_config(config, errors=errors)
+        if graph is not None and not errors:
             graph.plan()        # the planner's checks: columns, keys, join key types, expressions
+        if errors:
+            raise ConfigError(f"{args.config} has {len(errors)} error(s):\n" + "\n".join(f"  - {e}" for e in errors))
         print(f"{args.config}: ok ({len(config.sources)} source(s), {len(config.views)} view(s), "
               f"{len(config.tables)} table(s))")
         return 0

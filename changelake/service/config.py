@@ -211,7 +211,7 @@ class TopNSpec(_Model):
 
 #: the keys of a view that name its operation; exactly one per view (group_by goes with aggregates)
 VIEW_OPERATIONS = ("join", "interval_join", "temporal_join", "lookup_join", "deduplicate", "filter", "select",
-                   "aggregates", "top_n")
+                   "aggregates", "top_n", "sql")
 #: the operations that name their two inputs themselves (left, right) instead of 'from'
 TWO_INPUT_OPERATIONS = ("join", "interval_join", "temporal_join")
 
@@ -231,6 +231,8 @@ class ViewSpec(_Model):
     group_by: list[str] | None = None
     aggregates: dict[str, str] | None = Field(None, description="output column -> 'count(*)', 'sum(col)', ...")
     top_n: TopNSpec | None = None
+    sql: str | None = Field(None, description="the view as one Flink SQL query over sources, views defined above it "
+                            "and lookups (docs/pipelines.md, 'Views in SQL'); no 'from'")
     state_ttl: str | None = Field(None, description="this view's idle-state retention (default: pipeline.state_ttl)")
     on_stale_retraction: Literal["warn", "fail"] | None = None
 
@@ -243,7 +245,10 @@ class ViewSpec(_Model):
             raise ValueError(f"view {self.name!r} must have exactly one of {list(VIEW_OPERATIONS)}; it has {given}")
         if self.group_by is not None and self.aggregates is None:
             raise ValueError(f"view {self.name!r}: group_by needs aggregates")
-        if (self.two_inputs is None) == (self.from_ is None):
+        if self.sql is not None:
+            if self.from_ is not None:
+                raise ValueError(f"view {self.name!r}: a sql view names what it reads in its query's FROM; drop 'from'")
+        elif (self.two_inputs is None) == (self.from_ is None):
             raise ValueError(f"view {self.name!r}: give 'from' (its input), or a join with left and right, not both")
         return self
 
@@ -252,10 +257,23 @@ class ViewSpec(_Model):
         """The view's join spec (join, interval_join or temporal_join), if it is one."""
         return next((getattr(self, k) for k in TWO_INPUT_OPERATIONS if getattr(self, k) is not None), None)
 
-    @property
-    def inputs(self) -> list[str]:
+    def read_names(self) -> list[str]:
+        """The names the view reads: sources, views and (a sql view's) lookups."""
+        if self.sql is not None:
+            from changelake.plan.sql_view import read_names
+
+            try:
+                return read_names(self.sql)
+            except ValueError:
+                return []             # the syntax error is reported by validate's SQL check
         j = self.two_inputs
         return [j.left, j.right] if j else [self.from_]
+
+    @property
+    def inputs(self) -> list[str]:
+        """The sources and views the view reads (a sql view: what its query names that is not a lookup,
+        as far as the view knows; :meth:`ChangelakeConfig.view_inputs` knows the lookups)."""
+        return self.read_names()
 
 
 class LookupCacheSpec(_Model):
@@ -372,14 +390,14 @@ class ChangelakeConfig(_Model):
             if v.lookup_join is not None and v.lookup_join.lookup not in lookups:
                 raise ValueError(f"view {v.name!r}: lookup_join names lookup {v.lookup_join.lookup!r}, which is not "
                                  f"under 'lookups' (defined: {lookups})")
-            for i in v.inputs:
+            for i in self.view_inputs(v):
                 if i not in defined:
                     raise ValueError(f"view {v.name!r} reads {i!r}, which is neither a source nor a view defined "
                                      f"above it (defined: {defined})")
             if v.name in defined:
                 raise ValueError(f"view {v.name!r}: the name is already used by a source or view")
             defined.append(v.name)
-        read = {i for v in self.views for i in v.inputs} | {t.from_ for t in self.tables if t.from_}
+        read = {i for v in self.views for i in self.view_inputs(v)} | {t.from_ for t in self.tables if t.from_}
         for t in self.tables:
             if t.from_ is not None and t.from_ not in defined:
                 raise ValueError(f"table {t.name!r} reads from {t.from_!r}, which is neither a source nor a view "
@@ -400,9 +418,16 @@ class ChangelakeConfig(_Model):
         unread = [v.name for v in self.views if v.name not in read]
         if unread:
             raise ValueError(f"view(s) {unread} are not read by any view or table")
-        unused = sorted(set(lookups) - {v.lookup_join.lookup for v in self.views if v.lookup_join is not None})
+        used = {v.lookup_join.lookup for v in self.views if v.lookup_join is not None}
+        used |= {n for v in self.views if v.sql is not None for n in v.read_names()}
+        unused = sorted(set(lookups) - used)
         if unused:
             raise ValueError(f"lookup(s) {unused} are not used by any view's lookup_join")
+
+    def view_inputs(self, view: ViewSpec) -> list[str]:
+        """The sources and views ``view`` reads (its query's names that are not lookups)."""
+        lookups = {lk.name for lk in self.lookups}
+        return [n for n in view.inputs if n not in lookups]
 
     def table(self, name: str) -> TableSpecModel:
         return next(t for t in self.tables if t.name == name)

@@ -18,7 +18,8 @@
 A view has ``from`` (or a ``join`` with ``left`` and ``right``) and one operation:
 ``deduplicate``, ``filter``, ``select``, ``group_by`` + ``aggregates``, ``top_n``, ``join``,
 ``interval_join``, ``temporal_join`` (the joins name ``left`` and ``right`` instead of ``from``),
-``lookup_join`` (``{lookup: <name under lookups>, on: {stream column: key column}, how}``).
+``lookup_join`` (``{lookup: <name under lookups>, on: {stream column: key column}, how}``),
+or ``sql`` (one Flink SQL query, which names what it reads itself; :mod:`changelake.plan.sql_view`).
 Sources that only mirror into a table (``sources[].table``) stay outside the graph.
 ``pipeline.state_ttl`` / ``pipeline.on_stale_retraction`` set every operator's state options;
 a view's own ``state_ttl`` / ``on_stale_retraction`` override them.
@@ -32,28 +33,51 @@ from changelake.connectors.lookup import CacheOptions, Lookup
 from changelake.errors import ConfigError
 from changelake.formats.encodings import source_schema
 from changelake.plan.graph import Pipeline, StateOptions, Stream
+from changelake.plan.physical import STATEFUL_OPS
+from changelake.plan.sql_view import check_query
 from changelake.service.config import ChangelakeConfig, LookupSpec, SourceSpec, ViewSpec, parse_duration
 
 
-def pipeline_from_config(config: ChangelakeConfig) -> Pipeline | None:
-    """The graph of ``views`` and ``tables[].from``, or None when the config has none."""
+def pipeline_from_config(config: ChangelakeConfig, *, errors: list[str] | None = None) -> Pipeline | None:
+    """The graph of ``views`` and ``tables[].from``, or None when the config has none.
+
+    With ``errors`` given, a view that cannot be planned adds its errors there (each SQL error
+    with its position in the query) and the views and tables that read it are left out, so
+    that one call reports every broken view; without, the first error raises."""
     graph_tables = [t for t in config.tables if t.from_ is not None]
     if not graph_tables:
         return None
-    read = {i for v in config.views for i in v.inputs} | {t.from_ for t in graph_tables}
+    read = {i for v in config.views for i in config.view_inputs(v)} | {t.from_ for t in graph_tables}
     defaults = StateOptions(config.pipeline.state_ttl, config.pipeline.on_stale_retraction)
     p = Pipeline(state=defaults)
     for s in config.sources:
         if s.name in read:
             _source(p, config, s)
     lookups = {lk.name: lookup_of(config, lk) for lk in config.lookups}
-    for v in config.views:
-        stream = _view(p, v, lookups)
+    failed: set[str] = set()
+    for i, v in enumerate(config.views):
+        before = set(p.nodes)
+        if errors is not None:
+            reads = set(config.view_inputs(v)) & failed
+            problems = [f"views.{i}.sql (view {v.name!r}): {e}" for e in check_query(v.sql)] if v.sql else []
+            if not reads and not problems:
+                try:
+                    _view(p, v, lookups)
+                except ConfigError as exc:
+                    problems.append(f"views.{i} (view {v.name!r}): {exc}")
+            if reads or problems:
+                errors.extend(problems)
+                failed.add(v.name)
+                continue
+        else:
+            _view(p, v, lookups)
         if v.state_ttl is not None or v.on_stale_retraction is not None:
-            stream.with_state(ttl=v.state_ttl or defaults.ttl,
-                              on_stale_retraction=v.on_stale_retraction or defaults.on_stale_retraction)
+            for name in [n for n in p.nodes if n not in before and p.nodes[n].op in STATEFUL_OPS]:
+                p.stream(name).with_state(ttl=v.state_ttl or defaults.ttl,
+                                          on_stale_retraction=v.on_stale_retraction or defaults.on_stale_retraction)
     for t in graph_tables:
-        p.stream(t.from_).to_table(t.name, primary_key=t.primary_key)
+        if t.from_ not in failed:
+            p.stream(t.from_).to_table(t.name, primary_key=t.primary_key)
     return p
 
 
@@ -92,6 +116,8 @@ def lookup_of(config: ChangelakeConfig, spec: LookupSpec) -> Lookup:
 
 
 def _view(p: Pipeline, v: ViewSpec, lookups: dict[str, Lookup]) -> Stream:
+    if v.sql is not None:
+        return p.sql(v.name, v.sql, lookups=lookups)
     if v.join is not None:
         j = v.join
         return p.stream(j.left).join(p.stream(j.right), on=j.on, how=j.how, name=v.name)
