@@ -34,51 +34,88 @@ from changelake.errors import ConfigError
 from changelake.formats.encodings import source_schema
 from changelake.plan.graph import Pipeline, StateOptions, Stream
 from changelake.plan.physical import STATEFUL_OPS
+from changelake.plan.planner import check as planner_check
 from changelake.plan.sql_view import check_query
-from changelake.service.config import ChangelakeConfig, LookupSpec, SourceSpec, ViewSpec, parse_duration
+from changelake.service.config import VIEW_OPERATIONS, ChangelakeConfig, Loc, LookupSpec, SourceSpec, ViewSpec, parse_duration
 
 
-def pipeline_from_config(config: ChangelakeConfig, *, errors: list[str] | None = None) -> Pipeline | None:
-    """The graph of ``views`` and ``tables[].from``, or None when the config has none.
+def pipeline_from_config(config: ChangelakeConfig) -> Pipeline | None:
+    """The graph of ``views`` and ``tables[].from``, or None when the config has none."""
+    p, problems = _build(config, collect=False)
+    return p
 
-    With ``errors`` given, a view that cannot be planned adds its errors there (each SQL error
-    with its position in the query) and the views and tables that read it are left out, so
-    that one call reports every broken view; without, the first error raises."""
-    graph_tables = [t for t in config.tables if t.from_ is not None]
+
+def graph_problems(config: ChangelakeConfig) -> list[tuple[Loc, str]]:
+    """Every error of the operator graph, each with the YAML path of the source, view or table
+    it belongs to: those of building it, then the planner's (columns, keys, join key types,
+    expressions, changelog modes). A node whose input failed is not checked again."""
+    p, problems = _build(config, collect=True)
+    if p is None or problems:
+        return problems
+    where = _node_locs(config)
+    return [(where.get(node, ()), message) for node, message in planner_check(p)]
+
+
+def _node_locs(config: ChangelakeConfig) -> dict[str, Loc]:
+    where: dict[str, Loc] = {s.name: ("sources", i) for i, s in enumerate(config.sources)}
+    where.update({v.name: ("views", i, next(k for k in VIEW_OPERATIONS if getattr(v, k) is not None))
+                  for i, v in enumerate(config.views)})
+    where.update({f"sink_{t.name}": ("tables", i) for i, t in enumerate(config.tables)})
+    return where
+
+
+def _build(config: ChangelakeConfig, *, collect: bool) -> tuple[Pipeline | None, list[tuple[Loc, str]]]:
+    """The graph; with ``collect``, every construction error as (path, message) instead of raising the first."""
+    graph_tables = [(i, t) for i, t in enumerate(config.tables) if t.from_ is not None]
     if not graph_tables:
-        return None
-    read = {i for v in config.views for i in config.view_inputs(v)} | {t.from_ for t in graph_tables}
+        return None, []
+    problems: list[tuple[Loc, str]] = []
+    failed: set[str] = set()
+
+    def attempt(loc: Loc, name: str, inputs: list[str], step) -> None:
+        if failed.intersection(inputs):
+            failed.add(name)
+            return
+        try:
+            step()
+        except ConfigError as exc:
+            if not collect:
+                raise
+            failed.add(name)
+            problems.append((loc, str(exc)))
+
+    read = {i for v in config.views for i in config.view_inputs(v)} | {t.from_ for _, t in graph_tables}
     defaults = StateOptions(config.pipeline.state_ttl, config.pipeline.on_stale_retraction)
     p = Pipeline(state=defaults)
-    for s in config.sources:
+    for i, s in enumerate(config.sources):
         if s.name in read:
-            _source(p, config, s)
-    lookups = {lk.name: lookup_of(config, lk) for lk in config.lookups}
-    failed: set[str] = set()
+            attempt(("sources", i), s.name, [], lambda s=s: _source(p, config, s))
+    lookups: dict[str, Lookup] = {}
+    for i, lk in enumerate(config.lookups):
+        attempt(("lookups", i), lk.name, [], lambda lk=lk: lookups.__setitem__(lk.name, lookup_of(config, lk)))
     for i, v in enumerate(config.views):
-        before = set(p.nodes)
-        if errors is not None:
-            reads = set(config.view_inputs(v)) & failed
-            problems = [f"views.{i}.sql (view {v.name!r}): {e}" for e in check_query(v.sql)] if v.sql else []
-            if not reads and not problems:
-                try:
-                    _view(p, v, lookups)
-                except ConfigError as exc:
-                    problems.append(f"views.{i} (view {v.name!r}): {exc}")
-            if reads or problems:
-                errors.extend(problems)
+        inputs = [*v.inputs, *([v.lookup_join.lookup] if v.lookup_join else [])]
+        if v.sql is not None and collect and not failed.intersection(inputs):
+            errors = check_query(v.sql)        # every unsupported construct, each with its position
+            if errors:
                 failed.add(v.name)
+                problems.extend((("views", i, "sql"), f"view {v.name!r}: {e}") for e in errors)
                 continue
-        else:
-            _view(p, v, lookups)
-        if v.state_ttl is not None or v.on_stale_retraction is not None:
-            for name in [n for n in p.nodes if n not in before and p.nodes[n].op in STATEFUL_OPS]:
-                p.stream(name).with_state(ttl=v.state_ttl or defaults.ttl,
-                                          on_stale_retraction=v.on_stale_retraction or defaults.on_stale_retraction)
-    for t in graph_tables:
-        if t.from_ not in failed:
-            p.stream(t.from_).to_table(t.name, primary_key=t.primary_key)
-    return p
+        attempt(("views", i) if v.sql is None else ("views", i, "sql"), v.name, inputs,
+                lambda v=v: _view_with_state(p, v, lookups, defaults))
+    for i, t in graph_tables:
+        attempt(("tables", i), t.name, [t.from_],
+                lambda t=t: p.stream(t.from_).to_table(t.name, primary_key=t.primary_key))
+    return p, problems
+
+
+def _view_with_state(p: Pipeline, v: ViewSpec, lookups: dict[str, Lookup], defaults: StateOptions) -> None:
+    before = set(p.nodes)
+    _view(p, v, lookups)
+    if v.state_ttl is not None or v.on_stale_retraction is not None:
+        for name in [n for n in p.nodes if n not in before and p.nodes[n].op in STATEFUL_OPS]:   # a sql view's too
+            p.stream(name).with_state(ttl=v.state_ttl or defaults.ttl,
+                                      on_stale_retraction=v.on_stale_retraction or defaults.on_stale_retraction)
 
 
 def _source(p: Pipeline, config: ChangelakeConfig, s: SourceSpec) -> Stream:

@@ -474,7 +474,7 @@ tables:
 """)
     assert main(["validate", "-c", str(path)]) != 0
     err = capsys.readouterr().err
-    assert "views.0.sql (view 'a'): the function MD5() is not supported in a view" in err
+    assert "views.0.sql: view 'a': the function MD5() is not supported in a view" in err
     assert "(line 1, column 18)" in err
-    assert "views.1 (view 'b'): view 'b': unknown column nope" in err and "(line 1, column 12)" in err
+    assert "views.1.sql: view 'b': unknown column nope" in err and "(line 1, column 12)" in err
     assert "2 error(s)" in err
