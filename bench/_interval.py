@@ -16,7 +16,7 @@ each one lags its event time by up to 1 s (90%), 1-3 s (9.9%) or 3-20 s (0.1%: m
 rows). The arrival sequence is cut into micro-batches of ``--batch`` events.
 
 * **local**: ``LocalRunner`` over the micro-batches (Arrow tables built beforehand, not timed).
-* **spark**: ``changelake.spark.compile.compile_plan`` over two parquet file sources, one file per
+* **spark**: ``changelake.spark.compile.compile_packed`` over two parquet file sources, one file per
   source and micro-batch (``maxFilesPerTrigger`` 1), RocksDB state store provider, ``local[2]``,
   shuffle partitions 2, ``foreachBatch`` collecting the packed changes, ``availableNow``; timed
   from query start to termination (the session start is reported apart).

@@ -99,7 +99,7 @@ def bench_dimension(name: str, lookup: Lookup, batches: list[pa.Table], want: in
 
 
 def spark_passes(batches: list[pa.Table], dim: pa.Table, want: int, work: Path, cache: CacheOptions) -> list[dict]:
-    """The lookup join end to end on Spark (file source -> compile_plan -> foreachBatch, availableNow, a Delta
+    """The lookup join end to end on Spark (file source -> compile_packed -> foreachBatch, availableNow, a Delta
     dimension): a first query with every worker's cache empty, then a second over the same files with a new
     checkpoint, whose Python workers (reused) hold the keys cached by the first."""
     import pyarrow.parquet as pq

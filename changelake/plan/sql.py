@@ -88,6 +88,19 @@ def apply_project(table: pa.Table, projections: Sequence[tuple[str, str]], schem
     return out.cast(schema.append(pa.field(KIND, pa.int8())))
 
 
+def column_references(projections: Sequence[tuple[str, str]], schema: pa.Schema) -> tuple[str, ...] | None:
+    """The input column of each projection when every expression is a plain reference to one column of
+    ``schema`` (as DuckDB parses and binds it: case-insensitively, a unique match), else None."""
+    out = []
+    for _, expression in projections:
+        name = _column(_parse(expression) or {})
+        matches = [f for f in schema.names if name is not None and f.lower() == name.lower()]
+        if len(matches) != 1:
+            return None
+        out.append(matches[0])
+    return tuple(out)
+
+
 def column(name: str) -> str:
     """A column reference both DuckDB and Spark SQL read as the column ``name`` (backquoted, so that
     a column named like a keyword, e.g. ``order``, is not parsed as one)."""

@@ -32,6 +32,7 @@ equal keys of both sides meet.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 from collections.abc import Sequence
 
@@ -126,4 +127,4 @@ def split_by_bucket(table: pa.Table, columns: Sequence[str], buckets: int) -> li
     keys = ids[order]
     ordered = table.take(pa.array(order))
     starts = [0, *(np.flatnonzero(keys[1:] != keys[:-1]) + 1).tolist(), len(keys)]
-    return [(int(keys[a]), ordered.slice(a, b - a)) for a, b in zip(starts, starts[1:])]
+    return [(int(keys[a]), ordered.slice(a, b - a)) for a, b in itertools.pairwise(starts)]

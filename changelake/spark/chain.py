@@ -66,7 +66,7 @@ from changelake.operators.group_aggregate import (
     local_partials,
     mergeable,
 )
-from changelake.plan.physical import EVENT_TIME_OPS, TWO_INPUT_OPS, PhysicalNode, PhysicalPlan
+from changelake.plan.physical import EVENT_TIME_OPS, PhysicalNode, PhysicalPlan
 from changelake.spark import reports
 from changelake.spark.binding import (
     STATE_KERNEL_SNAPSHOT,
@@ -123,9 +123,12 @@ class Chain:
     sinks: tuple[str, ...]                  # sink node ids; ``target`` len(order) + i, ``_route`` i
     buckets: Mapping[str, int]              # per stateful node (1 when its state has no key)
     two_phase: frozenset[str]               # aggregate nodes run local-global
+    renames: Mapping[str, tuple[str, ...]]  # project nodes whose expressions are all column references: the inputs
 
     @classmethod
-    def of(cls, plan: PhysicalPlan, buckets: int | Mapping[str, int], default: int, two_phase: bool) -> "Chain":
+    def of(cls, plan: PhysicalPlan, buckets: int | Mapping[str, int], default: int, two_phase: bool) -> Chain:
+        from changelake.plan import sql
+
         order = tuple(n.id for n in plan if n.stateful or n.op == "lookup_join")
         per = {}
         for node_id in order:
@@ -134,7 +137,13 @@ class Chain:
                 raise ConfigError(f"buckets of {node_id!r} must be an integer >= 1, got {b!r}")
             per[node_id] = b if any(plan[node_id].state_keys) else 1
         phased = frozenset(i for i in order if two_phase and is_two_phase(plan[i]))
-        return cls(plan, order, tuple(n.id for n in plan.sinks), per, phased)
+        renames = {}
+        for n in plan:
+            if n.op == "project":
+                columns = sql.column_references(n.projections, plan[n.inputs[0]].schema)
+                if columns is not None:
+                    renames[n.id] = columns
+        return cls(plan, order, tuple(n.id for n in plan.sinks), per, phased, renames)
 
     def target(self, node_id: str) -> int:
         if node_id in self.sinks:
@@ -226,15 +235,22 @@ class Router:
         """``rows`` (node ``node_id``'s output: its columns, ``_kind``, ``_seq``) to its consumers."""
         if rows.num_rows == 0:
             return
-        from changelake.plan import sql
+        from changelake.plan import (
+            sql,  # DuckDB: imported by the workers that filter or select
+        )
 
         plan = self.chain.plan
         for c in plan.consumers(node_id):
             if c.op == "filter":
                 self.route(c.id, sql.apply_filter(rows, c.predicate), out)
             elif c.op == "project":
-                projected = sql.apply_project(rows, c.projections, c.schema)
-                self.route(c.id, projected.append_column(SEQ, rows.column(SEQ)), out)
+                columns = self.chain.renames.get(c.id)
+                if columns is not None:            # only column references: no need to ask DuckDB
+                    schema = _changelog(c.schema)
+                    projected = rows.select([*columns, KIND, SEQ]).rename_columns(schema.names).cast(schema)
+                else:
+                    projected = sql.apply_project(rows, c.projections, c.schema).append_column(SEQ, rows.column(SEQ))
+                self.route(c.id, projected, out)
             elif c.op == "sink":
                 schema = _changelog(c.schema)
                 out.add(self.chain.target(c.id), 0, 0, to_ipc(rows.select(schema.names).cast(schema)))
@@ -405,11 +421,7 @@ def processor_class():
 
         @staticmethod
         def _frame(batch: pa.RecordBatch):
-            import pandas as pd
-
-            return pd.DataFrame({"g": batch.column(0).to_numpy(), "target": batch.column(1).to_numpy(),
-                                 "bucket": batch.column(2).to_numpy(), "part": batch.column(3).to_numpy(),
-                                 "payload": pd.Series(batch.column(4).to_pylist(), dtype=object)})
+            return batch.to_pandas()
 
         def close(self) -> None:
             pass

@@ -44,7 +44,12 @@ import pyarrow as pa
 
 from changelake.errors import ConfigError
 from changelake.plan.physical import PhysicalNode, PhysicalPlan
-from changelake.spark.chain import CHANGES_PART, compile_chain, is_two_phase, kernel_class  # noqa: F401  (re-exported)
+from changelake.spark.chain import (  # noqa: F401  (re-exported)
+    CHANGES_PART,
+    compile_chain,
+    is_two_phase,
+    kernel_class,
+)
 from changelake.spark.reports import ReportChannel
 
 #: Buckets per stateful node unless the caller says otherwise (docs/state-design.md: B=32 for keys

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import struct
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 from decimal import Decimal
 
 import pyarrow as pa
@@ -42,8 +42,8 @@ def test_the_bucket_function_is_fixed():
         "s": pa.array(["", "a", "\U0001F600", None]),
         "d": pa.array([Decimal("0.00"), Decimal("-1.50"), Decimal("99999999999999999999999999999999999.99"), None],
                       pa.decimal128(38, 2)),
-        "t": pa.array([datetime(1, 1, 1, tzinfo=timezone.utc), datetime(2024, 5, 6, 7, 8, 9, tzinfo=timezone.utc),
-                       datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=timezone.utc), None],
+        "t": pa.array([datetime(1, 1, 1, tzinfo=UTC), datetime(2024, 5, 6, 7, 8, 9, tzinfo=UTC),
+                       datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC), None],
                       pa.timestamp("us", tz="UTC")),
         "day": pa.array([date(1, 1, 1), date(1970, 1, 1), date(9999, 12, 31), None]),
         "x": pa.array([1.5, -0.0, math.inf, None]),
