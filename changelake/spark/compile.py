@@ -40,29 +40,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import pyarrow as pa
-
 from changelake.errors import ConfigError
-from changelake.plan.physical import PhysicalNode, PhysicalPlan
-from changelake.spark.chain import (  # noqa: F401  (re-exported)
-    CHANGES_PART,
-    compile_chain,
-    is_two_phase,
-    kernel_class,
-)
+from changelake.plan.physical import PhysicalPlan
+from changelake.spark.chain import CHANGES_PART, compile_chain, is_two_phase  # noqa: F401  (re-exported)
+from changelake.spark.decode_stage import SPARK_SCHEMA
 from changelake.spark.reports import ReportChannel
 
 #: Buckets per stateful node unless the caller says otherwise (docs/state-design.md: B=32 for keys
 #: of many values; a low-cardinality key touches at most as many buckets as it has values).
 DEFAULT_BUCKETS = 32
-
-
-def spark_schema(node: PhysicalNode):
-    """The Spark StructType of ``node``'s user columns (all nullable: outer joins pad with nulls)."""
-    from pyspark.sql.pandas.types import from_arrow_schema
-    from pyspark.sql.types import StructField, StructType
-
-    return StructType([StructField(f.name, f.dataType, True) for f in from_arrow_schema(node.schema).fields])
 
 
 def compile_packed(plan: PhysicalPlan, sources: Mapping[str, Any], *,
@@ -87,41 +73,5 @@ def compile_packed(plan: PhysicalPlan, sources: Mapping[str, Any], *,
                          two_phase=two_phase)
 
 
-def compile_plan(plan: PhysicalPlan, sources: Mapping[str, Any], *,
-                 buckets: int | Mapping[str, int] = DEFAULT_BUCKETS, channel: ReportChannel | None = None,
-                 two_phase: bool = True) -> dict[str, Any]:
-    """``{table: changelog DataFrame}`` for every sink of ``plan`` (the table's columns, ``_kind``,
-    ``_seq``), each unpacked from :func:`compile_packed`'s DataFrame. Each is a reader of the whole
-    chain: read in one query, use :func:`compile_packed` instead, or Spark plans the chain once per table.
-    """
-    from pyspark.sql.types import ByteType, StringType, StructField, StructType
-
-    from changelake.spark.binding import arrow_schema_of
-
-    packed, names = compile_packed(plan, sources, buckets=buckets, channel=channel, two_phase=two_phase)
-    out = {}
-    for route, name in enumerate(names):
-        sink = next(n for n in plan.sinks if n.table == name)
-        schema = StructType(spark_schema(sink).fields + [StructField("_kind", ByteType(), True),
-                                                         StructField("_seq", StringType(), True)])
-        out[name] = packed.mapInArrow(_TableRows(route, arrow_schema_of(schema)), schema)
-    return out
-
-
-class _TableRows:
-    """mapInArrow: the packed changes of table ``route`` as typed rows."""
-
-    def __init__(self, route: int, schema: pa.Schema) -> None:
-        self.route, self.schema = route, schema
-
-    def __call__(self, batches):
-        from changelake.spark.payloads import from_ipc
-
-        for batch in batches:
-            for route, payload in zip(batch.column(0).to_pylist(), batch.column(2).to_pylist()):
-                if route == self.route:
-                    yield from from_ipc(payload).cast(self.schema).to_batches()
-
-
 #: Spark schema of packed changes (the same columns as the decode stage's payloads).
-PACKED_SCHEMA = "_route smallint, part string, payload binary"
+PACKED_SCHEMA = SPARK_SCHEMA
