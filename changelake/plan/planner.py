@@ -411,7 +411,8 @@ class _Builder:
         config = StreamingJoinConfig(
             join_type=join_type, left_key=_idx(left.schema, lkey), right_key=_idx(right.schema, rkey),
             left_arity=len(left.schema), right_arity=len(right.schema), left_input=lspec, right_input=rspec,
-            condition=condition, mini_batch_size=self.mini_batch, left_state_ttl_ms=state["state_ttl_ms"],
+            condition=condition, mini_batch_size=None if semi else self.mini_batch,  # no mini-batch semi/anti kernel
+            left_state_ttl_ms=state["state_ttl_ms"],
             right_state_ttl_ms=state["state_ttl_ms"], on_stale_retraction=state["on_stale_retraction"])
         on = " AND ".join(f"{a} = {b}" for a, b in pairs)
         return self._put(_Draft(

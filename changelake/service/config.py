@@ -214,7 +214,7 @@ class TopNSpec(_Model):
 
 #: the keys of a view that name its operation; exactly one per view (group_by goes with aggregates)
 VIEW_OPERATIONS = ("join", "interval_join", "temporal_join", "lookup_join", "deduplicate", "filter", "select",
-                   "aggregates", "top_n")
+                   "aggregates", "top_n", "sql")
 #: the operations that name their two inputs themselves (left, right) instead of 'from'
 TWO_INPUT_OPERATIONS = ("join", "interval_join", "temporal_join")
 
@@ -234,6 +234,8 @@ class ViewSpec(_Model):
     group_by: list[str] | None = None
     aggregates: dict[str, str] | None = Field(None, description="output column -> 'count(*)', 'sum(col)', ...")
     top_n: TopNSpec | None = None
+    sql: str | None = Field(None, description="the view as one Flink SQL query over sources, views defined above it "
+                            "and lookups (docs/pipelines.md, 'Views in SQL'); no 'from'")
     state_ttl: str | None = Field(None, description="this view's idle-state retention (default: pipeline.state_ttl)")
     on_stale_retraction: Literal["warn", "fail"] | None = None
 
@@ -246,7 +248,10 @@ class ViewSpec(_Model):
             raise ValueError(f"view {self.name!r} must have exactly one of {list(VIEW_OPERATIONS)}; it has {given}")
         if self.group_by is not None and self.aggregates is None:
             raise ValueError(f"view {self.name!r}: group_by needs aggregates")
-        if (self.two_inputs is None) == (self.from_ is None):
+        if self.sql is not None:
+            if self.from_ is not None:
+                raise ValueError(f"view {self.name!r}: a sql view names what it reads in its query's FROM; drop 'from'")
+        elif (self.two_inputs is None) == (self.from_ is None):
             raise ValueError(f"view {self.name!r}: give 'from' (its input), or a join with left and right, not both")
         return self
 
@@ -255,10 +260,23 @@ class ViewSpec(_Model):
         """The view's join spec (join, interval_join or temporal_join), if it is one."""
         return next((getattr(self, k) for k in TWO_INPUT_OPERATIONS if getattr(self, k) is not None), None)
 
-    @property
-    def inputs(self) -> list[str]:
+    def read_names(self) -> list[str]:
+        """The names the view reads: sources and views, and (a sql view's) lookups."""
+        if self.sql is not None:
+            from changelake.plan.sql_view import read_names
+
+            try:
+                return read_names(self.sql)
+            except ValueError:
+                return []             # the syntax error is reported where the view is planned
         j = self.two_inputs
         return [j.left, j.right] if j else [self.from_]
+
+    @property
+    def inputs(self) -> list[str]:
+        """The sources and views the view reads (a sql view: every name its query reads, lookups too;
+        :meth:`ChangelakeConfig.view_inputs` leaves the lookups out)."""
+        return self.read_names()
 
 
 class LookupCacheSpec(_Model):
@@ -384,16 +402,18 @@ class ChangelakeConfig(_Model):
                 problems.append((("views", i, "lookup_join", "lookup"), f"view {v.name!r}: lookup_join names lookup "
                                  f"{v.lookup_join.lookup!r}, which is not under 'lookups'"
                                  f"{_did_you_mean(v.lookup_join.lookup, lookups)} (defined: {lookups})"))
-            for which, inp in zip(("left", "right") if v.two_inputs else ("from",), v.inputs):
+            inputs = self.view_inputs(v)
+            for which, inp in zip(("left", "right") if v.two_inputs else ("sql",) * len(inputs) if v.sql else ("from",),
+                                  inputs):
                 if inp not in defined:
-                    where = ("views", i, "from") if which == "from" else \
+                    where = ("views", i, which) if which in ("from", "sql") else \
                         ("views", i, next(k for k in TWO_INPUT_OPERATIONS if getattr(v, k) is not None), which)
                     problems.append((where, f"view {v.name!r} reads {inp!r}, which is neither a source nor a view "
                                      f"defined above it{_did_you_mean(inp, defined)} (defined: {defined})"))
             if v.name in sources:
                 problems.append((("views", i, "name"), f"view {v.name!r}: the name is already used by a source"))
             defined.append(v.name)
-        read = {i for v in self.views for i in v.inputs} | {t.from_ for t in self.tables if t.from_}
+        read = {i for v in self.views for i in self.view_inputs(v)} | {t.from_ for t in self.tables if t.from_}
         for i, t in enumerate(self.tables):
             if t.from_ is not None and t.from_ not in defined:
                 problems.append((("tables", i, "from"), f"table {t.name!r} reads from {t.from_!r}, which is neither "
@@ -415,10 +435,16 @@ class ChangelakeConfig(_Model):
             if v.name not in read:
                 problems.append((("views", i), f"view {v.name!r} is not read by any view or table"))
         used = {v.lookup_join.lookup for v in self.views if v.lookup_join is not None}
+        used |= {n for v in self.views if v.sql is not None for n in v.read_names()}
         for i, lk in enumerate(self.lookups):
             if lk.name not in used:
                 problems.append((("lookups", i), f"lookup {lk.name!r} is not used by any view's lookup_join"))
         return problems
+
+    def view_inputs(self, view: ViewSpec) -> list[str]:
+        """The sources and views ``view`` reads (its query's names that are not lookups)."""
+        lookups = {lk.name for lk in self.lookups}
+        return [n for n in view.inputs if n not in lookups]
 
     def table(self, name: str) -> TableSpecModel:
         return next(t for t in self.tables if t.name == name)

@@ -18,7 +18,8 @@
 A view has ``from`` (or a ``join`` with ``left`` and ``right``) and one operation:
 ``deduplicate``, ``filter``, ``select``, ``group_by`` + ``aggregates``, ``top_n``, ``join``,
 ``interval_join``, ``temporal_join`` (the joins name ``left`` and ``right`` instead of ``from``),
-``lookup_join`` (``{lookup: <name under lookups>, on: {stream column: key column}, how}``).
+``lookup_join`` (``{lookup: <name under lookups>, on: {stream column: key column}, how}``),
+or ``sql`` (one Flink SQL query, which names what it reads itself; :mod:`changelake.plan.sql_view`).
 Sources that only mirror into a table (``sources[].table``) stay outside the graph.
 ``pipeline.state_ttl`` / ``pipeline.on_stale_retraction`` set every operator's state options;
 a view's own ``state_ttl`` / ``on_stale_retraction`` override them.
@@ -32,7 +33,9 @@ from changelake.connectors.lookup import CacheOptions, Lookup
 from changelake.errors import ConfigError
 from changelake.formats.encodings import source_schema
 from changelake.plan.graph import Pipeline, StateOptions, Stream
+from changelake.plan.physical import STATEFUL_OPS
 from changelake.plan.planner import check as planner_check
+from changelake.plan.sql_view import check_query
 from changelake.service.config import VIEW_OPERATIONS, ChangelakeConfig, Loc, LookupSpec, SourceSpec, ViewSpec, parse_duration
 
 
@@ -81,7 +84,7 @@ def _build(config: ChangelakeConfig, *, collect: bool) -> tuple[Pipeline | None,
             failed.add(name)
             problems.append((loc, str(exc)))
 
-    read = {i for v in config.views for i in v.inputs} | {t.from_ for _, t in graph_tables}
+    read = {i for v in config.views for i in config.view_inputs(v)} | {t.from_ for _, t in graph_tables}
     defaults = StateOptions(config.pipeline.state_ttl, config.pipeline.on_stale_retraction)
     p = Pipeline(state=defaults)
     for i, s in enumerate(config.sources):
@@ -92,7 +95,14 @@ def _build(config: ChangelakeConfig, *, collect: bool) -> tuple[Pipeline | None,
         attempt(("lookups", i), lk.name, [], lambda lk=lk: lookups.__setitem__(lk.name, lookup_of(config, lk)))
     for i, v in enumerate(config.views):
         inputs = [*v.inputs, *([v.lookup_join.lookup] if v.lookup_join else [])]
-        attempt(("views", i), v.name, inputs, lambda v=v: _view_with_state(p, v, lookups, defaults))
+        if v.sql is not None and collect and not failed.intersection(inputs):
+            errors = check_query(v.sql)        # every unsupported construct, each with its position
+            if errors:
+                failed.add(v.name)
+                problems.extend((("views", i, "sql"), f"view {v.name!r}: {e}") for e in errors)
+                continue
+        attempt(("views", i) if v.sql is None else ("views", i, "sql"), v.name, inputs,
+                lambda v=v: _view_with_state(p, v, lookups, defaults))
     for i, t in graph_tables:
         attempt(("tables", i), t.name, [t.from_],
                 lambda t=t: p.stream(t.from_).to_table(t.name, primary_key=t.primary_key))
@@ -100,10 +110,12 @@ def _build(config: ChangelakeConfig, *, collect: bool) -> tuple[Pipeline | None,
 
 
 def _view_with_state(p: Pipeline, v: ViewSpec, lookups: dict[str, Lookup], defaults: StateOptions) -> None:
-    stream = _view(p, v, lookups)
+    before = set(p.nodes)
+    _view(p, v, lookups)
     if v.state_ttl is not None or v.on_stale_retraction is not None:
-        stream.with_state(ttl=v.state_ttl or defaults.ttl,
-                          on_stale_retraction=v.on_stale_retraction or defaults.on_stale_retraction)
+        for name in [n for n in p.nodes if n not in before and p.nodes[n].op in STATEFUL_OPS]:   # a sql view's too
+            p.stream(name).with_state(ttl=v.state_ttl or defaults.ttl,
+                                      on_stale_retraction=v.on_stale_retraction or defaults.on_stale_retraction)
 
 
 def _source(p: Pipeline, config: ChangelakeConfig, s: SourceSpec) -> Stream:
@@ -141,6 +153,8 @@ def lookup_of(config: ChangelakeConfig, spec: LookupSpec) -> Lookup:
 
 
 def _view(p: Pipeline, v: ViewSpec, lookups: dict[str, Lookup]) -> Stream:
+    if v.sql is not None:
+        return p.sql(v.name, v.sql, lookups=lookups)
     if v.join is not None:
         j = v.join
         return p.stream(j.left).join(p.stream(j.right), on=j.on, how=j.how, name=v.name)
