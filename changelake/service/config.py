@@ -113,6 +113,9 @@ class SourceSpec(_Model):
         "earliest", description="where a new checkpoint starts: earliest, latest, or {topic: {partition: offset}}")
     on_error: Literal["fail", "skip", "dlq"] = Field(
         "dlq", description="a message that cannot be decoded: stop the pipeline, count and skip it, or dead-letter it")
+    on_truncate: Literal["apply", "skip", "fail"] | None = Field(
+        None, description="a TRUNCATE of the source table: apply (empty the mirrored table at the truncate's "
+        "position), skip (count it) or fail (a dead letter naming the position). Default skip")
     dead_letter_topic: str | None = Field(None, description="Kafka topic for this source's dead letters "
                                           "(overrides dead_letter.topic); else the dead-letter Delta table")
     table: str | None = Field(None, description="mirror the source into this table; omit when only views read it")
@@ -138,8 +141,28 @@ class SourceSpec(_Model):
         ``SecretStr``, so that no dump, repr or log line shows them; decoders take either."""
         return {k: SecretStr(v) if isinstance(v, str) and is_secret_option(str(k)) else v for k, v in options.items()}
 
+    @property
+    def truncate_policy(self) -> str:
+        """``on_truncate``, given here or among the format options (default skip)."""
+        if self.on_truncate is not None:
+            return self.on_truncate
+        return str(self._truncate_option() or "skip").strip().lower()
+
+    def _truncate_option(self) -> Any:
+        from changelake.formats.options import normalize_key
+
+        return next((v for k, v in self.options.items() if normalize_key(self.format, str(k)) == "on-truncate"), None)
+
+    def decoder_options(self) -> dict[str, Any]:
+        """The format options with ``on_truncate`` (Maxwell writes no truncates into row topics)."""
+        if self.on_truncate is None or self.format == "maxwell-json":
+            return dict(self.options)
+        return {**self.options, "on-truncate": self.on_truncate}
+
     @model_validator(mode="after")
     def _one_topic_selector(self) -> "SourceSpec":
+        if self.on_truncate is not None and self._truncate_option() is not None:
+            raise ValueError("on_truncate is given both on the source and under its options; keep the source's")
         if bool(self.topics) == bool(self.topic_pattern):
             raise ValueError("give exactly one of 'topics' (a list) or 'topic_pattern' (a regular expression)")
         if self.topic_pattern is not None:
@@ -445,6 +468,12 @@ class ChangelakeConfig(_Model):
                 problems.append((("tables", i), f"table {t.name!r} has no writer: give it 'from' (a view or source) "
                                  "or name it as a source's 'table'"))
         for i, s in enumerate(self.sources):
+            if s.truncate_policy == "apply" and s.name in read:
+                problems.append((("sources", i, "on_truncate"),
+                                 f"source {s.name!r} has on_truncate: apply, but views or tables read it: a truncate "
+                                 "would empty its mirror while the views' state (joins, aggregates) kept the rows. Set "
+                                 "on_truncate: skip or fail for it, or give it a source entry of its own that only "
+                                 "mirrors (docs/formats.md, 'Truncates')"))
             if s.table is None and s.name not in read:
                 problems.append((("sources", i), f"source {s.name!r} has no 'table' and no view or table reads it"))
         for i, v in enumerate(self.views):

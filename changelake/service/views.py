@@ -132,7 +132,7 @@ def _decoded_columns(s: SourceSpec) -> pa.Schema:
     (``options.metadata``, e.g. the change's operation time as a versioned table's event time)."""
     from changelake.formats import make_decoder
 
-    schema = make_decoder(s.format, columns=source_schema(s.columns), options=s.options).output_schema
+    schema = make_decoder(s.format, columns=source_schema(s.columns), options=s.decoder_options()).output_schema
     # Spark holds timestamps in microseconds (a metadata time may be declared in ms)
     return pa.schema([f.with_type(pa.timestamp("us", tz=f.type.tz)) if pa.types.is_timestamp(f.type) else f
                       for f in schema if not f.name.startswith("_")])
