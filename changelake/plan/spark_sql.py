@@ -1,9 +1,10 @@
 """Filter and select expressions checked in Spark SQL's dialect, before the pipeline is deployed.
 
-The planner derives an expression's type with DuckDB (:mod:`changelake.plan.sql`), but on Spark
-the same text goes to ``F.expr``: an expression DuckDB takes and Spark does not would pass
-``validate`` and fail at run time. This module parses the text with sqlglot's Spark dialect,
-without a JVM, and rejects what Spark lacks:
+The planner derives an expression's type with DuckDB (:mod:`changelake.plan.sql`), and both
+executors evaluate it with DuckDB (the Spark executor in its Python workers, since issue 12's
+operator chain, ``changelake.spark.chain``; before that, the text went to Spark's ``F.expr``).
+This check keeps expressions in the subset both dialects share: it parses the text with sqlglot's
+Spark dialect, without a JVM, and rejects what Spark lacks:
 
 ==========================================  ==============================================
 written                                      why it is rejected
