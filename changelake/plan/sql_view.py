@@ -13,7 +13,7 @@ SQL                                                           step
 ``JOIN r FOR SYSTEM_TIME AS OF a.t ON ...`` (r a source/view)  ``temporal_join(time="t")``
 ``JOIN lk FOR SYSTEM_TIME AS OF a.proc_time ON ...``           ``lookup_join(lookups["lk"])``
 ``WHERE x IN (SELECT y ...)`` / ``EXISTS (... b.y = a.x)``     ``join(how="semi")``
-``NOT EXISTS (...)``                                           ``join(how="anti")``
+``NOT EXISTS (...)``, ``NOT IN`` over never-NULL columns        ``join(how="anti")``
 ``WHERE p``                                                    ``filter(p)``
 ``GROUP BY k`` + ``COUNT/SUM/AVG/MIN/MAX``, ``HAVING h``       ``group_by(k).agg(...)``, ``filter(h)``
 ``ROW_NUMBER() OVER (PARTITION BY p ORDER BY o) AS rn``
