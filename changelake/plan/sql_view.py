@@ -186,6 +186,14 @@ def _conjuncts(node: exp.Expression | None) -> list[exp.Expression]:
     return [node]
 
 
+def _uniquify(name: str, taken: set[str]) -> str:
+    """``name0``, ``name1``, ...: the first not taken (Flink's name for a repeated output column)."""
+    k = 0
+    while f"{name}{k}" in taken:
+        k += 1
+    return f"{name}{k}"
+
+
 def _ident(name: str) -> exp.Identifier:
     quoted = not _PLAIN.match(name) or name.upper() in Spark.Tokenizer.KEYWORDS
     return exp.Identifier(this=name, quoted=quoted)
@@ -399,10 +407,14 @@ class _QueryPlanner:
                 if not chosen:
                     raise self.error(item, f"{qualifier}.* names no table of this query")
                 for c in chosen:
-                    pairs.append((c.name, _ident(c.column).sql(dialect="spark")))
-                    cols.append(_Col(c.qualifier, c.name, c.name))
+                    taken = {n for n, _ in pairs}
+                    name = c.name if c.name not in taken else _uniquify(c.name, taken | {c.name for c in rel.cols})
+                    pairs.append((name, _ident(c.column).sql(dialect="spark")))
+                    cols.append(_Col(c.qualifier, c.name if name == c.name else name, name))
                 continue
             name = item.alias_or_name
+            if isinstance(item, exp.Column) and name in {n for n, _ in pairs}:
+                name = _uniquify(name, {n for n, _ in pairs} | {i.alias_or_name for i in items})
             expr = item.unalias() if isinstance(item, exp.Alias) else item
             if not isinstance(item, (exp.Alias, exp.Column)):
                 raise self.error(item, f"name the expression {item.sql(dialect=Flink)}: write it AS a column name")

@@ -517,3 +517,18 @@ def test_not_in_over_never_null_columns_is_an_anti_join():
     sub = b.stream("orders").filter("NOT product_id IS NULL", name="v_where").select(["product_id"], name="v_select")
     b.stream("products").join(sub, on={"id": "product_id"}, how="anti", name="v").to_table("v", primary_key=["id"])
     same(a, b)
+
+
+def test_a_repeated_output_name_gets_flinks_suffix():
+    a = shop()
+    a.sql("v", "SELECT * FROM orders o JOIN products p ON o.product_id = p.id AND o.order_id = p.id") \
+        .to_table("v", primary_key=["order_id"])
+    b = shop()
+    b.stream("orders").join(b.stream("products"), on={"product_id": "id", "order_id": "id"}, name="v") \
+        .to_table("v", primary_key=["order_id"])
+    assert a.explain() == b.explain()
+    c = Pipeline()
+    c.source("l", columns={"id": "bigint", "v": "int"}, primary_key=["id"])
+    c.source("r", columns={"id": "bigint", "v": "int"}, primary_key=["id"])
+    c.sql("j", "SELECT l.id, r.id, l.v, r.v FROM l JOIN r ON l.id = r.id").to_table("j", primary_key=["id"])
+    assert c.plan()["j"].schema.names == ["id", "id0", "v", "v0"]
