@@ -391,7 +391,8 @@ def test_lookup_join_for_system_time_as_of_proc_time(tmp_path):
     ("SELECT nope FROM orders", "unknown column nope"),
     ("SELECT * FROM nowhere", "no source or view named 'nowhere'"),
     ("SELECT DISTINCT status FROM orders", "SELECT DISTINCT is not supported"),
-    ("SELECT status, qty, COUNT(*) AS n FROM orders GROUP BY status", "qty is neither in GROUP BY nor inside an aggregate"),
+    ("SELECT status, qty, COUNT(*) AS n FROM orders GROUP BY status",
+     "qty is neither in GROUP BY nor inside an aggregate"),
     ("SELECT * FROM orders o JOIN products p ON o.qty > p.price", "a join needs an equality"),
     ("SELECT * FROM orders WHERE", "cannot parse the query at line 1"),
 ])
