@@ -26,6 +26,8 @@ from changelake.durations import parse_duration
 from changelake.errors import ConfigError
 
 ENV_PREFIX = "CHANGELAKE_"
+#: Debezium's default ``unavailable.value.placeholder``
+UNAVAILABLE_VALUE = "__debezium_unavailable_value"
 FORMATS = ("debezium-json", "debezium-avro-confluent", "canal-json", "maxwell-json", "ogg-json")
 class _Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
@@ -122,6 +124,10 @@ class SourceSpec(_Model):
                                         "is the largest event_time seen minus this (default 0)")
     append_only: bool = Field(False, description="the source only inserts (facts, events); an update or delete "
                               "from it is an error. Interval joins and a temporal join's facts need it")
+    unavailable_value: str | None = Field(
+        UNAVAILABLE_VALUE, description="the text the connector writes for a value it did not send (Debezium's "
+        "unavailable.value.placeholder: an unchanged TOASTed Postgres column); such a value keeps the stored one "
+        "in the table and in the views. null: no placeholder")
 
     _delay = field_validator("watermark_delay")(_check_optional_duration)
 

@@ -154,8 +154,10 @@ class BatchProcessor:
             # a graph table keyed by a group or partition key that may be NULL holds NULL keys (as SQL's
             # GROUP BY); a mirrored table's NULL key was made a dead letter before it got here
             nullable = next((n.nullable_key for n in self.plan.sinks if n.table == name), ()) if self.plan else ()
+            # a mirror's changes may hold its sources' placeholder for values not sent (graph tables' never do)
+            unavailable = next((r.spec.unavailable_value for r in self.routes if r.spec.table == name), None)
             spec = TableSpec(name=name, path=self.config.table_path(name), primary_key=self.keys.key_of(name),
-                             partition_by=tuple(t.partition_by), nullable_key=nullable,
+                             partition_by=tuple(t.partition_by), nullable_key=nullable, unavailable_value=unavailable,
                              tombstone_retention=timedelta(seconds=parse_duration(t.tombstone_retention)),
                              storage_options=self.config.storage.plain_options())
             opened = dict(pipeline_id=self.config.pipeline.id, engine=self.config.storage.engine)
