@@ -58,7 +58,7 @@ from changelake.formats.encodings import source_schema
 from changelake.key_changes import split_key_changes
 from changelake.plan.graph import Pipeline
 from changelake.plan.physical import PhysicalPlan, sink_changes
-from changelake.service.config import ChangelakeConfig, SourceSpec, parse_duration
+from changelake.service.config import ChangelakeConfig, SourceSpec, StartingTimestamp, parse_duration
 from changelake.service.dead_letter_paths import DeadLetterPaths
 from changelake.service.key_inference import TableKeys
 from changelake.service.quarantine import Quarantine
@@ -444,7 +444,9 @@ def kafka_reader_options(config: ChangelakeConfig) -> dict[str, str]:
     starting: dict[str, Any] = {}
     for s in config.sources:
         for t in s.topics or ():
-            if isinstance(s.starting_offsets, dict):
+            if isinstance(s.starting_offsets, StartingTimestamp):
+                starting[t] = {"timestamp": s.starting_offsets.epoch_ms}
+            elif isinstance(s.starting_offsets, dict):
                 starting[t] = s.starting_offsets.get(t, "earliest")
             else:
                 starting[t] = s.starting_offsets
