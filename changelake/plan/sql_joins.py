@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from sqlglot import exp
 
-from changelake.plan.sql_view import Flink, SqlError, _Col, _conjuncts, _Rel, interval_ms
+from changelake.plan.sql_view import Flink, SqlError, _Col, _conjuncts, _Rel, _subquery_test, interval_ms
 
 if TYPE_CHECKING:
     from changelake.plan.sql_view import _QueryPlanner
@@ -102,7 +102,7 @@ def plan_join(pl: "_QueryPlanner", left: _Rel, join: exp.Join, where: list[exp.E
         return _versioned_join(pl, left, join, right_src, version, how, terms, where)
     right = pl.relation(right_src)
     if how == "inner":           # WHERE terms over both sides are the join's condition
-        both = [t for t in where if _sides(pl, t, [left, right]) == {0, 1}]
+        both = [t for t in where if not _subquery_test(t) and _sides(pl, t, [left, right]) == {0, 1}]
         where = [t for t in where if not any(t is b for b in both)]
         terms = terms + both
     using = join.args.get("using")

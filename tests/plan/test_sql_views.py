@@ -478,3 +478,30 @@ tables:
     assert "(line 1, column 18)" in err
     assert "views.1.sql: view 'b': unknown column nope" in err and "(line 1, column 12)" in err
     assert "2 error(s)" in err
+
+
+def test_top_n_partitioned_and_ordered_by_from_columns_the_select_list_renames_or_drops():
+    a = shop()
+    a.sql("v", """SELECT * FROM (
+                    SELECT o.order_id, o.product_id AS part,
+                           ROW_NUMBER() OVER (PARTITION BY o.product_id ORDER BY o.qty DESC, o.order_id) AS rn
+                    FROM orders o) t
+                  WHERE rn <= 2""").to_table("v", primary_key=["part", "rn"])
+    b = shop()
+    b.stream("orders").select({"order_id": "order_id", "part": "product_id", "qty": "qty"}, name="v_select") \
+        .top_n(2, order_by=["qty desc", "order_id"], partition_by=["part"], rank_column="rn", name="v_top_n") \
+        .select(["order_id", "part", "rn"], name="v").to_table("v", primary_key=["part", "rn"])
+    same(a, b)
+
+
+def test_an_in_subquery_stays_a_semi_join_after_an_inner_join():
+    a = shop()
+    a.sql("v", """SELECT o.order_id, p.category FROM orders o JOIN products p ON o.product_id = p.id
+                  WHERE o.product_id IN (SELECT id FROM products WHERE price > 2)""") \
+        .to_table("v", primary_key=["order_id"])
+    b = shop()
+    cheap = b.stream("products").filter("price > 2", name="v_where").select(["id"], name="v_select")
+    b.stream("orders").join(b.stream("products"), on={"product_id": "id"}, name="v_join") \
+        .join(cheap, on={"product_id": "id"}, how="semi", name="v_semi") \
+        .select(["order_id", "category"], name="v").to_table("v", primary_key=["order_id"])
+    same(a, b)
