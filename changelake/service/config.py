@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import re
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
@@ -27,6 +28,8 @@ from changelake.errors import ConfigError
 from changelake.formats.options import is_secret_option
 
 ENV_PREFIX = "CHANGELAKE_"
+#: Debezium's default ``unavailable.value.placeholder``
+UNAVAILABLE_VALUE = "__debezium_unavailable_value"
 FORMATS = ("debezium-json", "debezium-avro-confluent", "canal-json", "maxwell-json", "ogg-json")
 class _Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
@@ -97,6 +100,19 @@ def _check_columns(columns: Any) -> Any:
     return columns
 
 
+class StartingTimestamp(_Model):
+    """``starting_offsets: {timestamp: 2026-11-01T00:00:00Z}``: each partition starts at its first record whose
+    Kafka timestamp is at or after this moment (a time without a zone is UTC); a partition with none starts
+    at its end."""
+
+    timestamp: datetime
+
+    @property
+    def epoch_ms(self) -> int:
+        moment = self.timestamp if self.timestamp.tzinfo else self.timestamp.replace(tzinfo=timezone.utc)
+        return int(moment.timestamp() * 1000)
+
+
 class SourceSpec(_Model):
     name: str = Field(description="unique among sources; views and tables read the source by it")
     topics: list[str] | None = Field(None, description="the topics to read (or topic_pattern)")
@@ -109,8 +125,10 @@ class SourceSpec(_Model):
     columns: dict[str, str | ColumnDecl] | None = Field(
         None, description="column name -> type (int, bigint, double, string, boolean, timestamp, date, decimal(p,s)), "
         "or -> {type, encoding, scale} to declare how a schema-less message encodes the value")
-    starting_offsets: Literal["earliest", "latest"] | dict[str, dict[str, int]] = Field(
-        "earliest", description="where a new checkpoint starts: earliest, latest, or {topic: {partition: offset}}")
+    starting_offsets: Literal["earliest", "latest"] | StartingTimestamp | dict[str, dict[str, int]] = Field(
+        "earliest", description="where a new checkpoint starts: earliest, latest, {timestamp: 2026-11-01T00:00:00Z} "
+        "(per partition, the first record at or after it, by the broker's offsets-for-times), or "
+        "{topic: {partition: offset}}")
     on_error: Literal["fail", "skip", "dlq"] = Field(
         "dlq", description="a message that cannot be decoded: stop the pipeline, count and skip it, or dead-letter it")
     on_truncate: Literal["apply", "skip", "fail"] | None = Field(
@@ -129,6 +147,10 @@ class SourceSpec(_Model):
                                         "is the largest event_time seen minus this (default 0)")
     append_only: bool = Field(False, description="the source only inserts (facts, events); an update or delete "
                               "from it is an error. Interval joins and a temporal join's facts need it")
+    unavailable_value: str | None = Field(
+        UNAVAILABLE_VALUE, description="the text the connector writes for a value it did not send (Debezium's "
+        "unavailable.value.placeholder: an unchanged TOASTed Postgres column); such a value keeps the stored one "
+        "in the table and in the views. null: no placeholder")
 
     _delay = field_validator("watermark_delay")(_check_optional_duration)
 
@@ -163,6 +185,9 @@ class SourceSpec(_Model):
     def _one_topic_selector(self) -> "SourceSpec":
         if self.on_truncate is not None and self._truncate_option() is not None:
             raise ValueError("on_truncate is given both on the source and under its options; keep the source's")
+        if isinstance(self.starting_offsets, StartingTimestamp) and self.topic_pattern is not None:
+            raise ValueError("starting_offsets by timestamp needs 'topics' (a list): the topics a pattern matches "
+                             "are not known when the checkpoint starts")
         if bool(self.topics) == bool(self.topic_pattern):
             raise ValueError("give exactly one of 'topics' (a list) or 'topic_pattern' (a regular expression)")
         if self.topic_pattern is not None:
