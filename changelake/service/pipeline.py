@@ -48,14 +48,14 @@ import pyarrow.compute as pc
 
 from changelake import metrics
 from changelake.changelog import DEAD_LETTER_SCHEMA, KIND, SEQ, RowKind
-from changelake.connectors.delta_sink import DeltaUpsertSink, TableSpec, open_sink
+from changelake.connectors.delta_sink import DeltaUpsertSink, Maintenance, TableSpec, open_sink
 from changelake.errors import ConfigError, DecodeError
 from changelake.formats import make_decoder
 from changelake.formats.encodings import source_schema
 from changelake.key_changes import split_key_changes
 from changelake.plan.graph import Pipeline
 from changelake.plan.physical import PhysicalPlan, sink_changes
-from changelake.service.config import ChangelakeConfig, SourceSpec, parse_duration
+from changelake.service.config import ChangelakeConfig, MaintenanceSpec, SourceSpec, parse_duration
 from changelake.service.dead_letter_paths import DeadLetterPaths
 from changelake.service.key_inference import TableKeys
 from changelake.service.quarantine import Quarantine
@@ -153,6 +153,7 @@ class BatchProcessor:
             spec = TableSpec(name=name, path=self.config.table_path(name), primary_key=self.keys.key_of(name),
                              partition_by=tuple(t.partition_by), nullable_key=nullable,
                              tombstone_retention=timedelta(seconds=parse_duration(t.tombstone_retention)),
+                             maintenance=_maintenance(t.maintenance), properties=t.properties,
                              storage_options=self.config.storage.plain_options())
             opened = dict(pipeline_id=self.config.pipeline.id, engine=self.config.storage.engine)
             if self._spark is None:
@@ -386,6 +387,15 @@ def _kafka_position(seq: str | None) -> tuple[int, int]:
     return -1, -1
 
 
+def _maintenance(m: MaintenanceSpec) -> Maintenance:
+    def every(value: str | None) -> timedelta | None:
+        return None if value is None else timedelta(seconds=parse_duration(value))
+
+    return Maintenance(compact_every=every(m.compact_every), compact_min_files=m.compact_min_files,
+                       vacuum_every=every(m.vacuum_every),
+                       vacuum_retention=timedelta(seconds=parse_duration(m.vacuum_retention)))
+
+
 def _empty(route: "_Route") -> pa.Table:
     schema = getattr(route.decoder, "output_schema", None)
     return schema.empty_table() if schema is not None else pa.table({})
@@ -394,6 +404,12 @@ def _empty(route: "_Route") -> pa.Table:
 def _count_kinds(changes: pa.Table) -> dict[str, int]:
     counts = pc.value_counts(changes[KIND]).to_pylist()
     return {_KIND_LABEL[c["values"]]: c["counts"] for c in counts}
+
+
+def consumer_group(config: ChangelakeConfig) -> str:
+    """The Kafka consumer group that receives each batch's end offsets once its Delta commits are done:
+    stable for a pipeline id, so kafka-consumer-groups and Burrow follow its lag across restarts."""
+    return f"changelake.{config.pipeline.id}"
 
 
 def kafka_reader_options(config: ChangelakeConfig) -> dict[str, str]:
@@ -416,6 +432,7 @@ def kafka_reader_options(config: ChangelakeConfig) -> dict[str, str]:
     if any(v != "earliest" for v in starting.values()):
         opts["startingOffsets"] = json.dumps(starting)
     opts["readTasks"] = str(config.pipeline.read_tasks)
+    opts["groupId"] = consumer_group(config)
     if config.pipeline.max_records_per_batch:
         opts["maxRecordsPerTrigger"] = str(config.pipeline.max_records_per_batch)
     for k, v in config.kafka.plain_properties().items():
