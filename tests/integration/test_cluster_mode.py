@@ -64,6 +64,13 @@ def _table(config, name: str) -> set[tuple]:
     return {tuple(r[c] for c in columns) for r in t.select(columns).to_pylist()}
 
 
+def _first_error(stderr: str) -> str:
+    """The first error line and what follows (Spark's stack traces bury it)."""
+    lines = stderr.splitlines()
+    at = next((i for i, line in enumerate(lines) if "Error" in line or "Exception" in line), max(0, len(lines) - 40))
+    return "\n".join(lines[at:at + 40])
+
+
 def _rate(stdout: str) -> tuple[int, float]:
     m = re.search(r"stopped after ([\d,]+) records in ([\d.]+) s", stdout)
     assert m, stdout
@@ -79,7 +86,7 @@ def test_spark_submit_master_runs_the_pipeline_on_two_executors(kafka, tmp_path)
     for master in ("local[2]", "local-cluster[2,1,1024]"):
         path = _config(kafka.bootstrap_servers, tmp_path / re.sub(r"\W", "_", master), prefix)
         done = _spark_submit(master, path)
-        assert done.returncode == 0, done.stderr[-4000:]
+        assert done.returncode == 0, _first_error(done.stderr)
         runs[master] = (load_config(path), done)
 
     local_cfg, local = runs["local[2]"]
