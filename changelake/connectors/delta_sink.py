@@ -308,7 +308,8 @@ class DeltaUpsertSink(abc.ABC):
                 raise SinkCommitError(f"cannot create table {spec.path} partitioned by {list(spec.partition_by)}: "
                                       f"the batch has no column(s) {missing}; fix partition_by or the pipeline")
             self._create_table(pa.schema([f.with_nullable(True) for f in fields]),
-                               properties={**spec.properties, **table_properties(spec.primary_key, self.tombstone_path)})
+                               properties={**spec.properties,
+                                           **table_properties(spec.primary_key, self.tombstone_path)})
             state = self._require_state(spec.path)
         elif not self._contract_checked:
             check_table_contract(path=spec.path, properties=state.properties,

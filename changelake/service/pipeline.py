@@ -465,7 +465,6 @@ def kafka_reader_options(config: ChangelakeConfig) -> dict[str, str]:
     if any(v != "earliest" for v in starting.values()):
         opts["startingOffsets"] = json.dumps(starting)
     opts["readTasks"] = str(config.pipeline.read_tasks)
-    opts["groupId"] = consumer_group(config)
     if config.pipeline.max_records_per_batch:
         opts["maxRecordsPerTrigger"] = str(config.pipeline.max_records_per_batch)
     for k, v in config.kafka.plain_properties().items():
@@ -482,4 +481,4 @@ def start_query(spark: Any, config: ChangelakeConfig, processor: BatchProcessor,
     processor.query = PipelineQuery(processor, read_tasks=config.pipeline.read_tasks)
     return start(spark, processor.query, name=config.pipeline.id, checkpoint=config.pipeline.checkpoint,
                  reader_options=kafka_reader_options(config), available_now=once,
-                 trigger_seconds=parse_duration(config.pipeline.trigger_interval))
+                 trigger_seconds=parse_duration(config.pipeline.trigger_interval), group_id=consumer_group(config))

@@ -13,12 +13,9 @@ Nothing here takes a lock or writes: it is safe beside a running pipeline.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
-
 from changelake.service.config import ChangelakeConfig
 from changelake.service.pipeline import consumer_group
 
@@ -119,36 +116,13 @@ def group_lag(config: ChangelakeConfig) -> list[PartitionLag]:
 
 
 def last_batch(checkpoint: str) -> LastBatch | None:
-    """The newest batch in the checkpoint's commit log (``commits/<id>``) with its end offsets
-    (``offsets/<id>``: a version line, the batch metadata, then one line per source)."""
-    fs, root = _filesystem(checkpoint)
-    from pyarrow import fs as pafs
+    """The newest batch in the checkpoint's commit log, with its end offsets."""
+    from changelake.spark.checkpoint import batch_end_offsets, last_committed_batch
 
-    try:
-        infos = fs.get_file_info(pafs.FileSelector(f"{root}/commits", allow_not_found=True))
-    except OSError:
+    last = last_committed_batch(checkpoint)
+    if last is None:
         return None
-    ids = sorted((int(i.base_name), i) for i in infos if i.base_name.isdigit())
-    if not ids:
-        return None
-    batch_id, info = ids[-1]
-    offsets: dict[str, dict[str, int]] = {}
-    try:
-        with fs.open_input_stream(f"{root}/offsets/{batch_id}") as f:
-            lines = f.read().decode().splitlines()
-        for line in lines[2:]:
-            value = json.loads(line) if line.strip() and line.strip() != "-" else None
-            if isinstance(value, str):
-                value = json.loads(value)
-            if isinstance(value, dict):
-                for topic, ps in value.items():
-                    offsets.setdefault(topic, {}).update({str(p): int(o) for p, o in ps.items()})
-    except (OSError, ValueError):
-        pass
-    finished = info.mtime if info.mtime is not None else datetime.fromtimestamp(0, timezone.utc)
-    if finished.tzinfo is None:
-        finished = finished.replace(tzinfo=timezone.utc)
-    return LastBatch(batch_id=batch_id, finished_at=finished, end_offsets=offsets)
+    return LastBatch(batch_id=last[0], finished_at=last[1], end_offsets=batch_end_offsets(checkpoint, last[0]))
 
 
 def table_files(name: str, path: str, storage: dict[str, str] | None) -> TableFiles:
@@ -172,8 +146,10 @@ def dead_letter_counts(path: str, storage: dict[str, str] | None) -> dict[tuple[
         table = DeltaTable(path, storage_options=storage)
     except TableNotFoundError:
         return {}
-    rows = QueryBuilder().register("dl", table).execute(
-        'SELECT "source", "reason", count(*) AS n FROM dl GROUP BY "source", "reason"').read_all().to_pylist()
+    import pyarrow as pa
+
+    rows = pa.table(QueryBuilder().register("dl", table).execute(
+        'SELECT "source", "reason", count(*) AS n FROM dl GROUP BY "source", "reason"')).to_pylist()
     return {(r["source"], r["reason"]): int(r["n"]) for r in rows}
 
 
@@ -221,19 +197,6 @@ def _ago(seconds: float) -> str:
     if seconds < 7200:
         return f"{seconds // 60} min"
     return f"{seconds // 3600} h {seconds % 3600 // 60} min"
-
-
-def _filesystem(uri: str) -> tuple[Any, str]:
-    from pathlib import Path
-
-    from pyarrow import fs as pafs
-
-    if "://" not in uri:
-        return pafs.LocalFileSystem(), str(Path(uri).absolute())
-    scheme, rest = uri.split("://", 1)
-    if scheme in ("s3a", "s3n"):
-        uri = f"s3://{rest}"
-    return pafs.FileSystem.from_uri(uri)
 
 
 def _tombstone_path(path: str, storage: dict[str, str] | None) -> str | None:

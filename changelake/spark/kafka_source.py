@@ -7,11 +7,9 @@ and yield Arrow record batches. A restart resumes exactly at the end of the
 last committed batch, and a replayed batch reads exactly the same records, so
 with an idempotent sink every change lands once. No consumer group is joined
 (partitions are assigned explicitly), so a restarted pipeline never waits for a
-group rebalance. With ``groupId``, the end offsets of every batch are committed to
-that consumer group once Spark has committed the batch (after the sink's Delta
-commits), so Kafka's tools (kafka-consumer-groups, Burrow) see the pipeline's lag;
-these commits are informational: a restart resumes from the checkpoint, never
-from them.
+group rebalance. :func:`commit_group_offsets` tells a consumer group where a batch
+ended (the query does so after each batch's Delta commits, so Kafka's tools see the
+lag); such commits are informational: a restart resumes from the checkpoint.
 
 Options (all strings, as Spark passes them):
 
@@ -24,7 +22,6 @@ Options (all strings, as Spark passes them):
 ``maxRecordsPerTrigger``   admission control: at most this many records per micro-batch
 ``readTimeoutMs``          give up reading a planned range after this long without progress
 ``readTasks``              Spark tasks per micro-batch (default 2); partition ranges are packed into them
-``groupId``                consumer group that receives each committed batch's end offsets (informational)
 ``kafka.<property>``       passed to the consumer (``kafka.security.protocol``, ``kafka.sasl.*``,
                            ``kafka.ssl.*``)
 =========================  ===============================================================
@@ -88,7 +85,6 @@ class KafkaOptions:
     read_timeout_ms: int
     read_tasks: int
     consumer_properties: Mapping[str, str]
-    group_id: str | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> "KafkaOptions":
@@ -122,7 +118,6 @@ class KafkaOptions:
             read_timeout_ms=int(opts.get("readtimeoutms", "120000")),
             read_tasks=max(1, int(opts.get("readtasks", "2"))),
             consumer_properties=props,
-            group_id=opts.get("groupid") or None,
         )
 
     def consumer_config(self) -> dict[str, Any]:
@@ -324,10 +319,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return pack_ranges(ranges, self.options.read_tasks)
 
     def commit(self, end: Offsets) -> None:
-        """Spark committed the batch ending at ``end``: tell the consumer group (``groupId``), if any.
-        Offsets live in Spark's checkpoint; a failure here is logged, never fatal."""
-        if self.options.group_id is not None:
-            commit_group_offsets(self.options, end)
+        pass    # offsets live in Spark's checkpoint; the query tells the consumer group (commit_group_offsets)
 
     def stop(self) -> None:
         if self._admin_consumer is not None:
@@ -340,25 +332,26 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             yield from read_range(self.options, rng)
 
 
-def commit_group_offsets(options: KafkaOptions, end: Offsets) -> None:
-    """Commit ``end`` (the next offset to read, per partition) to ``options.group_id`` without joining it."""
+def commit_group_offsets(options: KafkaOptions, group_id: str, end: Offsets) -> None:
+    """Commit ``end`` (the next offset to read, per partition) to consumer group ``group_id`` without
+    joining it. Informational: a failure is logged, never raised."""
     from confluent_kafka import Consumer, TopicPartition
 
     offsets = [TopicPartition(t, int(p), int(o)) for t, ps in sorted(end.items()) for p, o in sorted(ps.items())
                if int(o) >= 0]
     if not offsets:
         return
-    conf = dict(options.consumer_config(), **{"group.id": options.group_id})
+    conf = dict(options.consumer_config(), **{"group.id": group_id})
     consumer = Consumer(conf)
     try:
         failed = [tp for tp in consumer.commit(offsets=offsets, asynchronous=False) if tp.error is not None]
         if failed:
             log.warning("consumer group %s: offsets of %d partition(s) not committed (first: %s[%d]: %s); "
-                        "Kafka tools show an older lag until the next batch", options.group_id, len(failed),
+                        "Kafka tools show an older lag until the next batch", group_id, len(failed),
                         failed[0].topic, failed[0].partition, failed[0].error)
     except Exception as exc:  # KafkaException: informational offsets only
         log.warning("consumer group %s: could not commit offsets (%s); Kafka tools show an older lag until "
-                    "the next batch. The pipeline's own position is in its checkpoint.", options.group_id, exc)
+                    "the next batch. The pipeline's own position is in its checkpoint.", group_id, exc)
     finally:
         consumer.close()
 

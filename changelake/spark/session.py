@@ -225,13 +225,14 @@ def master_cores(master: str) -> int | None:
 
 
 def executor_tasks(spark: Any) -> dict[str, int]:
-    """Executor id -> tasks it has run (completed or failed), from Spark's status store; the driver
-    is left out, so local mode has none."""
+    """Executor id -> tasks it has run (completed or failed), from Spark's status store, for every
+    executor that ran one (lost ones included); the driver is left out, so local mode has none."""
     store = spark.sparkContext._jsc.sc().statusStore()
-    seq = store.executorList(True)
+    seq = store.executorList(False)         # executors lost on the way count too
     out = {}
     for i in range(seq.size()):
         e = seq.apply(i)
-        if e.id() != "driver":
-            out[e.id()] = int(e.completedTasks()) + int(e.failedTasks())
+        tasks = int(e.completedTasks()) + int(e.failedTasks())
+        if e.id() != "driver" and tasks:
+            out[e.id()] = tasks
     return out

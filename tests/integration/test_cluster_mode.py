@@ -86,14 +86,18 @@ def test_spark_submit_master_runs_the_pipeline_on_two_executors(kafka, tmp_path)
     for master in ("local[2]", "local-cluster[2,1,1024]"):
         path = _config(kafka.bootstrap_servers, tmp_path / re.sub(r"\W", "_", master), prefix)
         done = _spark_submit(master, path)
+        (path.parent / "stdout.txt").write_text(done.stdout)
+        (path.parent / "stderr.txt").write_text(done.stderr)
         assert done.returncode == 0, _first_error(done.stderr)
         runs[master] = (load_config(path), done)
 
     local_cfg, local = runs["local[2]"]
     cluster_cfg, cluster = runs["local-cluster[2,1,1024]"]
-    assert "ran on" not in local.stderr                  # local mode: the driver ran every task
-    m = re.search(r"ran on (\d+) executor\(s\): (.*)", cluster.stderr)
-    assert m, cluster.stderr[-4000:]
+    # spark-submit's Python runner sends the driver's stderr (the log) to its stdout
+    assert "ran on" not in local.stdout + local.stderr   # local mode: the driver ran every task
+    log = cluster.stdout + cluster.stderr
+    m = re.search(r"ran on (\d+) executor\(s\): (.*)", log)
+    assert m, "\n".join(line for line in log.splitlines() if "changelake" in line)[-4000:]
     tasks = {e: int(n) for e, n in re.findall(r"executor (\S+): (\d+) task", m.group(2))}
     assert int(m.group(1)) == 2 and len(tasks) == 2, m.group(0)
     assert all(n > 0 for n in tasks.values()), f"an executor ran no task: {tasks}"
