@@ -108,8 +108,12 @@ BATCH_ROWS = Gauge(
 BATCHES = Counter(
     "changelake_batches_total", "Micro-batches completed.", registry=REGISTRY)
 LAST_BATCH_TS = Gauge(
-    "changelake_last_batch_timestamp_seconds", "Unix time the last micro-batch finished successfully.",
+    "changelake_last_batch_timestamp_seconds", "Unix time the last micro-batch finished successfully "
+    "(0 until this process finishes one).", registry=REGISTRY)
+PROCESS_START = Gauge(
+    "changelake_process_start_time_seconds", "Unix time this process started (a new value after each restart).",
     registry=REGISTRY)
+PROCESS_START.set_to_current_time()
 
 # --- operators --------------------------------------------------------------------
 STATE_ROWS = Gauge(

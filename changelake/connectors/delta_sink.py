@@ -46,12 +46,16 @@ from changelake.connectors.delta_sink_kernel import (
     check_truncate_order,
     count_deletes,
     drop_before_truncate,
+    fill_unavailable,
+    placeholder_value,
+    unavailable_columns,
     kafka_partition_prefix,
     latest_per_key,
     split_against_tombstones,
     truncate_order_error,
     validate_changes,
 )
+from changelake.connectors.delta_sink_merge import sql_literal
 from changelake.connectors.delta_sink_schema import (
     PROP_TRUNCATED_BEFORE,
     check_table_contract,
@@ -100,7 +104,8 @@ class TableSpec:
     ``storage_options`` are object-store options in delta-rs form (``AWS_REGION``, ...).
     ``nullable_key``: the key columns that may hold NULL, NULL then being one key value (the
     planner's ``nullable_key`` of a graph table keyed by a group or partition key that may be
-    NULL); a NULL in any other key column fails the batch.
+    NULL); a NULL in any other key column fails the batch. ``unavailable_value``: the placeholder a
+    connector writes for a value it did not send; a change holding it keeps the stored value.
     """
 
     name: str
@@ -112,6 +117,7 @@ class TableSpec:
     tombstone_path: str | None = None
     tombstone_expiry_interval: timedelta = timedelta(hours=1)
     nullable_key: tuple[str, ...] = ()
+    unavailable_value: str | None = None
     maintenance: Maintenance = Maintenance()
     #: Delta table properties the user asks for (e.g. delta.enableChangeDataFeed); set at creation and
     #: on an existing table whose values differ
@@ -328,6 +334,7 @@ class DeltaUpsertSink(abc.ABC):
 
         truncated, horizon = self._truncate(state, truncate_at)
         changes, before_truncate = drop_before_truncate(changes, horizon)
+        changes = fill_unavailable(changes, primary_key=spec.primary_key, placeholder=spec.unavailable_value)
         now = self._clock()
         reduced = align_to_table(latest_per_key(changes, primary_key=spec.primary_key), plan.target_schema)
         tomb_state = self._state(self.tombstone_path)
@@ -349,7 +356,9 @@ class DeltaUpsertSink(abc.ABC):
                 self._merge_tombstones(split.tombstone_changes, batch_id=batch_id)
 
         source = split.table_changes
-        counts = self._merge_table(source, batch_id=batch_id)
+        unavailable = {c: sql_literal(placeholder_value(source.schema.field(c).type, spec.unavailable_value))
+                       for c in unavailable_columns(source, spec.unavailable_value)}
+        counts = self._merge_table(source, batch_id=batch_id, unavailable=unavailable)
         n_deletes = count_deletes(source)
         n_upserts = source.num_rows - n_deletes
         result = ApplyResult(
@@ -537,8 +546,9 @@ class DeltaUpsertSink(abc.ABC):
         """Record -D rows and clear the tombstones of newer +I/+U rows, in one commit with the txn."""
 
     @abc.abstractmethod
-    def _merge_table(self, changes: pa.Table, *, batch_id: int) -> MergeCounts:
-        """MERGE into the sink table in one commit that records the txn, even when nothing changes."""
+    def _merge_table(self, changes: pa.Table, *, batch_id: int, unavailable: Mapping[str, str] = {}) -> MergeCounts:
+        """MERGE into the sink table in one commit that records the txn, even when nothing changes
+        (``unavailable``: column -> placeholder literal, see ``delta_sink_merge.table_merge``)."""
 
     @abc.abstractmethod
     def _delete_tombstones_before(self, cutoff: datetime) -> int:

@@ -92,14 +92,14 @@ class DeltaRsSink(DeltaUpsertSink):
                                   null_safe_equal=datafusion_null_safe_equal)
         self._merge(self._log(self.tombstone_path), changes, clauses, batch_id)
 
-    def _merge_table(self, changes: pa.Table, *, batch_id: int) -> MergeCounts:
+    def _merge_table(self, changes: pa.Table, *, batch_id: int, unavailable: Mapping[str, str] = {}) -> MergeCounts:
         table = self._log(self.spec.path)
         before = table.version()
         inserted = updated = deleted = 0
         if changes.num_rows:
             columns = [c for c in changes.column_names if c != KIND]
             clauses = table_merge(self.spec.primary_key, columns, quote, nullable=self._nullable_key_types(changes),
-                                  null_safe_equal=datafusion_null_safe_equal)
+                                  null_safe_equal=datafusion_null_safe_equal, unavailable=unavailable)
             stats = self._merge(table, changes, clauses, batch_id)
             inserted = stats["num_target_rows_inserted"]
             updated = stats["num_target_rows_updated"]

@@ -6,7 +6,6 @@ Every option can also be set through the environment variable shown in ``--help`
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 from pathlib import Path
@@ -14,6 +13,7 @@ from typing import Sequence
 
 from changelake import __version__
 from changelake.errors import ChangelakeError, ConfigError
+from changelake.service.logs import LOG_FORMATS, LOG_LEVELS, configure_logging
 
 
 class _EnvDefault(argparse.Action):
@@ -34,9 +34,6 @@ class _EnvDefault(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
-
-
 def _config_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("-c", "--config", action=_EnvDefault, envvar="CHANGELAKE_CONFIG", required=True,
                    help="pipeline YAML file")
@@ -47,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
         "Kafka-to-lakehouse CDC: Debezium/Canal/Maxwell/OGG change topics -> Spark -> Delta Lake."))
     parser.add_argument("--log-level", action=_EnvDefault, envvar="CHANGELAKE_LOG_LEVEL", default="INFO",
                         type=str.upper, choices=LOG_LEVELS, metavar="LEVEL", help=", ".join(LOG_LEVELS))
+    parser.add_argument("--log-format", action=_EnvDefault, envvar="CHANGELAKE_LOG_FORMAT", default="text",
+                        type=str.lower, choices=LOG_FORMATS, metavar="FORMAT",
+                        help="text, or json: one JSON object per line (ts, level, logger, msg, exception)")
     parser.add_argument("--version", action="version", version=version_text(),
                         help="print the changelake, Spark and Delta versions and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -110,20 +110,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.log_level not in LOG_LEVELS:            # a value from the environment skips argparse's choices
         parser.error(f"CHANGELAKE_LOG_LEVEL: invalid level {args.log_level!r} (choose from {', '.join(LOG_LEVELS)})")
-    configure_logging(str(args.log_level))
+    if args.log_format not in LOG_FORMATS:
+        parser.error(f"CHANGELAKE_LOG_FORMAT: invalid format {args.log_format!r} (choose from "
+                     f"{', '.join(LOG_FORMATS)})")
+    configure_logging(args.log_level, args.log_format)
     try:
         return _dispatch(args)
     except ChangelakeError as exc:
         print(f"changelake: {exc}", file=sys.stderr)
         return 2
-
-
-def configure_logging(level: str) -> None:
-    """Log to stderr at ``level``; py4j stays at WARNING because at DEBUG it logs every
-    command sent to the JVM, Kafka credentials in reader options included."""
-    logging.basicConfig(level=getattr(logging, level.upper()),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    logging.getLogger("py4j").setLevel(logging.WARNING)
 
 
 def _dispatch(args: argparse.Namespace) -> int:

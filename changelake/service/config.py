@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import re
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
@@ -24,8 +25,11 @@ from pydantic import (BaseModel, ConfigDict, Field, SecretStr, ValidationError, 
 
 from changelake.durations import parse_duration
 from changelake.errors import ConfigError
+from changelake.formats.options import is_secret_option
 
 ENV_PREFIX = "CHANGELAKE_"
+#: Debezium's default ``unavailable.value.placeholder``
+UNAVAILABLE_VALUE = "__debezium_unavailable_value"
 FORMATS = ("debezium-json", "debezium-avro-confluent", "canal-json", "maxwell-json", "ogg-json")
 class _Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
@@ -49,9 +53,10 @@ def _check_optional_duration(value: str | None) -> str | None:
 class PipelineSettings(_Model):
     id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="stable pipeline id; part of the Delta transaction ids")
     checkpoint: str = Field(description="Spark checkpoint directory (one writer per checkpoint)")
-    trigger_interval: str = "10 seconds"
+    trigger_interval: str = Field("10 seconds", description="how often a micro-batch starts ('10 seconds')")
     available_now: bool = Field(False, description="read what is there, then stop (batch-style catch-up)")
-    max_records_per_batch: int | None = Field(200_000, gt=0)
+    max_records_per_batch: int | None = Field(200_000, gt=0, description="Kafka records per micro-batch at most; "
+                                              "null: no cap")
     read_tasks: int = Field(2, gt=0, description="Spark tasks that read Kafka per micro-batch; about the executor cores")
     state_ttl: str | None = Field(None, description="idle-state retention of every operator ('1 day'); none: forever")
     on_stale_retraction: Literal["warn", "fail"] = Field(
@@ -67,7 +72,7 @@ class PipelineSettings(_Model):
 
 
 class KafkaSettings(_Model):
-    bootstrap_servers: str
+    bootstrap_servers: str = Field(description="host:port[,host:port...] of the Kafka brokers")
     properties: dict[str, SecretStr] = Field(default_factory=dict,
                                              description="librdkafka consumer properties (security.protocol, sasl.*, ssl.*)")
 
@@ -97,17 +102,37 @@ def _check_columns(columns: Any) -> Any:
     return columns
 
 
+class StartingTimestamp(_Model):
+    """``starting_offsets: {timestamp: 2026-11-01T00:00:00Z}``: each partition starts at its first record whose
+    Kafka timestamp is at or after this moment (a time without a zone is UTC); a partition with none starts
+    at its end."""
+
+    timestamp: datetime
+
+    @property
+    def epoch_ms(self) -> int:
+        moment = self.timestamp if self.timestamp.tzinfo else self.timestamp.replace(tzinfo=timezone.utc)
+        return int(moment.timestamp() * 1000)
+
+
 class SourceSpec(_Model):
-    name: str
-    topics: list[str] | None = None
-    topic_pattern: str | None = None
-    format: Literal["debezium-json", "debezium-avro-confluent", "canal-json", "maxwell-json", "ogg-json"] = "debezium-json"
-    options: dict[str, Any] = Field(default_factory=dict)
+    name: str = Field(description="unique among sources; views and tables read the source by it")
+    topics: list[str] | None = Field(None, description="the topics to read (or topic_pattern)")
+    topic_pattern: str | None = Field(None, description="a regular expression over topic names (or topics)")
+    format: Literal["debezium-json", "debezium-avro-confluent", "canal-json", "maxwell-json", "ogg-json"] = Field(
+        "debezium-json", description="the messages' change format (docs/formats.md)")
+    options: dict[str, Any] = Field(default_factory=dict, description="the format's options (docs/formats.md); "
+                                    "a value whose key names a credential (password, secret, token, user-info, "
+                                    "...) is kept as a secret string")
     columns: dict[str, str | ColumnDecl] | None = Field(
         None, description="column name -> type (int, bigint, double, string, boolean, timestamp, date, decimal(p,s)), "
         "or -> {type, encoding, scale} to declare how a schema-less message encodes the value")
-    starting_offsets: Literal["earliest", "latest"] | dict[str, dict[str, int]] = "earliest"
-    on_error: Literal["fail", "skip", "dlq"] = "dlq"
+    starting_offsets: Literal["earliest", "latest"] | StartingTimestamp | dict[str, dict[str, int]] = Field(
+        "earliest", description="where a new checkpoint starts: earliest, latest, {timestamp: 2026-11-01T00:00:00Z} "
+        "(per partition, the first record at or after it, by the broker's offsets-for-times), or "
+        "{topic: {partition: offset}}")
+    on_error: Literal["fail", "skip", "dlq"] = Field(
+        "dlq", description="a message that cannot be decoded: stop the pipeline, count and skip it, or dead-letter it")
     on_truncate: Literal["apply", "skip", "fail"] | None = Field(
         None, description="a TRUNCATE of the source table: apply (empty the mirrored table at the truncate's "
         "position), skip (count it) or fail (a dead letter naming the position). Default skip")
@@ -124,10 +149,21 @@ class SourceSpec(_Model):
                                         "is the largest event_time seen minus this (default 0)")
     append_only: bool = Field(False, description="the source only inserts (facts, events); an update or delete "
                               "from it is an error. Interval joins and a temporal join's facts need it")
+    unavailable_value: str | None = Field(
+        UNAVAILABLE_VALUE, description="the text the connector writes for a value it did not send (Debezium's "
+        "unavailable.value.placeholder: an unchanged TOASTed Postgres column); such a value keeps the stored one "
+        "in the table and in the views. null: no placeholder")
 
     _delay = field_validator("watermark_delay")(_check_optional_duration)
 
     _columns = field_validator("columns", mode="before")(_check_columns)
+
+    @field_validator("options")
+    @classmethod
+    def _secret_options(cls, options: dict[str, Any]) -> dict[str, Any]:
+        """Credentials among the format options (schema-registry ``basic-auth.user-info``) become
+        ``SecretStr``, so that no dump, repr or log line shows them; decoders take either."""
+        return {k: SecretStr(v) if isinstance(v, str) and is_secret_option(str(k)) else v for k, v in options.items()}
 
     @property
     def truncate_policy(self) -> str:
@@ -151,6 +187,9 @@ class SourceSpec(_Model):
     def _one_topic_selector(self) -> "SourceSpec":
         if self.on_truncate is not None and self._truncate_option() is not None:
             raise ValueError("on_truncate is given both on the source and under its options; keep the source's")
+        if isinstance(self.starting_offsets, StartingTimestamp) and self.topic_pattern is not None:
+            raise ValueError("starting_offsets by timestamp needs 'topics' (a list): the topics a pattern matches "
+                             "are not known when the checkpoint starts")
         if bool(self.topics) == bool(self.topic_pattern):
             raise ValueError("give exactly one of 'topics' (a list) or 'topic_pattern' (a regular expression)")
         if self.topic_pattern is not None:
@@ -388,9 +427,11 @@ class LookupSpec(_Model):
 
 
 class StorageSettings(_Model):
-    root: str = "./lake"
+    root: str = Field("./lake", description="where tables without a path live: <root>/<table name> (a directory "
+                      "or an object-store URI)")
     options: dict[str, SecretStr] = Field(default_factory=dict, description="object-store options for delta-rs / Hadoop")
-    engine: Literal["auto", "delta-rs", "delta-spark"] = "auto"
+    engine: Literal["auto", "delta-rs", "delta-spark"] = Field(
+        "auto", description="the Delta writer (docs/sink.md): delta-spark when its jars are present, else delta-rs")
 
     def plain_options(self) -> dict[str, str]:
         return {k: v.get_secret_value() for k, v in self.options.items()}
@@ -403,8 +444,8 @@ class DeadLetterSettings(_Model):
 
 
 class MetricsSettings(_Model):
-    host: str = "0.0.0.0"
-    port: int = Field(9108, ge=0, le=65535)
+    host: str = Field("0.0.0.0", description="address of /metrics, /healthz and /readyz")
+    port: int = Field(9108, ge=0, le=65535, description="their port (0 picks a free one)")
     ready_after_intervals: int = Field(3, gt=0, description="/readyz fails when no batch finished within this many trigger intervals")
 
 

@@ -58,7 +58,7 @@ from changelake.formats.encodings import source_schema
 from changelake.key_changes import split_key_changes
 from changelake.plan.graph import Pipeline
 from changelake.plan.physical import PhysicalPlan, sink_changes
-from changelake.service.config import ChangelakeConfig, MaintenanceSpec, SourceSpec, parse_duration
+from changelake.service.config import ChangelakeConfig, MaintenanceSpec, SourceSpec, StartingTimestamp, parse_duration
 from changelake.service.dead_letter_paths import DeadLetterPaths
 from changelake.service.key_inference import TableKeys
 from changelake.service.quarantine import Quarantine
@@ -154,8 +154,10 @@ class BatchProcessor:
             # a graph table keyed by a group or partition key that may be NULL holds NULL keys (as SQL's
             # GROUP BY); a mirrored table's NULL key was made a dead letter before it got here
             nullable = next((n.nullable_key for n in self.plan.sinks if n.table == name), ()) if self.plan else ()
+            # a mirror's changes may hold its sources' placeholder for values not sent (graph tables' never do)
+            unavailable = next((r.spec.unavailable_value for r in self.routes if r.spec.table == name), None)
             spec = TableSpec(name=name, path=self.config.table_path(name), primary_key=self.keys.key_of(name),
-                             partition_by=tuple(t.partition_by), nullable_key=nullable,
+                             partition_by=tuple(t.partition_by), nullable_key=nullable, unavailable_value=unavailable,
                              tombstone_retention=timedelta(seconds=parse_duration(t.tombstone_retention)),
                              maintenance=_maintenance(t.maintenance), properties=t.properties,
                              storage_options=self.config.storage.plain_options())
@@ -458,7 +460,9 @@ def kafka_reader_options(config: ChangelakeConfig) -> dict[str, str]:
     starting: dict[str, Any] = {}
     for s in config.sources:
         for t in s.topics or ():
-            if isinstance(s.starting_offsets, dict):
+            if isinstance(s.starting_offsets, StartingTimestamp):
+                starting[t] = {"timestamp": s.starting_offsets.epoch_ms}
+            elif isinstance(s.starting_offsets, dict):
                 starting[t] = s.starting_offsets.get(t, "earliest")
             else:
                 starting[t] = s.starting_offsets

@@ -141,13 +141,13 @@ class DeltaSparkSink(DeltaUpsertSink):
                                   null_safe_equal=spark_null_safe_equal)
         self._merge(self.tombstone_path, changes, clauses, batch_id)
 
-    def _merge_table(self, changes: pa.Table, *, batch_id: int) -> MergeCounts:
+    def _merge_table(self, changes: pa.Table, *, batch_id: int, unavailable: Mapping[str, str] = {}) -> MergeCounts:
         path = self.spec.path
         before = self._require_state(path).version
         if changes.num_rows:
             columns = [c for c in changes.column_names if c != KIND]
             clauses = table_merge(self.spec.primary_key, columns, backtick, nullable=self._nullable_key_types(changes),
-                                  null_safe_equal=spark_null_safe_equal)
+                                  null_safe_equal=spark_null_safe_equal, unavailable=unavailable)
             self._merge(path, changes, clauses, batch_id)
         state = self._require_state(path)
         stats = self._metrics_of_commit(path, state.version) if state.version > before else {}

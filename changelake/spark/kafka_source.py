@@ -18,7 +18,10 @@ Options (all strings, as Spark passes them):
 ``topics``                 comma-separated topic names, or
 ``topicPattern``           a regular expression matched against all topic names
 ``startingOffsets``        ``earliest`` (default), ``latest`` or JSON per topic:
-                           ``{"t1": {"0": 42}, "t2": "latest"}`` (unlisted: earliest)
+                           ``{"t1": {"0": 42}, "t2": "latest", "t3": {"timestamp": 1793491200000}}``
+                           (unlisted: earliest). A timestamp (epoch ms) starts each partition at
+                           the first record whose timestamp is at or after it, as the broker's
+                           offsets-for-times answers; a partition without one starts at its end
 ``maxRecordsPerTrigger``   admission control: at most this many records per micro-batch
 ``readTimeoutMs``          give up reading a planned range after this long without progress
 ``readTasks``              Spark tasks per micro-batch (default 2); partition ranges are packed into them
@@ -259,20 +262,50 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 raise SourceError("startingOffsets must be 'earliest', 'latest' or JSON like "
                                   f'{{"topic": {{"0": 42}}}} or {{"topic": "latest"}}, got {spec!r}')
             default = "earliest"
+        by_time = self._offsets_for_times({(t, p): explicit[t]["timestamp"] for t, p in marks
+                                           if isinstance(explicit.get(t), dict) and "timestamp" in explicit[t]})
         offsets: Offsets = {}
         for (topic, p), (low, high) in marks.items():
             chosen = explicit.get(topic, default)
-            if isinstance(chosen, dict):
+            if (topic, p) in by_time:
+                found = by_time[(topic, p)]
+                start = high if found < 0 else max(found, low)
+            elif isinstance(chosen, dict):
                 start = int(chosen[str(p)]) if str(p) in chosen else low
             elif chosen == "latest":
                 start = high
             elif chosen == "earliest":
                 start = low
             else:
-                raise SourceError(f"startingOffsets for topic {topic!r} must be 'earliest', 'latest' or "
-                                  f"{{partition: offset}}, got {chosen!r}")
+                raise SourceError(f"startingOffsets for topic {topic!r} must be 'earliest', 'latest', "
+                                  f"{{partition: offset}} or {{\"timestamp\": epoch ms}}, got {chosen!r}")
             offsets.setdefault(topic, {})[str(p)] = start
         return offsets
+
+    def _offsets_for_times(self, wanted: dict[tuple[str, int], Any]) -> dict[tuple[str, int], int]:
+        """Per partition, the broker's first offset whose record timestamp is at or after the wanted
+        epoch ms (-1: none, the partition is read from its end)."""
+        if not wanted:
+            return {}
+        from confluent_kafka import TopicPartition
+        for (topic, _), ms in wanted.items():
+            if type(ms) is not int or ms < 0:
+                raise SourceError(f"startingOffsets for topic {topic!r}: timestamp must be epoch milliseconds "
+                                  f"(a non-negative integer), got {ms!r}")
+        asked = [TopicPartition(t, p, ms) for (t, p), ms in sorted(wanted.items())]
+        try:
+            answers = self._metadata_client().offsets_for_times(asked, timeout=_METADATA_TIMEOUT_S)
+        except Exception as exc:  # KafkaException
+            raise SourceError(f"cannot look up starting offsets by timestamp on {self.options.bootstrap_servers}: "
+                              f"{exc}") from exc
+        out: dict[tuple[str, int], int] = {}
+        for tp in answers:
+            if tp.error is not None:
+                raise SourceError(f"the broker could not find the offset of {tp.topic}[{tp.partition}] at timestamp "
+                                  f"{wanted[(tp.topic, tp.partition)]}: {tp.error}")
+            out[(tp.topic, tp.partition)] = tp.offset
+        log.info("starting offsets by timestamp: %s", {f"{t}[{p}]": o for (t, p), o in sorted(out.items())})
+        return out
 
     def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
         parts = self._partitions()
