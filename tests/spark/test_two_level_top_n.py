@@ -34,8 +34,9 @@ def test_two_level_top_n_on_spark_equals_local_runner_and_single_level(rocksdb, 
     want = local_changes(plan, LocalRunner(plan))
     single_plan = top_shop(None).plan()
     single = local_changes(single_plan, LocalRunner(single_plan))
-    got, actions, operators = spark_changes(rocksdb, tmp_path, plan, None)
-    assert operators == sum(n.stateful for n in plan)
+    operators: list[int] = []
+    got, actions = spark_changes(rocksdb, tmp_path, plan, None, operators)
+    assert operators == [sum(n.stateful for n in plan)]
     assert actions == [0, 1, 2]
     for table, key in keys(plan).items():
         assert fold(want[table], key), f"{table}: the input should leave rows in it"

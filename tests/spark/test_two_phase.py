@@ -76,8 +76,9 @@ def test_local_then_global_equals_one_phase():
 def test_two_phase_equals_local_runner(rocksdb, tmp_path):
     plan = catalog().plan()
     want = local_changes(plan, LocalRunner(plan))
-    got, actions, operators = spark_changes(rocksdb, tmp_path, plan, None)
-    assert operators == sum(n.stateful for n in plan)
+    operators: list[int] = []
+    got, actions = spark_changes(rocksdb, tmp_path, plan, None, operators)
+    assert operators == [sum(n.stateful for n in plan)]
     assert actions == [0, 1, 2]
     for table, key in keys(plan).items():
         assert fold(got[table], key) == fold(want[table], key), table
