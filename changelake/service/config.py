@@ -61,8 +61,10 @@ class PipelineSettings(_Model):
     state_ttl: str | None = Field(None, description="idle-state retention of every operator ('1 day'); none: forever")
     on_stale_retraction: Literal["warn", "fail"] = Field(
         "warn", description="a retraction that finds no state (expired or never seen): warn and skip, or fail")
-    master: str = "local[2]"
-    spark_conf: dict[str, str] = Field(default_factory=dict)
+    master: str | None = Field(None, description="Spark master when the launcher sets none (spark-submit --master, "
+                               "spark-defaults.conf); default local[2]")
+    spark_conf: dict[str, str] = Field(default_factory=dict, description="Spark settings; a key the launcher sets "
+                                       "(spark-submit --conf, spark-defaults.conf) keeps the launcher's value")
 
     _interval = field_validator("trigger_interval")(_check_duration)
 
@@ -198,6 +200,21 @@ class SourceSpec(_Model):
         return self
 
 
+class MaintenanceSpec(_Model):
+    """Scheduled Delta maintenance of one table and its tombstone table, run after a batch's commits."""
+
+    compact_every: str | None = Field("15 minutes", description="how often to check for small files and compact "
+                                      "them (OPTIMIZE; readers see the same rows); null: never")
+    compact_min_files: int = Field(32, ge=2, description="compact only when the table has more live files than this")
+    vacuum_every: str | None = Field("1 day", description="how often to delete files the table no longer uses "
+                                     "(VACUUM); null: never")
+    vacuum_retention: str = Field("7 days", description="VACUUM keeps unused files this long: a reader or time "
+                                  "travel older than this fails")
+
+    _durations = field_validator("compact_every", "vacuum_every")(_check_optional_duration)
+    _retention = field_validator("vacuum_retention")(_check_duration)
+
+
 class TableSpecModel(_Model):
     name: str
     from_: str | None = Field(None, alias="from", description="the view or source whose changelog the table holds; "
@@ -207,8 +224,19 @@ class TableSpecModel(_Model):
                                           "names of the Kafka message keys (Debezium key struct), learnt once")
     partition_by: list[str] = Field(default_factory=list)
     tombstone_retention: str = "7 days"
+    maintenance: MaintenanceSpec = MaintenanceSpec()
+    properties: dict[str, str] = Field(default_factory=dict, description="Delta table properties set on the "
+                                       "table, e.g. delta.enableChangeDataFeed: 'true'")
 
     _retention = field_validator("tombstone_retention")(_check_duration)
+
+    @field_validator("properties")
+    @classmethod
+    def _own_properties(cls, props: dict[str, str]) -> dict[str, str]:
+        mine = sorted(k for k in props if k.startswith("changelake."))
+        if mine:
+            raise ValueError(f"properties {mine} are changelake's own (the sink sets them); remove them")
+        return props
 
 
 def _yaml_on(cls, data: Any) -> Any:

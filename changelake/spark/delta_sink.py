@@ -21,7 +21,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pyarrow as pa
@@ -177,7 +177,7 @@ class DeltaSparkSink(DeltaUpsertSink):
         return backtick(SEQ)
 
     def _set_properties(self, properties: Mapping[str, str]) -> None:
-        assignments = ", ".join(f"'{k}' = '{v}'" for k, v in properties.items())
+        assignments = ", ".join(f"{_sql_string(k)} = {_sql_string(v)}" for k, v in properties.items())
         self._session.sql(f"ALTER TABLE delta.{backtick(self.spec.path)} SET TBLPROPERTIES ({assignments})")
 
     def _delete_where(self, predicate: str) -> int:
@@ -191,10 +191,27 @@ class DeltaSparkSink(DeltaUpsertSink):
     def _any_row(self, predicate: str) -> bool:
         return bool(self._session.read.format("delta").load(self.spec.path).where(predicate).limit(1).count())
 
+    def _compact_table(self) -> None:
+        self._delta(self.spec.path).optimize().executeCompaction()
+
+    def _vacuum(self, path: str, retention: timedelta) -> int:
+        conf = self._session.conf
+        with self._txn_lock:        # a retention below delta's 7-day floor is the user's explicit choice
+            conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
+            try:
+                self._delta(path).vacuum(retention.total_seconds() / 3600)
+            finally:
+                conf.unset("spark.databricks.delta.retentionDurationCheck.enabled")
+        return 0                    # delta-spark's Python vacuum() does not say how many files it deleted
+
     def _is_conflict(self, exc: BaseException) -> bool:
         from delta import exceptions as delta_exceptions
 
         return isinstance(exc, tuple(getattr(delta_exceptions, name) for name in delta_exceptions.__all__))
+
+
+def _sql_string(value: str) -> str:
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 # --- opening ---------------------------------------------------------------------

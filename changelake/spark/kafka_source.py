@@ -7,7 +7,9 @@ and yield Arrow record batches. A restart resumes exactly at the end of the
 last committed batch, and a replayed batch reads exactly the same records, so
 with an idempotent sink every change lands once. No consumer group is joined
 (partitions are assigned explicitly), so a restarted pipeline never waits for a
-group rebalance.
+group rebalance. :func:`commit_group_offsets` tells a consumer group where a batch
+ended (the query does so after each batch's Delta commits, so Kafka's tools see the
+lag); such commits are informational: a restart resumes from the checkpoint.
 
 Options (all strings, as Spark passes them):
 
@@ -350,7 +352,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return pack_ranges(ranges, self.options.read_tasks)
 
     def commit(self, end: Offsets) -> None:
-        pass    # offsets live in Spark's checkpoint; nothing is committed to Kafka
+        pass    # offsets live in Spark's checkpoint; the query tells the consumer group (commit_group_offsets)
 
     def stop(self) -> None:
         if self._admin_consumer is not None:
@@ -361,6 +363,30 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def read(self, partition: KafkaReadTask) -> Iterator[pa.RecordBatch]:
         for rng in partition.ranges:
             yield from read_range(self.options, rng)
+
+
+def commit_group_offsets(options: KafkaOptions, group_id: str, end: Offsets) -> None:
+    """Commit ``end`` (the next offset to read, per partition) to consumer group ``group_id`` without
+    joining it. Informational: a failure is logged, never raised."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    offsets = [TopicPartition(t, int(p), int(o)) for t, ps in sorted(end.items()) for p, o in sorted(ps.items())
+               if int(o) >= 0]
+    if not offsets:
+        return
+    conf = dict(options.consumer_config(), **{"group.id": group_id})
+    consumer = Consumer(conf)
+    try:
+        failed = [tp for tp in consumer.commit(offsets=offsets, asynchronous=False) if tp.error is not None]
+        if failed:
+            log.warning("consumer group %s: offsets of %d partition(s) not committed (first: %s[%d]: %s); "
+                        "Kafka tools show an older lag until the next batch", group_id, len(failed),
+                        failed[0].topic, failed[0].partition, failed[0].error)
+    except Exception as exc:  # KafkaException: informational offsets only
+        log.warning("consumer group %s: could not commit offsets (%s); Kafka tools show an older lag until "
+                    "the next batch. The pipeline's own position is in its checkpoint.", group_id, exc)
+    finally:
+        consumer.close()
 
 
 def _carry_forward(start: Offsets, latest: Offsets) -> Offsets:
