@@ -34,6 +34,7 @@ import decimal
 import random
 from dataclasses import dataclass, field
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -546,3 +547,82 @@ def arrow_state(shop: AdversarialShop, table: str):
 
     schema = arrow_schema({c: spec[0] for c, spec in COLUMNS[table].items()})
     return pa.Table.from_pylist(list(shop.state[table].values()), schema=schema)
+
+
+# --- the pipeline of the tests and its truth ------------------------------------------------------
+
+ENVELOPES = {"s": True, "n": False}       # source prefix -> schemas.enable
+#: revenue per category over the joined rows; the MIN/MAX carry each type's limits through the joins
+REVENUE = {"orders": "count(*)", "units": "sum(quantity)", "revenue": "sum(amount)", "top_price": "max(price)",
+           "low_customer": "min(customer_id)", "high_customer": "max(customer_id)", "high_balance": "max(balance)",
+           "low_points": "min(points)", "low_tier": "min(tier)", "high_score": "max(score)",
+           "low_rating": "min(rating)", "high_rating": "max(rating)", "first_born": "min(born)",
+           "last_joined": "max(joined)", "first_placed": "min(placed)", "last_ship": "max(ship_date)",
+           "last_modified": "max(modified)", "high_note": "max(note)", "high_token": "max(token)",
+           "last_released": "max(released)", "low_weight": "min(weight)", "high_tracking": "max(tracking)"}
+ENRICHED = ("SELECT * FROM orders o LEFT JOIN customers c ON o.customer_id = c.id "
+            "LEFT JOIN products p ON o.product_id = p.id")
+GRAPH = {   # table -> (view, primary key, columns, DuckDB query over the source's final state)
+    "n_revenue_by_category": ("n_revenue", ["category"], ["category", *REVENUE],
+                              (f"SELECT category, {', '.join(f'{f} AS {n}' for n, f in REVENUE.items())} "
+                               f"FROM ({ENRICHED}) GROUP BY category")),
+    "s_top_products": ("s_top3", ["category", "rn"], [*COLUMNS["products"], "rn"],
+                       ("SELECT *, row_number() OVER (PARTITION BY category ORDER BY price DESC NULLS LAST, id) AS rn "
+                        "FROM products QUALIFY rn <= 3")),
+}
+#: the graph: the join and the aggregate read the schema-less sources, the Top-N the enveloped ones
+VIEWS = [
+    {"name": "n_oc", "join": {"left": "n_orders", "right": "n_customers", "on": {"customer_id": "id"}, "how": "left"}},
+    {"name": "n_enriched", "join": {"left": "n_oc", "right": "n_products", "on": {"product_id": "id"}, "how": "left"}},
+    {"name": "n_revenue", "from": "n_enriched", "group_by": ["category"], "aggregates": REVENUE},
+    {"name": "s_top3", "from": "s_products", "top_n": {"n": 3, "order_by": ["price desc nulls last", "id"],
+                                                         "partition_by": ["category"], "rank_column": "rn"}},
+]
+
+
+def pipeline_yaml(prefix: str, servers: str, tmp_path: Path, max_records: int) -> Path:
+    """Writes the pipeline of the tests to ``tmp_path``/pipeline.yaml: per envelope the three
+    sources (topics ``<prefix>-s.shop.*`` with the schema envelope, ``<prefix>-n.shop.*`` without)
+    mirrored, and the graph of :data:`VIEWS`."""
+    sources, tables = [], []
+    for p, schemas in ENVELOPES.items():
+        for table in COLUMNS:
+            sources.append({"name": f"{p}_{table}", "topics": [topic(f"{prefix}-{p}", table)],
+                            "format": "debezium-json", "options": {"schema-include": schemas},
+                            "columns": pipeline_columns(table, encodings=not schemas), "on_error": "dlq",
+                            "primary_key": [KEYS[table]], "table": f"{p}_{table}"})
+            tables.append({"name": f"{p}_{table}", "primary_key": [KEYS[table]]})
+    tables += [{"name": t, "from": view, "primary_key": key} for t, (view, key, _, _) in GRAPH.items()]
+    raw = {"pipeline": {"id": f"it-{prefix}", "checkpoint": str(tmp_path / "checkpoints"),
+                        "trigger_interval": "2 seconds", "max_records_per_batch": max_records,
+                        "spark_conf": {"spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2"}},
+           "kafka": {"bootstrap_servers": servers},
+           "storage": {"root": str(tmp_path / "lake")}, "metrics": {"port": 0},
+           "sources": sources, "views": VIEWS, "tables": tables}
+    import yaml
+
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False, allow_unicode=True))
+    return path
+
+
+
+
+def truth(shop: AdversarialShop) -> dict[str, set[tuple]]:
+    """Every table: the mirrors (per envelope) from the source's state, the graph tables from DuckDB."""
+    import duckdb
+
+    con = duckdb.connect()
+    con.execute("SET TimeZone = 'UTC'")
+    for table in COLUMNS:
+        con.register(table, arrow_state(shop, table))
+    graph = {t: {tuple(r) for r in con.sql(f"SELECT {', '.join(columns)} FROM ({sql})").fetchall()}
+             for t, (_, _, columns, sql) in GRAPH.items()}
+    con.close()
+    mirrors = {t: {tuple(r[c] for c in COLUMNS[t]) for r in shop.state[t].values()} for t in COLUMNS}
+    return {f"{p}_{t}": rows for p in ENVELOPES for t, rows in mirrors.items()} | graph
+
+
+def columns_of(name: str) -> list[str]:
+    """The columns to compare, in the truth's order."""
+    return list(COLUMNS[name[2:]]) if name[2:] in COLUMNS else GRAPH[name][2]

@@ -29,75 +29,23 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
-import duckdb
 import pytest
-import yaml
 
 from changelake.connectors.delta_read import read_delta
 from tests.adversarial_history import (
     COLUMNS,
-    KEYS,
+    ENVELOPES,
     AdversarialShop,
     Message,
-    arrow_state,
+    columns_of,
     encode,
-    pipeline_columns,
-    topic,
+    pipeline_yaml,
+    truth,
 )
 
 from .test_crash_recovery import _run_pipeline
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka, pytest.mark.spark]
-
-ENVELOPES = {"s": True, "n": False}       # source prefix -> schemas.enable
-#: revenue per category over the joined rows; the MIN/MAX carry each type's limits through the joins
-REVENUE = {"orders": "count(*)", "units": "sum(quantity)", "revenue": "sum(amount)", "top_price": "max(price)",
-           "low_customer": "min(customer_id)", "high_customer": "max(customer_id)", "high_balance": "max(balance)",
-           "low_points": "min(points)", "low_tier": "min(tier)", "high_score": "max(score)",
-           "low_rating": "min(rating)", "high_rating": "max(rating)", "first_born": "min(born)",
-           "last_joined": "max(joined)", "first_placed": "min(placed)", "last_ship": "max(ship_date)",
-           "last_modified": "max(modified)", "high_note": "max(note)", "high_token": "max(token)",
-           "last_released": "max(released)", "low_weight": "min(weight)", "high_tracking": "max(tracking)"}
-ENRICHED = ("SELECT * FROM orders o LEFT JOIN customers c ON o.customer_id = c.id "
-            "LEFT JOIN products p ON o.product_id = p.id")
-GRAPH = {   # table -> (view, primary key, columns, DuckDB query over the source's final state)
-    "n_revenue_by_category": ("n_revenue", ["category"], ["category", *REVENUE],
-                              f"SELECT category, {', '.join(f'{f} AS {n}' for n, f in REVENUE.items())} "
-                              f"FROM ({ENRICHED}) GROUP BY category"),
-    "s_top_products": ("s_top3", ["category", "rn"], [*COLUMNS["products"], "rn"],
-                       "SELECT *, row_number() OVER (PARTITION BY category ORDER BY price DESC NULLS LAST, id) AS rn "
-                       "FROM products QUALIFY rn <= 3"),
-}
-#: the graph: the join and the aggregate read the schema-less sources, the Top-N the enveloped ones
-VIEWS = [
-    {"name": "n_oc", "join": {"left": "n_orders", "right": "n_customers", "on": {"customer_id": "id"}, "how": "left"}},
-    {"name": "n_enriched", "join": {"left": "n_oc", "right": "n_products", "on": {"product_id": "id"}, "how": "left"}},
-    {"name": "n_revenue", "from": "n_enriched", "group_by": ["category"], "aggregates": REVENUE},
-    {"name": "s_top3", "from": "s_products", "top_n": {"n": 3, "order_by": ["price desc nulls last", "id"],
-                                                         "partition_by": ["category"], "rank_column": "rn"}},
-]
-
-
-def _config(prefix: str, servers: str, tmp_path: Path, max_records: int) -> Path:
-    sources, tables = [], []
-    for p, schemas in ENVELOPES.items():
-        for table in COLUMNS:
-            sources.append({"name": f"{p}_{table}", "topics": [topic(f"{prefix}-{p}", table)],
-                            "format": "debezium-json", "options": {"schema-include": schemas},
-                            "columns": pipeline_columns(table, encodings=not schemas), "on_error": "dlq",
-                            "primary_key": [KEYS[table]], "table": f"{p}_{table}"})
-            tables.append({"name": f"{p}_{table}", "primary_key": [KEYS[table]]})
-    tables += [{"name": t, "from": view, "primary_key": key} for t, (view, key, _, _) in GRAPH.items()]
-    raw = {"pipeline": {"id": f"it-{prefix}", "checkpoint": str(tmp_path / "checkpoints"),
-                        "trigger_interval": "2 seconds", "max_records_per_batch": max_records,
-                        "spark_conf": {"spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2"}},
-           "kafka": {"bootstrap_servers": servers},
-           "storage": {"root": str(tmp_path / "lake")}, "metrics": {"port": 0},
-           "sources": sources, "views": VIEWS, "tables": tables}
-    path = tmp_path / "pipeline.yaml"
-    path.write_text(yaml.safe_dump(raw, sort_keys=False, allow_unicode=True))
-    return path
-
 
 def _produce(servers: str, messages: list[Message]) -> dict[tuple[str, int, int], Message]:
     """Writes the messages (keyed, the default partitioner spreading keys over the partitions);
@@ -122,31 +70,13 @@ def _produce(servers: str, messages: list[Message]) -> dict[tuple[str, int, int]
     return malformed
 
 
-def _truth(shop: AdversarialShop) -> dict[str, set[tuple]]:
-    """Every table per envelope: the mirrors from the source's state, the graph tables from DuckDB."""
-    con = duckdb.connect()
-    con.execute("SET TimeZone = 'UTC'")
-    for table in COLUMNS:
-        con.register(table, arrow_state(shop, table))
-    graph = {t: {tuple(r) for r in con.sql(f"SELECT {', '.join(columns)} FROM ({sql})").fetchall()}
-             for t, (_, _, columns, sql) in GRAPH.items()}
-    con.close()
-    mirrors = {t: {tuple(r[c] for c in COLUMNS[t]) for r in shop.state[t].values()} for t in COLUMNS}
-    return {f"{p}_{t}": rows for p in ENVELOPES for t, rows in mirrors.items()} | graph
-
-
-def _columns(name: str) -> list[str]:
-    """The columns to compare, in the truth's order."""
-    return list(COLUMNS[name[2:]]) if name[2:] in COLUMNS else GRAPH[name][2]
-
-
 def _tables(lake: Path, names) -> dict[str, set[tuple]]:
     out = {}
     for name in names:
         if not (lake / name / "_delta_log").exists():
             out[name] = set()
             continue
-        rows = read_delta(str(lake / name), columns=_columns(name))
+        rows = read_delta(str(lake / name), columns=columns_of(name))
         out[name] = {tuple(r.values()) for r in rows.to_pylist()}
     return out
 
@@ -179,9 +109,9 @@ def test_adversarial_mysql_history_equals_sql_before_and_after_sigkill(kafka, tm
     prefix = kafka.topic("adv")
     shop = AdversarialShop(seed=11)
     phase1 = shop.phase(snapshot={"customers": 14, "products": 14, "orders": 30}, changes=110)
-    want1 = _truth(shop)
+    want1 = truth(shop)
     phase2 = shop.phase(changes=90, rotate_at=0.3)
-    want2 = _truth(shop)
+    want2 = truth(shop)
 
     # the history reaches every corner it is meant to
     for what in ("key-change", "multi-row-c", "multi-row-u", "multi-row-d", "rotation", "re-insert",
@@ -202,7 +132,7 @@ def test_adversarial_mysql_history_equals_sql_before_and_after_sigkill(kafka, tm
         malformed |= _produce(kafka.bootstrap_servers, encode(phase1, prefix=f"{prefix}-{p}", schemas=schemas))
     n1, n2 = 2 * len(phase1), 2 * len(phase2)
     assert n2 < n1, "phase 1 should take two micro-batches and phase 2 one"
-    path = _config(prefix, kafka.bootstrap_servers, tmp_path, max_records=max(n2, n1 // 2 + 1))
+    path = pipeline_yaml(prefix, kafka.bootstrap_servers, tmp_path, max_records=max(n2, n1 // 2 + 1))
     lake, checkpoint = tmp_path / "lake", tmp_path / "checkpoints"
 
     first = _run_pipeline(path)                  # phase 1: two micro-batches
