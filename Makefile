@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: demo test test-fast bench install clean
+.PHONY: demo test test-fast bench install clean config-reference
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,6 +27,11 @@ test: $(STAMP)
 ## Only the tests that need neither a JVM nor a broker.
 test-fast: $(STAMP)
 	$(PY) -m pytest -p no:cacheprovider -m "unit"
+
+## Regenerate docs/configuration.md and the chart's pipeline schema (values.schema.json) from the
+## config model (changelake/service/config.py); tests/service/test_config_reference.py checks both.
+config-reference: $(STAMP)
+	$(PY) -m changelake.service.config_reference --write
 
 bench: $(STAMP)
 	$(PY) bench/mirror.py

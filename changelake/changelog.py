@@ -96,6 +96,17 @@ RAW_SCHEMA = pa.schema([
 DEAD_LETTER_SCHEMA = RAW_SCHEMA.append(pa.field("reason", pa.string(), nullable=False)).append(
     pa.field("error", pa.string(), nullable=False))
 
+#: Truncates a decoder read (``on_truncate`` apply or skip): one row per TRUNCATE message, with the
+#: message's position (``_seq`` orders it against the table's changes) and the table it names.
+TRUNCATE_SCHEMA = pa.schema([
+    pa.field("topic", pa.string(), nullable=False),
+    pa.field("partition", pa.int32(), nullable=False),
+    pa.field("offset", pa.int64(), nullable=False),
+    pa.field(SEQ, pa.string(), nullable=False),
+    pa.field(DATABASE, pa.string()),
+    pa.field(TABLE, pa.string()),
+])
+
 _SEQ_WIDTH = 20
 
 

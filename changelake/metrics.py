@@ -51,11 +51,18 @@ TABLE_QUARANTINED = Gauge(
     "changelake_table_quarantined",
     "1 while a source of the table is quarantined by an incompatible writer schema (its messages go to the "
     "dead-letter path), else 0.", ["table"], registry=REGISTRY)
+TRUNCATES = Counter(
+    "changelake_truncates_total",
+    "TRUNCATE messages read, by source and what its on_truncate did with them (apply, skip).",
+    ["source", "action"], registry=REGISTRY)
 SKIPPED_BAD = Counter(
     "changelake_bad_records_skipped_total", "Bad messages dropped because the source says on_error: skip.",
     ["topic", "reason"], registry=REGISTRY)
 
 # --- sink -------------------------------------------------------------------------
+TRUNCATED_ROWS = Counter(
+    "changelake_truncated_rows_total", "Rows of a Delta table removed by truncates (on_truncate: apply), by table.",
+    ["table"], registry=REGISTRY)
 ROWS_OUT = Counter(
     "changelake_rows_out_total", "Changes applied to a Delta table, by table and row kind.",
     ["table", "kind"], registry=REGISTRY)
@@ -92,8 +99,12 @@ BATCH_ROWS = Gauge(
 BATCHES = Counter(
     "changelake_batches_total", "Micro-batches completed.", registry=REGISTRY)
 LAST_BATCH_TS = Gauge(
-    "changelake_last_batch_timestamp_seconds", "Unix time the last micro-batch finished successfully.",
+    "changelake_last_batch_timestamp_seconds", "Unix time the last micro-batch finished successfully "
+    "(0 until this process finishes one).", registry=REGISTRY)
+PROCESS_START = Gauge(
+    "changelake_process_start_time_seconds", "Unix time this process started (a new value after each restart).",
     registry=REGISTRY)
+PROCESS_START.set_to_current_time()
 
 # --- operators --------------------------------------------------------------------
 STATE_ROWS = Gauge(

@@ -11,14 +11,17 @@ from typing import Any
 
 
 @contextmanager
-def schema_registry(schemas: Mapping[int, Any]) -> Iterator[tuple[str, list[str]]]:
+def schema_registry(schemas: Mapping[int, Any], *, authorization: list[str | None] | None = None
+                    ) -> Iterator[tuple[str, list[str]]]:
     """Serve ``schemas`` (id -> schema as JSON data; the dict may grow while it runs); yields the URL
-    and the list of request paths."""
+    and the list of request paths. ``authorization`` collects each request's Authorization header."""
     hits: list[str] = []
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 - http.server API
             hits.append(self.path)
+            if authorization is not None:
+                authorization.append(self.headers.get("Authorization"))
             prefix = "/schemas/ids/"
             sid = self.path[len(prefix):].split("?")[0] if self.path.startswith(prefix) else ""
             schema = schemas.get(int(sid)) if sid.isdigit() else None

@@ -10,8 +10,10 @@ called once per micro-batch from Spark's ``foreachBatch`` on the driver::
 Per batch (see ``docs/sink.md``)::
 
     main table records txn (app_id, v) with v >= batch_id -> skip: committed=False (replay)
-    reduce to the latest change per key (delta_sink_kernel)
     create the table / add new nullable columns when needed
+    a truncate newer than the table's -> record its position, delete the rows older than it
+    drop changes older than the table's truncate position (delta_sink_kernel)
+    reduce to the latest change per key (delta_sink_kernel)
     split against tombstones  -> tombstone MERGE (txn app_id, batch_id), skipped if already recorded
                               -> table MERGE guarded by target._seq < source._seq (txn app_id, batch_id)
     every tombstone_expiry_interval: delete tombstones older than tombstone_retention
@@ -35,15 +37,20 @@ import pyarrow as pa
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
-from changelake.changelog import SEQ
+from changelake.changelog import KIND, SEQ
 from changelake.connectors.delta_sink_kernel import (
     align_to_table,
+    check_truncate_order,
     count_deletes,
+    drop_before_truncate,
+    kafka_partition_prefix,
     latest_per_key,
     split_against_tombstones,
+    truncate_order_error,
     validate_changes,
 )
 from changelake.connectors.delta_sink_schema import (
+    PROP_TRUNCATED_BEFORE,
     check_table_contract,
     check_tombstone_contract,
     default_tombstone_path,
@@ -123,7 +130,9 @@ class ApplyResult:
     ``committed`` is False only when the batch id was already committed (a replay).
     ``upserts``: rows inserted or updated; ``deletes``: rows removed;
     ``stale_ignored``: changes not newer than what the table (or a tombstone) holds;
-    ``resurrections_prevented``: inserts/updates older than the key's tombstone.
+    ``resurrections_prevented``: inserts/updates older than the key's tombstone;
+    ``truncated``: rows a truncate of this batch removed; ``before_truncate``: changes older than the
+    table's latest truncate, dropped (also counted in ``stale_ignored``).
     """
 
     committed: bool
@@ -132,6 +141,8 @@ class ApplyResult:
     stale_ignored: int
     resurrections_prevented: int
     table_version: int | None
+    truncated: int = 0
+    before_truncate: int = 0
 
 
 @dataclass(frozen=True)
@@ -179,17 +190,31 @@ class DeltaUpsertSink(abc.ABC):
 
     # --- public -----------------------------------------------------------------
 
-    def apply(self, changes: pa.Table, *, batch_id: int) -> ApplyResult:
-        """Merge one changelog batch; exactly once per (pipeline id, table, batch id)."""
+    def apply(self, changes: pa.Table, *, batch_id: int, truncate_at: str | None = None) -> ApplyResult:
+        """Merge one changelog batch; exactly once per (pipeline id, table, batch id).
+
+        ``truncate_at``: the position (``_seq``) of the latest truncate of the table read in this batch
+        (``on_truncate: apply``): rows and changes older than it go, newer ones apply.
+        """
         if batch_id < 0:
             raise ValueError(f"batch_id must be >= 0, got {batch_id}")
+        if truncate_at is not None and changes.num_rows == 0 and \
+                any(k not in changes.column_names for k in self.spec.primary_key):
+            # a truncate alone, from a source whose columns are not known yet in this process
+            state = self._state(self.spec.path)
+            if state is None:
+                log.info("table %s: truncate at %s of a table not written yet: nothing to empty",
+                         self.spec.name, truncate_at)
+                return ApplyResult(committed=True, upserts=0, deletes=0, stale_ignored=0,
+                                   resurrections_prevented=0, table_version=None)
+            changes = state.schema.empty_table().append_column(KIND, pa.array([], pa.int8()))
         changes = validate_changes(changes, primary_key=self.spec.primary_key, table=self.spec.name,
                                    nullable_key=self.spec.nullable_key)
         started = time.perf_counter()
         attempt = 0
         while True:
             try:
-                result, counts = self._apply_once(changes, batch_id)
+                result, counts = self._apply_once(changes, batch_id, truncate_at)
                 break
             except Exception as exc:  # classified below and always re-raised, typed
                 if self._is_conflict(exc) and attempt < self._max_commit_retries:
@@ -239,7 +264,8 @@ class DeltaUpsertSink(abc.ABC):
 
     # --- the flow ----------------------------------------------------------------
 
-    def _apply_once(self, changes: pa.Table, batch_id: int) -> tuple[ApplyResult, MergeCounts | None]:
+    def _apply_once(self, changes: pa.Table, batch_id: int,
+                    truncate_at: str | None = None) -> tuple[ApplyResult, MergeCounts | None]:
         spec = self.spec
         state = self._state(spec.path)
         if state is not None and state.txn_version is not None and batch_id <= state.txn_version:
@@ -268,6 +294,8 @@ class DeltaUpsertSink(abc.ABC):
             log.info("table %s: adding column(s) %s", spec.name, [f.name for f in plan.new_fields])
             self._add_columns(list(plan.new_fields))
 
+        truncated, horizon = self._truncate(state, truncate_at)
+        changes, before_truncate = drop_before_truncate(changes, horizon)
         now = self._clock()
         reduced = align_to_table(latest_per_key(changes, primary_key=spec.primary_key), plan.target_schema)
         tomb_state = self._state(self.tombstone_path)
@@ -296,11 +324,35 @@ class DeltaUpsertSink(abc.ABC):
             committed=True,
             upserts=counts.inserted + counts.updated,
             deletes=counts.deleted,
-            stale_ignored=(n_upserts - counts.inserted - counts.updated) + split.stale_deletes,
+            stale_ignored=(n_upserts - counts.inserted - counts.updated) + split.stale_deletes + before_truncate,
             resurrections_prevented=split.resurrections_prevented,
             table_version=counts.version,
+            truncated=truncated,
+            before_truncate=before_truncate,
         )
         return result, counts
+
+    def _truncate(self, state: _TableState, truncate_at: str | None) -> tuple[int, str | None]:
+        """Apply a truncate newer than the table's: record its position, then delete the rows older than it.
+
+        Returns (rows deleted, the table's truncate position). Neither commit carries the batch's
+        transaction id: a crash before the batch's MERGE replays the batch, which finds the position
+        recorded and deletes again (nothing, or what a crash left).
+        """
+        recorded = state.properties.get(PROP_TRUNCATED_BEFORE)
+        if truncate_at is None or (recorded is not None and truncate_at <= recorded):
+            return 0, recorded
+        prefix = kafka_partition_prefix(truncate_at)
+        if prefix is not None and self._any_row(f"{self._seq_column()} >= 'k' AND {self._seq_column()} < 'l' AND "
+                                                f"substr({self._seq_column()}, 1, 6) <> '{prefix}'"):
+            raise SinkCommitError(truncate_order_error(truncate_at, self.spec.name))
+        if recorded is not None:
+            check_truncate_order(pa.array([recorded]), truncate_at, table=self.spec.name)
+        self._set_properties({PROP_TRUNCATED_BEFORE: truncate_at})
+        deleted = self._delete_where(f"{self._seq_column()} < '{truncate_at}'")
+        log.info("table %s: truncated at position %s, %d row(s) deleted", self.spec.name, truncate_at, deleted)
+        self._require_state(self.spec.path)     # the cached log reads the two commits
+        return deleted, truncate_at
 
     def _maintain(self) -> None:
         """Expire tombstones when due. Runs after the batch committed, so it never fails the batch:
@@ -328,6 +380,7 @@ class DeltaUpsertSink(abc.ABC):
         metrics.ROWS_OUT.labels(table=name, kind="-D").inc(counts.deleted)
         metrics.STALE_CHANGES.labels(table=name).inc(result.stale_ignored)
         metrics.RESURRECTIONS_PREVENTED.labels(table=name).inc(result.resurrections_prevented)
+        metrics.TRUNCATED_ROWS.labels(table=name).inc(result.truncated)
         if result.table_version is not None:
             metrics.TABLE_VERSION.labels(table=name).set(result.table_version)
 
@@ -400,6 +453,22 @@ class DeltaUpsertSink(abc.ABC):
     @abc.abstractmethod
     def _compact_tombstones(self) -> None:
         """Rewrite the tombstone table's small files (one is added per batch with deletes)."""
+
+    @abc.abstractmethod
+    def _seq_column(self) -> str:
+        """The ``_seq`` column quoted for the engine's SQL."""
+
+    @abc.abstractmethod
+    def _set_properties(self, properties: Mapping[str, str]) -> None:
+        """Set table properties of the sink table (one commit, no transaction id)."""
+
+    @abc.abstractmethod
+    def _delete_where(self, predicate: str) -> int:
+        """Delete the sink table's rows matching ``predicate`` (one commit, no transaction id); the count."""
+
+    @abc.abstractmethod
+    def _any_row(self, predicate: str) -> bool:
+        """Whether a row of the sink table matches ``predicate``."""
 
     @abc.abstractmethod
     def _is_conflict(self, exc: BaseException) -> bool:

@@ -16,6 +16,17 @@ key's tombstone ``_seq`` if it has one; ``row`` = the table row's ``_seq``)::
 
 The MERGE itself (``row < seq``) runs in the engine; everything above is here.
 
+Truncates (``on_truncate: apply``; ``trunc`` = the position of the latest truncate the table
+recorded, the table property ``changelake.truncatedBefore``), before all of the above::
+
+    a truncate at T > trunc  -> record trunc = T, then delete every table row with row < T
+                                (before the batch's MERGE; both idempotent, so a replay redoes them)
+    any change, seq < trunc  -> dropped: before_truncate (it happened before the table was emptied)
+
+Positions compare as strings, which orders database log positions (``l...``) of one source
+everywhere, but Kafka positions (``k<partition><offset>``) only within one partition: a truncate
+at a Kafka position meets no change of another partition (:func:`check_truncate_order`).
+
 NULL keys: a key column listed in ``nullable_key`` (a graph table keyed by a group or
 partition key that may be NULL, see ``TableSpec``) may hold NULL, and NULL is then one key
 value like any other, as a SQL GROUP BY has it: the reduction, the tombstone lookup and the
@@ -95,6 +106,40 @@ def latest_per_key(changes: pa.Table, *, primary_key: Sequence[str]) -> pa.Table
         col = kept[name].take(order).combine_chunks()
         starts[1:] |= _differs(col.slice(1), col.slice(0, n - 1))
     return kept.take(order.filter(pa.array(starts)))
+
+
+def drop_before_truncate(changes: pa.Table, truncated_before: str | None) -> tuple[pa.Table, int]:
+    """``changes`` without those older than the table's truncate position, and how many those were."""
+    if truncated_before is None or changes.num_rows == 0:
+        return changes, 0
+    check_truncate_order(changes[SEQ], truncated_before)
+    keep = pc.greater_equal(changes[SEQ], pa.scalar(truncated_before, pa.string()))
+    kept = changes.filter(keep)
+    return kept, changes.num_rows - kept.num_rows
+
+
+def kafka_partition_prefix(seq: str) -> str | None:
+    """``k<partition>`` of an ordering token made from a Kafka position, else None."""
+    return seq[:6] if seq.startswith("k") else None
+
+
+def check_truncate_order(seqs: pa.ChunkedArray | pa.Array, truncated_before: str, *, table: str = "") -> None:
+    """Raise when a truncate at a Kafka position would be compared with changes of another partition."""
+    prefix = kafka_partition_prefix(truncated_before)
+    if prefix is None or len(seqs) == 0:
+        return
+    other = pc.and_(pc.starts_with(seqs, "k"), pc.invert(pc.starts_with(seqs, prefix)))
+    if pc.any(other).as_py():
+        raise SinkCommitError(truncate_order_error(truncated_before, table))
+
+
+def truncate_order_error(truncated_before: str, table: str) -> str:
+    partition, offset = int(truncated_before[1:6]), int(truncated_before[6:])
+    return (f"table {table or '?'}: the truncate at Kafka partition {partition}, offset {offset} cannot be ordered "
+            "against changes of the table's other partitions: this format has no database log position, and "
+            "Kafka offsets order changes only within one partition. Give the table's topic one partition, use a "
+            "format that carries log positions (Debezium, Maxwell with output_binlog_position, OGG with pos), or "
+            "set the source's on_truncate to skip or fail")
 
 
 def _differs(a: pa.Array, b: pa.Array) -> np.ndarray:

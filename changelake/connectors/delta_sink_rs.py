@@ -121,5 +121,20 @@ class DeltaRsSink(DeltaUpsertSink):
         if len(table.file_uris()) > COMPACT_ABOVE_FILES:
             table.optimize.compact()
 
+    def _seq_column(self) -> str:
+        return quote(SEQ)
+
+    def _set_properties(self, properties: Mapping[str, str]) -> None:
+        self._log(self.spec.path).alter.set_table_properties(dict(properties), raise_if_not_exists=False)
+
+    def _delete_where(self, predicate: str) -> int:
+        stats = self._log(self.spec.path).delete(predicate)
+        return int(stats.get("num_deleted_rows", 0))
+
+    def _any_row(self, predicate: str) -> bool:
+        reader = QueryBuilder().register("t", self._log(self.spec.path)).execute(
+            f"SELECT 1 AS hit FROM t WHERE {predicate} LIMIT 1")
+        return pa.table(reader).num_rows > 0
+
     def _is_conflict(self, exc: BaseException) -> bool:
         return isinstance(exc, CommitFailedError)

@@ -36,6 +36,8 @@ PROP_PRIMARY_KEY = "changelake.primaryKey"
 PROP_SEQUENCE_COLUMN = "changelake.sequenceColumn"
 PROP_TOMBSTONES = "changelake.tombstoneTable"
 PROP_TOMBSTONES_OF = "changelake.tombstonesOf"
+#: the position of the latest truncate applied to the table: it holds no change from before it
+PROP_TRUNCATED_BEFORE = "changelake.truncatedBefore"
 
 #: Column of the tombstone table holding when the delete was committed.
 DELETED_AT = "_deleted_at"

@@ -5,8 +5,9 @@ Formats do the per-message work (parse, pick the images, work out the log
 position) and hand each message's outcome to a :class:`ChangeCollector`; all
 column building then happens once per batch and per column, in Arrow.
 
-Every input record ends in exactly one of: changelog rows, one dead letter, or
-a counted skip (tombstone, filtered, DDL, truncate, ...).
+Every input record ends in exactly one of: changelog rows, one dead letter, one
+truncate (its position, for the pipeline's ``on_truncate``), or a counted skip
+(tombstone, filtered, DDL, ...).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from changelake.changelog import DEAD_LETTER_SCHEMA, METADATA_FIELDS
+from changelake.changelog import DEAD_LETTER_SCHEMA, METADATA_FIELDS, TRUNCATE_SCHEMA
 from changelake.formats.base import DecodeResult
 from changelake.formats.convert import to_arrow
 
@@ -102,6 +103,7 @@ class ChangeCollector:
         # outcomes that produce no rows
         self.dead: list[tuple[int, str, str]] = []
         self.skipped: Counter[str] = Counter()
+        self.truncates: list[tuple[int, str, str | None, str | None]] = []   # record, seq, db, table
 
     def message(self, record: int, seq: str, source_ts: int | None, db: str | None, table: str | None,
                 meta: Sequence[Any] = ()) -> int:
@@ -125,6 +127,11 @@ class ChangeCollector:
 
     def skip(self, what: str) -> None:
         self.skipped[what] += 1
+
+    def truncate(self, record: int, seq: str, db: Any, table: Any) -> None:
+        """A TRUNCATE message at ``seq`` (its position) of ``db``.``table``."""
+        self.truncates.append((record, seq, db if isinstance(db, str) else None,
+                               table if isinstance(table, str) else None))
 
     # --- assembly ----------------------------------------------------------------
 
@@ -188,7 +195,7 @@ class ChangeCollector:
             for m, (reason, error) in bad_msgs.items():
                 dead.append((self.msg_record[m], reason, error))
         return DecodeResult(rows=rows, dead_letters=dead_letters(self.records, dead),
-                            skipped=dict(self.skipped))
+                            skipped=dict(self.skipped), truncates=truncates(self.records, self.truncates))
 
 
 def _transpose(images: list[dict], names: list[str]) -> list[Sequence[Any]]:
@@ -237,6 +244,18 @@ def dead_letters(records: pa.Table, dead: list[tuple[int, str, str]]) -> pa.Tabl
     return pa.Table.from_arrays(arrays, schema=DEAD_LETTER_SCHEMA)
 
 
+def truncates(records: pa.Table, found: list[tuple[int, str, str | None, str | None]]) -> pa.Table:
+    """Truncate rows (:data:`~changelake.changelog.TRUNCATE_SCHEMA`) for ``(record index, seq, db, table)``."""
+    if not found:
+        return TRUNCATE_SCHEMA.empty_table()
+    idx = pa.array([t[0] for t in found], type=pa.int64())
+    picked = records.select(["topic", "partition", "offset"]).take(idx)
+    return pa.Table.from_arrays(
+        [*(picked.column(n).combine_chunks() for n in ("topic", "partition", "offset")),
+         pa.array([t[1] for t in found], pa.string()), pa.array([t[2] for t in found], pa.string()),
+         pa.array([t[3] for t in found], pa.string())], schema=TRUNCATE_SCHEMA)
+
+
 def infer_columns(images: list[dict]) -> list[ColumnSpec]:
     """Columns for schema-less input: names in order of first appearance; types inferred
     from all values of the batch (int64, float64, bool, else string) - deterministic for
@@ -273,7 +292,7 @@ def merge_results(results: Sequence[DecodeResult]) -> DecodeResult:
         skipped.update(r.skipped)
     return DecodeResult(rows=pa.concat_tables([r.rows for r in results]),
                         dead_letters=pa.concat_tables([r.dead_letters for r in results]),
-                        skipped=dict(skipped))
+                        skipped=dict(skipped), truncates=pa.concat_tables([r.truncates for r in results]))
 
 
 class SchemaMixin:

@@ -19,7 +19,7 @@ from typing import Protocol
 
 import pyarrow as pa
 
-from changelake.changelog import DEAD_LETTER_SCHEMA
+from changelake.changelog import DEAD_LETTER_SCHEMA, TRUNCATE_SCHEMA
 
 #: reasons a dead letter can carry (bounded: they become metric label values)
 REASONS = (
@@ -28,7 +28,7 @@ REASONS = (
     "schema-mismatch",    # a value does not fit the declared column type
     "missing-key",        # a primary-key column is null or absent
     "missing-before",     # an update/delete without the before-image the format needs
-    "unsupported",        # valid message the configuration says not to accept (e.g. truncate with on_truncate=fail)
+    "unsupported",        # valid message the configuration says not to accept (a truncate with on_truncate: fail)
     "schema-incompatible",  # its writer schema changed in a way the table cannot take (the source is quarantined)
 )
 
@@ -37,9 +37,12 @@ REASONS = (
 class DecodeResult:
     rows: pa.Table
     dead_letters: pa.Table
-    #: messages that produced no rows on purpose, by cause (``tombstone``, ``truncate``,
-    #: ``message``, ``ddl``, ``filtered``, ...): counted, never silently lost
+    #: messages that produced no rows on purpose, by cause (``tombstone``, ``message``, ``ddl``,
+    #: ``filtered``, ...): counted, never silently lost
     skipped: dict[str, int] = field(default_factory=dict)
+    #: TRUNCATE messages (:data:`~changelake.changelog.TRUNCATE_SCHEMA`) of a source whose
+    #: ``on_truncate`` is apply or skip; the pipeline counts them and applies them (apply)
+    truncates: pa.Table = field(default_factory=TRUNCATE_SCHEMA.empty_table)
 
     @staticmethod
     def empty_dead_letters() -> pa.Table:

@@ -6,7 +6,8 @@ One Canal message carries a ``data`` array; every element becomes its own change
     INSERT, INIT      +I(data[i])
     UPDATE            -U(before_i), +U(data[i])    before_i = data[i] overwritten by the keys of old[i]
     DELETE            -D(data[i])
-    TRUNCATE          on_truncate=skip: nothing, counted   fail: dead letter unsupported
+    TRUNCATE          on_truncate apply or skip: a truncate at the message's position   fail: dead letter
+                      (Canal marks it isDdl: true, with no data; checked before the DDL rule)
     isDdl / DDL type  nothing, counted as skipped['ddl']
     other             dead letter unknown-op
 
@@ -28,7 +29,7 @@ import pyarrow as pa
 
 from changelake.changelog import seq_from_kafka
 from changelake.formats.assemble import ChangeCollector, Reject
-from changelake.formats.debezium import DELETE, INSERT, UPDATE_AFTER, UPDATE_BEFORE
+from changelake.formats.debezium import DELETE, INSERT, TRUNCATE_POLICIES, UPDATE_AFTER, UPDATE_BEFORE, truncate
 from changelake.formats.jsonbase import JsonChangelogDecoder
 from changelake.formats.mysqltypes import canal_columns
 from changelake.formats.options import Option, json_format_options, parse_options
@@ -53,7 +54,7 @@ def option_specs() -> list[Option]:
         *json_format_options(),
         Option("database.include", "regex", None, doc="only databases whose whole name matches"),
         Option("table.include", "regex", None, doc="only tables whose whole name matches"),
-        Option("on-truncate", "choice", "skip", ("skip", "fail")),
+        Option("on-truncate", "choice", "skip", TRUNCATE_POLICIES),
         Option("metadata", "metadata", (), tuple(METADATA_TYPES)),
     ]
 
@@ -89,13 +90,12 @@ class CanalJsonDecoder(JsonChangelogDecoder):
         if self._table_re is not None and not (isinstance(table, str) and self._table_re.fullmatch(table)):
             return "filtered"
         kind = obj.get("type")
+        if kind == "TRUNCATE":
+            truncate(out, record, seq_from_kafka(partition, offset), database, table, on_truncate=self.on_truncate,
+                     what="a Canal TRUNCATE")
+            return None
         if obj.get("isDdl") is True or kind in _DDL:
             return "ddl"
-        if kind == "TRUNCATE":
-            if self.on_truncate == "skip":
-                return "truncate"
-            raise Reject("unsupported", "a TRUNCATE event and on_truncate is 'fail'; set on_truncate: skip to "
-                                        "ignore truncates, or clear the target table by hand")
         if kind not in ("INSERT", "INIT", "UPDATE", "DELETE"):
             raise Reject("unknown-op", f"unknown Canal type {kind!r}; expected INSERT, UPDATE, DELETE or a DDL type")
         data = obj.get("data")

@@ -9,7 +9,8 @@ Op rules (Flink's, plus the two Debezium ops Flink rejects)::
     u       null     row      upsert: +U(after)     else dead letter missing-before
     d       row      -        -D(before)
     d       null     -        dead letter missing-before
-    t       -        -        on_truncate=skip: nothing, counted   fail: dead letter unsupported
+    t       -        -        on_truncate apply or skip: a truncate at the event's position (the pipeline
+                              applies or counts it)          fail: dead letter unsupported
     m       -        -        nothing, counted (logical decoding message)
     other                     dead letter unknown-op
 """
@@ -31,6 +32,9 @@ from changelake.formats.options import Option
 
 INSERT, UPDATE_BEFORE, UPDATE_AFTER, DELETE = (int(k) for k in RowKind)
 
+#: what a source does with a TRUNCATE (``on_truncate``)
+TRUNCATE_POLICIES = ("apply", "skip", "fail")
+
 REPLICA_IDENTITY_HINT = ("if this is Postgres, set REPLICA IDENTITY FULL on the table, or declare the source as "
                          "upsert (option upsert: true)")
 
@@ -39,13 +43,14 @@ def debezium_options() -> list[Option]:
     return [
         Option("upsert", "bool", False,
                doc="the source is an upsert stream: an update without a before-image emits only +U"),
-        Option("on-truncate", "choice", "skip", ("skip", "fail"),
-               doc="op 't': skip (counted as skipped['truncate']) or fail (dead letter 'unsupported')"),
+        Option("on-truncate", "choice", "skip", TRUNCATE_POLICIES,
+               doc="op 't': apply (empty the table at the truncate's position), skip (counted) or fail (dead "
+                   "letter 'unsupported' naming the position)"),
     ]
 
 
-def changes(op: Any, before: Any, after: Any, *, upsert: bool, on_truncate: str) -> list[tuple[int, dict]] | str:
-    """The (kind, image) pairs of one Debezium change, or the name of a counted skip."""
+def changes(op: Any, before: Any, after: Any, *, upsert: bool) -> list[tuple[int, dict]] | str:
+    """The (kind, image) pairs of one Debezium change, or the name of a counted skip (op t is the caller's)."""
     if op == "c" or op == "r":
         if not isinstance(after, dict):
             raise Reject("malformed", f"op {op!r} without an 'after' row; the message is not a Debezium "
@@ -65,11 +70,6 @@ def changes(op: Any, before: Any, after: Any, *, upsert: bool, on_truncate: str)
             raise Reject("missing-before", "the 'before' row of a DELETE is null, so the deleted key is unknown; "
                                            f"{REPLICA_IDENTITY_HINT}")
         return [(DELETE, before)]
-    if op == "t":
-        if on_truncate == "skip":
-            return "truncate"
-        raise Reject("unsupported", "a TRUNCATE event (op 't') and on_truncate is 'fail'; set on_truncate: skip "
-                                    "to ignore truncates, or clear the target table by hand")
     if op == "m":
         return "message"
     raise Reject("unknown-op", f"unknown op {op!r}; Debezium change events have op c, r, u, d, t or m")
@@ -81,21 +81,38 @@ def collect_event(out: ChangeCollector, record: int, payload: dict, *, schema: A
 
     Returns the name of a counted skip, or None; raises :class:`Reject` for a bad event.
     """
-    got = changes(payload.get("op"), payload.get("before"), payload.get("after"),
-                  upsert=upsert, on_truncate=on_truncate)
-    if isinstance(got, str):
-        return got
+    op = payload.get("op")
     source = payload.get("source")
     if isinstance(source, dict):
         ts, db, table = source.get("ts_ms"), source.get("db"), source.get("table")
     else:
         ts = db = table = None
+    if op == "t":
+        truncate(out, record, sequence(source, partition, offset), db, table, on_truncate=on_truncate,
+                 what="a TRUNCATE event (op 't')")
+        return None
+    got = changes(op, payload.get("before"), payload.get("after"), upsert=upsert)
+    if isinstance(got, str):
+        return got
     values = [metadata_value(m.key, payload, source, schema) for m in meta] if meta else ()
     msg = out.message(record, sequence(source, partition, offset), ts if type(ts) is int else None,
                       db if isinstance(db, str) else None, table if isinstance(table, str) else None, values)
     for kind, image in got:
         out.row(msg, kind, image)
     return None
+
+
+def truncate(out: ChangeCollector, record: int, seq: str, db: Any, table: Any, *, on_truncate: str,
+             what: str) -> None:
+    """A TRUNCATE message at ``seq``: registered with the collector (apply, skip), or a dead letter (fail)
+    that names its position. Shared by every format that carries truncates."""
+    if on_truncate != "fail":
+        out.truncate(record, seq, db, table)
+        return
+    name = ".".join(n for n in (db, table) if isinstance(n, str)) or "the table"
+    raise Reject("unsupported", f"{what} of {name} at position {seq} and on_truncate is 'fail'; empty the target "
+                                "table up to that position by hand, then set on_truncate: apply (the sink empties "
+                                "it) or skip (ignore truncates) and replay this dead letter")
 
 
 def sequence(source: Any, partition: int, offset: int) -> str:

@@ -37,6 +37,7 @@ import fastavro
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
+from pydantic import SecretStr
 
 from changelake.types import fits
 from changelake.errors import ConfigError, SourceError
@@ -65,7 +66,7 @@ def option_specs() -> list[Option]:
     return [
         Option("url", "text", None, doc="Schema Registry URL (required unless a schema_lookup is injected)"),
         Option("subject", "text", None, doc="accepted for Flink compatibility; decoding uses the id in each message"),
-        Option("basic-auth.user-info", "text", None, doc="user:password for the registry"),
+        Option("basic-auth.user-info", "secret", None, doc="user:password for the registry (never printed)"),
         Option("key", "names", ()),
         *dbz.debezium_options(),
         Option("metadata", "metadata", (), tuple(METADATA_TYPES)),
@@ -85,7 +86,7 @@ class DebeziumAvroDecoder(SchemaMixin):
         self.upsert: bool = opts["upsert"]
         self.on_truncate: str = opts["on_truncate"]
         self.metadata: tuple[tuple[str, str], ...] = opts["metadata"]
-        self._user_info: str | None = opts["basic_auth_user_info"]
+        self._user_info: SecretStr | None = opts["basic_auth_user_info"]
         if schema_lookup is None and not self.url:
             raise ConfigError("format 'debezium-avro-confluent' needs option 'url' (the Schema Registry URL)")
         self._lookup = schema_lookup
@@ -169,7 +170,7 @@ class DebeziumAvroDecoder(SchemaMixin):
         if self._client is None:
             conf = {"url": self.url}
             if self._user_info:
-                conf["basic.auth.user.info"] = self._user_info
+                conf["basic.auth.user.info"] = self._user_info.get_secret_value()
             self._client = SchemaRegistryClient(conf)
         try:
             return self._client.get_schema(schema_id).schema_str

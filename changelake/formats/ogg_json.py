@@ -6,7 +6,7 @@
     I         +I(after)
     U         -U(before), +U(after)     before null: upsert -> +U only, else dead letter missing-before
     D         -D(before)                before null: dead letter missing-before
-    T         on_truncate=skip: nothing, counted   fail: dead letter unsupported
+    T         on_truncate apply or skip: a truncate at the record's position   fail: dead letter unsupported
     other     dead letter unknown-op
 
 ``_seq`` comes from ``pos`` (the trail position, a digit string) when present,
@@ -24,7 +24,7 @@ import pyarrow as pa
 from changelake.changelog import seq_from_kafka, seq_from_log_position
 from changelake.formats.assemble import ChangeCollector, Reject
 from changelake.formats.convert import to_arrow
-from changelake.formats.debezium import DELETE, INSERT, UPDATE_AFTER, UPDATE_BEFORE
+from changelake.formats.debezium import DELETE, INSERT, TRUNCATE_POLICIES, UPDATE_AFTER, UPDATE_BEFORE, truncate
 from changelake.formats.jsonbase import JsonChangelogDecoder
 from changelake.formats.options import Option, json_format_options, parse_options
 
@@ -44,7 +44,7 @@ def option_specs() -> list[Option]:
     return [
         *json_format_options(),
         Option("upsert", "bool", False, doc="an update without a before-image emits only +U"),
-        Option("on-truncate", "choice", "skip", ("skip", "fail")),
+        Option("on-truncate", "choice", "skip", TRUNCATE_POLICIES),
         Option("metadata", "metadata", (), tuple(METADATA_TYPES)),
     ]
 
@@ -70,6 +70,7 @@ class OggJsonDecoder(JsonChangelogDecoder):
     def _message(self, out: ChangeCollector, record: int, obj: Any, partition: int, offset: int) -> str | None:
         op = obj.get("op_type")
         before, after = obj.get("before"), obj.get("after")
+        rows: list = []
         if op == "I":
             if not isinstance(after, dict):
                 raise Reject("malformed", "OGG insert (op_type I) without an 'after' row")
@@ -90,12 +91,7 @@ class OggJsonDecoder(JsonChangelogDecoder):
                 raise Reject("missing-before", "OGG delete (op_type D) without a 'before' row; configure "
                                                "GoldenGate to write before images")
             rows = [(DELETE, before)]
-        elif op == "T":
-            if self.on_truncate == "skip":
-                return "truncate"
-            raise Reject("unsupported", "a TRUNCATE (op_type T) and on_truncate is 'fail'; set on_truncate: "
-                                        "skip to ignore truncates")
-        else:
+        elif op != "T":
             raise Reject("unknown-op", f"unknown OGG op_type {op!r}; expected I, U, D or T")
         pos = obj.get("pos")
         seq = (seq_from_log_position(int(pos), offset=offset) if isinstance(pos, str) and pos.isdigit()
@@ -104,6 +100,10 @@ class OggJsonDecoder(JsonChangelogDecoder):
         schema_name, table_name = None, None
         if isinstance(table, str):
             schema_name, _, table_name = table.rpartition(".")
+        if op == "T":
+            truncate(out, record, seq, schema_name or None, table_name, on_truncate=self.on_truncate,
+                     what="an OGG TRUNCATE (op_type T)")
+            return None
         meta = [self._meta_value(m.key, obj) for m in self._meta] if self._meta else ()
         msg = out.message(record, seq, _epoch_ms(obj.get("op_ts")), schema_name or None, table_name, meta)
         for kind, image in rows:

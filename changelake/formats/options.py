@@ -15,12 +15,25 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import SecretStr
+
 from changelake.errors import ConfigError
+
+#: option names that hold credentials: their values are kept as ``SecretStr`` (printed as
+#: '**********') from the configuration to the client that uses them
+SECRET_OPTION = re.compile(r"password|passwd|secret|token|user[-_.]info|credential|api[-_.]key|private[-_.]key",
+                           re.IGNORECASE)
+
+
+def is_secret_option(key: str) -> bool:
+    """Whether an option (of a format, or any key/value option map) holds a credential."""
+    return bool(SECRET_OPTION.search(key))
 
 
 @dataclass(frozen=True)
 class Option:
-    """One accepted option: ``kind`` is bool, choice, text, regex, names or metadata."""
+    """One accepted option: ``kind`` is bool, choice, text, secret (a credential, kept as
+    ``SecretStr``), regex, names or metadata."""
 
     name: str
     kind: str
@@ -54,6 +67,14 @@ def parse_options(fmt: str, raw: Mapping[str, Any] | None, specs: Sequence[Optio
 
 
 def _parse_value(spec: Option, value: Any) -> Any:
+    if spec.kind == "secret":
+        if isinstance(value, SecretStr):
+            return value
+        if isinstance(value, str):
+            return SecretStr(value)
+        raise ConfigError(f"option {spec.name!r} must be a string, got a {type(value).__name__}")   # not the value
+    if isinstance(value, SecretStr):                  # a configuration hides any value whose key looks secret
+        value = value.get_secret_value()
     if spec.kind == "bool":
         if isinstance(value, bool):
             return value

@@ -204,6 +204,14 @@ class Pipeline:
             raise ConfigError(f"no node named {name!r}; defined: {sorted(self.nodes)}")
         return Stream(self, name)
 
+    def sql(self, name: str, query: str, *, lookups: Mapping[str, "Lookup"] | None = None) -> "Stream":
+        """A view written as one Flink SQL query over the sources and views defined so far (and the
+        ``lookups`` a ``FOR SYSTEM_TIME AS OF`` join names); planned into the nodes the step methods
+        add (:mod:`changelake.plan.sql_view`), the last one named ``name``."""
+        from changelake.plan.sql_view import plan_view
+
+        return plan_view(self, name, query, lookups)
+
     # -- planning --------------------------------------------------------------------------------
     def plan(self, *, mini_batch: bool = True):
         """The physical plan (changelog modes decided, materializers inserted)."""

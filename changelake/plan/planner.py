@@ -74,6 +74,28 @@ def plan(pipeline: Pipeline, *, mini_batch: bool = True) -> PhysicalPlan:
     return PhysicalPlan(tuple(nodes.values()))
 
 
+def check(pipeline: Pipeline) -> list[tuple[str, str]]:
+    """Every planner error, as (node name, message), instead of the first one: each node is planned
+    on its own inputs; a node whose input already failed is skipped (its error would only echo)."""
+    if not any(n.op == "sink" for n in pipeline.nodes.values()):
+        return [("", "the pipeline writes no table; end it with .to_table(...) (YAML: tables[].from)")]
+    builder = _Builder(True, pipeline.state)
+    problems: list[tuple[str, str]] = []
+    for node in _feeding_a_table(pipeline):
+        if not all(i in builder.output for i in node.inputs):
+            continue
+        try:
+            builder.add(node)
+        except ConfigError as exc:
+            problems.append((node.name, str(exc)))
+    if not problems:
+        try:
+            plan(pipeline)
+        except ConfigError as exc:
+            problems.append(("", str(exc)))
+    return problems
+
+
 def _prune(drafts: dict[str, _Draft]) -> None:
     """Drop the nodes no table reads (a ChangelogNormalize whose only reader bypassed it)."""
     while True:
@@ -389,7 +411,8 @@ class _Builder:
         config = StreamingJoinConfig(
             join_type=join_type, left_key=_idx(left.schema, lkey), right_key=_idx(right.schema, rkey),
             left_arity=len(left.schema), right_arity=len(right.schema), left_input=lspec, right_input=rspec,
-            condition=condition, mini_batch_size=self.mini_batch, left_state_ttl_ms=state["state_ttl_ms"],
+            condition=condition, mini_batch_size=None if semi else self.mini_batch,  # no mini-batch semi/anti kernel
+            left_state_ttl_ms=state["state_ttl_ms"],
             right_state_ttl_ms=state["state_ttl_ms"], on_stale_retraction=state["on_stale_retraction"])
         on = " AND ".join(f"{a} = {b}" for a, b in pairs)
         return self._put(_Draft(

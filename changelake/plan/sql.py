@@ -1,10 +1,11 @@
 """Filter and projection expressions, in SQL, evaluated with DuckDB over Arrow.
 
-The planner uses DuckDB to check an expression and derive its output type before the
-pipeline runs; the in-process runner evaluates with it; the Spark executor hands the same
-text to Spark SQL (``F.expr``) and casts to the planned type; both evaluate in UTC. Write
-expressions in the common subset of Spark SQL and DuckDB (column references, arithmetic, comparisons,
-``AND``/``OR``/``NOT``, ``CASE``, ``COALESCE``, ``CAST``, ``IS NULL``, ``IN``, ``LIKE``).
+The planner checks an expression in Spark's dialect (:mod:`changelake.plan.spark_sql`), then
+uses DuckDB to check it and derive its output type before the pipeline runs; the in-process
+runner evaluates with DuckDB; the Spark executor hands the same text to Spark SQL (``F.expr``)
+and casts to the planned type; both evaluate in UTC. Write expressions in the common subset of
+Spark SQL and DuckDB (column references, arithmetic, comparisons, ``AND``/``OR``/``NOT``,
+``CASE``, ``COALESCE``, ``CAST``, ``IS NULL``, ``IN``, ``LIKE``).
 Case mapping is not in that subset for non-ASCII text: ``upper('ß')`` is ``'SS'`` in Spark and
 ``'ẞ'`` in DuckDB, ``lower('İ')`` differs too, so the two executors would write different rows.
 """
@@ -21,6 +22,7 @@ import pyarrow as pa
 
 from changelake.changelog import KIND
 from changelake.errors import ConfigError
+from changelake.plan.spark_sql import check_expression
 
 
 #: one DuckDB connection per thread, reused: opening one costs ~30 ms here, a query over a batch ~2 ms
@@ -50,6 +52,7 @@ def _empty(schema: pa.Schema) -> pa.Table:
 
 
 def check_predicate(node: str, schema: pa.Schema, predicate: str) -> None:
+    check_expression(f"filter {node!r}", predicate)
     try:
         out = _query(_empty(schema), f"SELECT ({predicate}) AS p FROM t")
     except duckdb.Error as exc:
@@ -63,6 +66,8 @@ def project_schema(node: str, schema: pa.Schema, projections: Sequence[tuple[str
     bad = [n for n in names if n.startswith("_")]
     if bad or len(set(names)) != len(names):
         raise ConfigError(f"select {node!r}: output columns must be unique and not start with '_'; got {names}")
+    for name, expr in projections:
+        check_expression(f"select {node!r} column {name!r}", expr)
     try:
         out = _query(_empty(schema), _select_sql(projections))
     except duckdb.Error as exc:

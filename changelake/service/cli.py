@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Sequence
 
 from changelake import __version__
-from changelake.errors import ChangelakeError
+from changelake.errors import ChangelakeError, ConfigError
+from changelake.service.logs import LOG_FORMATS, LOG_LEVELS, configure_logging
 
 
 class _EnvDefault(argparse.Action):
@@ -43,7 +44,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="changelake", description=(
         "Kafka-to-lakehouse CDC: Debezium/Canal/Maxwell/OGG change topics -> Spark -> Delta Lake."))
     parser.add_argument("--log-level", action=_EnvDefault, envvar="CHANGELAKE_LOG_LEVEL", default="INFO",
-                        help="DEBUG, INFO, WARNING or ERROR")
+                        type=str.upper, choices=LOG_LEVELS, metavar="LEVEL", help=", ".join(LOG_LEVELS))
+    parser.add_argument("--log-format", action=_EnvDefault, envvar="CHANGELAKE_LOG_FORMAT", default="text",
+                        type=str.lower, choices=LOG_FORMATS, metavar="FORMAT",
+                        help="text, or json: one JSON object per line (ts, level, logger, msg, exception)")
+    parser.add_argument("--version", action="version", version=version_text(),
+                        help="print the changelake, Spark and Delta versions and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = sub.add_parser("run", help="run a pipeline until stopped (SIGTERM stops it after the current batch)")
@@ -53,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="mirror a simulated inventory database through an embedded broker and verify")
     demo.add_argument("--workdir", action=_EnvDefault, envvar="CHANGELAKE_DEMO_WORKDIR", default="demo-output",
-                      help="where the demo writes its Delta tables and checkpoints (emptied first)")
+                      help="where the demo writes its Delta tables and checkpoints: a new or empty directory, "
+                      "or one an earlier demo created (emptied first)")
     demo.add_argument("--changes", action=_EnvDefault, envvar="CHANGELAKE_DEMO_CHANGES", default="30000",
                       help="number of changes after the snapshot")
     demo.add_argument("--seed", action=_EnvDefault, envvar="CHANGELAKE_DEMO_SEED", default="7",
@@ -83,9 +90,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def version_text() -> str:
+    """``changelake X (pyspark Y, deltalake Z)``, from package metadata (imports neither)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def of(package: str) -> str:
+        try:
+            return version(package)
+        except PackageNotFoundError:
+            return "not installed"
+
+    return f"changelake {__version__} (pyspark {of('pyspark')}, deltalake {of('deltalake')})"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    configure_logging(str(args.log_level))
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.log_level not in LOG_LEVELS:            # a value from the environment skips argparse's choices
+        parser.error(f"CHANGELAKE_LOG_LEVEL: invalid level {args.log_level!r} (choose from {', '.join(LOG_LEVELS)})")
+    if args.log_format not in LOG_FORMATS:
+        parser.error(f"CHANGELAKE_LOG_FORMAT: invalid format {args.log_format!r} (choose from "
+                     f"{', '.join(LOG_FORMATS)})")
+    configure_logging(args.log_level, args.log_format)
     try:
         return _dispatch(args)
     except ChangelakeError as exc:
@@ -93,28 +119,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
-def configure_logging(level: str) -> None:
-    """Log to stderr at ``level``; py4j stays at WARNING because at DEBUG it logs every
-    command sent to the JVM, Kafka credentials in reader options included."""
-    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    logging.getLogger("py4j").setLevel(logging.WARNING)
-
-
 def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "version":
-        import deltalake
-        from importlib.metadata import version
-
-        print(f"changelake {__version__} (pyspark {version('pyspark')}, deltalake {deltalake.__version__})")
+        print(version_text())
         return 0
     if args.command == "validate":
-        from changelake.service.config import load_config
-        from changelake.service.views import pipeline_from_config
-        config = load_config(args.config)
-        graph = pipeline_from_config(config)
-        if graph is not None:
-            graph.plan()        # the planner's checks: columns, keys, join key types, expressions
+        from changelake.service.config import check_config, problem_listing
+        from changelake.service.views import graph_problems
+        config, problems, origins = check_config(args.config)
+        if config is not None:      # the planner's checks: columns, keys, join key types, expressions
+            problems += [origins.problem(loc, message) for loc, message in graph_problems(config)]
+        if problems:
+            raise ConfigError(problem_listing(args.config, problems))
         print(f"{args.config}: ok ({len(config.sources)} source(s), {len(config.views)} view(s), "
               f"{len(config.tables)} table(s))")
         return 0
@@ -143,13 +159,8 @@ def _dispatch(args: argparse.Namespace) -> int:
               f"{' (signal)' if result.stopped_by_signal else ''}")
         return 0
     if args.command == "demo":
-        import shutil
-
         from changelake.service.demo import run_demo
-        workdir = Path(args.workdir)
-        if workdir.exists():
-            shutil.rmtree(workdir)
-        return run_demo(workdir=workdir, changes=int(args.changes), seed=int(args.seed),
+        return run_demo(workdir=Path(args.workdir), changes=int(args.changes), seed=int(args.seed),
                         metrics_port=int(args.metrics_port), out=sys.stdout)
     raise AssertionError(args.command)
 

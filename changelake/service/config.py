@@ -6,7 +6,9 @@ variables ``CHANGELAKE_<SECTION>__<KEY>[__<KEY>...]`` (e.g.
 sets ``kafka.properties["sasl.password"]``); and, for any string value, a sibling key
 ending in ``_file`` whose file content replaces it (Kubernetes secret mounts).
 
-Errors are reported all at once, each with its path in the YAML.
+An item of a list section is named by its name or index (``CHANGELAKE_SOURCES__orders__FORMAT``);
+an override that names nothing is an error. Errors are reported all at once, each with its path
+in the YAML and where the value came from (:class:`Origins`).
 """
 
 from __future__ import annotations
@@ -17,10 +19,12 @@ from pathlib import Path
 from typing import Any, Literal, Mapping
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, SecretStr, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
 
 from changelake.durations import parse_duration
 from changelake.errors import ConfigError
+from changelake.formats.options import is_secret_option
 
 ENV_PREFIX = "CHANGELAKE_"
 FORMATS = ("debezium-json", "debezium-avro-confluent", "canal-json", "maxwell-json", "ogg-json")
@@ -46,9 +50,10 @@ def _check_optional_duration(value: str | None) -> str | None:
 class PipelineSettings(_Model):
     id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="stable pipeline id; part of the Delta transaction ids")
     checkpoint: str = Field(description="Spark checkpoint directory (one writer per checkpoint)")
-    trigger_interval: str = "10 seconds"
+    trigger_interval: str = Field("10 seconds", description="how often a micro-batch starts ('10 seconds')")
     available_now: bool = Field(False, description="read what is there, then stop (batch-style catch-up)")
-    max_records_per_batch: int | None = Field(200_000, gt=0)
+    max_records_per_batch: int | None = Field(200_000, gt=0, description="Kafka records per micro-batch at most; "
+                                              "null: no cap")
     read_tasks: int = Field(2, gt=0, description="Spark tasks that read Kafka per micro-batch; about the executor cores")
     state_ttl: str | None = Field(None, description="idle-state retention of every operator ('1 day'); none: forever")
     on_stale_retraction: Literal["warn", "fail"] = Field(
@@ -62,7 +67,7 @@ class PipelineSettings(_Model):
 
 
 class KafkaSettings(_Model):
-    bootstrap_servers: str
+    bootstrap_servers: str = Field(description="host:port[,host:port...] of the Kafka brokers")
     properties: dict[str, SecretStr] = Field(default_factory=dict,
                                              description="librdkafka consumer properties (security.protocol, sasl.*, ssl.*)")
 
@@ -93,16 +98,24 @@ def _check_columns(columns: Any) -> Any:
 
 
 class SourceSpec(_Model):
-    name: str
-    topics: list[str] | None = None
-    topic_pattern: str | None = None
-    format: Literal["debezium-json", "debezium-avro-confluent", "canal-json", "maxwell-json", "ogg-json"] = "debezium-json"
-    options: dict[str, Any] = Field(default_factory=dict)
+    name: str = Field(description="unique among sources; views and tables read the source by it")
+    topics: list[str] | None = Field(None, description="the topics to read (or topic_pattern)")
+    topic_pattern: str | None = Field(None, description="a regular expression over topic names (or topics)")
+    format: Literal["debezium-json", "debezium-avro-confluent", "canal-json", "maxwell-json", "ogg-json"] = Field(
+        "debezium-json", description="the messages' change format (docs/formats.md)")
+    options: dict[str, Any] = Field(default_factory=dict, description="the format's options (docs/formats.md); "
+                                    "a value whose key names a credential (password, secret, token, user-info, "
+                                    "...) is kept as a secret string")
     columns: dict[str, str | ColumnDecl] | None = Field(
         None, description="column name -> type (int, bigint, double, string, boolean, timestamp, date, decimal(p,s)), "
         "or -> {type, encoding, scale} to declare how a schema-less message encodes the value")
-    starting_offsets: Literal["earliest", "latest"] | dict[str, dict[str, int]] = "earliest"
-    on_error: Literal["fail", "skip", "dlq"] = "dlq"
+    starting_offsets: Literal["earliest", "latest"] | dict[str, dict[str, int]] = Field(
+        "earliest", description="where a new checkpoint starts: earliest, latest, or {topic: {partition: offset}}")
+    on_error: Literal["fail", "skip", "dlq"] = Field(
+        "dlq", description="a message that cannot be decoded: stop the pipeline, count and skip it, or dead-letter it")
+    on_truncate: Literal["apply", "skip", "fail"] | None = Field(
+        None, description="a TRUNCATE of the source table: apply (empty the mirrored table at the truncate's "
+        "position), skip (count it) or fail (a dead letter naming the position). Default skip")
     dead_letter_topic: str | None = Field(None, description="Kafka topic for this source's dead letters "
                                           "(overrides dead_letter.topic); else the dead-letter Delta table")
     table: str | None = Field(None, description="mirror the source into this table; omit when only views read it")
@@ -121,8 +134,35 @@ class SourceSpec(_Model):
 
     _columns = field_validator("columns", mode="before")(_check_columns)
 
+    @field_validator("options")
+    @classmethod
+    def _secret_options(cls, options: dict[str, Any]) -> dict[str, Any]:
+        """Credentials among the format options (schema-registry ``basic-auth.user-info``) become
+        ``SecretStr``, so that no dump, repr or log line shows them; decoders take either."""
+        return {k: SecretStr(v) if isinstance(v, str) and is_secret_option(str(k)) else v for k, v in options.items()}
+
+    @property
+    def truncate_policy(self) -> str:
+        """``on_truncate``, given here or among the format options (default skip)."""
+        if self.on_truncate is not None:
+            return self.on_truncate
+        return str(self._truncate_option() or "skip").strip().lower()
+
+    def _truncate_option(self) -> Any:
+        from changelake.formats.options import normalize_key
+
+        return next((v for k, v in self.options.items() if normalize_key(self.format, str(k)) == "on-truncate"), None)
+
+    def decoder_options(self) -> dict[str, Any]:
+        """The format options with ``on_truncate`` (Maxwell writes no truncates into row topics)."""
+        if self.on_truncate is None or self.format == "maxwell-json":
+            return dict(self.options)
+        return {**self.options, "on-truncate": self.on_truncate}
+
     @model_validator(mode="after")
     def _one_topic_selector(self) -> "SourceSpec":
+        if self.on_truncate is not None and self._truncate_option() is not None:
+            raise ValueError("on_truncate is given both on the source and under its options; keep the source's")
         if bool(self.topics) == bool(self.topic_pattern):
             raise ValueError("give exactly one of 'topics' (a list) or 'topic_pattern' (a regular expression)")
         if self.topic_pattern is not None:
@@ -211,7 +251,7 @@ class TopNSpec(_Model):
 
 #: the keys of a view that name its operation; exactly one per view (group_by goes with aggregates)
 VIEW_OPERATIONS = ("join", "interval_join", "temporal_join", "lookup_join", "deduplicate", "filter", "select",
-                   "aggregates", "top_n")
+                   "aggregates", "top_n", "sql")
 #: the operations that name their two inputs themselves (left, right) instead of 'from'
 TWO_INPUT_OPERATIONS = ("join", "interval_join", "temporal_join")
 
@@ -231,6 +271,8 @@ class ViewSpec(_Model):
     group_by: list[str] | None = None
     aggregates: dict[str, str] | None = Field(None, description="output column -> 'count(*)', 'sum(col)', ...")
     top_n: TopNSpec | None = None
+    sql: str | None = Field(None, description="the view as one Flink SQL query over sources, views defined above it "
+                            "and lookups (docs/pipelines.md, 'Views in SQL'); no 'from'")
     state_ttl: str | None = Field(None, description="this view's idle-state retention (default: pipeline.state_ttl)")
     on_stale_retraction: Literal["warn", "fail"] | None = None
 
@@ -243,7 +285,10 @@ class ViewSpec(_Model):
             raise ValueError(f"view {self.name!r} must have exactly one of {list(VIEW_OPERATIONS)}; it has {given}")
         if self.group_by is not None and self.aggregates is None:
             raise ValueError(f"view {self.name!r}: group_by needs aggregates")
-        if (self.two_inputs is None) == (self.from_ is None):
+        if self.sql is not None:
+            if self.from_ is not None:
+                raise ValueError(f"view {self.name!r}: a sql view names what it reads in its query's FROM; drop 'from'")
+        elif (self.two_inputs is None) == (self.from_ is None):
             raise ValueError(f"view {self.name!r}: give 'from' (its input), or a join with left and right, not both")
         return self
 
@@ -252,10 +297,23 @@ class ViewSpec(_Model):
         """The view's join spec (join, interval_join or temporal_join), if it is one."""
         return next((getattr(self, k) for k in TWO_INPUT_OPERATIONS if getattr(self, k) is not None), None)
 
-    @property
-    def inputs(self) -> list[str]:
+    def read_names(self) -> list[str]:
+        """The names the view reads: sources and views, and (a sql view's) lookups."""
+        if self.sql is not None:
+            from changelake.plan.sql_view import read_names
+
+            try:
+                return read_names(self.sql)
+            except ValueError:
+                return []             # the syntax error is reported where the view is planned
         j = self.two_inputs
         return [j.left, j.right] if j else [self.from_]
+
+    @property
+    def inputs(self) -> list[str]:
+        """The sources and views the view reads (a sql view: every name its query reads, lookups too;
+        :meth:`ChangelakeConfig.view_inputs` leaves the lookups out)."""
+        return self.read_names()
 
 
 class LookupCacheSpec(_Model):
@@ -316,9 +374,11 @@ class LookupSpec(_Model):
 
 
 class StorageSettings(_Model):
-    root: str = "./lake"
+    root: str = Field("./lake", description="where tables without a path live: <root>/<table name> (a directory "
+                      "or an object-store URI)")
     options: dict[str, SecretStr] = Field(default_factory=dict, description="object-store options for delta-rs / Hadoop")
-    engine: Literal["auto", "delta-rs", "delta-spark"] = "auto"
+    engine: Literal["auto", "delta-rs", "delta-spark"] = Field(
+        "auto", description="the Delta writer (docs/sink.md): delta-spark when its jars are present, else delta-rs")
 
     def plain_options(self) -> dict[str, str]:
         return {k: v.get_secret_value() for k, v in self.options.items()}
@@ -331,8 +391,8 @@ class DeadLetterSettings(_Model):
 
 
 class MetricsSettings(_Model):
-    host: str = "0.0.0.0"
-    port: int = Field(9108, ge=0, le=65535)
+    host: str = Field("0.0.0.0", description="address of /metrics, /healthz and /readyz")
+    port: int = Field(9108, ge=0, le=65535, description="their port (0 picks a free one)")
     ready_after_intervals: int = Field(3, gt=0, description="/readyz fails when no batch finished within this many trigger intervals")
 
 
@@ -348,61 +408,88 @@ class ChangelakeConfig(_Model):
     metrics: MetricsSettings = MetricsSettings()
 
     @model_validator(mode="after")
-    def _references(self) -> "ChangelakeConfig":
-        names = [t.name for t in self.tables]
-        dup = {n for n in names if names.count(n) > 1}
-        if dup:
-            raise ValueError(f"table names must be unique; repeated: {sorted(dup)}")
-        for s in self.sources:
-            if s.table is not None and s.table not in names:
-                raise ValueError(f"source {s.name!r} writes to table {s.table!r}, which is not under 'tables' "
-                                 f"(known: {names})")
-        self._check_graph()
+    def _references(self, info: ValidationInfo) -> "ChangelakeConfig":
+        if info.context and info.context.get("collect_references"):
+            return self                 # parse_config collects every problem itself, each with its path
+        problems = self.reference_problems()
+        if problems:
+            raise ValueError("; ".join(message for _, message in problems))
         return self
 
-    def _check_graph(self) -> None:
-        """Views and tables with 'from' read defined names; every source is used; the graph has no cycle."""
+    def reference_problems(self) -> list[tuple[tuple[str | int, ...], str]]:
+        """Every broken reference between sections, as (YAML path, message): names are unique per
+        section, sources and views read defined names, every table has one writer, nothing dangles."""
+        problems: list[tuple[tuple[str | int, ...], str]] = []
+        for section, items in (("sources", self.sources), ("lookups", self.lookups), ("views", self.views),
+                               ("tables", self.tables)):
+            seen: dict[str, int] = {}
+            for i, item in enumerate(items):
+                if item.name in seen:
+                    problems.append(((section, i, "name"), f"{section} names must be unique; {item.name!r} is "
+                                     f"also {section}.{seen[item.name]}"))
+                seen.setdefault(item.name, i)
+        names = [t.name for t in self.tables]
+        for i, s in enumerate(self.sources):
+            if s.table is not None and s.table not in names:
+                problems.append((("sources", i, "table"), f"source {s.name!r} writes to table {s.table!r}, which "
+                                 f"is not under 'tables'{_did_you_mean(s.table, names)} (known: {names})"))
         sources = [s.name for s in self.sources]
         defined = list(sources)
         lookups = [lk.name for lk in self.lookups]
-        dup = sorted({n for n in lookups if lookups.count(n) > 1})
-        if dup:
-            raise ValueError(f"lookup names must be unique; repeated: {dup}")
-        for v in self.views:
+        for i, v in enumerate(self.views):
             if v.lookup_join is not None and v.lookup_join.lookup not in lookups:
-                raise ValueError(f"view {v.name!r}: lookup_join names lookup {v.lookup_join.lookup!r}, which is not "
-                                 f"under 'lookups' (defined: {lookups})")
-            for i in v.inputs:
-                if i not in defined:
-                    raise ValueError(f"view {v.name!r} reads {i!r}, which is neither a source nor a view defined "
-                                     f"above it (defined: {defined})")
-            if v.name in defined:
-                raise ValueError(f"view {v.name!r}: the name is already used by a source or view")
+                problems.append((("views", i, "lookup_join", "lookup"), f"view {v.name!r}: lookup_join names lookup "
+                                 f"{v.lookup_join.lookup!r}, which is not under 'lookups'"
+                                 f"{_did_you_mean(v.lookup_join.lookup, lookups)} (defined: {lookups})"))
+            inputs = self.view_inputs(v)
+            for which, inp in zip(("left", "right") if v.two_inputs else ("sql",) * len(inputs) if v.sql else ("from",),
+                                  inputs):
+                if inp not in defined:
+                    where = ("views", i, which) if which in ("from", "sql") else \
+                        ("views", i, next(k for k in TWO_INPUT_OPERATIONS if getattr(v, k) is not None), which)
+                    problems.append((where, f"view {v.name!r} reads {inp!r}, which is neither a source nor a view "
+                                     f"defined above it{_did_you_mean(inp, defined)} (defined: {defined})"))
+            if v.name in sources:
+                problems.append((("views", i, "name"), f"view {v.name!r}: the name is already used by a source"))
             defined.append(v.name)
-        read = {i for v in self.views for i in v.inputs} | {t.from_ for t in self.tables if t.from_}
-        for t in self.tables:
+        read = {i for v in self.views for i in self.view_inputs(v)} | {t.from_ for t in self.tables if t.from_}
+        for i, t in enumerate(self.tables):
             if t.from_ is not None and t.from_ not in defined:
-                raise ValueError(f"table {t.name!r} reads from {t.from_!r}, which is neither a source nor a view "
-                                 f"(defined: {defined})")
+                problems.append((("tables", i, "from"), f"table {t.name!r} reads from {t.from_!r}, which is neither "
+                                 f"a source nor a view{_did_you_mean(t.from_, defined)} (defined: {defined})"))
             mirrors = [s.name for s in self.sources if s.table == t.name]
             if t.from_ is not None and mirrors:
-                raise ValueError(f"table {t.name!r} has 'from: {t.from_}' and is also the table of source(s) "
-                                 f"{mirrors}; a table has one writer")
+                problems.append((("tables", i, "from"), f"table {t.name!r} has 'from: {t.from_}' and is also the "
+                                 f"table of source(s) {mirrors}; a table has one writer"))
             if t.from_ is not None and not t.primary_key:
-                raise ValueError(f"table {t.name!r} reads from {t.from_!r}, so it needs a primary_key (keys are "
-                                 "learnt from Kafka message keys only for tables that sources mirror)")
+                problems.append((("tables", i), f"table {t.name!r} reads from {t.from_!r}, so it needs a primary_key "
+                                 "(keys are learnt from Kafka message keys only for tables that sources mirror)"))
             if t.from_ is None and not mirrors:
-                raise ValueError(f"table {t.name!r} has no writer: give it 'from' (a view or source) or name it "
-                                 "as a source's 'table'")
-        unused = [s.name for s in self.sources if s.table is None and s.name not in read]
-        if unused:
-            raise ValueError(f"source(s) {unused} have no 'table' and no view or table reads them")
-        unread = [v.name for v in self.views if v.name not in read]
-        if unread:
-            raise ValueError(f"view(s) {unread} are not read by any view or table")
-        unused = sorted(set(lookups) - {v.lookup_join.lookup for v in self.views if v.lookup_join is not None})
-        if unused:
-            raise ValueError(f"lookup(s) {unused} are not used by any view's lookup_join")
+                problems.append((("tables", i), f"table {t.name!r} has no writer: give it 'from' (a view or source) "
+                                 "or name it as a source's 'table'"))
+        for i, s in enumerate(self.sources):
+            if s.truncate_policy == "apply" and s.name in read:
+                problems.append((("sources", i, "on_truncate"),
+                                 f"source {s.name!r} has on_truncate: apply, but views or tables read it: a truncate "
+                                 "would empty its mirror while the views' state (joins, aggregates) kept the rows. Set "
+                                 "on_truncate: skip or fail for it, or give it a source entry of its own that only "
+                                 "mirrors (docs/formats.md, 'Truncates')"))
+            if s.table is None and s.name not in read:
+                problems.append((("sources", i), f"source {s.name!r} has no 'table' and no view or table reads it"))
+        for i, v in enumerate(self.views):
+            if v.name not in read:
+                problems.append((("views", i), f"view {v.name!r} is not read by any view or table"))
+        used = {v.lookup_join.lookup for v in self.views if v.lookup_join is not None}
+        used |= {n for v in self.views if v.sql is not None for n in v.read_names()}
+        for i, lk in enumerate(self.lookups):
+            if lk.name not in used:
+                problems.append((("lookups", i), f"lookup {lk.name!r} is not used by any view's lookup_join"))
+        return problems
+
+    def view_inputs(self, view: ViewSpec) -> list[str]:
+        """The sources and views ``view`` reads (its query's names that are not lookups)."""
+        lookups = {lk.name for lk in self.lookups}
+        return [n for n in view.inputs if n not in lookups]
 
     def table(self, name: str) -> TableSpecModel:
         return next(t for t in self.tables if t.name == name)
@@ -436,70 +523,207 @@ def _join(root: str, name: str) -> str:
 
 
 # ----------------------------------------------------------------------------
+#: a path into the configuration, as pydantic reports it: ("sources", 0, "format")
+Loc = tuple[str | int, ...]
+#: the sections that are lists of named items (an environment override names an item by name or index)
+LIST_SECTIONS = ("sources", "lookups", "views", "tables")
+
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
-def _expand_env(node: Any, path: str, errors: list[str], environ: Mapping[str, str]) -> Any:
+def _did_you_mean(word: str, choices: Any) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def format_loc(loc: Loc) -> str:
+    return ".".join(str(p) for p in loc) or "(top level)"
+
+
+class Origins:
+    """Where each value of a configuration came from: a line of the YAML file, an environment
+    variable (an override, or a ``${VAR}`` reference), or a secret file (``<key>_file``)."""
+
+    def __init__(self, origin: str) -> None:
+        self.origin = origin
+        self.lines: dict[Loc, int] = {}
+        self.other: dict[Loc, str] = {}
+
+    def read_lines(self, text: str) -> None:
+        try:
+            root = yaml.compose(text, Loader=yaml.SafeLoader)
+        except yaml.YAMLError:
+            return
+
+        def walk(node: yaml.Node, loc: Loc) -> None:
+            self.lines.setdefault(loc, node.start_mark.line + 1)
+            if isinstance(node, yaml.MappingNode):
+                for key, value in node.value:
+                    self.lines[(*loc, str(key.value))] = key.start_mark.line + 1
+                    walk(value, (*loc, str(key.value)))
+            elif isinstance(node, yaml.SequenceNode):
+                for i, value in enumerate(node.value):
+                    walk(value, (*loc, i))
+
+        if root is not None:
+            walk(root, ())
+
+    def at(self, loc: Loc) -> str:
+        """The nearest recorded origin of ``loc`` or of the value that holds it."""
+        for n in range(len(loc), -1, -1):
+            key = tuple(loc[:n])
+            if key in self.other:
+                return self.other[key]
+            if key in self.lines and key:
+                return f"{self.origin}:{self.lines[key]}"
+        return self.origin
+
+    def problem(self, loc: Loc, message: str) -> str:
+        """One line of an error listing: path, message, where the value came from."""
+        flat = " ".join(message.split())
+        return f"{format_loc(loc)}: {flat} [{self.at(loc)}]"
+
+
+def _expand_env(node: Any, loc: Loc, errors: list[str], environ: Mapping[str, str], origins: Origins) -> Any:
     if isinstance(node, dict):
         out: dict[str, Any] = {}
         for k, v in node.items():
             key = str(k)
             if key.endswith("_file") and isinstance(v, str):
+                target = (*loc, key[: -len("_file")])
+                origins.other[target] = f"secret file {v} ({origins.at((*loc, key))})"
                 try:
                     out[key[: -len("_file")]] = Path(v).read_text().strip()
                 except OSError as exc:
-                    errors.append(f"{path}{key}: cannot read secret file {v!r}: {exc.strerror}")
+                    errors.append(origins.problem((*loc, key), f"cannot read secret file {v!r}: {exc.strerror}"))
                 continue
-            out[key] = _expand_env(v, f"{path}{key}.", errors, environ)
+            out[key] = _expand_env(v, (*loc, key), errors, environ, origins)
         return out
     if isinstance(node, list):
-        return [_expand_env(v, f"{path}{i}.", errors, environ) for i, v in enumerate(node)]
+        return [_expand_env(v, (*loc, i), errors, environ, origins) for i, v in enumerate(node)]
     if isinstance(node, str):
         def sub(m: re.Match[str]) -> str:
             val = environ.get(m.group(1), m.group(2))
             if val is None:
-                errors.append(f"{path.rstrip('.')}: environment variable {m.group(1)} is not set")
+                errors.append(origins.problem(loc, f"environment variable {m.group(1)} is not set"))
                 return ""
+            origins.other[loc] = f"environment variable {m.group(1)}, referenced at {origins.at(loc)}"
             return val
         return _ENV_REF.sub(sub, node)
     return node
 
 
-def _apply_env_overrides(data: dict[str, Any], environ: Mapping[str, str]) -> None:
-    """CHANGELAKE_<SECTION>__<KEY>[__<KEY>] = value.
+def _list_item(items: list[Any], part: str, loc: Loc, variable: str) -> int:
+    """The index of the list item an override names, by index or by its ``name``; ConfigError if none."""
+    names = [item.get("name") if isinstance(item, dict) else None for item in items]
+    if part.isdigit():
+        if int(part) < len(items):
+            return int(part)
+        raise ConfigError(f"{variable}: {format_loc(loc)} has {len(items)} item(s), so there is no index {part} "
+                          f"(names: {names})")
+    for exact in (True, False):
+        hits = [i for i, n in enumerate(names) if isinstance(n, str) and (n == part if exact else n.lower() == part.lower())]
+        if len(hits) == 1:
+            return hits[0]
+    raise ConfigError(f"{variable}: no item of {format_loc(loc)} is named {part!r}{_did_you_mean(part, names)} "
+                      f"(names: {names}; an index such as 0 works too)")
 
-    Under ``kafka.properties`` the last part names a librdkafka property with
-    ``_`` for ``.`` (``..._SASL_PASSWORD`` -> ``sasl.password``); under
-    ``storage.options`` it is lower-cased as is (``AWS_ACCESS_KEY_ID`` -> ``aws_access_key_id``).
+
+def _apply_env_overrides(data: dict[str, Any], environ: Mapping[str, str], origins: Origins, errors: list[str]) -> None:
+    """CHANGELAKE_<SECTION>__<KEY>[__<KEY>...] = value.
+
+    Under ``kafka.properties`` the last part names a librdkafka property with ``_`` for ``.``
+    (``..._SASL_PASSWORD`` -> ``sasl.password``); under ``storage.options`` it is lower-cased as is
+    (``AWS_ACCESS_KEY_ID`` -> ``aws_access_key_id``). An item of a list section is named by its
+    ``name`` or its index: ``CHANGELAKE_SOURCES__orders__FORMAT``, ``CHANGELAKE_TABLES__0__PATH``.
+    A value starting with ``[`` or ``{`` is read as YAML (``CHANGELAKE_SOURCES__orders__TOPICS=[a, b]``).
+    An override that names no section, no list item or no mapping is an error, never ignored.
     """
-    for name, value in sorted(environ.items()):
-        if not name.startswith(ENV_PREFIX) or "__" not in name:
+    for variable, value in sorted(environ.items()):
+        if not variable.startswith(ENV_PREFIX) or "__" not in variable:
             continue
-        keys = [p.lower() for p in name[len(ENV_PREFIX):].split("__")]
-        if keys[0] not in ChangelakeConfig.model_fields or keys[0] in ("sources", "tables", "lookups", "views"):
+        parts = variable[len(ENV_PREFIX):].split("__")
+        if not all(parts):
+            errors.append(f"{variable}: empty part between '__' separators")
             continue
-        if keys[:2] == ["kafka", "properties"] and len(keys) == 3:
-            keys[2] = keys[2].replace("_", ".")
-        node = data
-        for key in keys[:-1]:
-            child = node.get(key)
-            if not isinstance(child, dict):
-                child = node[key] = {}
-            node = child
-        node[keys[-1]] = value
+        section = parts[0].lower()
+        if section not in ChangelakeConfig.model_fields:
+            errors.append(f"{variable}: there is no configuration section {section!r}"
+                          f"{_did_you_mean(section, ChangelakeConfig.model_fields)} "
+                          f"(sections: {list(ChangelakeConfig.model_fields)})")
+            continue
+        try:
+            node: Any = data
+            loc: Loc = ()
+            for depth, part in enumerate(parts):
+                last = depth == len(parts) - 1
+                if isinstance(node, list):
+                    if last:
+                        raise ConfigError(f"{variable}: {format_loc(loc)} is a list; name an item and a key in it, "
+                                          f"e.g. {variable}__<KEY>")
+                    i = _list_item(node, part, loc, variable)
+                    node, loc = node[i], (*loc, i)
+                    if not isinstance(node, dict):
+                        raise ConfigError(f"{variable}: {format_loc(loc)} is not a mapping")
+                    continue
+                key = part.lower()
+                if loc == ("kafka", "properties"):
+                    key = key.replace("_", ".")
+                if last:
+                    node[key] = yaml.safe_load(value) if value.strip()[:1] in ("[", "{") else value
+                    origins.other[(*loc, key)] = f"environment variable {variable}"
+                    break
+                child = node.get(key)
+                if loc == () and key in LIST_SECTIONS:
+                    if not isinstance(child, list):
+                        raise ConfigError(f"{variable}: the file has no '{key}' list to override an item of")
+                elif not isinstance(child, dict):
+                    child = node[key] = {}
+                node, loc = child, (*loc, key)
+        except ConfigError as exc:
+            errors.append(str(exc))
 
 
 def load_config(path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None) -> ChangelakeConfig:
     """Read and validate a pipeline YAML; raise ConfigError listing every problem with its path."""
-    environ = os.environ if environ is None else environ
+    config, problems, _ = check_config(path, environ=environ)
+    if problems:
+        raise ConfigError(problem_listing(str(path), problems))
+    assert config is not None
+    return config
+
+
+def read_config_file(path: str | os.PathLike[str]) -> str:
     try:
-        text = Path(path).read_text()
+        return Path(path).read_text()
     except OSError as exc:
         raise ConfigError(f"cannot read the pipeline file {str(path)!r}: {exc.strerror}") from None
-    return parse_config(text, environ=environ, origin=str(path))
+
+
+def check_config(path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None
+                 ) -> tuple[ChangelakeConfig | None, list[str], Origins]:
+    """The configuration of a YAML file (None if invalid), every problem found, and where values came from."""
+    return check_config_text(read_config_file(path), environ=environ, origin=str(path))
 
 
 def parse_config(text: str, *, environ: Mapping[str, str] | None = None, origin: str = "<config>") -> ChangelakeConfig:
+    config, problems, _ = check_config_text(text, environ=environ, origin=origin)
+    if problems:
+        raise ConfigError(problem_listing(origin, problems))
+    assert config is not None
+    return config
+
+
+def problem_listing(origin: str, problems: list[str]) -> str:
+    return f"{origin} has {len(problems)} error(s):\n" + "\n".join(f"  - {e}" for e in problems)
+
+
+def check_config_text(text: str, *, environ: Mapping[str, str] | None = None, origin: str = "<config>"
+                      ) -> tuple[ChangelakeConfig | None, list[str], Origins]:
+    """Every problem of a configuration, each with its YAML path and where its value came from:
+    the fields of every section first; when they are all valid, the references between sections."""
     environ = os.environ if environ is None else environ
     try:
         data = yaml.safe_load(text) or {}
@@ -507,17 +731,55 @@ def parse_config(text: str, *, environ: Mapping[str, str] | None = None, origin:
         raise ConfigError(f"{origin} is not valid YAML: {exc}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{origin}: the top level must be a mapping with pipeline, kafka, sources, tables")
+    origins = Origins(origin)
+    origins.read_lines(text)
     errors: list[str] = []
-    data = _expand_env(data, "", errors, environ)
-    _apply_env_overrides(data, environ)
+    data = _expand_env(data, (), errors, environ, origins)
+    _apply_env_overrides(data, environ, origins, errors)
+    config: ChangelakeConfig | None = None
     try:
-        config = ChangelakeConfig.model_validate(data)
+        config = ChangelakeConfig.model_validate(data, context={"collect_references": True})
     except ValidationError as exc:
-        for err in exc.errors():
-            loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
-            errors.append(f"{loc}: {err['msg']}")
-        config = None
-    if errors:
-        raise ConfigError(f"{origin} has {len(errors)} error(s):\n" + "\n".join(f"  - {e}" for e in errors))
-    assert config is not None
-    return config
+        errors.extend(origins.problem(tuple(err["loc"]), _message(err)) for err in exc.errors())
+    if config is not None:
+        errors.extend(origins.problem(loc, message) for loc, message in config.reference_problems())
+    return (None if errors else config), errors, origins
+
+
+def _message(err: Any) -> str:
+    """Pydantic's message, with the keys that were meant for an unknown one."""
+    if err["type"] != "extra_forbidden":
+        return err["msg"]
+    key = str(err["loc"][-1])
+    known = _known_keys(err["loc"][:-1])
+    hint = _did_you_mean(key, known) if known else ""
+    return f"unknown key {key!r}{hint}" + (f" (keys here: {', '.join(known)})" if known else "")
+
+
+def _known_keys(loc: Loc) -> list[str]:
+    """The keys the model accepts at ``loc`` (empty when it is not a model)."""
+    import types
+    import typing
+
+    def members(t: Any) -> list[Any]:
+        if typing.get_origin(t) in (typing.Union, types.UnionType):
+            return [m for a in typing.get_args(t) for m in members(a)]
+        return [t]
+
+    kinds: list[Any] = [ChangelakeConfig]
+    for part in loc:
+        nxt: list[Any] = []
+        for t in (m for k in kinds for m in members(k)):
+            if isinstance(t, type) and issubclass(t, BaseModel) and isinstance(part, str):
+                f = next((f for n, f in t.model_fields.items() if part in (n, f.alias)), None)
+                if f is not None:
+                    nxt.append(f.annotation)
+            elif typing.get_origin(t) is list and isinstance(part, int):
+                nxt.append(typing.get_args(t)[0])
+            elif typing.get_origin(t) is dict and isinstance(part, str):
+                nxt.append(typing.get_args(t)[1])
+        kinds = nxt
+    for t in (m for k in kinds for m in members(k)):
+        if isinstance(t, type) and issubclass(t, BaseModel):
+            return [f.alias or n for n, f in t.model_fields.items()]
+    return []

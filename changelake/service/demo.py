@@ -23,6 +23,7 @@ import yaml
 
 from changelake.connectors.delta_read import read_delta
 from changelake.connectors.embedded_broker import EmbeddedBroker
+from changelake.errors import ConfigError
 from changelake.service.config import ChangelakeConfig, parse_config
 from changelake.service.inventory import TABLES, InventoryDatabase, produce, topic_for
 from changelake.service.runner import PipelineRunner
@@ -180,11 +181,37 @@ def _stderr_to(path: Path):
         os.close(saved)
 
 
+#: written into a directory the demo created; only a directory holding it is ever emptied by the demo
+WORKDIR_MARKER = ".changelake-demo"
+
+
+def prepare_workdir(workdir: Path) -> Path:
+    """An empty work directory for the demo, made absolute.
+
+    A directory the demo created before (it holds :data:`WORKDIR_MARKER`) is emptied; an empty
+    directory is taken as is; anything else is refused, never deleted: ``--workdir`` may name a
+    user's directory by mistake.
+    """
+    import shutil
+
+    workdir = workdir.absolute()
+    if workdir.exists() and not workdir.is_dir():
+        raise ConfigError(f"--workdir {workdir} is a file, not a directory; name a new or empty directory")
+    if workdir.is_dir() and any(workdir.iterdir()):
+        if not (workdir / WORKDIR_MARKER).is_file():
+            raise ConfigError(f"--workdir {workdir} is not empty and was not created by 'changelake demo' (it has "
+                              f"no {WORKDIR_MARKER} file), so the demo will not delete it; name a new or empty "
+                              "directory, or remove this one yourself")
+        shutil.rmtree(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / WORKDIR_MARKER).write_text("created by 'changelake demo'; the next demo run empties this directory\n")
+    return workdir
+
+
 def run_demo(*, workdir: Path, changes: int = 30_000, seed: int = 7, metrics_port: int = 9108,
              out: TextIO) -> int:
     """Returns the process exit code: 0 when every table equals the source's final state."""
-    workdir = workdir.absolute()
-    workdir.mkdir(parents=True, exist_ok=True)
+    workdir = prepare_workdir(workdir)
     started = time.monotonic()
     print(f"changelake demo: working in {workdir}", file=out)
     with EmbeddedBroker() as broker:

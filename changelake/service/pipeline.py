@@ -21,7 +21,9 @@ Every micro-batch runs :meth:`BatchProcessor.process_decoded` (pure Arrow, no Sp
 3. apply each source's ``on_error`` policy to the dead letters (fail: stop before
    anything is written; skip: count and drop; dlq: quarantine with raw bytes); rows of
    graph sources with a null primary key are dead letters from the executors on;
-4. apply each table's changes through its idempotent Delta sink.
+4. count the truncates the decoders read (``on_truncate`` apply or skip); a mirrored table
+   gets the position of its latest truncate of the batch (apply);
+5. apply each table's changes (and truncate) through its idempotent Delta sink.
 
 Every write is keyed by (pipeline id, batch id) through Delta transaction ids and
 Spark only advances its offsets after the batch function returns, so a crash
@@ -49,6 +51,7 @@ import pyarrow.compute as pc
 from changelake import metrics
 from changelake.changelog import DEAD_LETTER_SCHEMA, KIND, SEQ, RowKind
 from changelake.connectors.delta_sink import DeltaUpsertSink, TableSpec, open_sink
+from changelake.connectors.delta_sink_kernel import check_truncate_order
 from changelake.errors import ConfigError, DecodeError
 from changelake.formats import make_decoder
 from changelake.formats.encodings import source_schema
@@ -83,6 +86,7 @@ class BatchReport:
     changes: dict[str, dict[str, int]] = field(default_factory=dict)    # table -> kind -> n
     dead_letters: dict[str, int] = field(default_factory=dict)          # reason -> n
     key_changes: dict[str, int] = field(default_factory=dict)           # source -> updates that moved a row
+    truncates: dict[str, int] = field(default_factory=dict)             # source -> TRUNCATE messages read
     expired: int = 0
     committed_tables: list[str] = field(default_factory=list)
     seconds: float = 0.0
@@ -92,7 +96,7 @@ class _Route:
     def __init__(self, spec: SourceSpec) -> None:
         self.spec = spec
         self.decoder = make_decoder(spec.format, columns=source_schema(spec.columns) if spec.columns else None,
-                                    options=spec.options)
+                                    options=spec.decoder_options())
         self._rx = re.compile(spec.topic_pattern) if spec.topic_pattern else None
         self._topics = frozenset(spec.topics or ())
 
@@ -176,6 +180,7 @@ class BatchProcessor:
         moves = {self.routes[i].spec.name: pc.sum(got.pop("moves")["moves"]).as_py() for i, got in parts.items()
                  if "moves" in got}
         decoded = []
+        truncates = [(self.routes[i], got.pop("trunc")) for i, got in parts.items() if "trunc" in got]
         for i, got in parts.items():
             if not got:
                 continue
@@ -183,13 +188,15 @@ class BatchProcessor:
             if "raw" in got:                      # columns learnt at run time: decode here
                 result = route.decoder.decode(got["raw"])
                 decoded.append((route, result.rows, result.dead_letters))
+                if result.truncates.num_rows:
+                    truncates.append((route, result.truncates))
             rows = got.get("rows")
             dead = got.get("dl")
             if rows is not None or dead is not None:
                 decoded.append((route, rows if rows is not None else _empty(route),
                                 dead if dead is not None else DEAD_LETTER_SCHEMA.empty_table()))
         decoded.extend(self._rejected(rejected))
-        return self._apply(stats, decoded, batch_id, graph_changes, late_rows, moves)
+        return self._apply(stats, decoded, batch_id, graph_changes, late_rows, moves, truncates)
 
     def _rejected(self, rejected: Sequence[Any]) -> list[tuple["_Route", pa.Table, pa.Table]]:
         """Rows an operator raised on, as dead letters (reason ``operator-error``) of the source they
@@ -218,8 +225,10 @@ class BatchProcessor:
     def _apply(self, stats: dict[tuple[str, int], tuple[int, int]],
                decoded: list[tuple["_Route", pa.Table, pa.Table]], batch_id: int,
                graph_changes: dict[str, pa.Table] | None = None, late_rows: dict | None = None,
-               moves: dict[str, int] | None = None) -> BatchReport:
-        """``moves``: per source, the key changes the decode stage split for the graph."""
+               moves: dict[str, int] | None = None,
+               truncates: Sequence[tuple["_Route", pa.Table]] = ()) -> BatchReport:
+        """``moves``: per source, the key changes the decode stage split for the graph; ``truncates``: per
+        route, the TRUNCATE messages its decoder read (``changelog.TRUNCATE_SCHEMA``)."""
         started = time.monotonic()
         report = BatchReport(batch_id=batch_id, key_changes=dict(moves or {}))
         for (topic, partition), (n, expired) in stats.items():
@@ -246,6 +255,10 @@ class BatchProcessor:
         for source, n in report.key_changes.items():
             metrics.KEY_CHANGES.labels(source=source).inc(n)
         letters.extend(self._late_letters(late_rows or {}, batch_id, report))
+        truncate_at = self._truncates(truncates, report)
+        empty = {r.spec.table: r for r in self.routes if r.spec.table in truncate_at}
+        for name in truncate_at.keys() - per_table.keys():
+            per_table[name] = [_empty(empty[name])]
         for name, changes in (graph_changes or {}).items():
             pk = self.config.table(name).primary_key
             per_table.setdefault(name, []).append(graph_sink_changes(changes, primary_key=pk, batch_id=batch_id))
@@ -258,7 +271,7 @@ class BatchProcessor:
             report.changes[name] = kinds
             for kind, n in kinds.items():
                 metrics.CHANGES_IN.labels(name, kind).inc(n)
-            result = self._sink(name).apply(changes, batch_id=batch_id)
+            result = self._sink(name).apply(changes, batch_id=batch_id, truncate_at=truncate_at.get(name))
             if result.committed:
                 report.committed_tables.append(name)
             if i == 0:
@@ -271,6 +284,24 @@ class BatchProcessor:
                  report.records, json.dumps(report.changes), json.dumps(report.key_changes),
                  json.dumps(report.dead_letters), report.seconds)
         return report
+
+    def _truncates(self, truncates: Sequence[tuple["_Route", pa.Table]], report: BatchReport) -> dict[str, str]:
+        """Count the truncates by source and action; the position of each mirrored table's latest one
+        (sources with ``on_truncate: apply``; the config refuses apply on a source that views read)."""
+        latest: dict[str, str] = {}
+        for route, found in truncates:
+            source, action, n = route.spec.name, route.spec.truncate_policy, found.num_rows
+            metrics.TRUNCATES.labels(source=source, action=action).inc(n)
+            report.truncates[source] = report.truncates.get(source, 0) + n
+            table = route.spec.table
+            if action != "apply" or table is None:
+                log.info("source %s: %d truncate(s) skipped (on_truncate: %s)", source, n, action)
+                continue
+            newest = pc.max(found[SEQ]).as_py()
+            check_truncate_order(found[SEQ], newest, table=table)
+            if table not in latest or newest > latest[table]:
+                latest[table] = newest
+        return latest
 
     def _check_keys(self, route: _Route, rows: pa.Table, bad: pa.Table) -> tuple[pa.Table, pa.Table, int]:
         """The rows for the route's table with key changes split by the table's key (and how many), and
@@ -355,6 +386,8 @@ class BatchProcessor:
             t.dead_letters[reason] = t.dead_letters.get(reason, 0) + n
         for source, n in report.key_changes.items():
             t.key_changes[source] = t.key_changes.get(source, 0) + n
+        for source, n in report.truncates.items():
+            t.truncates[source] = t.truncates.get(source, 0) + n
 
 
 def graph_sink_changes(changes: pa.Table, *, primary_key: Sequence[str], batch_id: int) -> pa.Table:

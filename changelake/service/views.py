@@ -18,7 +18,8 @@
 A view has ``from`` (or a ``join`` with ``left`` and ``right``) and one operation:
 ``deduplicate``, ``filter``, ``select``, ``group_by`` + ``aggregates``, ``top_n``, ``join``,
 ``interval_join``, ``temporal_join`` (the joins name ``left`` and ``right`` instead of ``from``),
-``lookup_join`` (``{lookup: <name under lookups>, on: {stream column: key column}, how}``).
+``lookup_join`` (``{lookup: <name under lookups>, on: {stream column: key column}, how}``),
+or ``sql`` (one Flink SQL query, which names what it reads itself; :mod:`changelake.plan.sql_view`).
 Sources that only mirror into a table (``sources[].table``) stay outside the graph.
 ``pipeline.state_ttl`` / ``pipeline.on_stale_retraction`` set every operator's state options;
 a view's own ``state_ttl`` / ``on_stale_retraction`` override them.
@@ -32,29 +33,89 @@ from changelake.connectors.lookup import CacheOptions, Lookup
 from changelake.errors import ConfigError
 from changelake.formats.encodings import source_schema
 from changelake.plan.graph import Pipeline, StateOptions, Stream
-from changelake.service.config import ChangelakeConfig, LookupSpec, SourceSpec, ViewSpec, parse_duration
+from changelake.plan.physical import STATEFUL_OPS
+from changelake.plan.planner import check as planner_check
+from changelake.plan.sql_view import check_query
+from changelake.service.config import VIEW_OPERATIONS, ChangelakeConfig, Loc, LookupSpec, SourceSpec, ViewSpec, parse_duration
 
 
 def pipeline_from_config(config: ChangelakeConfig) -> Pipeline | None:
     """The graph of ``views`` and ``tables[].from``, or None when the config has none."""
-    graph_tables = [t for t in config.tables if t.from_ is not None]
+    p, problems = _build(config, collect=False)
+    return p
+
+
+def graph_problems(config: ChangelakeConfig) -> list[tuple[Loc, str]]:
+    """Every error of the operator graph, each with the YAML path of the source, view or table
+    it belongs to: those of building it, then the planner's (columns, keys, join key types,
+    expressions, changelog modes). A node whose input failed is not checked again."""
+    p, problems = _build(config, collect=True)
+    if p is None or problems:
+        return problems
+    where = _node_locs(config)
+    return [(where.get(node, ()), message) for node, message in planner_check(p)]
+
+
+def _node_locs(config: ChangelakeConfig) -> dict[str, Loc]:
+    where: dict[str, Loc] = {s.name: ("sources", i) for i, s in enumerate(config.sources)}
+    where.update({v.name: ("views", i, next(k for k in VIEW_OPERATIONS if getattr(v, k) is not None))
+                  for i, v in enumerate(config.views)})
+    where.update({f"sink_{t.name}": ("tables", i) for i, t in enumerate(config.tables)})
+    return where
+
+
+def _build(config: ChangelakeConfig, *, collect: bool) -> tuple[Pipeline | None, list[tuple[Loc, str]]]:
+    """The graph; with ``collect``, every construction error as (path, message) instead of raising the first."""
+    graph_tables = [(i, t) for i, t in enumerate(config.tables) if t.from_ is not None]
     if not graph_tables:
-        return None
-    read = {i for v in config.views for i in v.inputs} | {t.from_ for t in graph_tables}
+        return None, []
+    problems: list[tuple[Loc, str]] = []
+    failed: set[str] = set()
+
+    def attempt(loc: Loc, name: str, inputs: list[str], step) -> None:
+        if failed.intersection(inputs):
+            failed.add(name)
+            return
+        try:
+            step()
+        except ConfigError as exc:
+            if not collect:
+                raise
+            failed.add(name)
+            problems.append((loc, str(exc)))
+
+    read = {i for v in config.views for i in config.view_inputs(v)} | {t.from_ for _, t in graph_tables}
     defaults = StateOptions(config.pipeline.state_ttl, config.pipeline.on_stale_retraction)
     p = Pipeline(state=defaults)
-    for s in config.sources:
+    for i, s in enumerate(config.sources):
         if s.name in read:
-            _source(p, config, s)
-    lookups = {lk.name: lookup_of(config, lk) for lk in config.lookups}
-    for v in config.views:
-        stream = _view(p, v, lookups)
-        if v.state_ttl is not None or v.on_stale_retraction is not None:
-            stream.with_state(ttl=v.state_ttl or defaults.ttl,
-                              on_stale_retraction=v.on_stale_retraction or defaults.on_stale_retraction)
-    for t in graph_tables:
-        p.stream(t.from_).to_table(t.name, primary_key=t.primary_key)
-    return p
+            attempt(("sources", i), s.name, [], lambda s=s: _source(p, config, s))
+    lookups: dict[str, Lookup] = {}
+    for i, lk in enumerate(config.lookups):
+        attempt(("lookups", i), lk.name, [], lambda lk=lk: lookups.__setitem__(lk.name, lookup_of(config, lk)))
+    for i, v in enumerate(config.views):
+        inputs = [*v.inputs, *([v.lookup_join.lookup] if v.lookup_join else [])]
+        if v.sql is not None and collect and not failed.intersection(inputs):
+            errors = check_query(v.sql)        # every unsupported construct, each with its position
+            if errors:
+                failed.add(v.name)
+                problems.extend((("views", i, "sql"), f"view {v.name!r}: {e}") for e in errors)
+                continue
+        attempt(("views", i) if v.sql is None else ("views", i, "sql"), v.name, inputs,
+                lambda v=v: _view_with_state(p, v, lookups, defaults))
+    for i, t in graph_tables:
+        attempt(("tables", i), t.name, [t.from_],
+                lambda t=t: p.stream(t.from_).to_table(t.name, primary_key=t.primary_key))
+    return p, problems
+
+
+def _view_with_state(p: Pipeline, v: ViewSpec, lookups: dict[str, Lookup], defaults: StateOptions) -> None:
+    before = set(p.nodes)
+    _view(p, v, lookups)
+    if v.state_ttl is not None or v.on_stale_retraction is not None:
+        for name in [n for n in p.nodes if n not in before and p.nodes[n].op in STATEFUL_OPS]:   # a sql view's too
+            p.stream(name).with_state(ttl=v.state_ttl or defaults.ttl,
+                                      on_stale_retraction=v.on_stale_retraction or defaults.on_stale_retraction)
 
 
 def _source(p: Pipeline, config: ChangelakeConfig, s: SourceSpec) -> Stream:
@@ -71,7 +132,7 @@ def _decoded_columns(s: SourceSpec) -> pa.Schema:
     (``options.metadata``, e.g. the change's operation time as a versioned table's event time)."""
     from changelake.formats import make_decoder
 
-    schema = make_decoder(s.format, columns=source_schema(s.columns), options=s.options).output_schema
+    schema = make_decoder(s.format, columns=source_schema(s.columns), options=s.decoder_options()).output_schema
     # Spark holds timestamps in microseconds (a metadata time may be declared in ms)
     return pa.schema([f.with_type(pa.timestamp("us", tz=f.type.tz)) if pa.types.is_timestamp(f.type) else f
                       for f in schema if not f.name.startswith("_")])
@@ -92,6 +153,8 @@ def lookup_of(config: ChangelakeConfig, spec: LookupSpec) -> Lookup:
 
 
 def _view(p: Pipeline, v: ViewSpec, lookups: dict[str, Lookup]) -> Stream:
+    if v.sql is not None:
+        return p.sql(v.name, v.sql, lookups=lookups)
     if v.join is not None:
         j = v.join
         return p.stream(j.left).join(p.stream(j.right), on=j.on, how=j.how, name=v.name)

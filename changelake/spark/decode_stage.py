@@ -17,6 +17,7 @@ a few seconds as IPC payloads on 2 cores). Each output row is one payload:
            counted on the driver
 ``dl``     dead letters of route ``_route`` (raw bytes, position, reason, error), including the
            rows whose graph key is null (reason ``missing-key``): they never reach a kernel
+``trunc``  truncates of route ``_route`` (``changelog.TRUNCATE_SCHEMA``: position, database, table)
 ``raw``    raw records of route ``_route`` whose decoder learns its columns at run
            time (no ``columns`` configured): decoded on the driver
 ``keys``   the distinct message-key field lists of route ``_route``, while its table's
@@ -96,6 +97,8 @@ class DecodeStage:
                 out.append((i, "rows", to_ipc(rows)))
             if dead.num_rows:
                 out.append((i, "dl", to_ipc(dead)))
+            if result.truncates.num_rows:
+                out.append((i, "trunc", to_ipc(result.truncates)))
         return pa.RecordBatch.from_arrays(
             [pa.array([o[0] for o in out], pa.int16()), pa.array([o[1] for o in out], pa.string()),
              pa.array([o[2] for o in out], pa.binary())], schema=SCHEMA)

@@ -173,6 +173,24 @@ class DeltaSparkSink(DeltaUpsertSink):
     def _compact_tombstones(self) -> None:
         self._delta(self.tombstone_path).optimize().executeCompaction()
 
+    def _seq_column(self) -> str:
+        return backtick(SEQ)
+
+    def _set_properties(self, properties: Mapping[str, str]) -> None:
+        assignments = ", ".join(f"'{k}' = '{v}'" for k, v in properties.items())
+        self._session.sql(f"ALTER TABLE delta.{backtick(self.spec.path)} SET TBLPROPERTIES ({assignments})")
+
+    def _delete_where(self, predicate: str) -> int:
+        before = self._require_state(self.spec.path).version
+        self._delta(self.spec.path).delete(predicate)
+        after = self._require_state(self.spec.path).version
+        if after == before:
+            return 0
+        return int(self._metrics_of_commit(self.spec.path, after).get("numDeletedRows", 0))
+
+    def _any_row(self, predicate: str) -> bool:
+        return bool(self._session.read.format("delta").load(self.spec.path).where(predicate).limit(1).count())
+
     def _is_conflict(self, exc: BaseException) -> bool:
         from delta import exceptions as delta_exceptions
 

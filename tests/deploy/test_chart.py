@@ -370,6 +370,13 @@ def test_fail_guards(case: str, render_raw: Any, helm: Any) -> None:
     ({"metrics": {"port": 70000}}, "/metrics/port"),
     ({"sparkApplication": {"restartPolicy": "Sometimes"}}, "/sparkApplication/restartPolicy"),
     ({"imagePullSecret": [{"name": "typo"}]}, "additional properties 'imagePullSecret'"),
+    # the pipeline subtree is checked against the config model's JSON schema (config_reference.py)
+    ({"pipeline": {"sources": [{"name": "p", "topics": ["t"], "format": "bogus", "table": "products"}]}},
+     "/pipeline/sources/0/format"),
+    ({"pipeline": {"pipeline": {"trigger_intervall": "1 second"}}}, "additional properties 'trigger_intervall'"),
+    ({"pipeline": {"pipeline": {"max_records_per_batch": "many"}}}, "/pipeline/pipeline/max_records_per_batch"),
+    ({"pipeline": {"tables": [{"name": "products", "primary_key": [], "from": "x"}]}},
+     "/pipeline/tables/0/primary_key"),
 ])
 def test_values_schema_rejects(values: dict[str, Any], where: str, render_raw: Any, helm: Any) -> None:
     with pytest.raises(helm.HelmValuesError) as raised:
@@ -379,6 +386,17 @@ def test_values_schema_rejects(values: dict[str, Any], where: str, render_raw: A
 
 def test_values_schema_accepts_defaults(chart: Any) -> None:
     chart.validate_schema(DEFAULTS)
+
+
+def test_values_schema_accepts_env_references_and_secret_files(render_raw: Any) -> None:
+    render_raw({"pipeline": {"pipeline": {"max_records_per_batch": "${BATCH:-5000}"},
+                             "kafka": {"properties": {"sasl.password_file": "/run/secrets/kafka"}}}})
+
+
+def test_helm_lint_rejects_a_broken_pipeline(helm: Any) -> None:
+    report = helm.lint(str(CHART), {"pipeline": {"sources": [{"name": "p", "topics": ["t"], "formatt": "x",
+                                                              "table": "products"}]}}, strict=True)
+    assert any("formatt" in e for e in _lint_errors(report)), report
 
 
 # --- helm lint ------------------------------------------------------------------------------

@@ -68,14 +68,19 @@ def test_canal_include_filters_match_whole_names_and_are_counted() -> None:
     assert result.skipped == {"filtered": 1}
 
 
-def test_canal_ddl_and_truncate_are_counted() -> None:
+def test_canal_ddl_is_counted_and_truncate_is_reported_with_its_position() -> None:
     columns = sql_schema([("id", "INT")])
+    # Canal writes a TRUNCATE as a DDL entry: isDdl true, type TRUNCATE, no data
     msgs = [{"data": None, "database": "shop", "table": "orders", "type": "ALTER", "isDdl": True, "sql": "..."},
-            canal("TRUNCATE", None)]
-    assert make_decoder("canal-json", columns=columns).decode(records(msgs)).skipped == {"ddl": 1, "truncate": 1}
+            canal("TRUNCATE", None, isDdl=True, sql="TRUNCATE TABLE orders")]
+    result = make_decoder("canal-json", columns=columns).decode(records(msgs))
+    assert result.skipped == {"ddl": 1} and result.rows.num_rows == 0 and result.dead_letters.num_rows == 0
+    assert result.truncates.to_pylist() == [{"topic": "shop.products", "partition": 2, "offset": 101,
+                                             "_seq": seq_from_kafka(2, 101), "_db": "shop", "_table": "orders"}]
     failing = make_decoder("canal-json", columns=columns, options={"on_truncate": "fail"})
-    dead = failing.decode(records(msgs)).dead_letters
-    assert dead.column("reason").to_pylist() == ["unsupported"]
+    dead = failing.decode(records(msgs)).dead_letters.to_pylist()
+    assert [d["reason"] for d in dead] == ["unsupported"]
+    assert "shop.orders" in dead[0]["error"] and seq_from_kafka(2, 101) in dead[0]["error"]
 
 
 def test_canal_text_that_is_not_a_number_is_a_schema_mismatch() -> None:
@@ -147,7 +152,10 @@ def test_ogg_update_without_before_needs_upsert() -> None:
 def test_ogg_truncate_and_unknown() -> None:
     columns = sql_schema([("id", "INT")])
     result = make_decoder("ogg-json", columns=columns).decode(records([ogg("T"), ogg("Z", after={"id": 1})]))
-    assert result.skipped == {"truncate": 1}
+    assert not result.skipped and result.rows.num_rows == 0
+    assert result.truncates.to_pylist() == [{"topic": "shop.products", "partition": 2, "offset": 100,
+                                             "_seq": seq_from_log_position(20000001234, offset=100),
+                                             "_db": "SALES", "_table": "ORDERS"}]
     assert result.dead_letters.column("reason").to_pylist() == ["unknown-op"]
 
 

@@ -85,16 +85,21 @@ def test_delete_without_before_is_a_dead_letter_even_for_upsert() -> None:
     assert result.dead_letters.column("reason").to_pylist() == ["missing-before"]
 
 
-def test_truncate_is_skipped_and_counted_by_default() -> None:
-    result = decode([change("t"), change("t")])
-    assert result.rows.num_rows == 0 and result.dead_letters.num_rows == 0
-    assert result.skipped == {"truncate": 2}
+@pytest.mark.parametrize("policy", ["skip", "apply"])
+def test_truncate_is_reported_at_its_log_position(policy) -> None:
+    result = decode([change("t", source=mysql_source(pos=900, row=0)), change("t", source=pg_source())],
+                    on_truncate=policy)
+    assert result.rows.num_rows == 0 and result.dead_letters.num_rows == 0 and not result.skipped
+    got = result.truncates.to_pylist()
+    assert [t["_seq"] for t in got] == [sequence(mysql_source(pos=900, row=0), 2, 100), sequence(pg_source(), 2, 101)]
+    assert [(t["_db"], t["_table"], t["offset"]) for t in got] == [("shop", "products", 100), ("postgres", "orders", 101)]
 
 
-def test_truncate_can_fail() -> None:
+def test_truncate_can_fail_naming_its_position() -> None:
     result = decode([change("t")], on_truncate="fail")
     dead = result.dead_letters.to_pylist()[0]
     assert dead["reason"] == "unsupported" and "on_truncate" in dead["error"]
+    assert sequence(mysql_source(), 2, 100) in dead["error"] and "shop.products" in dead["error"]
 
 
 def test_logical_decoding_messages_are_skipped_and_counted() -> None:
@@ -254,7 +259,7 @@ def test_metadata_columns_follow_user_columns_with_chosen_names() -> None:
 
 @pytest.mark.parametrize("options, needle", [
     ({"no-such-option": 1}, "allowed options"),
-    ({"on_truncate": "drop"}, "[skip, fail]"),
+    ({"on_truncate": "drop"}, "[apply, skip, fail]"),
     ({"upsert": "yes"}, "Unrecognized option for boolean: yes"),
     ({"metadata": ["source.nope"]}, "allowed keys"),
     ({"metadata": {"source.table": "_table"}}, "reserved"),

@@ -67,8 +67,10 @@ def _check_accounting(values: list, result) -> None:
     assert len(dead_offsets) == len(set(dead_offsets)), "a message produced two dead letters"
     assert not row_offsets & set(dead_offsets), "a message produced rows and a dead letter"
     assert set(result.dead_letters.column("reason").to_pylist()) <= set(REASONS)
-    # every message is accounted for exactly once
-    assert len(row_offsets) + len(dead_offsets) + sum(result.skipped.values()) == n
+    # every message is accounted for exactly once: rows, a dead letter, a truncate or a counted skip
+    truncate_offsets = result.truncates.column("offset").to_pylist()
+    assert not set(truncate_offsets) & (row_offsets | set(dead_offsets))
+    assert len(row_offsets) + len(dead_offsets) + len(truncate_offsets) + sum(result.skipped.values()) == n
     tombstones = sum(1 for v in values if not v)
     assert result.skipped.get("tombstone", 0) >= tombstones
     # dead letters keep the raw bytes of their message

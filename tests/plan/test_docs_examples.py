@@ -79,7 +79,7 @@ def test_the_lookup_join_examples_plan_and_explain_as_shown():
     config = parse_config(HEADER + yaml_text, environ={})
     plan = pipeline_from_config(config).plan()
     assert [n.op for n in plan if n.op == "lookup_join"] == ["lookup_join", "lookup_join"]
-    code = next(body for lang, body in BLOCKS if lang == "python" and "lookup_join(" in body)
+    code = next(body for lang, body in BLOCKS if lang == "python" and "lookup_join(" in body and "Lookup." in body)
     scope: dict = {}
     exec(compile(code, "docs/pipelines.md", "exec"), scope)
     printed = explain_plan(scope["p"].plan()).splitlines()

@@ -57,3 +57,51 @@ def test_explain_shows_source_decode_and_sink_with_modes(tmp_path, capsys):
 def test_version(capsys):
     assert main(["version"]) == 0
     assert "pyspark 4.2.0" in capsys.readouterr().out
+
+
+def test_version_option_prints_the_version_and_exits_zero():
+    from changelake import __version__
+
+    out = subprocess.run([sys.executable, "-m", "changelake.service.cli", "--version"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(f"changelake {__version__} (pyspark 4.2.0, deltalake ")
+
+
+@pytest.mark.parametrize("how", ["option", "environment"])
+def test_an_unknown_log_level_is_rejected(tmp_path, how):
+    path = tmp_path / "p.yaml"
+    path.write_text(GOOD)
+    argv = ["--log-level", "FOO"] if how == "option" else []
+    env = {"PATH": "/usr/bin:/bin", **({"CHANGELAKE_LOG_LEVEL": "FOO"} if how == "environment" else {})}
+    out = subprocess.run([sys.executable, "-m", "changelake.service.cli", *argv, "validate", "-c", str(path)],
+                         capture_output=True, text=True, env=env)
+    assert out.returncode == 2
+    assert "FOO" in out.stderr and "DEBUG, INFO, WARNING, ERROR" in out.stderr.replace("'", "")
+    assert main(["--log-level", "warning", "validate", "-c", str(path)]) == 0
+
+
+def test_demo_refuses_a_directory_it_did_not_create(tmp_path):
+    from changelake.errors import ConfigError
+    from changelake.service.demo import WORKDIR_MARKER, prepare_workdir
+
+    mine = tmp_path / "thesis"
+    mine.mkdir()
+    (mine / "chapter1.tex").write_text("years of work")
+    with pytest.raises(ConfigError, match="was not created by 'changelake demo'"):
+        prepare_workdir(mine)
+    assert (mine / "chapter1.tex").read_text() == "years of work"
+    assert main(["demo", "--workdir", str(mine)]) == 2           # the CLI stops before starting anything
+    assert (mine / "chapter1.tex").exists()
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("x")
+    with pytest.raises(ConfigError, match="is a file"):
+        prepare_workdir(a_file)
+
+    fresh = prepare_workdir(tmp_path / "new" / "demo")          # created, with its marker
+    assert (fresh / WORKDIR_MARKER).is_file()
+    (fresh / "lake").mkdir()
+    again = prepare_workdir(fresh)                                # a demo directory is emptied and reused
+    assert again == fresh and sorted(p.name for p in fresh.iterdir()) == [WORKDIR_MARKER]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert (prepare_workdir(empty) / WORKDIR_MARKER).is_file()   # an empty directory is taken
