@@ -403,7 +403,7 @@ def _decimal_bytes(target: pa.DataType, scale: int):
         if after is not None:
             return after(d)
         if pat.is_floating(target):
-            return float(d)
+            return _to_float32(d) if pat.is_float32(target) else float(d)
         if pat.is_string(target):
             return str(d)
         raise Unfit("a Connect Decimal needs a DECIMAL, DOUBLE or STRING column")
