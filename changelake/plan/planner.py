@@ -243,7 +243,7 @@ class _Builder:
         inp = self._input(node.inputs[0])
         pairs = node.params["projections"]
         schema = sql.project_schema(node.name, inp.schema, pairs)
-        passed = {expr.strip(): name for name, expr in pairs if expr.strip() in inp.schema.names}
+        passed = {c: name for name, expr in pairs if (c := _column_ref(expr)) in inp.schema.names}
         key = None
         if inp.upsert_key and all(c in passed for c in inp.upsert_key):
             key = tuple(passed[c] for c in inp.upsert_key)
@@ -610,6 +610,14 @@ def _join_upsert_key(left: _Draft, right: _Draft, lkey, rkey, renamed: dict[str,
     if lu and ru:
         return (*lu, *ru_out)
     return None
+
+
+def _column_ref(expr: str) -> str:
+    """The column an expression only names (``qty`` or ```qty```), else the expression itself."""
+    e = expr.strip()
+    if len(e) > 1 and e[0] == e[-1] == "`":
+        return e[1:-1].replace("``", "`")
+    return e
 
 
 def _ms_text(ms: int) -> str:

@@ -11,6 +11,7 @@ written                                                                planned a
 ``JOIN lk FOR SYSTEM_TIME AS OF a.proc_time ON a.x = lk.k``            ``lookup_join(lookups[lk])``
 ``x IN (SELECT y FROM ...)``                                           ``join(on={x: y}, how="semi")``
 ``[NOT] EXISTS (SELECT .. FROM b WHERE b.y = a.x [AND ..])``           ``join(how="semi"|"anti")``
+``x NOT IN (SELECT y ...)``, x and y proven never NULL                 ``join(on={x: y}, how="anti")``
 =====================================================================  =============================
 """
 
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from sqlglot import exp
 
-from changelake.plan.sql_view import Flink, SqlError, _Col, _conjuncts, _Rel, interval_ms
+from changelake.plan.sql_view import Flink, SqlError, _Col, _conjuncts, _Rel, _subquery_test, interval_ms
 
 if TYPE_CHECKING:
     from changelake.plan.sql_view import _QueryPlanner
@@ -102,7 +103,7 @@ def plan_join(pl: "_QueryPlanner", left: _Rel, join: exp.Join, where: list[exp.E
         return _versioned_join(pl, left, join, right_src, version, how, terms, where)
     right = pl.relation(right_src)
     if how == "inner":           # WHERE terms over both sides are the join's condition
-        both = [t for t in where if _sides(pl, t, [left, right]) == {0, 1}]
+        both = [t for t in where if not _subquery_test(t) and _sides(pl, t, [left, right]) == {0, 1}]
         where = [t for t in where if not any(t is b for b in both)]
         terms = terms + both
     using = join.args.get("using")
@@ -234,10 +235,6 @@ def plan_semi_join(pl: "_QueryPlanner", rel: _Rel, test: exp.Expression) -> _Rel
     t = test.this if negated else test
     t = t.unnest() if isinstance(t, exp.Paren) else t
     if isinstance(t, exp.In):
-        if negated:
-            raise pl.error(test, "NOT IN (SELECT ...) is not supported: it returns no row at all once the subquery "
-                                 "holds a NULL, which an anti join cannot retract; write NOT EXISTS (SELECT * FROM "
-                                 "... WHERE sub.y = outer.x), which the anti join computes exactly")
         outer_col = pl.column_of(t.this, rel, "the tested value of IN (SELECT ...)")
         sub_q = t.args["query"]
         sub_q = sub_q.this if isinstance(sub_q, exp.Subquery) else sub_q
@@ -246,6 +243,17 @@ def plan_semi_join(pl: "_QueryPlanner", rel: _Rel, test: exp.Expression) -> _Rel
             raise pl.error(sub_q, f"the subquery of IN selects {len(sub.cols)} columns; select exactly one")
         pairs = {outer_col: sub.cols[0].column}
         how = "semi"
+        if negated:
+            nullable = [what for what, n, c in ((t.this.sql(dialect=Flink), rel.node, outer_col),
+                                                 (f"the subquery's {sub.cols[0].name}", sub.node, sub.cols[0].column))
+                        if not _never_null(pl, n, c)]
+            if nullable:
+                raise pl.error(test, f"NOT IN (SELECT ...) over a column that may be NULL ({', '.join(nullable)}): "
+                                     "it returns no row at all once the subquery holds a NULL, which an anti join "
+                                     "cannot retract; filter the NULLs out (WHERE x IS NOT NULL, and in the "
+                                     "subquery WHERE y IS NOT NULL), or write NOT EXISTS (SELECT * FROM ... WHERE "
+                                     "sub.y = outer.x), which the anti join computes exactly")
+            how = "anti"              # over never-NULL columns NOT IN is NOT EXISTS
     elif isinstance(t, exp.Exists):
         sub_q = t.this.this if isinstance(t.this, exp.Subquery) else t.this
         if not isinstance(sub_q, exp.Select):
@@ -278,3 +286,19 @@ def plan_semi_join(pl: "_QueryPlanner", rel: _Rel, test: exp.Expression) -> _Rel
         raise pl.error(test, "not a subquery test")
     node = pl.add(how, lambda n: pl.p.stream(rel.node).join(pl.p.stream(sub.node), on=pairs, how=how, name=n))
     return _Rel(node, rel.cols)
+
+
+def _never_null(pl: "_QueryPlanner", node: str, column: str) -> bool:
+    """Whether the planner proves ``column`` of ``node`` never NULL (:mod:`changelake.plan.nullability`):
+    plans the pipeline so far with a probe table on ``node``."""
+    from changelake.plan.graph import Pipeline
+    from changelake.plan.planner import plan
+
+    probe = Pipeline(state=pl.p.state)
+    probe.nodes = {n: v for n, v in pl.p.nodes.items() if v.op != "sink"}
+    probe.stream(node).to_table("not_null_probe", primary_key=[column])
+    physical = plan(probe)
+    fed = physical[physical["sink_not_null_probe"].inputs[0]]
+    if fed.op == "materialize":
+        fed = physical[fed.inputs[0]]
+    return column in fed.not_null

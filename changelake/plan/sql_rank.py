@@ -87,17 +87,40 @@ def plan_rank(pl: "_QueryPlanner", inner: exp.Select, qualifier: str | None, whe
     if n is None or n < 1:
         raise pl.error(item, f"ROW_NUMBER() AS {rn} needs WHERE {rn} <= N (N >= 1; or {rn} < N, {rn} = 1) in the "
                              "query around it: a streaming Top-N keeps only the first N rows per partition")
-    body = inner.copy()
-    body.set("expressions", [e for e in body.expressions if not isinstance(e.unalias(), exp.Window)] or [exp.Star()])
-    base = pl.query(body)
-    partition = [pl.column_of(e, base, "a PARTITION BY item") for e in w.args.get("partition_by") or []]
     order = w.args.get("order").expressions if w.args.get("order") else []
     if not order:
         raise pl.error(item, "ROW_NUMBER() OVER (...) needs ORDER BY: the rows it keeps are the first by that order")
+    # PARTITION BY and ORDER BY read the FROM's columns, as the SELECT list does: each is the SELECT item
+    # that computes it, else an extra item that a select after the Top-N drops again
+    items = [e for e in inner.expressions if not isinstance(e.unalias(), exp.Window)]
+    star = any(isinstance(e, exp.Star) or (isinstance(e, exp.Column) and isinstance(e.this, exp.Star))
+               for e in items)
+    computed = {e.unalias().sql(dialect=Flink): e.alias_or_name for e in items if not isinstance(e, exp.Star)}
+    extra: list[str] = []
+    refs: dict[str, exp.Expression] = {}
+    for e in [*(w.args.get("partition_by") or []), *(o.this for o in order)]:
+        text = e.sql(dialect=Flink)
+        if text in computed:
+            refs[text] = exp.column(computed[text])
+        elif not star and not (isinstance(e, exp.Anonymous) and str(e.this).upper() == "PROCTIME"):
+            name = e.name if isinstance(e, exp.Column) and e.name not in computed.values() \
+                else f"rank_key_{len(extra) + 1}"
+            items.append(exp.alias_(e.copy(), name))
+            computed[text] = name
+            extra.append(name)
+            refs[text] = exp.column(name)
+    body = inner.copy()
+    body.set("expressions", items or [exp.Star()])
+    base = pl.query(body)
+
+    def ref(e: exp.Expression) -> exp.Expression:
+        return refs.get(e.sql(dialect=Flink), e)
+
+    partition = [pl.column_of(ref(e), base, "a PARTITION BY item") for e in w.args.get("partition_by") or []]
     kept = any(isinstance(s, exp.Star) or (isinstance(s, exp.Column) and isinstance(s.this, exp.Star))
                or any(_is_rn(c, rn) for c in s.find_all(exp.Column)) for s in outer.expressions) \
         or any(_is_rn(c, rn) for t in rest for c in t.find_all(exp.Column))
-    first = order[0].this
+    first = ref(order[0].this)
     proctime = isinstance(first, exp.Anonymous) and str(first.this).upper() == "PROCTIME"
     rowtime = isinstance(first, exp.Column) and pl.column_of(first, base, "ORDER BY") in pl.draft(base.node).rowtime
     if n == 1 and not kept and len(order) == 1 and (proctime or rowtime) and partition:
@@ -105,13 +128,13 @@ def plan_rank(pl: "_QueryPlanner", inner: exp.Select, qualifier: str | None, whe
         by = None if proctime else pl.column_of(first, base, "ORDER BY")
         node = pl.add("dedup", lambda name: pl.p.stream(base.node).deduplicate(partition, keep=keep, order_by=by,
                                                                                    name=name))
-        return _Rel(node, base.cols).named(qualifier), rest
+        return _drop(pl, _Rel(node, base.cols), extra).named(qualifier), rest
     if proctime:
         raise pl.error(first, "ORDER BY PROCTIME() is a deduplication: PARTITION BY the key, WHERE rn = 1, and do not "
                               "select rn")
     sorts = []
     for o in order:
-        col = pl.column_of(o.this, base, "an ORDER BY item of ROW_NUMBER()")
+        col = pl.column_of(ref(o.this), base, "an ORDER BY item of ROW_NUMBER()")
         desc = bool(o.args.get("desc"))
         nulls_first = bool(o.args.get("nulls_first"))
         nulls = "" if nulls_first == desc else (" nulls first" if nulls_first else " nulls last")
@@ -128,7 +151,16 @@ def plan_rank(pl: "_QueryPlanner", inner: exp.Select, qualifier: str | None, whe
                              f"{list(key) if key else 'none'}): select {rn} (a table keyed by the PARTITION BY "
                              f"columns and {rn}), or PARTITION BY columns of the input's key")
     cols = base.cols + ((_Col(None, rn, rn),) if kept else ())
-    return _Rel(node, cols).named(qualifier), rest
+    return _drop(pl, _Rel(node, cols), extra).named(qualifier), rest
 
 
-__all__ = ["plan_rank", "rank_bound", "Flink"]
+def _drop(pl: "_QueryPlanner", rel: _Rel, extra: list[str]) -> _Rel:
+    """``rel`` without the columns added for PARTITION BY / ORDER BY alone (a select, ``<view>_select``)."""
+    if not extra:
+        return rel
+    from changelake.plan import sql
+
+    kept = tuple(c for c in rel.cols if c.column not in extra)
+    node = pl.add("select", lambda n: pl.p.stream(rel.node).select({c.column: sql.column(c.column) for c in kept},
+                                                                   name=n))
+    return _Rel(node, kept)

@@ -13,7 +13,7 @@ SQL                                                           step
 ``JOIN r FOR SYSTEM_TIME AS OF a.t ON ...`` (r a source/view)  ``temporal_join(time="t")``
 ``JOIN lk FOR SYSTEM_TIME AS OF a.proc_time ON ...``           ``lookup_join(lookups["lk"])``
 ``WHERE x IN (SELECT y ...)`` / ``EXISTS (... b.y = a.x)``     ``join(how="semi")``
-``NOT EXISTS (...)``                                           ``join(how="anti")``
+``NOT EXISTS (...)``, ``NOT IN`` over never-NULL columns        ``join(how="anti")``
 ``WHERE p``                                                    ``filter(p)``
 ``GROUP BY k`` + ``COUNT/SUM/AVG/MIN/MAX``, ``HAVING h``       ``group_by(k).agg(...)``, ``filter(h)``
 ``ROW_NUMBER() OVER (PARTITION BY p ORDER BY o) AS rn``
@@ -184,6 +184,14 @@ def _conjuncts(node: exp.Expression | None) -> list[exp.Expression]:
     if isinstance(node, exp.And):
         return _conjuncts(node.left) + _conjuncts(node.right)
     return [node]
+
+
+def _uniquify(name: str, taken: set[str]) -> str:
+    """``name0``, ``name1``, ...: the first not taken (Flink's name for a repeated output column)."""
+    k = 0
+    while f"{name}{k}" in taken:
+        k += 1
+    return f"{name}{k}"
 
 
 def _ident(name: str) -> exp.Identifier:
@@ -399,10 +407,14 @@ class _QueryPlanner:
                 if not chosen:
                     raise self.error(item, f"{qualifier}.* names no table of this query")
                 for c in chosen:
-                    pairs.append((c.name, _ident(c.column).sql(dialect="spark")))
-                    cols.append(_Col(c.qualifier, c.name, c.name))
+                    taken = {n for n, _ in pairs}
+                    name = c.name if c.name not in taken else _uniquify(c.name, taken | {c.name for c in rel.cols})
+                    pairs.append((name, _ident(c.column).sql(dialect="spark")))
+                    cols.append(_Col(c.qualifier, c.name if name == c.name else name, name))
                 continue
             name = item.alias_or_name
+            if isinstance(item, exp.Column) and name in {n for n, _ in pairs}:
+                name = _uniquify(name, {n for n, _ in pairs} | {i.alias_or_name for i in items})
             expr = item.unalias() if isinstance(item, exp.Alias) else item
             if not isinstance(item, (exp.Alias, exp.Column)):
                 raise self.error(item, f"name the expression {item.sql(dialect=Flink)}: write it AS a column name")

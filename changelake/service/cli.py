@@ -6,7 +6,6 @@ Every option can also be set through the environment variable shown in ``--help`
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 from pathlib import Path

@@ -354,7 +354,8 @@ def test_lookup_join_for_system_time_as_of_proc_time(tmp_path):
     ("SELECT order_id,\n  NOW() AS t FROM orders", "non-deterministic function NOW() over the updating input"),
     ("SELECT id FROM (SELECT id, ROW_NUMBER() OVER (ORDER BY price) AS rn FROM products)",
      "needs WHERE rn <= N"),
-    ("SELECT * FROM products WHERE id NOT IN (SELECT product_id FROM orders)", "write NOT EXISTS"),
+    ("SELECT * FROM products WHERE id NOT IN (SELECT product_id FROM orders)",
+     "may be NULL (the subquery's product_id)"),
     ("SELECT nope FROM orders", "unknown column nope"),
     ("SELECT * FROM nowhere", "no source or view named 'nowhere'"),
     ("SELECT DISTINCT status FROM orders", "SELECT DISTINCT is not supported"),
@@ -478,3 +479,56 @@ tables:
     assert "(line 1, column 18)" in err
     assert "views.1.sql: view 'b': unknown column nope" in err and "(line 1, column 12)" in err
     assert "2 error(s)" in err
+
+
+def test_top_n_partitioned_and_ordered_by_from_columns_the_select_list_renames_or_drops():
+    a = shop()
+    a.sql("v", """SELECT * FROM (
+                    SELECT o.order_id, o.product_id AS part,
+                           ROW_NUMBER() OVER (PARTITION BY o.product_id ORDER BY o.qty DESC, o.order_id) AS rn
+                    FROM orders o) t
+                  WHERE rn <= 2""").to_table("v", primary_key=["part", "rn"])
+    b = shop()
+    b.stream("orders").select({"order_id": "order_id", "part": "product_id", "qty": "qty"}, name="v_select") \
+        .top_n(2, order_by=["qty desc", "order_id"], partition_by=["part"], rank_column="rn", name="v_top_n") \
+        .select(["order_id", "part", "rn"], name="v").to_table("v", primary_key=["part", "rn"])
+    same(a, b)
+
+
+def test_an_in_subquery_stays_a_semi_join_after_an_inner_join():
+    a = shop()
+    a.sql("v", """SELECT o.order_id, p.category FROM orders o JOIN products p ON o.product_id = p.id
+                  WHERE o.product_id IN (SELECT id FROM products WHERE price > 2)""") \
+        .to_table("v", primary_key=["order_id"])
+    b = shop()
+    cheap = b.stream("products").filter("price > 2", name="v_where").select(["id"], name="v_select")
+    b.stream("orders").join(b.stream("products"), on={"product_id": "id"}, name="v_join") \
+        .join(cheap, on={"product_id": "id"}, how="semi", name="v_semi") \
+        .select(["order_id", "category"], name="v").to_table("v", primary_key=["order_id"])
+    same(a, b)
+
+
+def test_not_in_over_never_null_columns_is_an_anti_join():
+    a = shop()
+    a.sql("v", """SELECT * FROM products
+                  WHERE id NOT IN (SELECT product_id FROM orders WHERE product_id IS NOT NULL)""") \
+        .to_table("v", primary_key=["id"])
+    b = shop()
+    sub = b.stream("orders").filter("NOT product_id IS NULL", name="v_where").select(["product_id"], name="v_select")
+    b.stream("products").join(sub, on={"id": "product_id"}, how="anti", name="v").to_table("v", primary_key=["id"])
+    same(a, b)
+
+
+def test_a_repeated_output_name_gets_flinks_suffix():
+    a = shop()
+    a.sql("v", "SELECT * FROM orders o JOIN products p ON o.product_id = p.id AND o.order_id = p.id") \
+        .to_table("v", primary_key=["order_id"])
+    b = shop()
+    b.stream("orders").join(b.stream("products"), on={"product_id": "id", "order_id": "id"}, name="v") \
+        .to_table("v", primary_key=["order_id"])
+    assert a.explain() == b.explain()
+    c = Pipeline()
+    c.source("l", columns={"id": "bigint", "v": "int"}, primary_key=["id"])
+    c.source("r", columns={"id": "bigint", "v": "int"}, primary_key=["id"])
+    c.sql("j", "SELECT l.id, r.id, l.v, r.v FROM l JOIN r ON l.id = r.id").to_table("j", primary_key=["id"])
+    assert c.plan()["j"].schema.names == ["id", "id0", "v", "v0"]
