@@ -315,3 +315,14 @@ def test_float_beyond_float_range_is_a_schema_mismatch_not_infinity(chunk) -> No
     mismatched = [r for r in result.dead_letters.to_pylist() if r["reason"] == "schema-mismatch"]
     assert [r["offset"] for r in mismatched] == [104, 105]
     assert all("column 'f'" in r["error"] and "FLOAT's range" in r["error"] for r in mismatched)
+
+
+def test_a_boolean_after_a_number_in_a_double_column_is_a_schema_mismatch() -> None:
+    """Arrow's type inference reads [1.5, true] as doubles (true as 1.0); the boolean must still
+    be a dead letter (found by tests/formats/test_fuzz.py)."""
+    columns = sql_schema([("id", "INT NOT NULL"), ("dbl", "DOUBLE")])
+    result = decode([change("c", after={"id": 0, "dbl": -0.0}), change("c", after={"id": 1, "dbl": True}),
+                     b"not json"], columns=columns)
+    assert result.rows.select(["id", "dbl"]).to_pylist() == [{"id": 0, "dbl": -0.0}]
+    assert [(r["offset"], r["reason"]) for r in result.dead_letters.to_pylist()] == \
+        [(101, "schema-mismatch"), (102, "malformed")]
