@@ -89,6 +89,15 @@ REPLAYED_BATCHES = Counter(
     ["table"], registry=REGISTRY)
 TABLE_VERSION = Gauge(
     "changelake_delta_table_version", "Latest Delta table version written.", ["table"], registry=REGISTRY)
+TABLE_FILES = Gauge(
+    "changelake_delta_table_files", "Live data files of a Delta table (its tombstone table: table=\"<name> tombstones\").",
+    ["table"], registry=REGISTRY)
+TABLE_BYTES = Gauge(
+    "changelake_delta_table_bytes", "Bytes in the live data files of a Delta table.", ["table"], registry=REGISTRY)
+MAINTENANCE = Counter(
+    "changelake_delta_maintenance_total",
+    "Delta maintenance runs (operation: compact, vacuum; result: ok, failed).",
+    ["table", "operation", "result"], registry=REGISTRY)
 
 # --- batches ----------------------------------------------------------------------
 BATCH_SECONDS = Histogram(

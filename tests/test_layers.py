@@ -128,10 +128,3 @@ def test_the_lower_floors_work_with_pyspark_absent(tmp_path):
     """)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
-
-
-def test_a_local_master_gets_one_shuffle_partition_per_core_unless_set():
-    from changelake.spark.session import local_cores
-
-    assert [local_cores(m) for m in ("local", "local[3]", "local[4,2]", "local-cluster[2,1,1024]", "yarn")] == \
-        [1, 3, 4, None, None]

@@ -17,6 +17,9 @@ Per batch (see ``docs/sink.md``)::
     split against tombstones  -> tombstone MERGE (txn app_id, batch_id), skipped if already recorded
                               -> table MERGE guarded by target._seq < source._seq (txn app_id, batch_id)
     every tombstone_expiry_interval: delete tombstones older than tombstone_retention
+    maintenance (TableSpec.maintenance), after both commits, never between a batch's data and its txn:
+        every compact_every, when the table has > compact_min_files live files: compact (OPTIMIZE)
+        every vacuum_every: VACUUM the table and its tombstone table, keeping vacuum_retention
 
 The tombstone commit comes first: a crash between the two commits leaves a
 tombstone ahead of its delete, which a replay of the batch completes.
@@ -43,12 +46,16 @@ from changelake.connectors.delta_sink_kernel import (
     check_truncate_order,
     count_deletes,
     drop_before_truncate,
+    fill_unavailable,
+    placeholder_value,
+    unavailable_columns,
     kafka_partition_prefix,
     latest_per_key,
     split_against_tombstones,
     truncate_order_error,
     validate_changes,
 )
+from changelake.connectors.delta_sink_merge import sql_literal
 from changelake.connectors.delta_sink_schema import (
     PROP_TRUNCATED_BEFORE,
     check_table_contract,
@@ -63,7 +70,7 @@ from changelake.connectors.delta_sink_schema import (
 from changelake.errors import ConfigError, SinkCommitError
 from changelake import metrics
 
-__all__ = ["ApplyResult", "DeltaUpsertSink", "Engine", "TableSpec", "open_sink"]
+__all__ = ["ApplyResult", "DeltaUpsertSink", "Engine", "Maintenance", "TableSpec", "open_sink"]
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +84,19 @@ DELTA_SPARK_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
 
 
 @dataclass(frozen=True)
+class Maintenance:
+    """When the sink compacts and vacuums a table (None: never). Compaction rewrites small files
+    into large ones in a commit that changes no row (dataChange=false), so readers see the same
+    rows; VACUUM deletes files that left the table more than ``vacuum_retention`` ago, so a reader
+    still on an older snapshot than that, or time travel that far back, fails."""
+
+    compact_every: timedelta | None = timedelta(minutes=15)
+    compact_min_files: int = 32
+    vacuum_every: timedelta | None = timedelta(days=1)
+    vacuum_retention: timedelta = timedelta(days=7)
+
+
+@dataclass(frozen=True)
 class TableSpec:
     """One target table of the sink.
 
@@ -84,7 +104,8 @@ class TableSpec:
     ``storage_options`` are object-store options in delta-rs form (``AWS_REGION``, ...).
     ``nullable_key``: the key columns that may hold NULL, NULL then being one key value (the
     planner's ``nullable_key`` of a graph table keyed by a group or partition key that may be
-    NULL); a NULL in any other key column fails the batch.
+    NULL); a NULL in any other key column fails the batch. ``unavailable_value``: the placeholder a
+    connector writes for a value it did not send; a change holding it keeps the stored value.
     """
 
     name: str
@@ -96,6 +117,11 @@ class TableSpec:
     tombstone_path: str | None = None
     tombstone_expiry_interval: timedelta = timedelta(hours=1)
     nullable_key: tuple[str, ...] = ()
+    unavailable_value: str | None = None
+    maintenance: Maintenance = Maintenance()
+    #: Delta table properties the user asks for (e.g. delta.enableChangeDataFeed); set at creation and
+    #: on an existing table whose values differ
+    properties: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), hash=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.primary_key, str) or not self.primary_key:
@@ -111,6 +137,10 @@ class TableSpec:
             raise ConfigError(f"table {self.name}: nullable_key names column(s) {strangers} outside the primary key "
                               f"{list(self.primary_key)}")
         object.__setattr__(self, "storage_options", MappingProxyType(dict(self.storage_options)))
+        object.__setattr__(self, "properties", MappingProxyType(dict(self.properties)))
+        own = sorted(k for k in self.properties if k.startswith("changelake."))
+        if own:
+            raise ConfigError(f"table {self.name}: properties {own} are the sink's own; remove them")
         reserved = [c for c in (*self.primary_key, *self.partition_by) if c.startswith("_")]
         if reserved:
             raise ConfigError(f"table {self.name}: key and partition columns cannot be reserved "
@@ -184,6 +214,8 @@ class DeltaUpsertSink(abc.ABC):
         self._clock = clock
         self._max_commit_retries = max_commit_retries
         self._last_expiry: datetime | None = None
+        self._last_compact: datetime | None = None
+        self._last_vacuum: datetime | None = None
         self._contract_checked = False
         self._tombstone_contract_checked = False
         self._logs: dict[str, DeltaTable] = {}
@@ -282,12 +314,18 @@ class DeltaUpsertSink(abc.ABC):
                 raise SinkCommitError(f"cannot create table {spec.path} partitioned by {list(spec.partition_by)}: "
                                       f"the batch has no column(s) {missing}; fix partition_by or the pipeline")
             self._create_table(pa.schema([f.with_nullable(True) for f in fields]),
-                               properties=table_properties(spec.primary_key, self.tombstone_path))
+                               properties={**spec.properties,
+                                           **table_properties(spec.primary_key, self.tombstone_path)})
             state = self._require_state(spec.path)
         elif not self._contract_checked:
             check_table_contract(path=spec.path, properties=state.properties,
                                  partition_columns=state.partition_columns, schema=state.schema,
                                  primary_key=spec.primary_key, partition_by=spec.partition_by)
+            changed = {k: v for k, v in spec.properties.items() if state.properties.get(k) != v}
+            if changed:
+                log.info("table %s: setting table properties %s", spec.name, changed)
+                self._set_properties(changed)
+                state = self._require_state(spec.path)
         self._contract_checked = True
         plan = reconcile(path=spec.path, table_schema=state.schema, batch_fields=fields)
         if plan.new_fields:
@@ -296,6 +334,7 @@ class DeltaUpsertSink(abc.ABC):
 
         truncated, horizon = self._truncate(state, truncate_at)
         changes, before_truncate = drop_before_truncate(changes, horizon)
+        changes = fill_unavailable(changes, primary_key=spec.primary_key, placeholder=spec.unavailable_value)
         now = self._clock()
         reduced = align_to_table(latest_per_key(changes, primary_key=spec.primary_key), plan.target_schema)
         tomb_state = self._state(self.tombstone_path)
@@ -317,7 +356,9 @@ class DeltaUpsertSink(abc.ABC):
                 self._merge_tombstones(split.tombstone_changes, batch_id=batch_id)
 
         source = split.table_changes
-        counts = self._merge_table(source, batch_id=batch_id)
+        unavailable = {c: sql_literal(placeholder_value(source.schema.field(c).type, spec.unavailable_value))
+                       for c in unavailable_columns(source, spec.unavailable_value)}
+        counts = self._merge_table(source, batch_id=batch_id, unavailable=unavailable)
         n_deletes = count_deletes(source)
         n_upserts = source.num_rows - n_deletes
         result = ApplyResult(
@@ -355,20 +396,82 @@ class DeltaUpsertSink(abc.ABC):
         return deleted, truncate_at
 
     def _maintain(self) -> None:
-        """Expire tombstones when due. Runs after the batch committed, so it never fails the batch:
-        an error is logged and expiry is tried again with the next batch."""
+        """Expire tombstones, compact and vacuum when due. Runs after the batch committed, so it never
+        fails the batch: an error is logged, counted, and the step is tried again with the next batch."""
         now = self._clock()
-        if not self._expiry_due(now):
-            return
+        if self._expiry_due(now):
+            try:
+                removed = self.expire_tombstones(now=now)
+            except Exception:  # the batch is committed; tombstones merely live longer
+                self._last_expiry = None
+                log.warning("table %s: tombstone expiry failed; retrying with the next batch", self.spec.name,
+                            exc_info=True)
+            else:
+                if removed:
+                    log.info("table %s: expired %d tombstone(s)", self.spec.name, removed)
+        m = self.spec.maintenance
+        if m.compact_every is not None and _due(self._last_compact, m.compact_every, now):
+            self._last_compact = now
+            if self._files(self.spec.path)[0] > m.compact_min_files:
+                self._run_maintenance("compact", self.compact)
+        if m.vacuum_every is not None and _due(self._last_vacuum, m.vacuum_every, now):
+            self._last_vacuum = now
+            self._run_maintenance("vacuum", self.vacuum)
+        self._record_files()
+
+    def _run_maintenance(self, operation: str, step: Callable[[], object]) -> None:
         try:
-            removed = self.expire_tombstones(now=now)
-        except Exception:  # the batch is committed; tombstones merely live longer
-            self._last_expiry = None
-            log.warning("table %s: tombstone expiry failed; retrying with the next batch", self.spec.name,
-                        exc_info=True)
-            return
-        if removed:
-            log.info("table %s: expired %d tombstone(s)", self.spec.name, removed)
+            step()
+        except Exception:  # the batch is committed; the step is retried when next due
+            metrics.MAINTENANCE.labels(table=self.spec.name, operation=operation, result="failed").inc()
+            log.warning("table %s: %s failed; retrying when next due", self.spec.name, operation, exc_info=True)
+            if operation == "compact":
+                self._last_compact = None
+            else:
+                self._last_vacuum = None
+        else:
+            metrics.MAINTENANCE.labels(table=self.spec.name, operation=operation, result="ok").inc()
+
+    def compact(self) -> tuple[int, int]:
+        """Compact the table's small files now (OPTIMIZE); returns (files before, files after).
+        No row changes: the commit is dataChange=false and keeps the table's transaction ids."""
+        before = self._files(self.spec.path)[0]
+        self._compact_table()
+        self._forget_logs()
+        after = self._files(self.spec.path)[0]
+        log.info("table %s: compacted %d file(s) into %d", self.spec.name, before, after)
+        return before, after
+
+    def vacuum(self, retention: timedelta | None = None) -> int:
+        """Delete the files the table and its tombstone table stopped using more than ``retention``
+        (default ``maintenance.vacuum_retention``) ago; returns how many were deleted."""
+        retention = self.spec.maintenance.vacuum_retention if retention is None else retention
+        deleted = 0
+        for path in (self.spec.path, self.tombstone_path):
+            if self._state(path) is not None:
+                deleted += self._vacuum(path, retention)
+        if deleted:
+            log.info("table %s: vacuum deleted %d unused file(s)", self.spec.name, deleted)
+        return deleted
+
+    def _files(self, path: str) -> tuple[int, int]:
+        """(live files, their bytes) of the table at ``path`` from its log; (0, 0) before it exists."""
+        if self._state(path) is None:
+            return 0, 0
+        adds = self._log(path).get_add_actions(flatten=True)
+        if adds.num_rows == 0:
+            return 0, 0
+        return adds.num_rows, int(sum(adds.column("size_bytes").to_pylist()))
+
+    def _record_files(self) -> None:
+        for label, path in ((self.spec.name, self.spec.path), (f"{self.spec.name} tombstones", self.tombstone_path)):
+            try:
+                files, size = self._files(path)
+            except Exception:  # a metric never fails a batch
+                log.debug("table %s: cannot count files", label, exc_info=True)
+                continue
+            metrics.TABLE_FILES.labels(table=label).set(files)
+            metrics.TABLE_BYTES.labels(table=label).set(size)
 
     def _expiry_due(self, now: datetime) -> bool:
         return self._last_expiry is None or now - self._last_expiry >= self.spec.tombstone_expiry_interval
@@ -443,8 +546,9 @@ class DeltaUpsertSink(abc.ABC):
         """Record -D rows and clear the tombstones of newer +I/+U rows, in one commit with the txn."""
 
     @abc.abstractmethod
-    def _merge_table(self, changes: pa.Table, *, batch_id: int) -> MergeCounts:
-        """MERGE into the sink table in one commit that records the txn, even when nothing changes."""
+    def _merge_table(self, changes: pa.Table, *, batch_id: int, unavailable: Mapping[str, str] = {}) -> MergeCounts:
+        """MERGE into the sink table in one commit that records the txn, even when nothing changes
+        (``unavailable``: column -> placeholder literal, see ``delta_sink_merge.table_merge``)."""
 
     @abc.abstractmethod
     def _delete_tombstones_before(self, cutoff: datetime) -> int:
@@ -471,8 +575,20 @@ class DeltaUpsertSink(abc.ABC):
         """Whether a row of the sink table matches ``predicate``."""
 
     @abc.abstractmethod
+    def _compact_table(self) -> None:
+        """Compact the sink table's small files in a dataChange=false commit."""
+
+    @abc.abstractmethod
+    def _vacuum(self, path: str, retention: timedelta) -> int:
+        """VACUUM the table at ``path`` keeping ``retention``; return the files deleted."""
+
+    @abc.abstractmethod
     def _is_conflict(self, exc: BaseException) -> bool:
         """True when ``exc`` is a concurrent-write conflict worth retrying."""
+
+
+def _due(last: datetime | None, every: timedelta, now: datetime) -> bool:
+    return last is None or now - last >= every
 
 
 # --- opening ---------------------------------------------------------------------

@@ -23,6 +23,14 @@ recorded, the table property ``changelake.truncatedBefore``), before all of the 
                                 (before the batch's MERGE; both idempotent, so a replay redoes them)
     any change, seq < trunc  -> dropped: before_truncate (it happened before the table was emptied)
 
+Unavailable values (``TableSpec.unavailable_value``: the placeholder a connector writes for a
+value it did not send, such as an unchanged TOASTed Postgres column), before the reduction::
+
+    +I/+U holding the placeholder in a text or bytes column
+        -> the value of the key's previous +I/+U in the batch, when there is one
+        -> NULL when the key's previous change in the batch is a -D (nothing is stored any more)
+        -> else the MERGE keeps the table row's value (no row: NULL); the placeholder is never stored
+
 Positions compare as strings, which orders database log positions (``l...``) of one source
 everywhere, but Kafka positions (``k<partition><offset>``) only within one partition: a truncate
 at a Kafka position meets no change of another partition (:func:`check_truncate_order`).
@@ -106,6 +114,68 @@ def latest_per_key(changes: pa.Table, *, primary_key: Sequence[str]) -> pa.Table
         col = kept[name].take(order).combine_chunks()
         starts[1:] |= _differs(col.slice(1), col.slice(0, n - 1))
     return kept.take(order.filter(pa.array(starts)))
+
+
+def fill_unavailable(changes: pa.Table, *, primary_key: Sequence[str], placeholder: str | None) -> pa.Table:
+    """Each placeholder of a +I/+U replaced by the value of the key's previous +I/+U in the batch (see above)."""
+    if placeholder is None or changes.num_rows == 0:
+        return changes
+    columns = unavailable_columns(changes, placeholder)
+    if not columns:
+        return changes
+    position = pa.array(np.arange(changes.num_rows, dtype=np.int64))
+    order = pc.sort_indices(changes.append_column(_ROW, position),
+                            sort_keys=[(k, "ascending") for k in primary_key] + [(SEQ, "ascending"), (_ROW, "ascending")])
+    n = changes.num_rows
+    starts = np.zeros(n, dtype=bool)
+    starts[0] = True
+    for name in primary_key:
+        col = changes[name].take(order).combine_chunks()
+        starts[1:] |= _differs(col.slice(1), col.slice(0, n - 1))
+    kinds = changes[KIND].take(order).to_pylist()
+    rows = order.to_pylist()
+    for name in columns:
+        values = changes[name].take(order).to_pylist()
+        needle = placeholder_value(changes.schema.field(name).type, placeholder)
+        carried, deleted = None, False
+        for i, kind in enumerate(kinds):
+            if starts[i]:
+                carried, deleted = None, False
+            if kind == RowKind.DELETE:
+                carried, deleted = None, True
+            elif kind != RowKind.UPDATE_BEFORE:
+                if values[i] == needle and (carried is not None or deleted):
+                    values[i] = carried            # after a delete there is no stored value: NULL
+                carried = None if values[i] == needle else values[i]
+        filled = [None] * n
+        for i, row in enumerate(rows):
+            filled[row] = values[i]
+        index = changes.schema.get_field_index(name)
+        changes = changes.set_column(index, changes.schema.field(index), pa.array(filled, changes.schema.field(name).type))
+    return changes
+
+
+def unavailable_columns(changes: pa.Table, placeholder: str | None) -> list[str]:
+    """The text and bytes columns of ``changes`` in which some row holds the placeholder."""
+    if placeholder is None:
+        return []
+    found = []
+    for f in changes.schema:
+        if f.name.startswith("_"):
+            continue
+        needle = placeholder_value(f.type, placeholder)
+        if needle is not None and pc.any(pc.equal(changes[f.name], pa.scalar(needle, f.type))).as_py():
+            found.append(f.name)
+    return found
+
+
+def placeholder_value(type_: pa.DataType, placeholder: str) -> str | bytes | None:
+    """The placeholder as a value of a text (itself) or bytes (its UTF-8) column; None for other types."""
+    if pa.types.is_string(type_) or pa.types.is_large_string(type_):
+        return placeholder
+    if pa.types.is_binary(type_) or pa.types.is_large_binary(type_):
+        return placeholder.encode()
+    return None
 
 
 def drop_before_truncate(changes: pa.Table, truncated_before: str | None) -> tuple[pa.Table, int]:

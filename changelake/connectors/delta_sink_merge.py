@@ -3,9 +3,10 @@
 Target alias ``t``, source alias ``s``; the source carries ``_kind``::
 
     table MERGE ON key
-      matched,     s is +I/+U, t._seq < s._seq  -> UPDATE every stored column
+      matched,     s is +I/+U, t._seq < s._seq  -> UPDATE every stored column (a column of ``unavailable``
+                                                   whose value is the placeholder keeps t's value)
       matched,     s is -D,    t._seq < s._seq  -> DELETE
-      not matched, s is +I/+U                    -> INSERT
+      not matched, s is +I/+U                    -> INSERT (a placeholder of ``unavailable``: NULL)
     tombstone MERGE ON key
       matched,     s is -D,    t._seq < s._seq  -> UPDATE _seq, _deleted_at   (a newer delete)
       matched,     s is +I/+U, t._seq < s._seq  -> DELETE                      (a newer re-insert)
@@ -115,13 +116,27 @@ def key_predicate(primary_key: Sequence[str], quote: Quote, *, nullable: Mapping
 
 def table_merge(primary_key: Sequence[str], columns: Sequence[str], quote: Quote, *,
                 nullable: Mapping[str, pa.DataType] = _NONE,
-                null_safe_equal: NullSafeEqual | None = None) -> MergeClauses:
-    """The sink table's MERGE; ``columns`` are the stored columns (the source's, minus ``_kind``)."""
+                null_safe_equal: NullSafeEqual | None = None,
+                unavailable: Mapping[str, str] = _NONE) -> MergeClauses:
+    """The sink table's MERGE; ``columns`` are the stored columns (the source's, minus ``_kind``);
+    ``unavailable``: column -> SQL literal of the placeholder a change holds where its value was not sent."""
     values = _assign(columns, quote)
+    update, insert = dict(values), dict(values)
+    for c, literal in unavailable.items():
+        q = quote(c)
+        update[q] = f"CASE WHEN s.{q} = {literal} THEN t.{q} ELSE s.{q} END"
+        insert[q] = f"CASE WHEN s.{q} = {literal} THEN NULL ELSE s.{q} END"
     return MergeClauses(on=key_predicate(primary_key, quote, nullable=nullable, null_safe_equal=null_safe_equal),
-                        update_when=f"{IS_UPSERT} AND {NEWER}", update_set=values,
+                        update_when=f"{IS_UPSERT} AND {NEWER}", update_set=update,
                         delete_when=f"{IS_DELETE} AND {NEWER}",
-                        insert_when=IS_UPSERT, insert_values=values)
+                        insert_when=IS_UPSERT, insert_values=insert)
+
+
+def sql_literal(value: str | bytes) -> str:
+    """A text (``'...'``) or bytes (``X'..'``) literal both engines read."""
+    if isinstance(value, bytes):
+        return f"X'{value.hex()}'"
+    return "'" + value.replace("'", "''") + "'"
 
 
 def tombstone_merge(primary_key: Sequence[str], quote: Quote, *, nullable: Mapping[str, pa.DataType] = _NONE,

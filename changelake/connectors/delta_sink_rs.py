@@ -7,8 +7,9 @@ Reads go through ``deltalake.QueryBuilder`` only: a process that reads through
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Field, QueryBuilder, Transaction, write_deltalake
@@ -91,14 +92,14 @@ class DeltaRsSink(DeltaUpsertSink):
                                   null_safe_equal=datafusion_null_safe_equal)
         self._merge(self._log(self.tombstone_path), changes, clauses, batch_id)
 
-    def _merge_table(self, changes: pa.Table, *, batch_id: int) -> MergeCounts:
+    def _merge_table(self, changes: pa.Table, *, batch_id: int, unavailable: Mapping[str, str] = {}) -> MergeCounts:
         table = self._log(self.spec.path)
         before = table.version()
         inserted = updated = deleted = 0
         if changes.num_rows:
             columns = [c for c in changes.column_names if c != KIND]
             clauses = table_merge(self.spec.primary_key, columns, quote, nullable=self._nullable_key_types(changes),
-                                  null_safe_equal=datafusion_null_safe_equal)
+                                  null_safe_equal=datafusion_null_safe_equal, unavailable=unavailable)
             stats = self._merge(table, changes, clauses, batch_id)
             inserted = stats["num_target_rows_inserted"]
             updated = stats["num_target_rows_updated"]
@@ -135,6 +136,15 @@ class DeltaRsSink(DeltaUpsertSink):
         reader = QueryBuilder().register("t", self._log(self.spec.path)).execute(
             f"SELECT 1 AS hit FROM t WHERE {predicate} LIMIT 1")
         return pa.table(reader).num_rows > 0
+
+    def _compact_table(self) -> None:
+        self._log(self.spec.path).optimize.compact()
+
+    def _vacuum(self, path: str, retention: timedelta) -> int:
+        # whole hours, rounded up: never fewer than asked for; the retention is the user's choice, so
+        # the table's delta.deletedFileRetentionDuration (default 7 days) does not veto a shorter one
+        hours = math.ceil(retention.total_seconds() / 3600)
+        return len(self._log(path).vacuum(retention_hours=hours, dry_run=False, enforce_retention_duration=False))
 
     def _is_conflict(self, exc: BaseException) -> bool:
         return isinstance(exc, CommitFailedError)

@@ -17,6 +17,8 @@ Emission rules, ``pre`` = the key's stored row (None if absent or expired), ``r`
     last,  proctime, +I    not gub and not gen_insert            +U r                           r
     last,  changelog, -U/-D  pre is None                         nothing (stale retraction)     -
     last,  changelog, -U/-D  otherwise                           -D pre                         cleared
+    last,  +I/+U, unavailable_value set: each value of r equal to it is first replaced by pre's value
+                                         (NULL when pre is None): an unchanged TOASTed column
     rowtime (first|last)   r wins over pre (see below)           like "last, proctime" without  r
                                                                  the no-op suppression
     rowtime                r does not win                        nothing                        -
@@ -71,6 +73,8 @@ class DeduplicateConfig:
     mini_batch_size: int | None = None
     compact_changes: bool = False
     on_stale_retraction: StaleRetractionPolicy = "warn"
+    #: a connector's placeholder for a value it did not send (keep-last changelog input only)
+    unavailable_value: str | None = None
 
     def __post_init__(self) -> None:
         if not self.keys:
@@ -88,6 +92,8 @@ class DeduplicateConfig:
         if self.compact_changes and (self.order != "rowtime" or self.mini_batch_size is None):
             raise ConfigError("Deduplicate: compact_changes applies only to rowtime deduplication with a mini-batch")
         check_ttl("Deduplicate", self.state_ttl_ms)
+        if self.unavailable_value is not None and self.input_insert_only:
+            raise ConfigError("Deduplicate: unavailable_value applies to a changelog input (input_insert_only false)")
 
 
 class Deduplicate(Kernel):
@@ -100,6 +106,9 @@ class Deduplicate(Kernel):
         self.stale = StaleRetractions(self.OPERATOR, config.on_stale_retraction, self.figures)
         if config.mini_batch_size is not None:
             self.mini_batch = MiniBatchBuffer(config.mini_batch_size)
+        u = config.unavailable_value
+        #: the placeholder as text and as bytes (a BYTES column holds its UTF-8 bytes)
+        self._unavailable = () if u is None else (u, u.encode())
 
     def contract(self) -> cm.ChangelogContract:
         c = self.config
@@ -155,6 +164,8 @@ class Deduplicate(Kernel):
         if c.input_insert_only:
             self._check_insert(kind, row)
         pre = state.get(key, now)
+        if c.unavailable_value is not None and is_accumulate(kind):
+            row = fill_unavailable(row, pre, self._unavailable)
         if not is_accumulate(kind):
             if pre is None:
                 self.stale(lambda: f"{RowKind(kind).short} {row!r} found no row for key {key!r}")
@@ -181,7 +192,8 @@ class Deduplicate(Kernel):
         vectorised path: each full bundle is folded to one row per key with Arrow, and only the
         surviving rows are converted to Python and compared with the state."""
         if (isinstance(batch, (pa.Table, pa.RecordBatch)) and self.mini_batch is not None
-                and self.config.order == "proctime" and not len(self.mini_batch)):
+                and self.config.order == "proctime" and not len(self.mini_batch)
+                and not holds_value(batch, self._unavailable)):
             return self._process_arrow_bundles(batch, now, self._fold_arrow)
         return super().process(batch, now=now)
 
@@ -217,6 +229,36 @@ class Deduplicate(Kernel):
             elif c.keep == "first":
                 survivors.setdefault(key, (kind, row))
             else:
+                held = survivors.get(key)
+                if self._unavailable and held is not None and is_accumulate(kind) and is_accumulate(held[0]):
+                    row = fill_unavailable(row, held[1], self._unavailable)
                 survivors[key] = (kind, row)
         for key, (kind, row) in survivors.items():
             self._one(key, kind, row, now, out)
+
+
+def fill_unavailable(row: tuple, pre: tuple | None, placeholder: tuple) -> tuple:
+    """``row`` with each value equal to the placeholder (text or bytes) replaced by ``pre``'s value
+    (None without ``pre``)."""
+    if not any(v in placeholder for v in row if isinstance(v, (str, bytes))):
+        return row
+    return tuple((None if pre is None else pre[i]) if isinstance(v, (str, bytes)) and v in placeholder else v
+                 for i, v in enumerate(row))
+
+
+def holds_value(batch: pa.Table | pa.RecordBatch, placeholder: tuple) -> bool:
+    """Whether a text or bytes column of ``batch`` holds the placeholder."""
+    if not placeholder:
+        return False
+    for name in user_columns(batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])):
+        col = batch.column(name)
+        t = col.type
+        if pa.types.is_string(t) or pa.types.is_large_string(t):
+            needle = pa.scalar(placeholder[0], t)
+        elif pa.types.is_binary(t) or pa.types.is_large_binary(t):
+            needle = pa.scalar(placeholder[1], t)
+        else:
+            continue
+        if pc.any(pc.equal(col, needle)).as_py():
+            return True
+    return False

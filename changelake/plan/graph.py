@@ -143,7 +143,7 @@ class Pipeline:
     # -- building ------------------------------------------------------------------------------
     def source(self, name: str, *, columns: Mapping[str, str] | pa.Schema, primary_key: Sequence[str] | None = None,
                normalize: bool | None = None, event_time: str | None = None, watermark_delay: str | None = None,
-               append_only: bool = False) -> "Stream":
+               append_only: bool = False, unavailable_value: str | None = None) -> "Stream":
         """A decoded CDC source with these columns.
 
         ``normalize`` (default: on when the source has a primary key and is not append-only) puts
@@ -157,6 +157,10 @@ class Pipeline:
         minus the delay, and a row behind it is late. ``append_only`` declares that the source
         only ever inserts (facts, events): an interval join or a temporal join's fact side needs
         that, and an update or delete arriving from it stops the pipeline with an error.
+
+        ``unavailable_value`` is the text a connector writes for a value it did not send (Debezium's
+        ``__debezium_unavailable_value`` for an unchanged TOASTed Postgres column): the normalize
+        puts the key's stored value in its place, so no operator ever sees the placeholder.
         """
         schema = columns if isinstance(columns, pa.Schema) else arrow_schema(dict(columns))
         key = tuple(primary_key) if primary_key else None
@@ -164,6 +168,9 @@ class Pipeline:
             _check_columns(name, "primary_key", key, schema.names)
         if normalize and not key:
             raise ConfigError(f"source {name!r}: normalize needs a primary_key (the normalize state is keyed by it)")
+        if unavailable_value is not None and not (key and normalize is not False and not append_only):
+            raise ConfigError(f"source {name!r}: unavailable values are filled from the normalize state, which "
+                              "needs a primary_key and normalize on")
         if normalize and append_only:
             raise ConfigError(f"source {name!r}: an append_only source has nothing to normalize; drop normalize")
         if watermark_delay is not None and event_time is None:
@@ -178,7 +185,7 @@ class Pipeline:
                          normalize=bool(key) and not append_only if normalize is None else normalize,
                          event_time=event_time, watermark_delay_ms=duration_ms(f"source {name!r} watermark_delay",
                                                                                watermark_delay),
-                         append_only=bool(append_only))
+                         append_only=bool(append_only), unavailable_value=unavailable_value)
 
     def _add(self, name: str, op: str, inputs: tuple[str, ...], **params: Any) -> "Stream":
         if not _NAME.match(name):

@@ -186,7 +186,8 @@ class _Builder:
 
         def configure(gub: bool) -> DeduplicateConfig:
             return DeduplicateConfig(keys=_idx(schema, key), keep="last", generate_update_before=gub,
-                                     input_insert_only=False, mini_batch_size=mb, **state)
+                                     input_insert_only=False, mini_batch_size=mb,
+                                     unavailable_value=p.get("unavailable_value"), **state)
 
         return self._put(_Draft(
             f"normalize_{node.name}", "normalize", (src,), schema, key, configure, Deduplicate, rowtime=rowtime,

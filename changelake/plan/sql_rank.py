@@ -13,7 +13,7 @@ the query                                                             planned as
 rn selected by the enclosing query (by name or ``*``)                 ``top_n(N, rank_column="rn")`` (``<view>_top_n``)
 rn not selected                                                       ``top_n(N)``: keyed by the input's key, which
                                                                       needs PARTITION BY inside that key
-``rn = 1``, rn not selected, ORDER BY ``PROCTIME()`` ASC / DESC        ``deduplicate(keep="first"/"last")`` (``<view>_dedup``)
+``rn = 1``, rn not selected, ORDER BY ``PROCTIME()`` ASC / DESC        ``deduplicate(keep="first"/"last")``
 ``rn = 1``, rn not selected, ORDER BY the input's event time          ``deduplicate(..., order_by=<event time>)``
 ====================================================================  ============================================
 

@@ -1,4 +1,4 @@
-"""The ``changelake`` command: run | demo | validate | explain | version.
+"""The ``changelake`` command: run | demo | validate | status | explain | dlq | version.
 
 Every option can also be set through the environment variable shown in ``--help``.
 """
@@ -70,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     val = sub.add_parser("validate", help="check a pipeline YAML; every error is listed with its path")
     _config_option(val)
 
+    st = sub.add_parser("status", help="lag per partition, last batch, Delta tables' versions and files, dead letters")
+    _config_option(st)
+
     exp = sub.add_parser("explain", help="print the pipeline's operator graph with changelog modes")
     _config_option(exp)
 
@@ -133,6 +136,11 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(f"{args.config}: ok ({len(config.sources)} source(s), {len(config.views)} view(s), "
               f"{len(config.tables)} table(s))")
         return 0
+    if args.command == "status":
+        from changelake.service.config import load_config
+        from changelake.service.status import collect_status, format_status
+        print(format_status(collect_status(load_config(args.config))))
+        return 0
     if args.command == "explain":
         from changelake.service.config import load_config
         from changelake.service.explain import explain
@@ -154,8 +162,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         from changelake.service.runner import PipelineRunner
         config = load_config(args.config)
         result = PipelineRunner(config).run(available_now=True if args.available_now else None)
-        print(f"stopped after {result.totals.records:,} records"
-              f"{' (signal)' if result.stopped_by_signal else ''}")
+        print(f"stopped after {result.totals.records:,} records in {result.seconds:.1f} s "
+              f"({result.records_per_second:,.0f} records/s){' (signal)' if result.stopped_by_signal else ''}")
         return 0
     if args.command == "demo":
         from changelake.service.demo import run_demo

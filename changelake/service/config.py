@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import re
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
@@ -27,6 +28,8 @@ from changelake.errors import ConfigError
 from changelake.formats.options import is_secret_option
 
 ENV_PREFIX = "CHANGELAKE_"
+#: Debezium's default ``unavailable.value.placeholder``
+UNAVAILABLE_VALUE = "__debezium_unavailable_value"
 FORMATS = ("debezium-json", "debezium-avro-confluent", "canal-json", "maxwell-json", "ogg-json")
 class _Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
@@ -58,8 +61,10 @@ class PipelineSettings(_Model):
     state_ttl: str | None = Field(None, description="idle-state retention of every operator ('1 day'); none: forever")
     on_stale_retraction: Literal["warn", "fail"] = Field(
         "warn", description="a retraction that finds no state (expired or never seen): warn and skip, or fail")
-    master: str = "local[2]"
-    spark_conf: dict[str, str] = Field(default_factory=dict)
+    master: str | None = Field(None, description="Spark master when the launcher sets none (spark-submit --master, "
+                               "spark-defaults.conf); default local[2]")
+    spark_conf: dict[str, str] = Field(default_factory=dict, description="Spark settings; a key the launcher sets "
+                                       "(spark-submit --conf, spark-defaults.conf) keeps the launcher's value")
 
     _interval = field_validator("trigger_interval")(_check_duration)
 
@@ -97,6 +102,19 @@ def _check_columns(columns: Any) -> Any:
     return columns
 
 
+class StartingTimestamp(_Model):
+    """``starting_offsets: {timestamp: 2026-11-01T00:00:00Z}``: each partition starts at its first record whose
+    Kafka timestamp is at or after this moment (a time without a zone is UTC); a partition with none starts
+    at its end."""
+
+    timestamp: datetime
+
+    @property
+    def epoch_ms(self) -> int:
+        moment = self.timestamp if self.timestamp.tzinfo else self.timestamp.replace(tzinfo=timezone.utc)
+        return int(moment.timestamp() * 1000)
+
+
 class SourceSpec(_Model):
     name: str = Field(description="unique among sources; views and tables read the source by it")
     topics: list[str] | None = Field(None, description="the topics to read (or topic_pattern)")
@@ -109,8 +127,10 @@ class SourceSpec(_Model):
     columns: dict[str, str | ColumnDecl] | None = Field(
         None, description="column name -> type (int, bigint, double, string, boolean, timestamp, date, decimal(p,s)), "
         "or -> {type, encoding, scale} to declare how a schema-less message encodes the value")
-    starting_offsets: Literal["earliest", "latest"] | dict[str, dict[str, int]] = Field(
-        "earliest", description="where a new checkpoint starts: earliest, latest, or {topic: {partition: offset}}")
+    starting_offsets: Literal["earliest", "latest"] | StartingTimestamp | dict[str, dict[str, int]] = Field(
+        "earliest", description="where a new checkpoint starts: earliest, latest, {timestamp: 2026-11-01T00:00:00Z} "
+        "(per partition, the first record at or after it, by the broker's offsets-for-times), or "
+        "{topic: {partition: offset}}")
     on_error: Literal["fail", "skip", "dlq"] = Field(
         "dlq", description="a message that cannot be decoded: stop the pipeline, count and skip it, or dead-letter it")
     on_truncate: Literal["apply", "skip", "fail"] | None = Field(
@@ -129,6 +149,10 @@ class SourceSpec(_Model):
                                         "is the largest event_time seen minus this (default 0)")
     append_only: bool = Field(False, description="the source only inserts (facts, events); an update or delete "
                               "from it is an error. Interval joins and a temporal join's facts need it")
+    unavailable_value: str | None = Field(
+        UNAVAILABLE_VALUE, description="the text the connector writes for a value it did not send (Debezium's "
+        "unavailable.value.placeholder: an unchanged TOASTed Postgres column); such a value keeps the stored one "
+        "in the table and in the views. null: no placeholder")
 
     _delay = field_validator("watermark_delay")(_check_optional_duration)
 
@@ -163,6 +187,9 @@ class SourceSpec(_Model):
     def _one_topic_selector(self) -> "SourceSpec":
         if self.on_truncate is not None and self._truncate_option() is not None:
             raise ValueError("on_truncate is given both on the source and under its options; keep the source's")
+        if isinstance(self.starting_offsets, StartingTimestamp) and self.topic_pattern is not None:
+            raise ValueError("starting_offsets by timestamp needs 'topics' (a list): the topics a pattern matches "
+                             "are not known when the checkpoint starts")
         if bool(self.topics) == bool(self.topic_pattern):
             raise ValueError("give exactly one of 'topics' (a list) or 'topic_pattern' (a regular expression)")
         if self.topic_pattern is not None:
@@ -171,6 +198,21 @@ class SourceSpec(_Model):
             except re.error as exc:
                 raise ValueError(f"topic_pattern is not a valid regular expression: {exc}") from None
         return self
+
+
+class MaintenanceSpec(_Model):
+    """Scheduled Delta maintenance of one table and its tombstone table, run after a batch's commits."""
+
+    compact_every: str | None = Field("15 minutes", description="how often to check for small files and compact "
+                                      "them (OPTIMIZE; readers see the same rows); null: never")
+    compact_min_files: int = Field(32, ge=2, description="compact only when the table has more live files than this")
+    vacuum_every: str | None = Field("1 day", description="how often to delete files the table no longer uses "
+                                     "(VACUUM); null: never")
+    vacuum_retention: str = Field("7 days", description="VACUUM keeps unused files this long: a reader or time "
+                                  "travel older than this fails")
+
+    _durations = field_validator("compact_every", "vacuum_every")(_check_optional_duration)
+    _retention = field_validator("vacuum_retention")(_check_duration)
 
 
 class TableSpecModel(_Model):
@@ -182,8 +224,19 @@ class TableSpecModel(_Model):
                                           "names of the Kafka message keys (Debezium key struct), learnt once")
     partition_by: list[str] = Field(default_factory=list)
     tombstone_retention: str = "7 days"
+    maintenance: MaintenanceSpec = MaintenanceSpec()
+    properties: dict[str, str] = Field(default_factory=dict, description="Delta table properties set on the "
+                                       "table, e.g. delta.enableChangeDataFeed: 'true'")
 
     _retention = field_validator("tombstone_retention")(_check_duration)
+
+    @field_validator("properties")
+    @classmethod
+    def _own_properties(cls, props: dict[str, str]) -> dict[str, str]:
+        mine = sorted(k for k in props if k.startswith("changelake."))
+        if mine:
+            raise ValueError(f"properties {mine} are changelake's own (the sink sets them); remove them")
+        return props
 
 
 def _yaml_on(cls, data: Any) -> Any:

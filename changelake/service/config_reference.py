@@ -17,6 +17,7 @@ import json
 import sys
 import types
 import typing
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -117,7 +118,8 @@ def _type_text(annotation: Any, paths: dict[type, str]) -> str:
         elif m is Any:
             parts.append("any")
         else:
-            parts.append({str: "string", int: "integer", float: "number", bool: "boolean"}.get(m, str(m)))
+            parts.append({str: "string", int: "integer", float: "number", bool: "boolean",
+                          datetime: "timestamp (ISO 8601)"}.get(m, str(m)))
     return " or ".join(parts)
 
 
@@ -165,8 +167,10 @@ def _sections() -> list[tuple[str, type[BaseModel]]]:
         for name, field in model.model_fields.items():
             key = field.alias or name
             for child in _models_in(field.annotation):
-                many = any(typing.get_origin(m) is list for m in _members(field.annotation))
-                mapped = any(typing.get_origin(m) is dict for m in _members(field.annotation))
+                # a list or map of the model, not a union that also allows a list or a map of something else
+                many = any(typing.get_origin(m) is list and child in _models_in(m) for m in _members(field.annotation))
+                mapped = any(typing.get_origin(m) is dict and child in _models_in(m)
+                             for m in _members(field.annotation))
                 visit(f"{path}.{key}" + ("[]" if many else ".<name>" if mapped else ""), child)
 
     for name in _SECTION_ORDER:

@@ -9,6 +9,8 @@ lines how each format reports one (:mod:`changelake.key_changes`).
 
 from __future__ import annotations
 
+from typing import Any
+
 from changelake.key_changes import REPORTED_AS
 from changelake.plan.explain import explain_plan
 from changelake.service.views import pipeline_from_config
@@ -30,7 +32,7 @@ def explain(config: ChangelakeConfig) -> str:
             key = ", ".join(table.primary_key or ["the key"])
             lines.append(f"{branch}Decode(format=[{s.format}], source=[{s.name}], onError=[{s.on_error}], "
                          f"keyChanges=[{key} changed: -D old, +I new]) changelogMode=[+I,-U,+U,-D]")
-            lines.append(f"{cont}+- KafkaSource({what}, startingOffsets=[{s.starting_offsets}]) "
+            lines.append(f"{cont}+- KafkaSource({what}, startingOffsets=[{_starting(s.starting_offsets)}]) "
                          "changelogMode=[+I] (raw records)")
         lines.append("")
     graph = pipeline_from_config(config)
@@ -46,3 +48,9 @@ def explain(config: ChangelakeConfig) -> str:
                      "key, then a +I of the new one, at the update's _seq. The formats report one as:")
         lines.extend(f"  {f}: {REPORTED_AS[f]}" for f in formats)
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _starting(starting: Any) -> str:
+    """A source's starting_offsets as explain shows it (a timestamp in ISO form)."""
+    moment = getattr(starting, "timestamp", None)
+    return f"timestamp {moment.isoformat()}" if moment is not None else str(starting)

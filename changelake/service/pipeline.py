@@ -50,7 +50,7 @@ import pyarrow.compute as pc
 
 from changelake import metrics
 from changelake.changelog import DEAD_LETTER_SCHEMA, KIND, SEQ, RowKind
-from changelake.connectors.delta_sink import DeltaUpsertSink, TableSpec, open_sink
+from changelake.connectors.delta_sink import DeltaUpsertSink, Maintenance, TableSpec, open_sink
 from changelake.connectors.delta_sink_kernel import check_truncate_order
 from changelake.errors import ConfigError, DecodeError
 from changelake.formats import make_decoder
@@ -58,7 +58,7 @@ from changelake.formats.encodings import source_schema
 from changelake.key_changes import split_key_changes
 from changelake.plan.graph import Pipeline
 from changelake.plan.physical import PhysicalPlan, sink_changes
-from changelake.service.config import ChangelakeConfig, SourceSpec, parse_duration
+from changelake.service.config import ChangelakeConfig, MaintenanceSpec, SourceSpec, StartingTimestamp, parse_duration
 from changelake.service.dead_letter_paths import DeadLetterPaths
 from changelake.service.key_inference import TableKeys
 from changelake.service.quarantine import Quarantine
@@ -154,9 +154,12 @@ class BatchProcessor:
             # a graph table keyed by a group or partition key that may be NULL holds NULL keys (as SQL's
             # GROUP BY); a mirrored table's NULL key was made a dead letter before it got here
             nullable = next((n.nullable_key for n in self.plan.sinks if n.table == name), ()) if self.plan else ()
+            # a mirror's changes may hold its sources' placeholder for values not sent (graph tables' never do)
+            unavailable = next((r.spec.unavailable_value for r in self.routes if r.spec.table == name), None)
             spec = TableSpec(name=name, path=self.config.table_path(name), primary_key=self.keys.key_of(name),
-                             partition_by=tuple(t.partition_by), nullable_key=nullable,
+                             partition_by=tuple(t.partition_by), nullable_key=nullable, unavailable_value=unavailable,
                              tombstone_retention=timedelta(seconds=parse_duration(t.tombstone_retention)),
+                             maintenance=_maintenance(t.maintenance), properties=t.properties,
                              storage_options=self.config.storage.plain_options())
             opened = dict(pipeline_id=self.config.pipeline.id, engine=self.config.storage.engine)
             if self._spark is None:
@@ -419,6 +422,15 @@ def _kafka_position(seq: str | None) -> tuple[int, int]:
     return -1, -1
 
 
+def _maintenance(m: MaintenanceSpec) -> Maintenance:
+    def every(value: str | None) -> timedelta | None:
+        return None if value is None else timedelta(seconds=parse_duration(value))
+
+    return Maintenance(compact_every=every(m.compact_every), compact_min_files=m.compact_min_files,
+                       vacuum_every=every(m.vacuum_every),
+                       vacuum_retention=timedelta(seconds=parse_duration(m.vacuum_retention)))
+
+
 def _empty(route: "_Route") -> pa.Table:
     schema = getattr(route.decoder, "output_schema", None)
     return schema.empty_table() if schema is not None else pa.table({})
@@ -427,6 +439,12 @@ def _empty(route: "_Route") -> pa.Table:
 def _count_kinds(changes: pa.Table) -> dict[str, int]:
     counts = pc.value_counts(changes[KIND]).to_pylist()
     return {_KIND_LABEL[c["values"]]: c["counts"] for c in counts}
+
+
+def consumer_group(config: ChangelakeConfig) -> str:
+    """The Kafka consumer group that receives each batch's end offsets once its Delta commits are done:
+    stable for a pipeline id, so kafka-consumer-groups and Burrow follow its lag across restarts."""
+    return f"changelake.{config.pipeline.id}"
 
 
 def kafka_reader_options(config: ChangelakeConfig) -> dict[str, str]:
@@ -442,7 +460,9 @@ def kafka_reader_options(config: ChangelakeConfig) -> dict[str, str]:
     starting: dict[str, Any] = {}
     for s in config.sources:
         for t in s.topics or ():
-            if isinstance(s.starting_offsets, dict):
+            if isinstance(s.starting_offsets, StartingTimestamp):
+                starting[t] = {"timestamp": s.starting_offsets.epoch_ms}
+            elif isinstance(s.starting_offsets, dict):
                 starting[t] = s.starting_offsets.get(t, "earliest")
             else:
                 starting[t] = s.starting_offsets
@@ -465,4 +485,4 @@ def start_query(spark: Any, config: ChangelakeConfig, processor: BatchProcessor,
     processor.query = PipelineQuery(processor, read_tasks=config.pipeline.read_tasks)
     return start(spark, processor.query, name=config.pipeline.id, checkpoint=config.pipeline.checkpoint,
                  reader_options=kafka_reader_options(config), available_now=once,
-                 trigger_seconds=parse_duration(config.pipeline.trigger_interval))
+                 trigger_seconds=parse_duration(config.pipeline.trigger_interval), group_id=consumer_group(config))

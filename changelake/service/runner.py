@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import logging
+import re
 import signal
+import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from changelake.service.catchup import CatchUpTracker, format_progress_line
 from changelake.service.config import ChangelakeConfig, parse_duration
 from changelake.service.http import Health, HttpEndpoint
 from changelake.service.pipeline import BatchProcessor, BatchReport, start_query
 from changelake.spark.progress import ProgressListener, parse_offsets
-from changelake.spark.session import build_session
+from changelake.spark.session import build_session, executor_tasks
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +29,14 @@ class RunResult:
     progress: list[dict[str, Any]]
     metrics_url: str | None
     stopped_by_signal: bool
+    #: seconds from the query's start to its end (Spark start-up not included)
+    seconds: float = 0.0
+    #: executor id -> tasks it ran (empty in local mode, where the driver runs every task)
+    executors: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def records_per_second(self) -> float:
+        return self.totals.records / self.seconds if self.seconds > 0 else 0.0
 
 
 class PipelineRunner:
@@ -54,9 +65,11 @@ class PipelineRunner:
             log.info("metrics and health on %s", self.endpoint.url("/"))
         spark = self._spark or build_session(app_name=f"changelake-{cfg.pipeline.id}", master=cfg.pipeline.master,
                                             conf=cfg.pipeline.spark_conf)
-        listener = ProgressListener(self.health)
+        terminal = _CatchUpLine.for_terminal(cfg)
+        listener = ProgressListener(self.health, on_progress=terminal.show if terminal else None)
         spark.streams.addListener(listener)
         processor = BatchProcessor(cfg, spark=spark)
+        started = time.monotonic()
         query = start_query(spark, cfg, processor, available_now=available_now)
         self.health.query_active = lambda: query.isActive
         try:
@@ -67,6 +80,10 @@ class PipelineRunner:
                 query.awaitTermination(0.5)
             query.awaitTermination()     # re-raises the query's error, if it failed
         finally:
+            seconds = time.monotonic() - started
+            listener.on_progress = None
+            if terminal is not None:
+                terminal.end()
             spark.streams.removeListener(listener)
             if self.endpoint is not None and not self.serve_http_after_stop:
                 self.endpoint.stop()
@@ -76,13 +93,48 @@ class PipelineRunner:
         if last:
             listener.record_progress(last)
             end_offsets = parse_offsets(last["sources"][0].get("endOffset")) if last.get("sources") else {}
+        executors = executor_tasks(spark)
+        if executors:
+            log.info("ran on %d executor(s): %s", len(executors),
+                     ", ".join(f"executor {e}: {n} task(s)" for e, n in sorted(executors.items())))
         return RunResult(totals=processor.totals, lag=dict(listener.last_lag), end_offsets=end_offsets,
                          progress=list(query.recentProgress),
                          metrics_url=self.endpoint.url() if self.endpoint else None,
-                         stopped_by_signal=self._stop.is_set())
+                         stopped_by_signal=self._stop.is_set(), seconds=seconds, executors=executors)
 
     #: keep the endpoint up after the query ends (the demo prints the URL and lets you scrape it)
     serve_http_after_stop = False
+
+
+class _CatchUpLine:
+    """The live per-source progress line (changelake.service.catchup) on a terminal's stderr."""
+
+    def __init__(self, config: ChangelakeConfig, stream: Any) -> None:
+        routes = [(s.name, set(s.topics or ()), re.compile(s.topic_pattern) if s.topic_pattern else None)
+                  for s in config.sources]
+
+        def source_of(topic: str) -> str | None:
+            return next((n for n, topics, rx in routes if topic in topics or (rx and rx.fullmatch(topic))), None)
+
+        self.tracker = CatchUpTracker(source_of)
+        self.stream = stream
+        self.shown = False
+
+    @classmethod
+    def for_terminal(cls, config: ChangelakeConfig) -> "_CatchUpLine | None":
+        return cls(config, sys.stderr) if sys.stderr.isatty() else None
+
+    def show(self, progress: dict[str, Any]) -> None:
+        line = format_progress_line(self.tracker.observe(progress))
+        if line:
+            self.stream.write("\r\x1b[K" + line)
+            self.stream.flush()
+            self.shown = True
+
+    def end(self) -> None:
+        if self.shown:
+            self.stream.write("\n")
+            self.stream.flush()
 
 
 def wait_for(predicate: Any, *, timeout_s: float, interval_s: float = 0.5) -> bool:

@@ -123,8 +123,11 @@ def _source(p: Pipeline, config: ChangelakeConfig, s: SourceSpec) -> Stream:
         raise ConfigError(f"source {s.name!r} feeds views or tables through 'from', so it must declare its columns "
                           "(sources[].columns: name -> type)")
     key = s.primary_key or (config.table(s.table).primary_key if s.table else None)
+    # the normalize state fills unavailable values; a source without it passes them on as they came
+    fills = bool(key) and s.normalize is not False and not s.append_only
     return p.source(s.name, columns=_decoded_columns(s), primary_key=key, normalize=s.normalize, event_time=s.event_time,
-                    watermark_delay=s.watermark_delay, append_only=s.append_only)
+                    watermark_delay=s.watermark_delay, append_only=s.append_only,
+                    unavailable_value=s.unavailable_value if fills else None)
 
 
 def _decoded_columns(s: SourceSpec) -> pa.Schema:

@@ -21,7 +21,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pyarrow as pa
@@ -141,13 +141,13 @@ class DeltaSparkSink(DeltaUpsertSink):
                                   null_safe_equal=spark_null_safe_equal)
         self._merge(self.tombstone_path, changes, clauses, batch_id)
 
-    def _merge_table(self, changes: pa.Table, *, batch_id: int) -> MergeCounts:
+    def _merge_table(self, changes: pa.Table, *, batch_id: int, unavailable: Mapping[str, str] = {}) -> MergeCounts:
         path = self.spec.path
         before = self._require_state(path).version
         if changes.num_rows:
             columns = [c for c in changes.column_names if c != KIND]
             clauses = table_merge(self.spec.primary_key, columns, backtick, nullable=self._nullable_key_types(changes),
-                                  null_safe_equal=spark_null_safe_equal)
+                                  null_safe_equal=spark_null_safe_equal, unavailable=unavailable)
             self._merge(path, changes, clauses, batch_id)
         state = self._require_state(path)
         stats = self._metrics_of_commit(path, state.version) if state.version > before else {}
@@ -177,7 +177,7 @@ class DeltaSparkSink(DeltaUpsertSink):
         return backtick(SEQ)
 
     def _set_properties(self, properties: Mapping[str, str]) -> None:
-        assignments = ", ".join(f"'{k}' = '{v}'" for k, v in properties.items())
+        assignments = ", ".join(f"{_sql_string(k)} = {_sql_string(v)}" for k, v in properties.items())
         self._session.sql(f"ALTER TABLE delta.{backtick(self.spec.path)} SET TBLPROPERTIES ({assignments})")
 
     def _delete_where(self, predicate: str) -> int:
@@ -191,10 +191,27 @@ class DeltaSparkSink(DeltaUpsertSink):
     def _any_row(self, predicate: str) -> bool:
         return bool(self._session.read.format("delta").load(self.spec.path).where(predicate).limit(1).count())
 
+    def _compact_table(self) -> None:
+        self._delta(self.spec.path).optimize().executeCompaction()
+
+    def _vacuum(self, path: str, retention: timedelta) -> int:
+        conf = self._session.conf
+        with self._txn_lock:        # a retention below delta's 7-day floor is the user's explicit choice
+            conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
+            try:
+                self._delta(path).vacuum(retention.total_seconds() / 3600)
+            finally:
+                conf.unset("spark.databricks.delta.retentionDurationCheck.enabled")
+        return 0                    # delta-spark's Python vacuum() does not say how many files it deleted
+
     def _is_conflict(self, exc: BaseException) -> bool:
         from delta import exceptions as delta_exceptions
 
         return isinstance(exc, tuple(getattr(delta_exceptions, name) for name in delta_exceptions.__all__))
+
+
+def _sql_string(value: str) -> str:
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 # --- opening ---------------------------------------------------------------------

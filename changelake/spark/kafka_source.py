@@ -7,7 +7,9 @@ and yield Arrow record batches. A restart resumes exactly at the end of the
 last committed batch, and a replayed batch reads exactly the same records, so
 with an idempotent sink every change lands once. No consumer group is joined
 (partitions are assigned explicitly), so a restarted pipeline never waits for a
-group rebalance.
+group rebalance. :func:`commit_group_offsets` tells a consumer group where a batch
+ended (the query does so after each batch's Delta commits, so Kafka's tools see the
+lag); such commits are informational: a restart resumes from the checkpoint.
 
 Options (all strings, as Spark passes them):
 
@@ -16,7 +18,10 @@ Options (all strings, as Spark passes them):
 ``topics``                 comma-separated topic names, or
 ``topicPattern``           a regular expression matched against all topic names
 ``startingOffsets``        ``earliest`` (default), ``latest`` or JSON per topic:
-                           ``{"t1": {"0": 42}, "t2": "latest"}`` (unlisted: earliest)
+                           ``{"t1": {"0": 42}, "t2": "latest", "t3": {"timestamp": 1793491200000}}``
+                           (unlisted: earliest). A timestamp (epoch ms) starts each partition at
+                           the first record whose timestamp is at or after it, as the broker's
+                           offsets-for-times answers; a partition without one starts at its end
 ``maxRecordsPerTrigger``   admission control: at most this many records per micro-batch
 ``readTimeoutMs``          give up reading a planned range after this long without progress
 ``readTasks``              Spark tasks per micro-batch (default 2); partition ranges are packed into them
@@ -257,20 +262,50 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 raise SourceError("startingOffsets must be 'earliest', 'latest' or JSON like "
                                   f'{{"topic": {{"0": 42}}}} or {{"topic": "latest"}}, got {spec!r}')
             default = "earliest"
+        by_time = self._offsets_for_times({(t, p): explicit[t]["timestamp"] for t, p in marks
+                                           if isinstance(explicit.get(t), dict) and "timestamp" in explicit[t]})
         offsets: Offsets = {}
         for (topic, p), (low, high) in marks.items():
             chosen = explicit.get(topic, default)
-            if isinstance(chosen, dict):
+            if (topic, p) in by_time:
+                found = by_time[(topic, p)]
+                start = high if found < 0 else max(found, low)
+            elif isinstance(chosen, dict):
                 start = int(chosen[str(p)]) if str(p) in chosen else low
             elif chosen == "latest":
                 start = high
             elif chosen == "earliest":
                 start = low
             else:
-                raise SourceError(f"startingOffsets for topic {topic!r} must be 'earliest', 'latest' or "
-                                  f"{{partition: offset}}, got {chosen!r}")
+                raise SourceError(f"startingOffsets for topic {topic!r} must be 'earliest', 'latest', "
+                                  f"{{partition: offset}} or {{\"timestamp\": epoch ms}}, got {chosen!r}")
             offsets.setdefault(topic, {})[str(p)] = start
         return offsets
+
+    def _offsets_for_times(self, wanted: dict[tuple[str, int], Any]) -> dict[tuple[str, int], int]:
+        """Per partition, the broker's first offset whose record timestamp is at or after the wanted
+        epoch ms (-1: none, the partition is read from its end)."""
+        if not wanted:
+            return {}
+        from confluent_kafka import TopicPartition
+        for (topic, _), ms in wanted.items():
+            if type(ms) is not int or ms < 0:
+                raise SourceError(f"startingOffsets for topic {topic!r}: timestamp must be epoch milliseconds "
+                                  f"(a non-negative integer), got {ms!r}")
+        asked = [TopicPartition(t, p, ms) for (t, p), ms in sorted(wanted.items())]
+        try:
+            answers = self._metadata_client().offsets_for_times(asked, timeout=_METADATA_TIMEOUT_S)
+        except Exception as exc:  # KafkaException
+            raise SourceError(f"cannot look up starting offsets by timestamp on {self.options.bootstrap_servers}: "
+                              f"{exc}") from exc
+        out: dict[tuple[str, int], int] = {}
+        for tp in answers:
+            if tp.error is not None:
+                raise SourceError(f"the broker could not find the offset of {tp.topic}[{tp.partition}] at timestamp "
+                                  f"{wanted[(tp.topic, tp.partition)]}: {tp.error}")
+            out[(tp.topic, tp.partition)] = tp.offset
+        log.info("starting offsets by timestamp: %s", {f"{t}[{p}]": o for (t, p), o in sorted(out.items())})
+        return out
 
     def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
         parts = self._partitions()
@@ -317,7 +352,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return pack_ranges(ranges, self.options.read_tasks)
 
     def commit(self, end: Offsets) -> None:
-        pass    # offsets live in Spark's checkpoint; nothing is committed to Kafka
+        pass    # offsets live in Spark's checkpoint; the query tells the consumer group (commit_group_offsets)
 
     def stop(self) -> None:
         if self._admin_consumer is not None:
@@ -328,6 +363,30 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def read(self, partition: KafkaReadTask) -> Iterator[pa.RecordBatch]:
         for rng in partition.ranges:
             yield from read_range(self.options, rng)
+
+
+def commit_group_offsets(options: KafkaOptions, group_id: str, end: Offsets) -> None:
+    """Commit ``end`` (the next offset to read, per partition) to consumer group ``group_id`` without
+    joining it. Informational: a failure is logged, never raised."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    offsets = [TopicPartition(t, int(p), int(o)) for t, ps in sorted(end.items()) for p, o in sorted(ps.items())
+               if int(o) >= 0]
+    if not offsets:
+        return
+    conf = dict(options.consumer_config(), **{"group.id": group_id})
+    consumer = Consumer(conf)
+    try:
+        failed = [tp for tp in consumer.commit(offsets=offsets, asynchronous=False) if tp.error is not None]
+        if failed:
+            log.warning("consumer group %s: offsets of %d partition(s) not committed (first: %s[%d]: %s); "
+                        "Kafka tools show an older lag until the next batch", group_id, len(failed),
+                        failed[0].topic, failed[0].partition, failed[0].error)
+    except Exception as exc:  # KafkaException: informational offsets only
+        log.warning("consumer group %s: could not commit offsets (%s); Kafka tools show an older lag until "
+                    "the next batch. The pipeline's own position is in its checkpoint.", group_id, exc)
+    finally:
+        consumer.close()
 
 
 def _carry_forward(start: Offsets, latest: Offsets) -> Offsets:

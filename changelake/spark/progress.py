@@ -34,8 +34,10 @@ def lag_by_partition(source_progress: dict[str, Any]) -> dict[tuple[str, str], i
 
 
 class ProgressListener(StreamingQueryListener):
-    def __init__(self, health: Any) -> None:   # the service's Health (duck-typed: this wing imports no service)
+    def __init__(self, health: Any, *, on_progress: Any = None) -> None:
+        # health: the service's Health (duck-typed: this wing imports no service); on_progress(progress dict)
         self.health = health
+        self.on_progress = on_progress
         self.last_lag: dict[tuple[str, str], int] = {}
         self._last_batch_seen: int | None = None
 
@@ -62,6 +64,8 @@ class ProgressListener(StreamingQueryListener):
             for (topic, part), n in lag.items():
                 metrics.CONSUMER_LAG.labels(topic, part).set(n)
             self.last_lag.update(lag)
+        if self.on_progress is not None:
+            self.on_progress(p)
 
     def onQueryIdle(self, event: Any) -> None:
         metrics.LAST_BATCH_TS.set(time.time())

@@ -8,7 +8,9 @@ The query (:meth:`PipelineQuery.stream`)::
            -> the compiled graph (changelake.spark.compile) -> each graph table's changes as payloads
     foreachBatch(the union of both): ONE Spark action per micro-batch (``toArrow``), so the
     stateful operators run once per batch; the collected payloads go to the service's
-    ``BatchProcessor.process_decoded`` (pure Arrow, no Spark), the workers' reports to /metrics.
+    ``BatchProcessor.process_decoded`` (pure Arrow, no Spark), the workers' reports to /metrics;
+    once it returned (the Delta commits are done), the batch's end offsets go to the pipeline's
+    consumer group (informational: Spark's checkpoint stays the position).
 
 The processor is duck-typed (``stage``, ``plan``, ``routes``, ``graph_routes``, ``buckets``,
 ``graph_tables``, ``process_decoded``): this wing imports nothing from the service above it.
@@ -16,7 +18,8 @@ The processor is duck-typed (``stage``, ``plan``, ``routes``, ``graph_routes``, 
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+import logging
+from typing import Any, Callable, Mapping
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -24,9 +27,12 @@ import pyarrow.compute as pc
 from changelake.changelog import KIND, SEQ
 from changelake.spark.compile import compile_plan, packed_changes
 from changelake.spark.decode_stage import SPARK_SCHEMA as DECODE_STAGE_SCHEMA
-from changelake.spark.kafka_source import SOURCE_NAME, KafkaSource
+from changelake.spark.checkpoint import batch_end_offsets
+from changelake.spark.kafka_source import SOURCE_NAME, KafkaOptions, KafkaSource, commit_group_offsets
 from changelake.spark.payloads import from_ipc
 from changelake.spark.reports import ReportChannel
+
+log = logging.getLogger(__name__)
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
@@ -37,6 +43,8 @@ class PipelineQuery:
     def __init__(self, processor: Any, *, read_tasks: int) -> None:
         self.processor = processor
         self.read_tasks = read_tasks
+        #: called with the batch id after each batch's Delta commits (set by :func:`start`)
+        self.after_batch: Callable[[int], None] | None = None
         #: the operators' reports to the driver (set by :meth:`stream`), drained after each batch
         self.channel: ReportChannel | None = None
 
@@ -67,6 +75,27 @@ class PipelineQuery:
         drained = self.channel.drain() if self.channel is not None else None
         self.processor.process_decoded(out, batch_id, late_rows=drained.late if drained else {},
                                        rejected=drained.rejected if drained else ())
+        if self.after_batch is not None:
+            self.after_batch(batch_id)
+
+
+class _GroupOffsets:
+    """After a batch: commit its end offsets (from the checkpoint's offset log) to a consumer group."""
+
+    def __init__(self, checkpoint: str, reader_options: Mapping[str, str], group_id: str) -> None:
+        self.checkpoint = checkpoint
+        self.options = KafkaOptions.parse(reader_options)
+        self.group_id = group_id
+
+    def __call__(self, batch_id: int) -> None:
+        try:
+            end = batch_end_offsets(self.checkpoint, batch_id)
+        except Exception:  # informational offsets never fail a batch
+            log.warning("batch %d: cannot read its offsets from the checkpoint; consumer group %s not updated",
+                        batch_id, self.group_id, exc_info=True)
+            return
+        if end:
+            commit_group_offsets(self.options, self.group_id, end)
 
 
 class _DropRows:
@@ -105,8 +134,11 @@ def _unpacked_ddl(schema: pa.Schema) -> Any:
 
 
 def start(spark: Any, query: PipelineQuery, *, name: str, checkpoint: str, reader_options: Mapping[str, str],
-          available_now: bool, trigger_seconds: float) -> Any:
-    """Start the streaming query; returns Spark's StreamingQuery."""
+          available_now: bool, trigger_seconds: float, group_id: str | None = None) -> Any:
+    """Start the streaming query; returns Spark's StreamingQuery. With ``group_id``, each batch's end
+    offsets are committed to that consumer group after the batch's Delta commits."""
+    if group_id is not None:
+        query.after_batch = _GroupOffsets(checkpoint, reader_options, group_id)
     spark.dataSource.register(KafkaSource)
     if query.processor.plan is not None:        # the operators' state (changelake.spark.binding)
         spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER)

@@ -1,15 +1,161 @@
-"""The Spark session changelake runs in."""
+"""The Spark session changelake runs in, and which Spark settings take effect.
+
+A setting comes from one of three places; the first that sets a key wins:
+
+==================  ==================================================================================
+1. the launcher     ``spark-submit --master/--conf`` (the chart's SparkApplication), ``spark-defaults.conf``
+                    in ``SPARK_CONF_DIR`` (the chart's StatefulSet), ``PYSPARK_SUBMIT_ARGS``, and
+                    ``SPARK_DRIVER_MEMORY`` (for ``spark.driver.memory``)
+2. the pipeline     ``pipeline.master`` and ``pipeline.spark_conf`` of the YAML
+3. code defaults    :data:`DEFAULTS`, ``local[2]``, and one shuffle partition per core of the master
+==================  ==================================================================================
+
+A YAML setting that the launcher overrides is logged as a warning, so that nobody wonders why it
+did not apply. Under spark-submit the JVM already runs with the launcher's settings; otherwise they
+are read from the same files and variables Spark's launcher reads, and only settings from 2 and 3
+that the launcher does not set are passed to it.
+"""
 
 from __future__ import annotations
 
 import glob
+import logging
 import os
+import re
+import shlex
 import sys
-from typing import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
 
 from pyspark.sql import SparkSession
 
+log = logging.getLogger(__name__)
+
 _DELTA_JAR_GLOB = "delta-spark_*.jar"
+
+DEFAULT_MASTER = "local[2]"
+
+#: Settings the code chooses when nobody else does (see the module docstring).
+DEFAULTS: Mapping[str, str] = {
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    "spark.ui.showConsoleProgress": "false",
+    # A micro-batch's decoded rows are collected on the driver: 1 GB (Spark's default) is too small
+    # for 250k-record batches.
+    "spark.driver.memory": "2g",
+    "spark.sql.streaming.stopGracefullyOnShutdown": "true",
+    # Python workers connect back to the JVM; on a loaded 2-core machine 15 s (the default) is not enough
+    "spark.python.authenticate.socketTimeout": "120s",
+}
+
+
+@dataclass(frozen=True)
+class SessionSettings:
+    """What :func:`build_session` gives Spark: the master and the settings passed to the builder
+    (those the launcher already set are left out: they are in effect anyway)."""
+
+    master: str
+    conf: Mapping[str, str]
+    #: YAML keys the launcher overrode: key -> (YAML value, launcher value)
+    overridden: Mapping[str, tuple[str, str]]
+
+
+def session_settings(*, master: str | None, conf: Mapping[str, str] | None,
+                     launcher: Mapping[str, str]) -> SessionSettings:
+    """Resolve the precedence of the module docstring. ``master``/``conf`` are the pipeline's
+    (``None`` master: not set), ``launcher`` the settings of spark-submit, spark-defaults and the
+    environment (:func:`launcher_settings`)."""
+    mine = dict(conf or {})
+    if master is not None:
+        mine["spark.master"] = master
+    overridden = {k: (v, launcher[k]) for k, v in mine.items() if k in launcher and launcher[k] != v}
+    chosen = {k: v for k, v in mine.items() if k not in launcher}
+    effective_master = launcher.get("spark.master") or chosen.get("spark.master") or DEFAULT_MASTER
+    for key, value in DEFAULTS.items():
+        if key not in launcher and key not in chosen:
+            chosen[key] = value
+    # Every stateful operator runs one task per shuffle partition per micro-batch, and each task starts
+    # its Python runners: on local[N], N partitions (one wave of tasks) halved the demo graph's time per
+    # batch of 1,000 records against 4 on 2 cores (bench/batch_latency.py). A checkpoint keeps the count
+    # it was created with.
+    key = "spark.sql.shuffle.partitions"
+    if key not in launcher and key not in chosen:
+        chosen[key] = str(master_cores(effective_master) or 4)
+    chosen.pop("spark.master", None)
+    return SessionSettings(master=effective_master, conf=chosen, overridden=overridden)
+
+
+def launcher_settings(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The Spark settings given outside the pipeline YAML.
+
+    Under spark-submit (``PYSPARK_GATEWAY_PORT`` set) they are the running JVM's ``spark.*``
+    properties. Otherwise they are what Spark's launcher will read when the session starts:
+    ``spark-defaults.conf`` (in ``SPARK_CONF_DIR``, else ``SPARK_HOME/conf``), then
+    ``PYSPARK_SUBMIT_ARGS`` (``--master``, ``--conf k=v``, ``--driver-memory``), with
+    ``SPARK_DRIVER_MEMORY`` where neither sets ``spark.driver.memory``.
+    """
+    environ = os.environ if environ is None else environ
+    if environ.get("PYSPARK_GATEWAY_PORT"):
+        from pyspark import SparkConf, SparkContext
+
+        SparkContext._ensure_initialized()        # connects to spark-submit's JVM; starts nothing
+        return {k: v for k, v in SparkConf().getAll()}
+    out: dict[str, str] = {}
+    conf_dir = environ.get("SPARK_CONF_DIR") or (
+        os.path.join(environ["SPARK_HOME"], "conf") if environ.get("SPARK_HOME") else None)
+    if conf_dir:
+        out.update(read_spark_defaults(Path(conf_dir) / "spark-defaults.conf"))
+    out.update(submit_args_settings(environ.get("PYSPARK_SUBMIT_ARGS", "")))
+    if "spark.driver.memory" not in out and environ.get("SPARK_DRIVER_MEMORY"):
+        out["spark.driver.memory"] = environ["SPARK_DRIVER_MEMORY"]
+    return out
+
+
+_PROPERTY = re.compile(r"^(\S+?)\s*[=:\s]\s*(.*)$")
+
+
+def read_spark_defaults(path: Path) -> dict[str, str]:
+    """``spark-defaults.conf``: one ``key value`` (or ``key=value``) a line, ``#`` comments."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return {}
+    out = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith(("#", "!")):
+            m = _PROPERTY.match(line)
+            key, value = (m.group(1), m.group(2).strip()) if m else (line, "")
+            out[key] = value
+    return out
+
+
+_SUBMIT_FLAGS = {"--master": "spark.master", "--driver-memory": "spark.driver.memory",
+                 "--executor-memory": "spark.executor.memory", "--executor-cores": "spark.executor.cores",
+                 "--num-executors": "spark.executor.instances"}
+
+
+def submit_args_settings(args: str) -> dict[str, str]:
+    """The settings in spark-submit arguments (``PYSPARK_SUBMIT_ARGS``): ``--conf k=v``, ``--master X``,
+    ``--driver-memory X``, ... (also as ``--flag=X``)."""
+    words = shlex.split(args)
+    out: dict[str, str] = {}
+    i = 0
+    while i < len(words):
+        flag, eq, value = words[i].partition("=") if words[i].startswith("--") else (words[i], "", "")
+        known = flag in ("--conf", "-c") or flag in _SUBMIT_FLAGS
+        if known and not eq and i + 1 < len(words):
+            value = words[i + 1]
+            i += 1
+        if flag in ("--conf", "-c"):
+            key, sep, val = value.partition("=")
+            if sep:
+                out[key] = val
+        elif flag in _SUBMIT_FLAGS:
+            out[_SUBMIT_FLAGS[flag]] = value
+        i += 1
+    return out
 
 
 def delta_jars_on_classpath() -> bool:
@@ -22,53 +168,71 @@ def delta_jars_on_classpath() -> bool:
     return any(glob.glob(os.path.join(d, _DELTA_JAR_GLOB)) for d in jar_dirs)
 
 
-def build_session(*, app_name: str = "changelake", master: str = "local[2]",
-                  conf: Mapping[str, str] | None = None, ui: bool = True) -> SparkSession:
-    """A Spark session for one pipeline.
+def build_session(*, app_name: str = "changelake", master: str | None = None,
+                  conf: Mapping[str, str] | None = None, ui: bool = True,
+                  launcher: Mapping[str, str] | None = None) -> SparkSession:
+    """A Spark session for one pipeline, with the settings of the module docstring's precedence.
 
-    Python workers use this interpreter (so executors see the same packages),
-    timestamps are UTC, and Delta's SQL extensions are enabled when its jars are present.
+    Python workers use this interpreter (so executors see the same packages) and Delta's SQL
+    extensions are enabled when its jars are present.
     """
+    launcher = launcher_settings() if launcher is None else launcher
+    settings = session_settings(master=master, conf=conf, launcher=launcher)
+    for key, (mine, theirs) in sorted(settings.overridden.items()):
+        log.warning("the pipeline's %s=%s does not apply: the Spark launcher (spark-submit, spark-defaults.conf "
+                    "or the environment) sets %s; remove one of the two", key, mine, theirs)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    if master.startswith("local"):
+    local = settings.master.startswith("local")
+    if local:
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    builder = (SparkSession.builder.appName(app_name).master(master)
-               .config("spark.sql.session.timeZone", "UTC")
-               .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-               .config("spark.ui.enabled", "true" if ui else "false")
-               .config("spark.ui.showConsoleProgress", "false")
-               # A micro-batch's decoded rows are collected on the driver: 1 GB (Spark's default) is too small
-               # for 250k-record batches. Overridden by pipeline.spark_conf["spark.driver.memory"].
-               .config("spark.driver.memory", "2g")
-               .config("spark.sql.streaming.stopGracefullyOnShutdown", "true")
-               # Python workers connect back to the JVM; on a loaded 2-core machine 15 s (the default) is not enough
-               .config("spark.python.authenticate.socketTimeout", "120s"))
-    if master.startswith("local"):
-        builder = builder.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
+    builder: Any = SparkSession.builder.appName(app_name)
+    if "spark.master" not in launcher:
+        builder = builder.master(settings.master)
+    chosen = dict(settings.conf)
+    if not ui:
+        chosen["spark.ui.enabled"] = "false"
+    if local:
+        for key in ("spark.driver.host", "spark.driver.bindAddress"):
+            if key not in launcher:
+                chosen.setdefault(key, "127.0.0.1")
     if delta_jars_on_classpath():
-        builder = (builder.config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
-                   .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog"))
-    conf = dict(conf or {})
-    # Every stateful operator runs one task per shuffle partition per micro-batch, and each task starts
-    # its Python runners: on local[N], N partitions (one wave of tasks) halved the demo graph's time per
-    # batch of 1,000 records against 4 on 2 cores (bench/batch_latency.py). A checkpoint keeps the count
-    # it was created with; a value the user sets wins.
-    conf.setdefault("spark.sql.shuffle.partitions", str(local_cores(master) or 4))
-    for key, value in conf.items():
+        chosen.setdefault("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
+        chosen.setdefault("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
+    for key, value in chosen.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 
 
-def local_cores(master: str) -> int | None:
-    """The worker threads of a ``local[N]`` / ``local[*]`` / ``local`` master (None for any other master)."""
+def master_cores(master: str) -> int | None:
+    """The task slots of a ``local[N]`` / ``local[*]`` / ``local`` / ``local-cluster[N,C,M]`` master
+    (None for a cluster manager, whose executors are not known before they register)."""
     if master == "local":
         return 1
+    if master.startswith("local-cluster[") and master.endswith("]"):
+        parts = master[len("local-cluster["):-1].split(",")
+        if len(parts) == 3 and parts[0].strip().isdigit() and parts[1].strip().isdigit():
+            return int(parts[0]) * int(parts[1])
+        return None
     if master.startswith("local[") and master.endswith("]"):
         n = master[6:-1].split(",")[0]
         if n == "*":
             return os.cpu_count() or 1
         return int(n) if n.isdigit() else None
     return None
+
+
+def executor_tasks(spark: Any) -> dict[str, int]:
+    """Executor id -> tasks it has run (completed or failed), from Spark's status store, for every
+    executor that ran one (lost ones included); the driver is left out, so local mode has none."""
+    store = spark.sparkContext._jsc.sc().statusStore()
+    seq = store.executorList(False)         # executors lost on the way count too
+    out = {}
+    for i in range(seq.size()):
+        e = seq.apply(i)
+        tasks = int(e.completedTasks()) + int(e.failedTasks())
+        if e.id() != "driver" and tasks:
+            out[e.id()] = tasks
+    return out

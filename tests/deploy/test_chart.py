@@ -424,5 +424,30 @@ def test_helm_lint_reports_a_broken_template(helm: Any, tmp_path: Any) -> None:
 def test_notes_name_the_workload(render_raw: Any) -> None:
     notes = render_raw({})["changelake/templates/NOTES.txt"]
     assert f"statefulset/{RELEASE}-changelake" in notes
+    assert "Spark: master local[2], driver heap 2g" in notes and "WARNING" not in notes
     notes = render_raw(SPARK_APP)["changelake/templates/NOTES.txt"]
     assert f"sparkapp {RELEASE}-changelake" in notes
+    assert "Spark: 2 executor(s) x 2 core(s), 4g heap each; driver heap 2g" in notes
+    notes = render_raw({"pipeline": {"pipeline": {"master": "local[8]"}}})["changelake/templates/NOTES.txt"]
+    assert "WARNING: pipeline.pipeline.master (local[8]) has no effect" in notes
+
+
+def test_statefulset_spark_values_are_what_the_session_gets(render: Any, tmp_path: Any) -> None:
+    # deploy/examples/statefulset-values.yaml asks for local[4], a 4g heap and 8 shuffle partitions: the
+    # rendered spark-defaults.conf and SPARK_DRIVER_MEMORY, read as Spark's launcher reads them, win
+    # over the code's defaults (local[2], 2g, one partition per core)
+    from changelake.service.config import parse_config
+    from changelake.spark.session import launcher_settings, session_settings
+
+    values = EXAMPLES["example-statefulset-values"]
+    docs = render(values)
+    container = _container(one(docs, "StatefulSet")["spec"]["template"]["spec"])
+    env = {e["name"]: e.get("value") for e in container["env"] if "value" in e}
+    config_map = next(d for d in by_kind(docs, "ConfigMap") if "spark-defaults.conf" in d["data"])
+    (tmp_path / "spark-defaults.conf").write_text(config_map["data"]["spark-defaults.conf"])
+    launcher = launcher_settings({"SPARK_CONF_DIR": str(tmp_path), "SPARK_DRIVER_MEMORY": env["SPARK_DRIVER_MEMORY"]})
+    pipeline = parse_config(config_map["data"]["pipeline.yaml"], environ={}).pipeline
+    settings = session_settings(master=pipeline.master, conf=pipeline.spark_conf, launcher=launcher)
+    assert settings.master == "local[4]"
+    assert launcher["spark.driver.memory"] == "4g" and "spark.driver.memory" not in settings.conf
+    assert launcher["spark.sql.shuffle.partitions"] == "8" and "spark.sql.shuffle.partitions" not in settings.conf

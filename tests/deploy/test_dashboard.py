@@ -81,6 +81,8 @@ def test_every_panel_with_data_has_a_query(dashboard: dict[str, Any]) -> None:
     ("dead letters by reason", "changelake_dead_letters_total", "reason)"),
     ("commit latency", "changelake_delta_commit_duration_seconds_bucket", "histogram_quantile("),
     ("table version", "changelake_delta_table_version", "by (table)"),
+    ("files per table", "changelake_delta_table_files", "by (table)"),
+    ("bytes per table", "changelake_delta_table_bytes", "by (table)"),
     ("state size", "changelake_state_bytes", "by (operator)"),
     ("last batch age", "changelake_last_batch_timestamp_seconds", "max_over_time("),
     ("quarantined tables", "changelake_table_quarantined", "by (table)"),

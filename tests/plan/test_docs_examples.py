@@ -87,3 +87,15 @@ def test_the_lookup_join_examples_plan_and_explain_as_shown():
     assert shown in [line.lstrip(" +-") for line in printed]
     assert plan["stocked"].schema.names == ["order_id", "product_id", "qty", "id", "category", "price", "sku",
                                             "on_hand"]
+
+
+def test_the_starting_position_example_asks_for_the_moment_in_epoch_ms():
+    import json
+
+    from changelake.service.pipeline import kafka_reader_options
+
+    start = DOC.index("## Starting positions")
+    section = DOC[start:DOC.index("\n## ", start + 1)]
+    text = next(body for lang, body in re.findall(r"```(\w*)\n(.*?)```", section, flags=re.DOTALL) if lang == "yaml")
+    opts = kafka_reader_options(parse_config(HEADER + text, environ={}))
+    assert json.loads(opts["startingOffsets"]) == {"shop.orders": {"timestamp": 1_793_491_200_000}}

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 import random
-from pathlib import Path
 
 import duckdb
 import pyarrow as pa

@@ -102,3 +102,27 @@ def test_a_truncate_at_a_kafka_position_refuses_other_partitions(make_sink):
     other.apply(_kafka_changes([("+I", 1, 0, 5, "a")]), batch_id=0, truncate_at=seq_from_kafka(0, 3))
     with pytest.raises(SinkCommitError, match="other partitions"):
         other.apply(_kafka_changes([("+I", 2, 2, 1, "b")]), batch_id=1)
+
+
+# --- unavailable values (an unchanged TOASTed Postgres column) --------------------------------------
+
+PLACEHOLDER = "__debezium_unavailable_value"
+
+
+def test_a_placeholder_keeps_the_stored_value(make_sink):
+    sink = make_sink(name="toast", unavailable_value=PLACEHOLDER)
+    sink.apply(changes([("+I", 1, 1, "big text"), ("+I", 2, 1, "other")]), batch_id=0)
+    # key 1: the update did not send v; key 3: +I then +U without v in one batch; key 4: never seen
+    sink.apply(changes([("+U", 1, 2, PLACEHOLDER), ("+I", 3, 2, "c"), ("+U", 3, 3, PLACEHOLDER),
+                        ("+U", 4, 2, PLACEHOLDER)]), batch_id=1)
+    assert live(sink.spec.path) == {1: ("big text", seq(2)), 2: ("other", seq(1)), 3: ("c", seq(3)),
+                                    4: (None, seq(2))}
+    # a delete in between: the re-insert's placeholder has nothing to keep
+    sink.apply(changes([("-D", 2, 4, None), ("+I", 2, 5, PLACEHOLDER), ("+U", 1, 6, "new text")]), batch_id=2)
+    assert live(sink.spec.path)[2] == (None, seq(5)) and live(sink.spec.path)[1] == ("new text", seq(6))
+
+
+def test_without_a_placeholder_setting_the_text_is_a_value(make_sink):
+    sink = make_sink(name="toast_off")
+    sink.apply(changes([("+I", 1, 1, "a"), ("+U", 1, 2, PLACEHOLDER)]), batch_id=0)
+    assert live(sink.spec.path) == {1: (PLACEHOLDER, seq(2))}

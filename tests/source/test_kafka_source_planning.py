@@ -71,3 +71,71 @@ def test_option_names_are_case_insensitive_as_spark_passes_them_lower_cased():
                                "startingoffsets": "latest", "readtasks": "3"})
     assert (opts.topic_pattern, opts.max_records_per_trigger, opts.starting_offsets, opts.read_tasks) == \
         ("a.*", 150, "latest", 3)
+
+
+class _TimesClient:
+    """Answers offsets-for-times as a broker does: per partition, an offset (-1: no record at or after the time)."""
+
+    def __init__(self, answers: dict[tuple[str, int], int], error: str | None = None) -> None:
+        self.answers, self.error, self.asked = answers, error, []
+
+    def offsets_for_times(self, partitions, timeout):
+        from confluent_kafka import KafkaError, TopicPartition
+
+        self.asked = [(tp.topic, tp.partition, tp.offset) for tp in partitions]
+        if not self.error:
+            return [TopicPartition(tp.topic, tp.partition, self.answers[(tp.topic, tp.partition)]) for tp in partitions]
+        # confluent-kafka's TopicPartition.error cannot be set from Python: an object of the same shape
+        from types import SimpleNamespace
+        return [SimpleNamespace(topic=tp.topic, partition=tp.partition, offset=-1,
+                                error=KafkaError(KafkaError._UNKNOWN_PARTITION, self.error)) for tp in partitions]
+
+
+def _reader_with(client, marks, starting):
+    from changelake.spark.kafka_source import KafkaStreamReader
+
+    reader = KafkaStreamReader(KafkaOptions.parse({"bootstrap.servers": "localhost:1", "topics": "t,u",
+                                                   "startingOffsets": starting}))
+    reader._admin_consumer = client
+    reader._partitions = lambda: sorted(marks)
+    reader._watermarks = lambda parts: marks
+    return reader
+
+
+def test_starting_offsets_by_timestamp_take_the_brokers_answer_per_partition():
+    marks = {("t", 0): (0, 100), ("t", 1): (50, 80), ("t", 2): (0, 30), ("u", 0): (0, 9)}
+    client = _TimesClient({("t", 0): 42, ("t", 1): 10, ("t", 2): -1})
+    reader = _reader_with(client, marks, '{"t": {"timestamp": 1793491200000}}')
+    # found; below the low watermark (expired since): the low watermark; none at or after: the end
+    assert reader.initialOffset() == {"t": {"0": 42, "1": 50, "2": 30}, "u": {"0": 0}}
+    assert client.asked == [("t", p, 1793491200000) for p in (0, 1, 2)]
+
+
+def test_starting_offsets_by_timestamp_report_what_went_wrong():
+    marks = {("t", 0): (0, 100)}
+    with pytest.raises(SourceError, match=r"offset of t\[0\] at timestamp 1793491200000"):
+        _reader_with(_TimesClient({("t", 0): -1}, error="no leader"), marks,
+                     '{"t": {"timestamp": 1793491200000}}').initialOffset()
+    with pytest.raises(SourceError, match="epoch milliseconds"):
+        _reader_with(_TimesClient({}), marks, '{"t": {"timestamp": "2026-11-01"}}').initialOffset()
+
+
+def test_a_source_starting_at_a_time_asks_for_it_in_epoch_ms():
+    import json
+
+    import yaml
+
+    from changelake.errors import ConfigError
+    from changelake.service.config import parse_config
+    from changelake.service.pipeline import kafka_reader_options
+
+    def config(source: dict):
+        raw = {"pipeline": {"id": "p", "checkpoint": "/tmp/c"}, "kafka": {"bootstrap_servers": "localhost:1"},
+               "sources": [{"name": "s", "table": "s", **source}], "tables": [{"name": "s", "primary_key": ["id"]}]}
+        return parse_config(yaml.safe_dump(raw, sort_keys=False).replace("'2026-11-01T00:00:00Z'",
+                                                                         "2026-11-01T00:00:00Z"))
+
+    opts = kafka_reader_options(config({"topics": ["a", "b"], "starting_offsets": {"timestamp": "2026-11-01T00:00:00Z"}}))
+    assert json.loads(opts["startingOffsets"]) == {"a": {"timestamp": 1793491200000}, "b": {"timestamp": 1793491200000}}
+    with pytest.raises(ConfigError, match="needs 'topics'"):
+        config({"topic_pattern": "a.*", "starting_offsets": {"timestamp": "2026-11-01T00:00:00Z"}})

@@ -72,6 +72,41 @@ def test_starting_offsets_latest_and_explicit(kafka):
     assert explicit[topic]["0"] == 25
 
 
+def test_starting_offsets_by_timestamp_follow_the_brokers_offsets_for_times(kafka):
+    """Records produced with their own CreateTime; the reader starts each partition where the broker's
+    offsets-for-times says (none at or after the time: at the end). The librdkafka mock cluster keeps the
+    CreateTime but answers every timestamp lookup with -1 (it implements no time index), so on the
+    embedded broker every partition starts at its end; a real broker gives the first record at or after."""
+    topic = kafka.topic("bytime")
+    base = 1_793_491_200_000
+    p = Producer({"bootstrap.servers": kafka.bootstrap_servers, "log_level": 3})
+    for i in range(20):
+        p.produce(topic, key=b"%d" % i, value=b"%d" % i, partition=i % 2, timestamp=base + i * 1_000)
+    assert p.flush(30) == 0
+    at = base + 9_500                                         # records 10..19 are at or after it
+    reader = KafkaStreamReader(KafkaOptions.parse({
+        "bootstrap.servers": kafka.bootstrap_servers, "topics": topic,
+        "startingOffsets": '{"%s": {"timestamp": %d}}' % (topic, at)}))
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, ReadAllAvailable())
+    stamps = []
+    for task in reader.partitions(start, end):
+        for rng in task.ranges:
+            records, _ = _read(KafkaOptions.parse({"bootstrap.servers": kafka.bootstrap_servers, "topics": topic}),
+                               rng)
+            stamps += records["timestamp"].cast("int64").to_pylist()
+    reader.stop()
+    c = Consumer({"bootstrap.servers": kafka.bootstrap_servers, "group.id": "probe", "log_level": 3})
+    told = {tp.partition: tp.offset for tp in c.offsets_for_times(
+        [TopicPartition(topic, q, at) for q in range(len(start[topic]))], timeout=10)}
+    c.close()
+    assert start[topic] == {str(q): (o if o >= 0 else end[topic][str(q)]) for q, o in told.items()}
+    if all(o < 0 for o in told.values()) and kafka.kind == "embedded":
+        assert stamps == []                                   # the mock's answer: start at the end
+    else:
+        assert sorted(stamps) == [base + i * 1_000 for i in range(10, 20)]
+
+
 def test_expired_offsets_are_reported_not_silently_skipped(kafka):
     if kafka.kind != "embedded":
         pytest.skip("needs a broker that deletes old messages on its own: librdkafka's mock cluster keeps at "

@@ -1,0 +1,211 @@
+"""``changelake status``: where a pipeline stands, read from outside the running process.
+
+====================  ================================================================================
+lag per partition     end offset (Kafka) minus the offset committed to the pipeline's consumer group
+                      (:func:`~changelake.service.pipeline.consumer_group`) after each batch
+last batch            the newest entry of the checkpoint's commit log: batch id, when, its end offsets
+tables                Delta version, live files and their bytes (sink tables and their tombstone tables)
+dead letters          rows of the dead-letter Delta table, by source and reason
+====================  ================================================================================
+
+Nothing here takes a lock or writes: it is safe beside a running pipeline.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from changelake.service.config import ChangelakeConfig
+from changelake.service.pipeline import consumer_group
+
+_TIMEOUT_S = 15.0
+
+
+@dataclass(frozen=True)
+class PartitionLag:
+    topic: str
+    partition: int
+    committed: int | None       # None: the group has no offset for it (no batch committed yet)
+    end: int
+
+    @property
+    def lag(self) -> int | None:
+        return None if self.committed is None else max(0, self.end - self.committed)
+
+
+@dataclass(frozen=True)
+class LastBatch:
+    batch_id: int
+    finished_at: datetime
+    end_offsets: dict[str, dict[str, int]]
+
+
+@dataclass(frozen=True)
+class TableFiles:
+    name: str
+    path: str
+    version: int | None         # None: the table does not exist yet
+    files: int = 0
+    bytes: int = 0
+
+
+@dataclass
+class PipelineStatus:
+    pipeline_id: str
+    group: str
+    partitions: list[PartitionLag] = field(default_factory=list)
+    kafka_error: str | None = None
+    last_batch: LastBatch | None = None
+    tables: list[TableFiles] = field(default_factory=list)
+    dead_letters: dict[tuple[str, str], int] = field(default_factory=dict)      # (source, reason) -> rows
+    dead_letter_topics: list[str] = field(default_factory=list)
+
+
+def collect_status(config: ChangelakeConfig) -> PipelineStatus:
+    status = PipelineStatus(pipeline_id=config.pipeline.id, group=consumer_group(config))
+    try:
+        status.partitions = group_lag(config)
+    except Exception as exc:  # KafkaException: report it, show the rest
+        status.kafka_error = str(exc)
+    status.last_batch = last_batch(config.pipeline.checkpoint)
+    storage = config.storage.plain_options() or None
+    for t in config.tables:
+        path = config.table_path(t.name)
+        status.tables.append(table_files(t.name, path, storage))
+        tomb = _tombstone_path(path, storage)
+        if tomb is not None:
+            status.tables.append(table_files(f"{t.name} (tombstones)", tomb, storage))
+    status.dead_letters = dead_letter_counts(config.dead_letter_path(), storage)
+    status.dead_letter_topics = sorted({tp for s in config.sources if (tp := config.dead_letter_topic(s.name))})
+    return status
+
+
+def group_lag(config: ChangelakeConfig) -> list[PartitionLag]:
+    """Per partition of the pipeline's topics: the group's committed offset and the end offset."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    conf = {"bootstrap.servers": config.kafka.bootstrap_servers, "enable.auto.commit": False, "log_level": 3,
+            **config.kafka.plain_properties(), "group.id": consumer_group(config)}
+    consumer = Consumer(conf)
+    try:
+        md = consumer.list_topics(timeout=_TIMEOUT_S)
+        parts = []
+        for s in config.sources:
+            if s.topic_pattern is not None:
+                rx = re.compile(s.topic_pattern)
+                names = sorted(t for t in md.topics if rx.fullmatch(t) and not t.startswith("__"))
+            else:
+                names = list(s.topics or ())
+            for name in names:
+                topic = md.topics.get(name)
+                if topic is not None and topic.error is None:
+                    parts.extend(TopicPartition(name, p) for p in sorted(topic.partitions))
+        parts = sorted({(tp.topic, tp.partition): tp for tp in parts}.values(), key=lambda tp: (tp.topic, tp.partition))
+        if not parts:
+            return []
+        committed = {(tp.topic, tp.partition): tp.offset for tp in consumer.committed(parts, timeout=_TIMEOUT_S)}
+        out = []
+        for tp in parts:
+            _, high = consumer.get_watermark_offsets(tp, timeout=_TIMEOUT_S, cached=False)
+            c = committed.get((tp.topic, tp.partition))
+            out.append(PartitionLag(tp.topic, tp.partition, c if c is not None and c >= 0 else None, high))
+        return out
+    finally:
+        consumer.close()
+
+
+def last_batch(checkpoint: str) -> LastBatch | None:
+    """The newest batch in the checkpoint's commit log, with its end offsets."""
+    from changelake.spark.checkpoint import batch_end_offsets, last_committed_batch
+
+    last = last_committed_batch(checkpoint)
+    if last is None:
+        return None
+    return LastBatch(batch_id=last[0], finished_at=last[1], end_offsets=batch_end_offsets(checkpoint, last[0]))
+
+
+def table_files(name: str, path: str, storage: dict[str, str] | None) -> TableFiles:
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        table = DeltaTable(path, storage_options=storage)
+    except TableNotFoundError:
+        return TableFiles(name=name, path=path, version=None)
+    adds = table.get_add_actions(flatten=True)
+    sizes = adds.column("size_bytes").to_pylist() if adds.num_rows else []
+    return TableFiles(name=name, path=path, version=table.version(), files=len(sizes), bytes=int(sum(sizes)))
+
+
+def dead_letter_counts(path: str, storage: dict[str, str] | None) -> dict[tuple[str, str], int]:
+    from deltalake import DeltaTable, QueryBuilder
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        table = DeltaTable(path, storage_options=storage)
+    except TableNotFoundError:
+        return {}
+    import pyarrow as pa
+
+    rows = pa.table(QueryBuilder().register("dl", table).execute(
+        'SELECT "source", "reason", count(*) AS n FROM dl GROUP BY "source", "reason"')).to_pylist()
+    return {(r["source"], r["reason"]): int(r["n"]) for r in rows}
+
+
+def format_status(s: PipelineStatus, *, now: datetime | None = None) -> str:
+    now = now or datetime.now(timezone.utc)
+    out = [f"pipeline {s.pipeline_id} (consumer group {s.group})", "", "lag (end offset - committed offset):"]
+    if s.kafka_error:
+        out.append(f"  cannot read Kafka: {s.kafka_error}")
+    elif not s.partitions:
+        out.append("  no partitions found for the configured topics")
+    else:
+        out.append(f"  {'topic':<40} {'part':>4} {'committed':>12} {'end':>12} {'lag':>10}")
+        for p in s.partitions:
+            committed = "-" if p.committed is None else str(p.committed)
+            lag = "-" if p.lag is None else f"{p.lag:,}"
+            out.append(f"  {p.topic:<40} {p.partition:>4} {committed:>12} {p.end:>12} {lag:>10}")
+        known = [p.lag for p in s.partitions if p.lag is not None]
+        out.append(f"  total lag: {sum(known):,}" + ("" if len(known) == len(s.partitions) else
+                                                    " (partitions without a committed offset: '-')"))
+    out.append("")
+    if s.last_batch is None:
+        out.append("last batch: none committed yet")
+    else:
+        age = (now - s.last_batch.finished_at).total_seconds()
+        out.append(f"last batch: {s.last_batch.batch_id}, committed {s.last_batch.finished_at:%Y-%m-%d %H:%M:%S} UTC "
+                   f"({_ago(age)} ago)")
+    out += ["", "tables:", f"  {'table':<40} {'version':>8} {'files':>8} {'bytes':>14}"]
+    for t in s.tables:
+        version = "-" if t.version is None else str(t.version)
+        out.append(f"  {t.name:<40} {version:>8} {t.files:>8} {t.bytes:>14,}")
+    out += ["", "dead letters (Delta table):"]
+    if not s.dead_letters:
+        out.append("  none")
+    for (source, reason), n in sorted(s.dead_letters.items()):
+        out.append(f"  {source} / {reason}: {n:,}")
+    if s.dead_letter_topics:
+        out.append(f"  (sources with a dead-letter topic write to {', '.join(s.dead_letter_topics)} instead)")
+    return "\n".join(out)
+
+
+def _ago(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    if seconds < 120:
+        return f"{seconds} s"
+    if seconds < 7200:
+        return f"{seconds // 60} min"
+    return f"{seconds // 3600} h {seconds % 3600 // 60} min"
+
+
+def _tombstone_path(path: str, storage: dict[str, str] | None) -> str | None:
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    from changelake.connectors.delta_sink_schema import PROP_TOMBSTONES
+
+    try:
+        return DeltaTable(path, storage_options=storage).metadata().configuration.get(PROP_TOMBSTONES)
+    except TableNotFoundError:
+        return None

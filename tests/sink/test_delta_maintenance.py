@@ -1,0 +1,112 @@
+"""Delta maintenance: compaction and VACUUM on a schedule keep a table's files bounded without
+changing what any reader sees, and table properties the user asks for are set."""
+
+from __future__ import annotations
+
+import os
+import threading
+from datetime import timedelta
+
+import pyarrow as pa
+from deltalake import DeltaTable, QueryBuilder
+
+from changelake import metrics
+from changelake.connectors.delta_sink import Maintenance
+
+from .tables import changes, live
+
+
+def _snapshot_rows(path: str, app_id: str) -> tuple[int | None, dict[int, str]]:
+    """(the batch id a snapshot records, its rows {id: v}), both read from the same snapshot."""
+    table = DeltaTable(path)
+    batch = table.transaction_version(app_id)
+    rows = pa.table(QueryBuilder().register("t", table).execute("SELECT id, v FROM t")).to_pylist()
+    return batch, {r["id"]: r["v"] for r in rows}
+
+
+def _parquet_files(path: str) -> int:
+    """Data files on disk (the log's checkpoints left out)."""
+    return sum(1 for d, _, files in os.walk(path) if "_delta_log" not in d for f in files if f.endswith(".parquet"))
+
+
+def test_hundreds_of_tiny_batches_keep_files_bounded_and_readers_see_the_same_rows(make_sink, clock, tmp_path):
+    sink = make_sink("t", maintenance=Maintenance(compact_every=timedelta(minutes=5), compact_min_files=12,
+                                                  vacuum_every=timedelta(minutes=30),
+                                                  vacuum_retention=timedelta(hours=1)))
+    path = sink.spec.path
+    state: dict[int, str] = {}
+    expected: dict[int, dict[int, str]] = {}       # batch id -> the table's rows once it committed
+    mismatches: list[str] = []
+    reads = [0]
+    stop = threading.Event()
+
+    def reader() -> None:
+        while not stop.is_set():
+            if not DeltaTable.is_deltatable(path):
+                continue
+            batch, rows = _snapshot_rows(path, sink.app_id)
+            if batch is not None:
+                reads[0] += 1
+                if rows != expected[batch]:
+                    mismatches.append(f"snapshot of batch {batch}: {len(rows)} rows, expected {len(expected[batch])}")
+
+    thread = threading.Thread(target=reader, daemon=True)
+    thread.start()
+    most_files = 0
+    seqno = 0
+    try:
+        for batch in range(200):
+            rows = []
+            # as CDC of an orders table: two new keys (a MERGE that touches no file writes a new small
+            # one), every tenth batch an update of the previous batch's last key, every fourth a delete
+            for key in (2 * batch, 2 * batch + 1, 2 * batch - 1 if batch % 10 == 9 else None):
+                if key is None:
+                    continue
+                seqno += 1
+                rows.append(("+I" if key not in state else "+U", key, seqno, f"b{batch}"))
+                state[key] = f"b{batch}"
+            if batch % 4 == 3:
+                key = 2 * batch - 2
+                seqno += 1
+                rows.append(("-D", key, seqno, None))
+                del state[key]
+            expected[batch] = dict(state)
+            sink.apply(changes(rows), batch_id=batch)
+            most_files = max(most_files, len(DeltaTable(path).file_uris()))
+            clock.advance(timedelta(minutes=1))
+    finally:
+        stop.set()
+        thread.join(timeout=60)
+
+    assert not mismatches, mismatches[:5]
+    assert reads[0] > 20, "the reader hardly ran beside the writer"
+    # about one file per batch (200 without maintenance); compaction is checked every 5 batches (5
+    # minutes of the clock) and runs above 12 files, so at most 5 more files than that ever live
+    assert most_files <= 12 + 5, most_files
+    ok = metrics.MAINTENANCE.labels(table="t", operation="compact", result="ok")._value.get()
+    assert ok >= 5
+    assert {k: v for k, (v, _) in live(path).items()} == state
+    files = len(DeltaTable(path).file_uris())
+    assert metrics.TABLE_FILES.labels(table="t")._value.get() == files
+
+    # files compaction replaced stay on disk for the retention (readers of older snapshots), then go
+    assert _parquet_files(path) > files
+    assert sink.vacuum(retention=timedelta(0)) > 0
+    assert _parquet_files(path) == files
+    assert _snapshot_rows(path, sink.app_id) == (199, state)
+
+
+def test_table_properties_are_set_at_creation_and_on_an_existing_table(make_sink):
+    sink = make_sink("p", properties={"delta.logRetentionDuration": "interval 3 days"})
+    sink.apply(changes([("+I", 1, 1, "a")]), batch_id=0)
+    config = DeltaTable(sink.spec.path).metadata().configuration
+    assert config["delta.logRetentionDuration"] == "interval 3 days"
+    assert config["changelake.primaryKey"] == '["id"]'          # the sink's own stay
+
+    reopened = make_sink("p", properties={"delta.logRetentionDuration": "interval 10 days",
+                                          "delta.enableChangeDataFeed": "true"})
+    reopened.apply(changes([("+U", 1, 2, "b")]), batch_id=1)
+    config = DeltaTable(sink.spec.path).metadata().configuration
+    assert config["delta.logRetentionDuration"] == "interval 10 days"
+    assert config["delta.enableChangeDataFeed"] == "true"
+    assert live(sink.spec.path) == {1: ("b", "s0000000002")}
