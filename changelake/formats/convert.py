@@ -175,8 +175,7 @@ def _fast(values: Sequence[Any], target: pa.DataType, unit: str | None, wire: st
     if pat.is_null(src):
         return pa.nulls(len(values), type=target)
     if pat.is_floating(src) and any(type(v) is bool for v in values):
-        return None   # Arrow infers [1.5, True] as doubles, reading the boolean as 1.0
-
+        return None   # Arrow infers [1.5, True] as doubles (True as 1.0): a boolean is not a number
     if wire is not None and not _FAST_WIRE.get(wire, lambda _: False)(src):
         return None   # values of another shape than declared (or a wire read value by value)
     try:

@@ -310,3 +310,18 @@ def test_decimals_written_as_json_numbers_keep_every_digit(fmt: str) -> None:
         {"id": 1, "d": decimal.Decimal("1234567890123456789.1234567890123456789"), "f": 0.30000000000000004}]
     assert out.dead_letters.column("reason").to_pylist() == ["schema-mismatch"]
     assert "column 'id'" in out.dead_letters.column("error")[0].as_py()
+
+
+@pytest.mark.parametrize("fmt", ["debezium-json", "maxwell-json"])
+def test_a_boolean_in_a_double_column_is_a_mismatch_after_a_number(fmt) -> None:
+    """Arrow's inference reads [1.5, true] as doubles (true as 1.0); the decoder must not."""
+    decoder = make_decoder(fmt, columns=arrow_schema({"id": "bigint", "v": "double"}))
+    if fmt == "debezium-json":
+        messages = [change("c", after={"id": 1, "v": -0.0}), change("c", after={"id": 2, "v": True})]
+    else:
+        messages = [{"database": "shop", "table": "t", "type": "insert", "ts": 1, "data": {"id": i, "v": v}}
+                    for i, v in ((1, -0.0), (2, True))]
+    out = decoder.decode(records(messages))
+    assert out.rows.column("id").to_pylist() == [1]
+    assert [d["reason"] for d in out.dead_letters.to_pylist()] == ["schema-mismatch"]
+    assert "column 'v'" in out.dead_letters.column("error")[0].as_py()
