@@ -190,6 +190,13 @@ def build_session(*, app_name: str = "changelake", master: str | None = None,
     if "spark.master" not in launcher:
         builder = builder.master(settings.master)
     chosen = dict(settings.conf)
+    if os.environ.get("PYSPARK_GATEWAY_PORT") and "spark.driver.memory" in chosen:
+        # under spark-submit the driver JVM already runs: its heap can no longer change
+        if "spark.driver.memory" in (conf or {}):
+            log.warning("the pipeline's spark.driver.memory=%s does not apply under spark-submit (the driver JVM "
+                        "is already running); pass --driver-memory or spark.driver.memory to spark-submit",
+                        chosen["spark.driver.memory"])
+        del chosen["spark.driver.memory"]
     if not ui:
         chosen["spark.ui.enabled"] = "false"
     if local:

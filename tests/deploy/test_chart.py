@@ -451,3 +451,19 @@ def test_statefulset_spark_values_are_what_the_session_gets(render: Any, tmp_pat
     assert settings.master == "local[4]"
     assert launcher["spark.driver.memory"] == "4g" and "spark.driver.memory" not in settings.conf
     assert launcher["spark.sql.shuffle.partitions"] == "8" and "spark.sql.shuffle.partitions" not in settings.conf
+
+
+def test_sparkapplication_spark_conf_is_what_the_session_gets(render: Any) -> None:
+    # the operator passes sparkConf to spark-submit, whose JVM properties are the launcher's settings:
+    # the pipeline's own settings and the code's defaults give way to them
+    from changelake.spark.session import session_settings
+
+    values = EXAMPLES["example-sparkapplication-values"]
+    app = one(render(values), "SparkApplication")
+    launcher = {k: str(v) for k, v in app["spec"]["sparkConf"].items()}
+    launcher["spark.master"] = "k8s://https://kubernetes.default.svc"      # what the operator submits with
+    settings = session_settings(master="local[2]", conf={"spark.executor.memory": "1g"}, launcher=launcher)
+    assert settings.master == "k8s://https://kubernetes.default.svc"
+    assert launcher["spark.executor.instances"] == "4" and launcher["spark.executor.memory"] == "4g"
+    assert not {"spark.driver.memory", "spark.executor.memory", "spark.master"} & set(settings.conf)
+    assert set(settings.overridden) == {"spark.master", "spark.executor.memory"}
