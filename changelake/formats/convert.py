@@ -184,7 +184,7 @@ def _fast(values: Sequence[Any], target: pa.DataType, unit: str | None, wire: st
         if pat.is_integer(target) and pat.is_integer(src):
             return inferred.cast(target, safe=True)
         if pat.is_floating(target) and (pat.is_integer(src) or pat.is_floating(src)):
-            return inferred.cast(target, safe=False)
+            return to_float(inferred, target)
         if pat.is_string(target) and (pat.is_string(src) or pat.is_large_string(src)):
             return inferred.cast(target)
         if pat.is_decimal(target) and pat.is_decimal(src):
@@ -195,6 +195,8 @@ def _fast(values: Sequence[Any], target: pa.DataType, unit: str | None, wire: st
             return _rescale(inferred, unit or "ms", target.unit).cast(target)
         if pat.is_integer(src) and pat.is_date32(target) and (unit or "d") == "d":
             return inferred.cast(pa.int32(), safe=True).cast(target)
+        if pat.is_string(src) and pat.is_floating(target):
+            return to_float(inferred.cast(pa.float64(), safe=True), target)
         if pat.is_string(src) and (pat.is_integer(target) or pat.is_floating(target) or pat.is_decimal(target)
                                    or pat.is_boolean(target) or pat.is_date32(target)
                                    or (pat.is_timestamp(target) and target.tz is None)):
@@ -233,7 +235,7 @@ def _coercer(target: pa.DataType, unit: str | None, decimal_scale: int | None, w
     if pat.is_integer(target):
         return _int_in_range(target)
     if pat.is_floating(target):
-        return _to_float
+        return _to_float32 if pat.is_float32(target) else _to_float
     if pat.is_string(target) or pat.is_large_string(target):
         return _to_text
     if pat.is_binary(target) or pat.is_large_binary(target) or pat.is_fixed_size_binary(target):
@@ -298,6 +300,29 @@ def _int_in_range(target: pa.DataType):
         return n
 
     return coerce
+
+
+#: the least magnitude that rounds to infinity as a FLOAT (float32): FLT_MAX plus half its last step
+_FLOAT32_OVERFLOW = 2.0**128 - 2.0**103
+
+
+def to_float(column: pa.Array, target: pa.DataType) -> pa.Array | None:
+    """Numbers as ``target`` (FLOAT or DOUBLE), rounded to the nearest value as SQL casts do; None
+    when a finite number is beyond FLOAT's range (it would become infinity), for the caller to
+    find which one value by value."""
+    out = column.cast(target, safe=False)
+    if pat.is_float32(target) and pat.is_floating(column.type):     # (any 64-bit integer fits a FLOAT)
+        infinite = [pc.sum(pc.is_inf(c), min_count=0).as_py() for c in (column, out)]
+        if infinite[0] != infinite[1]:
+            return None
+    return out
+
+
+def _to_float32(v: Any) -> float:
+    f = _to_float(v)
+    if _FLOAT32_OVERFLOW <= abs(f) < float("inf"):
+        raise Unfit("beyond FLOAT's range (about ±3.4028235e38)")
+    return f
 
 
 def _to_float(v: Any) -> float:
@@ -380,7 +405,7 @@ def _decimal_bytes(target: pa.DataType, scale: int):
         if after is not None:
             return after(d)
         if pat.is_floating(target):
-            return float(d)
+            return _to_float32(d) if pat.is_float32(target) else float(d)
         if pat.is_string(target):
             return str(d)
         raise Unfit("a Connect Decimal needs a DECIMAL, DOUBLE or STRING column")

@@ -24,7 +24,7 @@ import pyarrow.types as pat
 from changelake.changelog import DEAD_LETTER_SCHEMA, METADATA_FIELDS
 from changelake.formats.assemble import ColumnSpec, MetaColumn
 from changelake.formats.base import DecodeResult
-from changelake.formats.convert import _rescale, outside
+from changelake.formats.convert import _rescale, outside, to_float
 
 _SOURCE = pa.struct([("ts_ms", pa.int64()), ("db", pa.string()), ("schema", pa.string()),
                      ("table", pa.string()), ("file", pa.string()), ("pos", pa.int64()), ("row", pa.int64()),
@@ -238,8 +238,10 @@ def _convert_column(spec: ColumnSpec, column: pa.Array) -> pa.Array | None:
             return column.cast(pa.int32(), safe=True).cast(t)
         if src == t:
             return column
+        if pat.is_floating(t) and (pat.is_integer(src) or pat.is_floating(src)):
+            return to_float(column, t)
         if _same_kind(src, t):
-            return column.cast(t, safe=not pat.is_floating(t))
+            return column.cast(t, safe=True)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
         return None
     return None

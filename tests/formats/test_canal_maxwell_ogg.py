@@ -157,3 +157,11 @@ def test_ogg_truncate_and_unknown() -> None:
                                              "_seq": seq_from_log_position(20000001234, offset=100),
                                              "_db": "SALES", "_table": "ORDERS"}]
     assert result.dead_letters.column("reason").to_pylist() == ["unknown-op"]
+
+
+def test_canal_float_text_beyond_float_range_is_a_schema_mismatch() -> None:
+    columns = sql_schema([("id", "INT"), ("f", "FLOAT")])
+    result = make_decoder("canal-json", columns=columns).decode(records([
+        canal("INSERT", [{"id": "1", "f": "3.4028235E38"}]), canal("INSERT", [{"id": "2", "f": "3.4028236E38"}])]))
+    assert result.rows.select(["id", "f"]).to_pylist() == [{"id": 1, "f": 3.4028234663852886e38}]
+    assert result.dead_letters.column("reason").to_pylist() == ["schema-mismatch"]

@@ -296,3 +296,33 @@ def test_declared_columns_with_envelope_use_its_units_on_every_path() -> None:
     for _ in range(2):   # the second batch may take the bulk path
         out = decoder.decode(batch).rows.column("at").to_pylist()
         assert out == [dt.datetime(2023, 11, 14, 22, 13, 20, 123000)] * 3
+
+
+@pytest.mark.parametrize("chunk", ["healthy", "mixed"])
+def test_float_beyond_float_range_is_a_schema_mismatch_not_infinity(chunk) -> None:
+    """A FLOAT (float32) column rounds a JSON number to the nearest float, as Java writes
+    Float.MAX_VALUE (3.4028235E38, a double just above it); a finite number that would round to
+    infinity does not fit. Both the bulk path (a healthy chunk) and the per-message path."""
+    columns = sql_schema([("id", "INT NOT NULL"), ("f", "FLOAT")])
+    values = [3.4028235e38, -3.4028235e38, 1.4e-45, -0.0, 3.4028236e38, -1e300]
+    messages = [change("c", after={"id": i, "f": v}) for i, v in enumerate(values)]
+    if chunk == "mixed":
+        messages.append(b"not json")
+    result = decode(messages, columns=columns)
+    assert result.rows.select(["id", "f"]).to_pylist() == [
+        {"id": 0, "f": 3.4028234663852886e38}, {"id": 1, "f": -3.4028234663852886e38},
+        {"id": 2, "f": 1.401298464324817e-45}, {"id": 3, "f": -0.0}]
+    mismatched = [r for r in result.dead_letters.to_pylist() if r["reason"] == "schema-mismatch"]
+    assert [r["offset"] for r in mismatched] == [104, 105]
+    assert all("column 'f'" in r["error"] and "FLOAT's range" in r["error"] for r in mismatched)
+
+
+def test_a_boolean_after_a_number_in_a_double_column_is_a_schema_mismatch() -> None:
+    """Arrow's type inference reads [1.5, true] as doubles (true as 1.0); the boolean must still
+    be a dead letter (found by tests/formats/test_fuzz.py)."""
+    columns = sql_schema([("id", "INT NOT NULL"), ("dbl", "DOUBLE")])
+    result = decode([change("c", after={"id": 0, "dbl": -0.0}), change("c", after={"id": 1, "dbl": True}),
+                     b"not json"], columns=columns)
+    assert result.rows.select(["id", "dbl"]).to_pylist() == [{"id": 0, "dbl": -0.0}]
+    assert [(r["offset"], r["reason"]) for r in result.dead_letters.to_pylist()] == \
+        [(101, "schema-mismatch"), (102, "malformed")]
