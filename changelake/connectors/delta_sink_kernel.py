@@ -103,17 +103,23 @@ def latest_per_key(changes: pa.Table, *, primary_key: Sequence[str]) -> pa.Table
     kept = changes.filter(pc.not_equal(changes[KIND], pa.scalar(int(RowKind.UPDATE_BEFORE), pa.int8())))
     if kept.num_rows <= 1:
         return kept
-    position = pa.array(np.arange(kept.num_rows, dtype=np.int64))
-    order = pc.sort_indices(kept.append_column(_ROW, position),
-                            sort_keys=[(k, "ascending") for k in primary_key]
-                            + [(SEQ, "descending"), (_ROW, "descending")])
-    n = kept.num_rows
+    order, starts = _key_runs(kept, primary_key, "descending")
+    return kept.take(order.filter(pa.array(starts)))
+
+
+def _key_runs(changes: pa.Table, primary_key: Sequence[str], direction: str) -> tuple[pa.Array, np.ndarray]:
+    """The rows' order by key, then ``_seq`` and batch position (both in ``direction``), and a mask
+    of that order that is True where a new key starts."""
+    position = pa.array(np.arange(changes.num_rows, dtype=np.int64))
+    order = pc.sort_indices(changes.append_column(_ROW, position),
+                            sort_keys=[(k, "ascending") for k in primary_key] + [(SEQ, direction), (_ROW, direction)])
+    n = changes.num_rows
     starts = np.zeros(n, dtype=bool)
     starts[0] = True
     for name in primary_key:
-        col = kept[name].take(order).combine_chunks()
+        col = changes[name].take(order).combine_chunks()
         starts[1:] |= _differs(col.slice(1), col.slice(0, n - 1))
-    return kept.take(order.filter(pa.array(starts)))
+    return order, starts
 
 
 def fill_unavailable(changes: pa.Table, *, primary_key: Sequence[str], placeholder: str | None) -> pa.Table:
@@ -123,15 +129,7 @@ def fill_unavailable(changes: pa.Table, *, primary_key: Sequence[str], placehold
     columns = unavailable_columns(changes, placeholder)
     if not columns:
         return changes
-    position = pa.array(np.arange(changes.num_rows, dtype=np.int64))
-    order = pc.sort_indices(changes.append_column(_ROW, position),
-                            sort_keys=[(k, "ascending") for k in primary_key] + [(SEQ, "ascending"), (_ROW, "ascending")])
-    n = changes.num_rows
-    starts = np.zeros(n, dtype=bool)
-    starts[0] = True
-    for name in primary_key:
-        col = changes[name].take(order).combine_chunks()
-        starts[1:] |= _differs(col.slice(1), col.slice(0, n - 1))
+    order, starts = _key_runs(changes, primary_key, "ascending")
     kinds = changes[KIND].take(order).to_pylist()
     rows = order.to_pylist()
     for name in columns:
@@ -147,7 +145,7 @@ def fill_unavailable(changes: pa.Table, *, primary_key: Sequence[str], placehold
                 if values[i] == needle and (carried is not None or deleted):
                     values[i] = carried            # after a delete there is no stored value: NULL
                 carried = None if values[i] == needle else values[i]
-        filled = [None] * n
+        filled = [None] * changes.num_rows
         for i, row in enumerate(rows):
             filled[row] = values[i]
         index = changes.schema.get_field_index(name)
