@@ -237,6 +237,40 @@ def poisoned_reports(info: NodeInfo, bad: Sequence[Poisoned]) -> list[reports.Re
     return out
 
 
+def step_bucket(state, kernel_cls: type, config: Any, sides: Sequence[pa.Schema], envelopes, output_schema: pa.Schema,
+                info: NodeInfo, bucket: int, *, now: int, event_time: bool) -> tuple[pa.Table, list]:
+    """One bucket's step inside a ``transformWithStateInPandas`` processor.
+
+    ``envelopes`` are the bucket's ``(part, payload)`` pairs (part = input side, payload = Arrow IPC);
+    ``state`` is its ValueState :data:`STATE_KERNEL_SNAPSHOT`. The kernel restored from the state runs
+    the rows (poisoned rows set aside, :func:`run_bucket_isolating`), the state is updated or cleared,
+    and the bucket's output rows come back (an event-time join's late rows split off) with its reports:
+    late rows, state size, the kernel's figures, poisoned rows.
+    """
+    parts: list[list[pa.Table]] = [[] for _ in sides]
+    for part, payload in envelopes:
+        parts[part].append(from_ipc(payload))
+    tables = [pa.concat_tables(p).cast(schema) if p else schema.empty_table() for p, schema in zip(parts, sides)]
+    stored = state.get()          # None when absent (one round trip to the JVM, not two)
+    snapshot = bytes(stored[0]) if stored is not None else None
+    step, bad = run_bucket_isolating(kernel_cls, config, snapshot, tables[0] if len(tables) == 1 else tables,
+                                     output_schema, now=now)
+    if step.snapshot is None:
+        state.clear()
+    else:
+        state.update((step.snapshot,))
+    out, sent = step.out, []
+    if event_time:
+        out, late = split_late(out)
+        sent.extend(late_reports(info, late))
+    sent.append(reports.StateSize(info.node, bucket, step.state_rows,
+                                  0 if step.snapshot is None else len(step.snapshot)))
+    if step.figures:
+        sent.append(reports.Counts(step.figures))
+    sent.extend(poisoned_reports(info, bad))
+    return out, sent
+
+
 def _processor_class():
     from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
@@ -255,31 +289,11 @@ def _processor_class():
         def handleInputRows(self, key, rows, timerValues) -> Iterator:
             import pandas as pd
 
-            parts: list[list[pa.Table]] = [[] for _ in self.sides]
-            for frame in rows:
-                for part, payload in zip(frame.iloc[:, 1].tolist(), frame.iloc[:, 2].tolist()):
-                    parts[part].append(from_ipc(payload))
-            tables = [pa.concat_tables(p).cast(schema) if p else schema.empty_table()
-                      for p, schema in zip(parts, self.sides)]
-            stored = self.state.get()          # None when absent (one round trip to the JVM, not two)
-            snapshot = bytes(stored[0]) if stored is not None else None
-            step, bad = run_bucket_isolating(self.kernel_cls, self.config, snapshot,
-                                             tables[0] if len(tables) == 1 else tables, self.output_schema,
-                                             now=self.clock(timerValues))
-            if step.snapshot is None:
-                self.state.clear()
-            else:
-                self.state.update((step.snapshot,))
-            out, sent = step.out, []
-            if self.event_time:
-                out, late = split_late(out)
-                sent.extend(late_reports(self.info, late))
-            bucket = int(key[0] if isinstance(key, tuple) else key)
-            sent.append(reports.StateSize(self.info.node, bucket, step.state_rows,
-                                          0 if step.snapshot is None else len(step.snapshot)))
-            if step.figures:
-                sent.append(reports.Counts(step.figures))
-            sent.extend(poisoned_reports(self.info, bad))
+            envelopes = ((part, payload) for frame in rows
+                         for part, payload in zip(frame.iloc[:, 1].tolist(), frame.iloc[:, 2].tolist()))
+            out, sent = step_bucket(self.state, self.kernel_cls, self.config, self.sides, envelopes,
+                                    self.output_schema, self.info, int(key[0] if isinstance(key, tuple) else key),
+                                    now=self.clock(timerValues), event_time=self.event_time)
             emitted = [(REPORT, reports.encode(sent))]
             if out.num_rows:
                 emitted.insert(0, (DATA, to_ipc(with_positions(out))))

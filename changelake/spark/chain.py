@@ -58,7 +58,7 @@ import pyarrow.compute as pc
 
 from changelake.changelog import KIND, SEQ, RowKind
 from changelake.errors import ConfigError
-from changelake.operators._event_time import WATERMARK_KIND, split_late
+from changelake.operators._event_time import WATERMARK_KIND
 from changelake.operators.group_aggregate import (
     EncodedGlobalGroupAggregate,
     GroupAggregate,
@@ -71,9 +71,7 @@ from changelake.spark import reports
 from changelake.spark.binding import (
     STATE_KERNEL_SNAPSHOT,
     NodeInfo,
-    late_reports,
-    poisoned_reports,
-    run_bucket_isolating,
+    step_bucket,
     with_positions,
 )
 from changelake.spark.buckets import split_by_bucket
@@ -390,31 +388,13 @@ def processor_class():
                                     "payload": frame.iloc[:, 4].to_numpy(dtype=object)})
 
         def _kernel(self, bucket: int, rows) -> pa.RecordBatch:
-            parts: list[list[pa.Table]] = [[] for _ in self.sides]
-            for frame in rows:
-                for part, payload in zip(frame.iloc[:, 3].tolist(), frame.iloc[:, 4].tolist()):
-                    parts[part].append(from_ipc(payload))
-            tables = [pa.concat_tables(p).cast(schema) if p else schema.empty_table()
-                      for p, schema in zip(parts, self.sides)]
-            stored = self.state.get()          # None when absent (one round trip to the JVM, not two)
-            snapshot = bytes(stored[0]) if stored is not None else None
-            step, bad = run_bucket_isolating(self.kernel_cls, self.node.config, snapshot,
-                                             tables[0] if len(tables) == 1 else tables, self.output,
-                                             now=self.clock(None))
-            if step.snapshot is None:
-                self.state.clear()
-            else:
-                self.state.update((step.snapshot,))
+            envelopes = ((part, payload) for frame in rows
+                         for part, payload in zip(frame.iloc[:, 3].tolist(), frame.iloc[:, 4].tolist()))
+            result, sent = step_bucket(self.state, self.kernel_cls, self.node.config, self.sides, envelopes,
+                                       self.output, self.info, bucket, now=self.clock(None),
+                                       event_time=self.node.op in EVENT_TIME_OPS)
             env = Envelopes(self.chain, self.position)
-            result = step.out
-            if self.node.op in EVENT_TIME_OPS:
-                result, late = split_late(result)
-                env.sent.extend(late_reports(self.info, late))
-            env.sent.append(reports.StateSize(self.node.id, bucket, step.state_rows,
-                                              0 if step.snapshot is None else len(step.snapshot)))
-            if step.figures:
-                env.sent.append(reports.Counts(step.figures))
-            env.sent.extend(poisoned_reports(self.info, bad))
+            env.sent.extend(sent)
             if result.num_rows:
                 Router(self.chain).route(self.node.id, with_positions(result), env)
             return env.batch()
