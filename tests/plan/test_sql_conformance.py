@@ -27,7 +27,9 @@ def equivalent_sql(case: dict) -> str | None:
     return m.group(1).rstrip(". ") if m else None
 
 
-CASES = [p for p in case_params("StreamingJoin") if equivalent_sql(load(p.values[0]))]
+#: the cases with an equivalent query; when the corpus is missing, case_params' one skipping param
+#: (its value is None) stays, so the run says what is missing instead of failing at collection
+CASES = [p for p in case_params("StreamingJoin") if p.values[0] is None or equivalent_sql(load(p.values[0]))]
 
 
 def _type(flink: str) -> str:
@@ -62,5 +64,7 @@ def test_the_equivalent_sql_plans_the_operator_and_emits_the_expected_changes(pa
 
 
 def test_the_corpus_has_join_cases_with_a_query():
+    if CASES and CASES[0].values[0] is None:
+        pytest.skip(CASES[0].marks[0].kwargs["reason"])
     kinds = {config_from_case(load(p.values[0])).join_type for p in CASES}
     assert kinds == {"INNER", "LEFT", "RIGHT", "SEMI", "ANTI"}, kinds
