@@ -268,3 +268,21 @@ def test_the_docs_example_prints_what_docs_sink_md_shows(capsys):
     exec(compile(next(b for lang, b in blocks if lang == "python"), "docs/sink.md", "exec"), {})
     shown = next(b for lang, b in blocks if lang == "" and b.startswith("{"))
     assert capsys.readouterr().out.strip() == shown.strip()
+
+
+def test_the_state_log_expires_after_the_retention_and_the_versions_stay(tmp_path):
+    from datetime import datetime, timedelta, timezone
+
+    now = [datetime(2026, 1, 1, tzinfo=timezone.utc)]
+    path = str(tmp_path / "people")
+    sink = open_sink(TableSpec(name="people", path=path, primary_key=("id",), history="scd2",
+                               tombstone_retention=timedelta(days=1)), pipeline_id="hist", clock=lambda: now[0])
+    sink.apply(changes([("+I", "l01", 1, "a", 1), ("-D", "l02", 1, None, None), ("-D", "l09", 2, None, None)]),
+               batch_id=0)
+    assert sink.expire_tombstones() == 0                  # logged just now
+    now[0] += timedelta(days=2)
+    assert sink.expire_tombstones() == 2                  # both deletes
+    assert versions(path) == [(1, "a", 1, "l01", "l02")]
+    # after expiry a late insert of key 2 no longer meets its delete (the documented retention limit)
+    sink.apply(changes([("+I", "l05", 2, "b", 1)]), batch_id=1)
+    assert versions(path)[-1] == (2, "b", 1, "l05", None)
