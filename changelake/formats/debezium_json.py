@@ -97,7 +97,8 @@ class DebeziumJsonDecoder(JsonChangelogDecoder):
         if envelope and self._seen_fields == -1:
             return None   # the first envelope tells how columns are encoded (e.g. micro- vs milliseconds)
         if self._plan is None or self._plan.specs != self._specs or self._plan_envelope != envelope:
-            self._plan = BulkPlan(self._specs, self._meta, envelope=envelope)
+            self._plan = BulkPlan(self._specs, self._meta, envelope=envelope,
+                                  new_fields=self._declared is None and not envelope)
             self._plan_envelope = envelope
         return self._plan if self._plan.usable else None
 
