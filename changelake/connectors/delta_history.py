@@ -27,7 +27,6 @@ from datetime import datetime
 import pyarrow as pa
 from deltalake import Field, QueryBuilder, write_deltalake
 
-from changelake import metrics
 from changelake.changelog import KIND, RowKind
 from changelake.connectors.delta_sink import ApplyResult, MergeCounts
 from changelake.connectors.delta_sink_kernel import _micros, align_to_table
@@ -38,9 +37,7 @@ from changelake.connectors.delta_sink_schema import (
     DELETED_AT_TYPE,
     PROP_HISTORY,
     PROP_TRACK_HISTORY,
-    check_table_contract,
     check_tombstone_contract,
-    reconcile,
     stored_fields,
     table_properties,
     tombstone_properties,
@@ -73,67 +70,38 @@ def history_properties(track_history: tuple[str, ...] | None) -> dict[str, str]:
 class DeltaRsHistorySink(DeltaRsSink):
     """SCD type 2 history table written with delta-rs."""
 
-    def _apply_once(self, changes: pa.Table, batch_id: int,
-                    truncate_at: str | None = None) -> tuple[ApplyResult, MergeCounts | None]:
+    def _apply_once(self, changes: pa.Table, batch_id: int, truncate_at: str | None = None,
+                    dropped_columns: tuple[str, ...] = ()) -> tuple[ApplyResult, MergeCounts | None]:
         spec = self.spec
         if truncate_at is not None:
             raise SinkCommitError(f"table {spec.name} is a history table (history: scd2), which does not apply "
                                   "truncates; set the source's on_truncate to skip or fail")
-        state = self._state(spec.path)
-        if state is not None and state.txn_version is not None and batch_id <= state.txn_version:
-            return self._replayed(batch_id, state.txn_version, state.version), None
+        self._prepare_history_table(changes.schema)
+        begun = self._begin(changes.schema, batch_id, None, dropped_columns)     # replay check, schema changes
+        if isinstance(begun, ApplyResult):
+            return begun, None
+        if begun.skip:
+            changes = changes.drop_columns([c for c in begun.skip if c in changes.column_names])
+        target_schema = begun.target_schema
 
-        fields = stored_fields(changes.schema)
-        wanted = history_properties(spec.track_history)
-        if state is None:
-            missing = [c for c in (*spec.partition_by, *(spec.track_history or ()))
-                       if c not in [f.name for f in fields]]
-            if missing:
-                raise SinkCommitError(f"cannot create history table {spec.path}: the batch has no column(s) "
-                                      f"{missing} named by partition_by / track_history; fix the table's config")
-            self._create_table(pa.schema([f.with_nullable(True) for f in fields] + list(INTERVAL_FIELDS)),
-                               properties={**spec.properties, **wanted,
-                                           **table_properties(spec.primary_key, self.tombstone_path)})
-            state = self._require_state(spec.path)
-        elif not self._contract_checked:
-            check_table_contract(path=spec.path, properties=state.properties,
-                                 partition_columns=state.partition_columns, schema=state.schema,
-                                 primary_key=spec.primary_key, partition_by=spec.partition_by, history="scd2")
-            recorded = {k: state.properties.get(k) for k in (PROP_HISTORY, PROP_TRACK_HISTORY)}
-            if recorded != {PROP_HISTORY: "scd2", PROP_TRACK_HISTORY: wanted.get(PROP_TRACK_HISTORY)}:
-                raise SinkCommitError(
-                    f"history table {spec.path} tracks {recorded[PROP_TRACK_HISTORY] or 'every column'} but the "
-                    f"pipeline declares track_history {wanted.get(PROP_TRACK_HISTORY) or 'unset (every column)'}; "
-                    "the versions already written were cut by the recorded columns: restore the setting or "
-                    "write to a new table")
-            changed = {k: v for k, v in spec.properties.items() if state.properties.get(k) != v}
-            if changed:
-                self._set_properties(changed)
-                state = self._require_state(spec.path)
-        self._contract_checked = True
-        plan = reconcile(path=spec.path, table_schema=state.schema, batch_fields=fields)
-        if plan.new_fields:
-            log.info("table %s: adding column(s) %s", spec.name, [f.name for f in plan.new_fields])
-            self._add_columns(list(plan.new_fields))
-
-        aligned = align_to_table(changes, plan.target_schema)
+        aligned = align_to_table(changes, target_schema)
         keys = keys_of(aligned, spec.primary_key)
-        stored = self._read_rows(spec.path, keys, plan.target_schema)
+        stored = self._read_rows(spec.path, keys, target_schema)
         log_state = self._state(self.tombstone_path)
         if log_state is not None and not self._tombstone_contract_checked:
             check_tombstone_contract(path=self.tombstone_path, properties=log_state.properties,
                                      table_path=spec.path)
             self._tombstone_contract_checked = True
-        wanted_log = pa.schema([*log_schema(plan.target_schema), pa.field(LOGGED_AT, DELETED_AT_TYPE)])
+        wanted_log = pa.schema([*log_schema(target_schema), pa.field(LOGGED_AT, DELETED_AT_TYPE)])
         if log_state is not None:
             missing = [f for f in wanted_log if f.name not in log_state.schema.names]
             if missing:
                 self._log(self.tombstone_path).alter.add_columns([Field.from_arrow(f) for f in missing])
                 log_state = self._require_state(self.tombstone_path)
-        logged = (self._read_rows(self.tombstone_path, keys, log_schema(plan.target_schema))
-                  if log_state is not None else log_schema(plan.target_schema).empty_table())
+        logged = (self._read_rows(self.tombstone_path, keys, log_schema(target_schema))
+                  if log_state is not None else log_schema(target_schema).empty_table())
         diff = rebuild_history(aligned, stored, logged, primary_key=spec.primary_key,
-                               target_schema=plan.target_schema, track_history=spec.track_history,
+                               target_schema=target_schema, track_history=spec.track_history,
                                placeholder=spec.unavailable_value)
 
         if diff.log.num_rows:
@@ -152,11 +120,30 @@ class DeltaRsHistorySink(DeltaRsSink):
                              stale_ignored=0, resurrections_prevented=0, table_version=counts.version)
         return result, counts
 
-    def _replayed(self, batch_id: int, recorded: int, version: int) -> ApplyResult:
-        metrics.REPLAYED_BATCHES.labels(table=self.spec.name).inc()
-        log.info("table %s: batch %d already committed (recorded %d), skipped", self.spec.name, batch_id, recorded)
-        return ApplyResult(committed=False, upserts=0, deletes=0, stale_ignored=0,
-                           resurrections_prevented=0, table_version=version)
+    def _prepare_history_table(self, schema: pa.Schema) -> None:
+        """Create the table with its interval columns and history properties, or check (once) that an
+        existing one tracks the declared columns; the rest of the contract is the upsert table's."""
+        spec = self.spec
+        state = self._state(spec.path)
+        wanted = history_properties(spec.track_history)
+        fields = stored_fields(schema)
+        if state is None:
+            missing = [c for c in (*spec.partition_by, *(spec.track_history or ()))
+                       if c not in [f.name for f in fields]]
+            if missing:
+                raise SinkCommitError(f"cannot create history table {spec.path}: the batch has no column(s) "
+                                      f"{missing} named by partition_by / track_history; fix the table's config")
+            self._create_table(pa.schema([f.with_nullable(True) for f in fields] + list(INTERVAL_FIELDS)),
+                               properties={**spec.properties, **wanted,
+                                           **table_properties(spec.primary_key, self.tombstone_path)})
+            self._require_state(spec.path)
+        elif not self._contract_checked and state.properties.get(PROP_HISTORY) == "scd2":
+            recorded = state.properties.get(PROP_TRACK_HISTORY)
+            if recorded != wanted.get(PROP_TRACK_HISTORY):
+                raise SinkCommitError(
+                    f"history table {spec.path} tracks {recorded or 'every column'} but the pipeline declares "
+                    f"track_history {wanted.get(PROP_TRACK_HISTORY) or 'unset (every column)'}; the versions "
+                    "already written were cut by the recorded columns: restore the setting or write to a new table")
 
     def _read_rows(self, path: str, keys: pa.Table, schema: pa.Schema) -> pa.Table:
         """The rows of the batch's keys in the table at ``path`` (the versions, or the log), as ``schema``."""
