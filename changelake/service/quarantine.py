@@ -41,15 +41,19 @@ class Quarantine:
         self.sources: set[str] = set()
         for t in config.tables:
             metrics.TABLE_QUARANTINED.labels(table=t.name).set(0)
+        self._storage = storage
         for route in routes:
-            if route.spec.table is None:          # feeds only the operator graph: declared columns
+            if route.spec.table is None:          # feeds only the operator graph, or routed: declared columns
                 continue
-            adopt = getattr(route.decoder, "adopt_table", None)
-            path = config.table_path(route.spec.table)
-            if adopt is not None and DeltaTable.is_deltatable(path, storage_options=storage):
-                schema = pa.schema(DeltaTable(path, storage_options=storage).schema().to_arrow())
-                adopt(pa.schema([f for f in schema if not f.name.startswith("_")]),
-                      keys.key_of(route.spec.table) or ())
+            self.adopt(route, config.table_path(route.spec.table), keys.key_of(route.spec.table))
+
+    def adopt(self, route: Any, path: str, key: tuple[str, ...] | None) -> None:
+        """Give the route's decoder the columns and key of its table at ``path``, when it exists."""
+        adopt = getattr(route.decoder, "adopt_table", None)
+        if adopt is not None and DeltaTable.is_deltatable(path, storage_options=self._storage):
+            schema = pa.schema(DeltaTable(path, storage_options=self._storage).schema().to_arrow())
+            adopt(pa.schema([f for f in schema if not f.name.startswith("_")]), key or ())
+        metrics.TABLE_QUARANTINED.labels(table=route.spec.table).set(0)
 
     def observe(self, route: Any, dead_letters: pa.Table) -> None:
         """Note the source of ``route`` as quarantined when its dead letters say so."""

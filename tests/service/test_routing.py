@@ -1,0 +1,174 @@
+"""Routing a source's changes to tables named from each change's own table, in process: decode stage ->
+driver -> delta-rs sinks (no JVM, no broker)."""
+
+from __future__ import annotations
+
+import json
+
+import orjson
+import pyarrow as pa
+import pytest
+import yaml
+from deltalake import DeltaTable
+
+from changelake import metrics
+from changelake.connectors.delta_read import read_delta
+from changelake.connectors.delta_sink_schema import PROP_PRIMARY_KEY
+from changelake.errors import ConfigError
+from changelake.formats.origin import NoOrigin, Origin, OriginReader
+from changelake.service.config import parse_config
+from changelake.service.pipeline import BatchProcessor
+from changelake.spark.kafka_source import ARROW_SCHEMA, EXPIRED
+from tests.routed_history import RoutedDatabase
+
+pytestmark = pytest.mark.unit
+
+SHARDS = {f"orders_{i}": (i, 4) for i in range(4)}
+EVENTS = {f"events_{i}": (1, 1) for i in range(2)}      # the same ids in every shard
+PLAIN = {f"t{i}": (1, 1) for i in range(3)}
+
+
+def _config(tmp_path, route: list[dict], **source) -> object:
+    raw = {"pipeline": {"id": f"route-{tmp_path.name}", "checkpoint": str(tmp_path / "ckpt")},
+           "kafka": {"bootstrap_servers": "localhost:1"}, "storage": {"root": str(tmp_path / "lake")},
+           "sources": [{"name": "shop", "topic_pattern": r"srv\.shop\..*", "route": route, **source}]}
+    return parse_config(yaml.safe_dump(raw))
+
+
+RULES = [
+    {"source_table": r"shop\.orders_\d+", "table": "orders", "partition_by": ["flag"]},
+    {"source_table": r"shop\.(events)_\d+", "table": "$1", "origin_columns": True},
+    {"source_table": r"shop\.(.*)", "table": "shop_<>", "replace_symbol": "<>",
+     "properties": {"delta.enableChangeDataFeed": "true"}},
+]
+
+
+def _records(messages, first_offset: int = 0) -> pa.RecordBatch:
+    n = len(messages)
+    return pa.RecordBatch.from_pydict({
+        "topic": [m.topic for m in messages], "partition": [0] * n,
+        "offset": list(range(first_offset, first_offset + n)), "timestamp": [1_700_000_000_000] * n,
+        "key": [m.key for m in messages], "value": [m.value for m in messages], EXPIRED: [0] * n},
+        schema=ARROW_SCHEMA)
+
+
+def _process(processor: BatchProcessor, batch_id: int, messages, first_offset: int = 0):
+    out = pa.Table.from_batches(list(processor.stage(iter([_records(messages, first_offset)]))))
+    return processor.process_decoded(out, batch_id)
+
+
+def _table(path: str, key: list[str]) -> dict[tuple, dict]:
+    rows = read_delta(path).to_pylist()
+    return {tuple(r[k] for k in key): {k: v for k, v in r.items() if not k.startswith("_")} for r in rows}
+
+
+def test_origin_of_every_format():
+    dbz = {"before": None, "after": {"id": 1}, "op": "c",
+           "source": {"db": "shop", "schema": "public", "table": "orders"}}
+    assert OriginReader("debezium-json").origin(orjson.dumps(dbz)).name == "shop.public.orders"
+    wrapped = orjson.dumps({"schema": {}, "payload": {**dbz, "source": {"db": "shop", "table": "t"}}})
+    assert OriginReader("debezium-json").origin(wrapped) == Origin("shop", None, "t")
+    canal = {"database": "shop", "table": "orders_3", "type": "INSERT", "data": [{"id": "1"}]}
+    assert OriginReader("canal-json").origin(orjson.dumps(canal)).name == "shop.orders_3"
+    maxwell = {"database": "shop", "table": "items", "type": "insert", "data": {"id": 1}}
+    assert OriginReader("maxwell-json").origin(orjson.dumps(maxwell)).name == "shop.items"
+    ogg = {"table": "HR.EMPLOYEES", "op_type": "I", "after": {"ID": 1}}
+    assert OriginReader("ogg-json").origin(orjson.dumps(ogg)) == Origin("HR", None, "EMPLOYEES")
+    with pytest.raises(NoOrigin, match="names no source table") as no:
+        OriginReader("debezium-json").origin(b'{"op": "c", "after": {"id": 1}}')
+    assert no.value.reason == "unrouted"
+    with pytest.raises(NoOrigin, match="not valid JSON") as no:
+        OriginReader("canal-json").origin(b"{nope")
+    assert no.value.reason == "malformed"
+
+
+def test_a_database_is_routed_to_tables_created_on_first_sight(tmp_path):
+    config = _config(tmp_path, RULES)
+    db = RoutedDatabase(prefix="srv")
+    messages = db.history({**SHARDS, **EVENTS, **PLAIN}, changes=150)
+    processor = BatchProcessor(config, graph=None)
+    half = len(messages) // 2
+    _process(processor, 0, messages[:half])
+    _process(processor, 1, messages[half:], first_offset=half)
+
+    assert sorted(processor.routed_tables) == ["events", "orders", "shop_t0", "shop_t1", "shop_t2"]
+    lake = tmp_path / "lake"
+    assert _table(str(lake / "orders"), ["id"]) == db.expected(list(SHARDS))
+    assert _table(str(lake / "events"), ["id", "source_db", "source_table"]) == db.expected(list(EVENTS),
+                                                                                           origin=True)
+    for t in PLAIN:
+        assert _table(str(lake / f"shop_{t}"), ["id"]) == db.expected([t])
+    # keys from the message keys (plus the origin columns), the rule's table settings
+    meta = DeltaTable(str(lake / "events")).metadata()
+    assert json.loads(meta.configuration[PROP_PRIMARY_KEY]) == ["id", "source_db", "source_table"]
+    assert DeltaTable(str(lake / "orders")).metadata().partition_columns == ["flag"]
+    assert DeltaTable(str(lake / "shop_t1")).metadata().configuration["delta.enableChangeDataFeed"] == "true"
+
+    # a replayed batch writes nothing twice; a restarted process keeps the recorded keys
+    again = BatchProcessor(config, graph=None)
+    report = _process(again, 1, messages[half:], first_offset=half)
+    assert report.committed_tables == []
+    assert again.keys.key_of("events") == ("id", "source_db", "source_table")
+    assert _table(str(lake / "orders"), ["id"]) == db.expected(list(SHARDS))
+
+
+def test_unroutable_messages_are_dead_letters_of_their_table(tmp_path):
+    config = _config(tmp_path, [{"source_table": r"shop\.(t\d)", "table": "$1"},
+                                {"source_table": r"shop\.bad", "table": "_oops"}])
+    db = RoutedDatabase(prefix="srv")
+    good = db.history({"t1": (1, 1), "other": (1, 1), "bad": (1, 1)}, changes=0, redeliver=0)
+    broken = db._message("t1", "u", 1, None, {"id": 1, "name": "x", "big": 1, "ratio": 1.0, "flag": True})
+    junk = type(broken)("srv.shop.t1", None, b"{not json")
+    before = metrics.REGISTRY.get_sample_value("changelake_table_bad_records_total",
+                                               {"table": "t1", "reason": "missing-before", "action": "dlq"}) or 0
+    processor = BatchProcessor(config, graph=None)
+    report = _process(processor, 0, [*good, broken, junk])
+    assert sorted(processor.routed_tables) == ["t1"]
+    letters = read_delta(config.dead_letter_path()).to_pylist()
+    by_reason = {}
+    for letter in letters:
+        by_reason.setdefault(letter["reason"], []).append(letter)
+    assert [(r["table"], r["source"]) for r in by_reason["missing-before"]] == [("t1", "shop")]
+    assert len(by_reason["unrouted"]) == 6             # 3 rows of 'other' (no rule), 3 of 'bad' (a bad name)
+    assert {r["table"] for r in by_reason["unrouted"]} == {None}
+    assert any("no route rule matches source table 'shop.other'" in r["error"] for r in by_reason["unrouted"])
+    assert any("may not be empty, start with '_'" in r["error"] for r in by_reason["unrouted"])
+    assert [r["offset"] for r in by_reason["malformed"]] == [10]
+    assert report.dead_letters == {"unrouted": 6, "missing-before": 1, "malformed": 1}
+    after = metrics.REGISTRY.get_sample_value("changelake_table_bad_records_total",
+                                              {"table": "t1", "reason": "missing-before", "action": "dlq"})
+    assert after - before == 1
+
+
+def test_a_table_has_one_writer(tmp_path):
+    config = _config(tmp_path, [{"source_table": r"shop\.a", "table": "x"}, {"source_table": r"shop\.b", "table": "x"}])
+    db = RoutedDatabase(prefix="srv")
+    processor = BatchProcessor(config, graph=None)
+    report = _process(processor, 0, db.history({"a": (1, 1), "b": (1, 1)}, changes=0, redeliver=0))
+    assert report.changes == {"x": {"+I": 3}} and report.dead_letters == {"unrouted": 3}
+    letter = read_delta(config.dead_letter_path()).to_pylist()[0]
+    assert "which source 'shop' route[0] writes" in letter["error"]
+
+
+def test_keyless_source_tables_wait_in_the_dead_letters_while_the_others_go_on(tmp_path):
+    config = _config(tmp_path, [{"source_table": r"shop\.(.*)", "table": "$1"}])
+    db = RoutedDatabase(prefix="srv")
+    messages = db.history({"keyed": (1, 1), "keyless": (1, 1)}, changes=0, redeliver=0)
+    for m in messages:
+        if m.topic.endswith("keyless"):
+            m.key = None
+    processor = BatchProcessor(config, graph=None)
+    report = _process(processor, 0, messages)
+    assert report.changes == {"keyed": {"+I": 3}} and report.dead_letters == {"missing-key": 3}
+    assert "its route rule's primary_key" in read_delta(config.dead_letter_path()).to_pylist()[0]["error"]
+
+
+def test_route_configuration_errors_name_what_to_fix(tmp_path):
+    with pytest.raises(ConfigError, match=r"refers to \$2, but source_table .* has 1 capture group"):
+        _config(tmp_path, [{"source_table": r"shop\.(.*)", "table": "$2"}])
+    with pytest.raises(ConfigError, match="not both"):
+        _config(tmp_path, [{"source_table": ".*", "table": "t"}], table="x")
+    with pytest.raises(ConfigError, match=r"declares columns per route rule"):
+        _config(tmp_path, [{"source_table": ".*", "table": "t"}], columns={"id": "bigint"})
+    with pytest.raises(ConfigError, match="source_table is not a valid regular expression"):
+        _config(tmp_path, [{"source_table": "(", "table": "t"}])
