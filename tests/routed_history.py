@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import orjson
 
@@ -55,27 +56,38 @@ class RoutedDatabase:
     state: dict[str, dict[int, dict[str, Any]]] = field(default_factory=dict)
     _pos: int = 4
     _next: dict[str, int] = field(default_factory=dict)
+    _step: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._rnd = random.Random(self.seed)
 
     def topic(self, table: str) -> str:
         return f"{self.prefix}.{self.db}.{table}"
 
     def history(self, tables: dict[str, tuple[int, int]], *, changes: int, redeliver: int = 10) -> list[Message]:
         """``tables``: source table -> (first id, id step); a snapshot of 3 rows each, then ``changes`` random
-        changes over all tables, then ``redeliver`` messages sent again."""
-        rnd = random.Random(self.seed)
+        changes over all tables, then ``redeliver`` of those messages sent again."""
         out: list[Message] = []
         for table, (first, step) in tables.items():
             self.state.setdefault(table, {})
             self._next[table] = first
+            self._step[table] = step
             for _ in range(3):
-                out.extend(self._insert(rnd, table, step, "r"))
-        names = list(tables)
+                out.extend(self._insert(table, "r"))
+        return out + self.more(changes, tables=list(tables), redeliver=redeliver, earlier=out)
+
+    def more(self, changes: int, *, tables: list[str] | None = None, redeliver: int = 0,
+             earlier: list[Message] = ()) -> list[Message]:
+        """``changes`` random changes over ``tables`` (default: all), then ``redeliver`` messages sent again."""
+        rnd = self._rnd
+        names = tables or sorted(self.state)
+        out: list[Message] = []
         for _ in range(changes):
             table = rnd.choice(names)
             rows = self.state[table]
             op = rnd.random()
             if not rows or op < 0.35:
-                out.extend(self._insert(rnd, table, tables[table][1], "c"))
+                out.extend(self._insert(table, "c"))
             elif op < 0.85:
                 key = rnd.choice(sorted(rows))
                 before, after = rows[key], {**rows[key], **self._values(rnd)}
@@ -85,17 +97,17 @@ class RoutedDatabase:
                 key = rnd.choice(sorted(rows))
                 out.append(self._message(table, "d", key, rows.pop(key), None))
                 out.append(Message(self.topic(table), self._key(key), None))       # the tombstone
-        out.extend(rnd.sample(out, min(redeliver, len(out))))
-        return out
+        everything = [*earlier, *out]
+        return out + rnd.sample(everything, min(redeliver, len(everything)))
 
     def _values(self, rnd: random.Random) -> dict[str, Any]:
         return {"name": rnd.choice(_NAMES + [None]), "big": rnd.choice([2**63 - 1, -2**63, 0, rnd.randint(-9, 9)]),
                 "ratio": rnd.choice([0.1, -2.5, 1e300, None]), "flag": rnd.choice([True, False, None])}
 
-    def _insert(self, rnd: random.Random, table: str, step: int, op: str) -> Iterator[Message]:
+    def _insert(self, table: str, op: str) -> Iterator[Message]:
         key = self._next[table]
-        self._next[table] += step
-        row = {"id": key, **self._values(rnd)}
+        self._next[table] += self._step[table]
+        row = {"id": key, **self._values(self._rnd)}
         self.state[table][key] = row
         yield self._message(table, op, key, None, row)
 

@@ -172,3 +172,34 @@ def test_route_configuration_errors_name_what_to_fix(tmp_path):
         _config(tmp_path, [{"source_table": ".*", "table": "t"}], columns={"id": "bigint"})
     with pytest.raises(ConfigError, match="source_table is not a valid regular expression"):
         _config(tmp_path, [{"source_table": "(", "table": "t"}])
+
+
+def test_the_routing_example_of_the_docs_creates_the_tables_it_describes(tmp_path):
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "pipelines.md").read_text()
+    section = doc[doc.index("## Routing a database"):]
+    example = re.search(r"```yaml\n(.*?)```", section, flags=re.DOTALL).group(1)
+    config = parse_config(yaml.safe_dump({
+        "pipeline": {"id": "docs-route", "checkpoint": str(tmp_path / "ckpt")},
+        "kafka": {"bootstrap_servers": "localhost:1"}, "storage": {"root": str(tmp_path / "lake")}})
+        + example, environ={})
+
+    def change(table: str, pos: int, row: dict):
+        source = {"db": "shop", "table": table, "file": "mysql-bin.000001", "pos": pos, "row": 0, "ts_ms": 1}
+        value = {"op": "c", "before": None, "after": row, "source": source}
+        return type("M", (), {"topic": f"dbserver1.shop.{table}", "key": orjson.dumps({"id": row["id"]}),
+                              "value": orjson.dumps(value)})
+
+    processor = BatchProcessor(config, graph=None)
+    _process(processor, 0, [change("orders_3", 10, {"id": 3, "total": 5}), change("orders_7", 11, {"id": 7, "total": 1}),
+                            change("events_0", 12, {"id": 1, "what": "a"}), change("events_1", 13, {"id": 1, "what": "b"}),
+                            change("customers", 14, {"id": 9, "region": "eu"})])
+    lake = tmp_path / "lake"
+    assert sorted(processor.routed_tables) == ["events", "orders", "shop_customers"]
+    assert sorted(_table(str(lake / "orders"), ["id"])) == [(3,), (7,)]
+    assert DeltaTable(str(lake / "orders")).metadata().configuration["delta.enableChangeDataFeed"] == "true"
+    assert sorted(_table(str(lake / "events"), ["id", "source_table"])) == [(1, "events_0"), (1, "events_1")]
+    assert DeltaTable(str(lake / "shop_customers")).metadata().partition_columns == ["region"]
+    assert processor.routed_tables["shop_customers"].maintenance.vacuum_retention == "14 days"
