@@ -54,8 +54,9 @@ HEADER_PREFIX = "changelake."
 LEDGER_SCHEMA = pa.schema([pa.field("batch_id", pa.int64()), pa.field("topic", pa.string()),
                            pa.field("partition", pa.int32()), pa.field("end_offset", pa.int64())])
 #: columns of the letters handed to :meth:`DeadLetterTopic.write`
+#: (and optionally ``table``, string: the table a letter was meant for, null for none)
 LETTER_SCHEMA = DEAD_LETTER_SCHEMA.append(pa.field("source", pa.string())).append(
-    pa.field("dead_letter_topic", pa.string())).append(pa.field("table", pa.string()))
+    pa.field("dead_letter_topic", pa.string()))
 _TIMEOUT_S = 60
 
 

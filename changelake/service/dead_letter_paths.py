@@ -30,9 +30,10 @@ class DeadLetterPaths:
                                      properties=config.kafka.plain_properties(), pipeline_id=config.pipeline.id,
                                      ledger_path=ledger_path(config), storage_options=storage)
 
-    def write(self, letters: list[tuple[str, pa.Table, str | None]], *, batch_id: int) -> None:
+    def write(self, letters: list[tuple[str, pa.Table, str | None] | tuple[str, pa.Table]], *, batch_id: int) -> None:
         """Write one batch's dead letters, given as (source name, DEAD_LETTER_SCHEMA table, the table they were
-        meant for or None) triples."""
+        meant for or None) triples; a pair means no table."""
+        letters = [(s[0], s[1], s[2] if len(s) > 2 else None) for s in letters]
         to_table = [(s, t, n) for s, t, n in letters if self._topic_of[s] is None and t.num_rows]
         to_topic = [(s, t, n) for s, t, n in letters if self._topic_of[s] is not None and t.num_rows]
         if to_table:
@@ -41,8 +42,8 @@ class DeadLetterPaths:
         if to_topic:
             table = _concat(to_topic).append_column("source", _repeat(to_topic, lambda s, n: s)) \
                 .append_column("dead_letter_topic", _repeat(to_topic, lambda s, n: self._topic_of[s])) \
-                .append_column("table", _repeat(to_topic, lambda s, n: n))
-            self.topic.write(table.cast(LETTER_SCHEMA), batch_id=batch_id)
+                .cast(LETTER_SCHEMA).append_column("table", _repeat(to_topic, lambda s, n: n))
+            self.topic.write(table, batch_id=batch_id)
 
 
 def _concat(letters: list[tuple[str, pa.Table, str | None]]) -> pa.Table:

@@ -203,3 +203,45 @@ def test_the_routing_example_of_the_docs_creates_the_tables_it_describes(tmp_pat
     assert sorted(_table(str(lake / "events"), ["id", "source_table"])) == [(1, "events_0"), (1, "events_1")]
     assert DeltaTable(str(lake / "shop_customers")).metadata().partition_columns == ["region"]
     assert processor.routed_tables["shop_customers"].maintenance.vacuum_retention == "14 days"
+
+
+def test_a_dead_letter_topic_message_names_its_table():
+    from changelake.connectors.dead_letter_topic import header_dict, letter_headers
+
+    letter = {"reason": "missing-before", "error": "e", "topic": "t", "partition": 0, "offset": 5, "source": "shop",
+              "table": "shop_t07"}
+    assert header_dict(letter_headers(letter, pipeline_id="p", batch_id=1))["table"] == "shop_t07"
+    assert "table" not in header_dict(letter_headers({**letter, "table": None}, pipeline_id="p", batch_id=1))
+
+
+def test_debezium_avro_is_routed_by_the_source_table_of_each_record(tmp_path):
+    import io
+    import struct
+
+    import fastavro
+
+    from tests.formats.avro_envelopes import ID, KEY, NAME, SOURCE, envelope, framed_key
+    from tests.registry_stub import schema_registry
+
+    schemas = {1: envelope([ID, NAME], namespace="srv.shop.items"), 2: envelope([ID], namespace="srv.shop.users"),
+               3: KEY}
+
+    def change(schema_id: int, table: str, pos: int, row: dict):
+        buf = io.BytesIO()
+        source = {"ts_ms": 1, "db": "shop", "table": table, "file": "mysql-bin.000003", "pos": pos, "row": 0}
+        fastavro.schemaless_writer(buf, fastavro.parse_schema(schemas[schema_id]),
+                                   {"before": None, "after": row, "source": source, "op": "c", "ts_ms": 1})
+        return type("M", (), {"topic": f"srv.shop.{table}", "key": framed_key(3, row["id"]),
+                              "value": b"\x00" + struct.pack(">I", schema_id) + buf.getvalue()})
+
+    assert SOURCE["fields"][2]["name"] == "table"
+    with schema_registry(schemas) as (url, _):
+        config = _config(tmp_path, [{"source_table": r"shop\.(.*)", "table": "$1"}],
+                         format="debezium-avro-confluent", options={"url": url})
+        processor = BatchProcessor(config, graph=None)
+        report = _process(processor, 0, [change(1, "items", 10, {"id": 1, "name": "a"}),
+                                         change(2, "users", 11, {"id": 7}), change(1, "items", 12, {"id": 2, "name": None})])
+    assert report.changes == {"items": {"+I": 2}, "users": {"+I": 1}}
+    lake = tmp_path / "lake"
+    assert _table(str(lake / "items"), ["id"]) == {(1,): {"id": 1, "name": "a"}, (2,): {"id": 2, "name": None}}
+    assert _table(str(lake / "users"), ["id"]) == {(7,): {"id": 7}}
