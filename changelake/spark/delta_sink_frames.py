@@ -15,7 +15,9 @@ collecting it on the driver (:meth:`changelake.spark.delta_sink.DeltaSparkSink.a
     align_to_table           the table's columns, cast, NULL where absent, plus _kind
 
 Keys group as the MERGE matches them: NULL with NULL (``eqNullSafe``, window partitions), and
-Spark normalises NaN and -0.0 in grouping and join keys as the Arrow kernel does.
+Spark normalises NaN and -0.0 in grouping and join keys as the Arrow kernel does. The truncate's
+order check and the counts of :class:`changelake.connectors.delta_sink.ApplyResult` are one-row
+aggregations (:func:`split_counts`).
 ``tests/spark/test_delta_sink_frames.py`` checks both kernels give the same rows.
 """
 
@@ -109,7 +111,7 @@ def latest_per_key(df: DataFrame, *, primary_key: Sequence[str]) -> DataFrame:
 @dataclass(frozen=True)
 class FrameSplit:
     """A reduced batch split against the key's tombstones (see ``TombstoneSplit``). The counts are
-    columns of ``table_changes``' source: :func:`split_counts` computes them in one small action."""
+    columns of ``flagged``: :func:`split_counts` computes them in one small action."""
 
     table_changes: DataFrame       # to MERGE into the sink table
     tombstone_changes: DataFrame   # key, _seq, _kind, _deleted_at: -D to record, +I/+U to clear
@@ -149,11 +151,28 @@ def split_against_tombstones(reduced: DataFrame, tombstones: DataFrame | None, *
     return FrameSplit(table_changes=table_changes, tombstone_changes=tombstone_changes, flagged=flagged)
 
 
-def split_counts(split: FrameSplit) -> tuple[int, int]:
-    """(resurrections prevented, stale deletes) of a split: one aggregation, two numbers to the driver."""
-    row = split.flagged.agg(F.sum(F.col("__changelake_blocked").cast("long")).alias("b"),
-                            F.sum(F.col("__changelake_stale").cast("long")).alias("s")).first()
-    return int(row["b"] or 0), int(row["s"] or 0)
+@dataclass(frozen=True)
+class SplitCounts:
+    resurrections_prevented: int
+    stale_deletes: int
+    tombstone_changes: int         # rows of tombstone_changes
+    table_changes: int             # rows of table_changes
+    table_deletes: int             # of which -D
+
+
+def split_counts(split: FrameSplit) -> SplitCounts:
+    """The counts of a split: one aggregation, five numbers to the driver."""
+    blocked, stale = F.col("__changelake_blocked"), F.col("__changelake_stale")
+    kept = ~blocked & ~stale
+
+    def count(condition: Column) -> Column:
+        return F.coalesce(F.sum(condition.cast("long")), F.lit(0))
+
+    row = split.flagged.agg(count(blocked).alias("b"), count(stale).alias("s"),
+                            count(F.col("__changelake_tomb")).alias("t"), count(kept).alias("k"),
+                            count(kept & (F.col(KIND) == int(RowKind.DELETE))).alias("d")).first()
+    return SplitCounts(resurrections_prevented=int(row["b"]), stale_deletes=int(row["s"]),
+                       tombstone_changes=int(row["t"]), table_changes=int(row["k"]), table_deletes=int(row["d"]))
 
 
 def align_to_table(reduced: DataFrame, target_schema: pa.Schema) -> DataFrame:

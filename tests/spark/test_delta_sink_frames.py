@@ -135,7 +135,11 @@ def test_the_frame_kernel_reduces_and_splits_like_the_arrow_kernel(spark, key):
     assert _rows(table_changes, columns) == _rows(expected.table_changes, columns)
     tomb_columns = [*pk, SEQ, KIND, "_deleted_at"]
     assert _rows(split.tombstone_changes.toArrow(), tomb_columns) == _rows(expected.tombstone_changes, tomb_columns)
-    assert frames.split_counts(split) == (expected.resurrections_prevented, expected.stale_deletes)
+    counted = frames.split_counts(split)
+    assert (counted.resurrections_prevented, counted.stale_deletes, counted.tombstone_changes, counted.table_changes,
+            counted.table_deletes) == (expected.resurrections_prevented, expected.stale_deletes,
+                                       expected.tombstone_changes.num_rows, expected.table_changes.num_rows,
+                                       arrow_kernel.count_deletes(expected.table_changes))
     # the history reached the corners it is meant to: placeholders filled and kept, both kinds of drop
     assert expected.resurrections_prevented and expected.stale_deletes
     assert PLACEHOLDER in expected.table_changes["v"].to_pylist()
@@ -161,3 +165,22 @@ def test_without_tombstones_and_with_a_truncate(spark):
     assert min(got.table_changes.toArrow()[SEQ].to_pylist()) >= horizon
     tomb_columns = [*pk, SEQ, KIND]
     assert _rows(got.tombstone_changes.toArrow(), tomb_columns) == _rows(expected.tombstone_changes, tomb_columns)
+
+
+@pytest.mark.parametrize("rows, message", [
+    ([(None, 0, "l1")], "1 row\\(s\\) with a null 'k'"),
+    ([(1, 7, "l1"), (2, 9, "l2")], "2 row\\(s\\) with an unknown _kind code"),
+    ([(1, 0, None)], "null '_seq'"),
+])
+def test_a_distributed_batch_is_validated_before_anything_is_written(spark, tmp_path, rows, message):
+    from changelake.connectors.delta_sink import TableSpec
+    from changelake.errors import SinkCommitError
+    from changelake.spark.delta_sink import DeltaSparkSink
+
+    spec = TableSpec(name="t", path=str(tmp_path / "t"), primary_key=("k",))
+    sink = DeltaSparkSink(spec, pipeline_id="p", spark=spark, clock=lambda: NOW, max_commit_retries=0)
+    batch = pa.table({"k": pa.array([r[0] for r in rows], pa.int64()), KIND: pa.array([r[1] for r in rows], pa.int8()),
+                      SEQ: pa.array([r[2] for r in rows], pa.string())})
+    with pytest.raises(SinkCommitError, match=message):
+        sink.apply_frame(spark.createDataFrame(batch), batch_id=0)
+    assert not (tmp_path / "t").exists()
