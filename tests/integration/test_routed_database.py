@@ -34,6 +34,7 @@ pipeline: {id: %(id)s, checkpoint: %(dir)s/checkpoint, trigger_interval: 1 secon
            max_records_per_batch: %(max_records)s}
 kafka: {bootstrap_servers: "%(servers)s"}
 storage: {root: %(dir)s/lake}
+metrics: {port: 0}
 sources:
   - name: shop
     topic_pattern: '%(prefix)s\\.shop\\..*'
