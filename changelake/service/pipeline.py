@@ -143,7 +143,9 @@ class BatchProcessor:
         self._spark = spark
         self.sinks: dict[str, DeltaUpsertSink] = {}     # opened once the table's key is known
         self.dead_letters = DeadLetterPaths(config)
-        self.quarantine = Quarantine(config, self.routes, self.keys)
+        self.quarantine = Quarantine(config, self.keys)
+        #: table -> columns its source's last schema dropped, for the sink (set per batch)
+        self._dropped: dict[str, tuple[str, ...]] = {}
         self.stage = DecodeStage(self.routes, graph_keys={i: n.upsert_key or () for i, n in self.graph_routes.items()})
         # The stage goes to the executors once, with the query: routes whose table's key is unknown at
         # start report their message keys' fields every batch; the first batch that has some teaches it.
@@ -166,6 +168,11 @@ class BatchProcessor:
     def _table_path(self, name: str) -> str:
         return self.routed_tables[name].path if name in self.routed_tables else self.config.table_path(name)
 
+    def _schema_change_of(self, name: str) -> str:
+        if name in self.routed_tables:
+            return self.routed_tables[name].schema_change or self.table_routes[name].spec.schema_change
+        return self.config.schema_change_of(name)
+
     def _all_routes(self) -> list["_Route"]:
         return [*self.routes, *self.table_routes.values()]
 
@@ -181,6 +188,7 @@ class BatchProcessor:
                              partition_by=tuple(t.partition_by), nullable_key=nullable, unavailable_value=unavailable,
                              tombstone_retention=timedelta(seconds=parse_duration(t.tombstone_retention)),
                              maintenance=_maintenance(t.maintenance), properties=t.properties,
+                             schema_change=self._schema_change_of(name),
                              storage_options=self.config.storage.plain_options())
             opened = dict(pipeline_id=self.config.pipeline.id, engine=self.config.storage.engine)
             if self._spark is None:
@@ -198,6 +206,7 @@ class BatchProcessor:
         operator could not process (``rejected``: node, side, row as JSON, seq, error; see
         ``changelake.spark.reports.Rejected``), which go by their source's ``on_error``."""
         stats, parts = self.stage.split(out)
+        self._dropped = {}
         self.keys.learn(_key_shapes(self.routes, parts))
         graph_changes = {self.graph_tables[i]: got.pop(CHANGES_PART) for i, got in parts.items()
                          if CHANGES_PART in got}
@@ -213,9 +222,18 @@ class BatchProcessor:
                 routed, found = self._route_raw(route, got.pop("raw"))
                 decoded.extend(routed)
                 truncates.extend(found)
-            if "raw" in got:                      # columns learnt at run time: decode here
+            if "raw" in got:                      # columns learnt at run time: decode here, screen the schema
+                if route.spec.table is not None:
+                    self.quarantine.prepare(route.spec.table, route.decoder)
                 result = route.decoder.decode(got["raw"])
-                decoded.append((route, result.rows, result.dead_letters))
+                rows, dead = result.rows, result.dead_letters
+                if route.spec.table is not None:
+                    screened = self.quarantine.screen(route.spec.table, source=route.spec.name, decoder=route.decoder,
+                                                      raw=got["raw"], rows=rows, dead_letters=dead)
+                    rows, dead = screened.rows, screened.dead_letters
+                    if screened.dropped:
+                        self._dropped[route.spec.table] = screened.dropped
+                decoded.append((route, rows, dead))
                 if result.truncates.num_rows:
                     truncates.append((route, result.truncates))
             rows = got.get("rows")
@@ -252,11 +270,18 @@ class BatchProcessor:
                 decoded.append((table, _empty(table), as_dead_letters(records, ["missing-key"] * records.num_rows,
                                                                     [why] * records.num_rows)))
                 continue
+            origin_columns = self.routers[route.spec.name].rules[target.rule].origin_columns
+            self.quarantine.prepare(target.table, table.decoder, added=ORIGIN_COLUMNS if origin_columns else ())
             result = table.decoder.decode(records)
-            rows = result.rows
-            if self.routers[route.spec.name].rules[target.rule].origin_columns:
+            screened = self.quarantine.screen(target.table, source=route.spec.name, decoder=table.decoder,
+                                              raw=records, rows=result.rows, dead_letters=result.dead_letters,
+                                              added=ORIGIN_COLUMNS if origin_columns else ())
+            rows = screened.rows
+            if screened.dropped:
+                self._dropped[target.table] = screened.dropped
+            if origin_columns:
                 rows = with_origin_columns(rows, origin, table=target.table)
-            decoded.append((table, rows, result.dead_letters))
+            decoded.append((table, rows, screened.dead_letters))
             if result.truncates.num_rows:
                 truncates.append((table, result.truncates))
         return decoded, truncates
@@ -274,7 +299,7 @@ class BatchProcessor:
         self.routed_tables[target.table] = model
         self.keys.add(target.table, model.path, model.primary_key,
                       extra=ORIGIN_COLUMNS if rule.origin_columns else ())
-        self.quarantine.adopt(table, model.path, self.keys.key_of(target.table))
+        self.quarantine.add_table(model, source_schema_change=route.spec.schema_change)
         log.info("source %s: table %s (route[%d], source_table %r) at %s, primary key %s", route.spec.name,
                  target.table, target.rule, rule.source_table, model.path,
                  list(self.keys.key_of(target.table) or ["(from the message keys)"]))
@@ -328,7 +353,6 @@ class BatchProcessor:
             if moved:
                 report.key_changes[route.spec.name] = report.key_changes.get(route.spec.name, 0) + moved
             if bad.num_rows:
-                self.quarantine.observe(route, bad)
                 self._handle_bad(route, bad, batch_id, report)
                 if route.spec.on_error == "dlq":
                     letters.append((route.spec.name, bad, route.spec.table))
@@ -353,7 +377,8 @@ class BatchProcessor:
             report.changes[name] = kinds
             for kind, n in kinds.items():
                 metrics.CHANGES_IN.labels(name, kind).inc(n)
-            result = self._sink(name).apply(changes, batch_id=batch_id, truncate_at=truncate_at.get(name))
+            result = self._sink(name).apply(changes, batch_id=batch_id, truncate_at=truncate_at.get(name),
+                                            dropped_columns=self._dropped.pop(name, ()))
             if result.committed:
                 report.committed_tables.append(name)
             if i == 0:
