@@ -245,3 +245,26 @@ def test_debezium_avro_is_routed_by_the_source_table_of_each_record(tmp_path):
     lake = tmp_path / "lake"
     assert _table(str(lake / "items"), ["id"]) == {(1,): {"id": 1, "name": "a"}, (2,): {"id": 2, "name": None}}
     assert _table(str(lake / "users"), ["id"]) == {(7,): {"id": 7}}
+
+
+def test_a_routed_table_takes_an_added_column_under_its_schema_change_behaviour(tmp_path):
+    config = _config(tmp_path, [{"source_table": r"shop\.(.*)", "table": "$1", "origin_columns": True}])
+
+    def change(pos: int, row: dict):
+        fields = [{"field": k, "type": "int64" if k == "id" else "string", "optional": k != "id"} for k in row]
+        schema = {"type": "struct", "fields": [{"field": "before", "type": "struct", "optional": True, "fields": fields},
+                                               {"field": "after", "type": "struct", "optional": True, "fields": fields}]}
+        source = {"db": "shop", "table": "people", "file": "mysql-bin.000001", "pos": pos, "row": 0, "ts_ms": 1}
+        value = {"schema": schema, "payload": {"op": "c", "before": None, "after": row, "source": source}}
+        return type("M", (), {"topic": "srv.shop.people", "key": orjson.dumps({"id": row["id"]}),
+                              "value": orjson.dumps(value)})
+
+    processor = BatchProcessor(config, graph=None)
+    _process(processor, 0, [change(10, {"id": 1, "name": "a"})])
+    _process(processor, 1, [change(11, {"id": 2, "name": "b", "email": "b@x"})], first_offset=1)
+    again = BatchProcessor(config, graph=None)         # a restart: the decoder starts from the table's columns
+    _process(again, 2, [change(12, {"id": 3, "name": "c", "email": "c@x"})], first_offset=2)
+    assert _table(str(tmp_path / "lake" / "people"), ["id"]) == {
+        (1,): {"id": 1, "name": "a", "source_db": "shop", "source_table": "people", "email": None},
+        (2,): {"id": 2, "name": "b", "source_db": "shop", "source_table": "people", "email": "b@x"},
+        (3,): {"id": 3, "name": "c", "source_db": "shop", "source_table": "people", "email": "c@x"}}
