@@ -167,6 +167,18 @@ class TableSpecModel(TableSettings):
     from_: str | None = Field(None, alias="from", description="the view or source whose changelog the table holds; "
                               "omit for a table that sources mirror through their 'table' key")
     path: str | None = Field(None, description="table URI; default <storage.root>/<name>")
+    history: Literal["scd2"] | None = Field(None, description="scd2: keep every version of each key, with "
+                                            "__start_at/__end_at (the _seq positions that opened and closed it; "
+                                            "docs/sink.md 'History tables'); unset: the table holds the latest row")
+    track_history: list[str] | None = Field(None, min_length=1, description="history: scd2 only: the columns "
+                                            "whose changes open a new version; changes to the other columns update "
+                                            "the current version in place (default: every column opens one)")
+
+    @model_validator(mode="after")
+    def _history(self) -> "TableSpecModel":
+        if self.track_history is not None and self.history is None:
+            raise ValueError("track_history applies to history tables; add history: scd2 or remove track_history")
+        return self
 
 
 class RouteRule(TableSettings):
@@ -621,6 +633,12 @@ class ChangelakeConfig(_Model):
                 problems.append((("sources", i, "route"), f"source {s.name!r} is routed to tables of its own, so "
                                  "views and tables cannot read it; give them a source entry of their own for "
                                  "the topics they need"))
+            if s.truncate_policy == "apply" and s.table is not None and \
+                    next((t.history for t in self.tables if t.name == s.table), None) is not None:
+                problems.append((("sources", i, "on_truncate"),
+                                 f"source {s.name!r} has on_truncate: apply, but its table {s.table!r} is a history "
+                                 "table (history: scd2), which keeps every version and does not apply truncates. "
+                                 "Set on_truncate: skip or fail"))
             if s.table is None and s.route is None and s.name not in read:
                 problems.append((("sources", i), f"source {s.name!r} has no 'table' and no view or table reads it"))
         for i, v in enumerate(self.views):
