@@ -228,7 +228,7 @@ def column_changes(table_schema: pa.Schema, source_fields: Sequence[pa.Field], *
         old = table_schema.field(field.name).type if field.name in table_schema.names else None
         out.append(ColumnChange(kind, field.name, old, field.type, _OUTCOME[kind][behaviour]))
     for name in dropped:
-        if name not in table_schema.names or name in [f.name for f in source_fields]:
+        if name not in table_schema.names:     # a dropped column may still be in a batch: older rows hold it
             continue
         kind = ("drop_key_column" if name in primary_key else
                 "drop_partition_column" if name in partition_by else "drop_column")
