@@ -51,7 +51,7 @@ import pyarrow.compute as pc
 from changelake import metrics
 from changelake.changelog import DEAD_LETTER_SCHEMA, KIND, SEQ, RowKind
 from changelake.connectors.delta_sink import DeltaUpsertSink, Maintenance, TableSpec, open_sink
-from changelake.connectors.delta_sink_kernel import check_truncate_order
+from changelake.connectors.delta_sink_kernel import check_truncate_order, latest_per_key
 from changelake.errors import ConfigError, DecodeError
 from changelake.formats import make_decoder
 from changelake.formats.encodings import source_schema
@@ -139,7 +139,9 @@ class BatchProcessor:
         self._spark = spark
         self.sinks: dict[str, DeltaUpsertSink] = {}     # opened once the table's key is known
         self.dead_letters = DeadLetterPaths(config)
-        self.quarantine = Quarantine(config, self.routes, self.keys)
+        self.quarantine = Quarantine(config, self.keys)
+        #: table -> columns its source's last schema dropped, for the sink (set per batch)
+        self._dropped: dict[str, tuple[str, ...]] = {}
         self.stage = DecodeStage(self.routes, graph_keys={i: n.upsert_key or () for i, n in self.graph_routes.items()})
         # The stage goes to the executors once, with the query: routes whose table's key is unknown at
         # start report their message keys' fields every batch; the first batch that has some teaches it.
@@ -160,6 +162,9 @@ class BatchProcessor:
                              partition_by=tuple(t.partition_by), nullable_key=nullable, unavailable_value=unavailable,
                              tombstone_retention=timedelta(seconds=parse_duration(t.tombstone_retention)),
                              maintenance=_maintenance(t.maintenance), properties=t.properties,
+                             history=t.history,
+                             track_history=None if t.track_history is None else tuple(t.track_history),
+                             schema_change=self.config.schema_change_of(name),
                              storage_options=self.config.storage.plain_options())
             opened = dict(pipeline_id=self.config.pipeline.id, engine=self.config.storage.engine)
             if self._spark is None:
@@ -177,6 +182,7 @@ class BatchProcessor:
         operator could not process (``rejected``: node, side, row as JSON, seq, error; see
         ``changelake.spark.reports.Rejected``), which go by their source's ``on_error``."""
         stats, parts = self.stage.split(out)
+        self._dropped = {}
         self.keys.learn(_key_shapes(self.routes, parts))
         graph_changes = {self.graph_tables[i]: got.pop(CHANGES_PART) for i, got in parts.items()
                          if CHANGES_PART in got}
@@ -188,9 +194,18 @@ class BatchProcessor:
             if not got:
                 continue
             route = self.routes[i]
-            if "raw" in got:                      # columns learnt at run time: decode here
+            if "raw" in got:                      # columns learnt at run time: decode here, screen the schema
+                if route.spec.table is not None:
+                    self.quarantine.prepare(route.spec.table, route.decoder)
                 result = route.decoder.decode(got["raw"])
-                decoded.append((route, result.rows, result.dead_letters))
+                rows, dead = result.rows, result.dead_letters
+                if route.spec.table is not None:
+                    screened = self.quarantine.screen(route.spec.table, source=route.spec.name, decoder=route.decoder,
+                                                      raw=got["raw"], rows=rows, dead_letters=dead)
+                    rows, dead = screened.rows, screened.dead_letters
+                    if screened.dropped:
+                        self._dropped[route.spec.table] = screened.dropped
+                decoded.append((route, rows, dead))
                 if result.truncates.num_rows:
                     truncates.append((route, result.truncates))
             rows = got.get("rows")
@@ -249,7 +264,6 @@ class BatchProcessor:
             if moved:
                 report.key_changes[route.spec.name] = report.key_changes.get(route.spec.name, 0) + moved
             if bad.num_rows:
-                self.quarantine.observe(route, bad)
                 self._handle_bad(route, bad, batch_id, report)
                 if route.spec.on_error == "dlq":
                     letters.append((route.spec.name, bad))
@@ -264,7 +278,12 @@ class BatchProcessor:
             per_table[name] = [_empty(empty[name])]
         for name, changes in (graph_changes or {}).items():
             pk = self.config.table(name).primary_key
-            per_table.setdefault(name, []).append(graph_sink_changes(changes, primary_key=pk, batch_id=batch_id))
+            out = graph_sink_changes(changes, primary_key=pk, batch_id=batch_id)
+            if self.config.table(name).history is not None:
+                # a view's history has one version per batch and key: the batch's intermediate rows
+                # are the order the operators ran in, not states the source went through
+                out = latest_per_key(out, primary_key=pk)
+            per_table.setdefault(name, []).append(out)
 
         _fault("before-sinks", batch_id)
         self.dead_letters.write(letters, batch_id=batch_id)
@@ -274,7 +293,8 @@ class BatchProcessor:
             report.changes[name] = kinds
             for kind, n in kinds.items():
                 metrics.CHANGES_IN.labels(name, kind).inc(n)
-            result = self._sink(name).apply(changes, batch_id=batch_id, truncate_at=truncate_at.get(name))
+            result = self._sink(name).apply(changes, batch_id=batch_id, truncate_at=truncate_at.get(name),
+                                            dropped_columns=self._dropped.pop(name, ()))
             if result.committed:
                 report.committed_tables.append(name)
             if i == 0:

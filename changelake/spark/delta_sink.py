@@ -229,6 +229,17 @@ class DeltaSparkSink(DeltaUpsertSink):
         columns = ", ".join(f"{backtick(f.name)} {f.dataType.simpleString()}" for f in struct.fields)
         self._session.sql(f"ALTER TABLE delta.{backtick(self.spec.path)} ADD COLUMNS ({columns})")
 
+    def _rewrite_table(self, schema: pa.Schema, *, path: str | None = None) -> None:
+        from pyspark.sql.functions import col
+
+        target = path or self.spec.path
+        struct = from_arrow_schema(schema, prefer_timestamp_ntz=True)
+        parts = self._require_state(target).partition_columns
+        frame = self._session.read.format("delta").load(target)
+        (frame.select(*[col(backtick(f.name)).cast(f.dataType).alias(f.name) for f in struct.fields])
+         .write.format("delta").mode("overwrite").option("overwriteSchema", "true").partitionBy(*parts)
+         .save(target))
+
     def _read_tombstones(self) -> pa.Table:
         columns = [*self.spec.primary_key, SEQ]
         return (self._session.read.format("delta").load(self.tombstone_path)
@@ -358,6 +369,14 @@ def open_sink(spec: TableSpec, *, pipeline_id: str, engine: Engine = "auto", spa
     """
     if engine not in ("auto", "delta-rs", "delta-spark"):
         raise ConfigError(f"unknown sink engine {engine!r}; expected auto, delta-rs or delta-spark")
+    if spec.history is not None:
+        # a history batch is rebuilt on the driver from the keys' stored versions and merged from there:
+        # delta-rs writes it whatever the engine (both write the same Delta protocol)
+        if engine == "delta-spark":
+            log.info("table %s: history tables are written with delta-rs (engine delta-spark applies to "
+                     "upsert tables)", spec.name)
+        return open_rs_sink(spec, pipeline_id=pipeline_id, engine="delta-rs", clock=clock,
+                            max_commit_retries=max_commit_retries)
     if engine in ("auto", "delta-spark"):
         missing = delta_spark_missing(spark)
         if missing is None:
