@@ -62,7 +62,7 @@ class BatchClock:
                 t = time.perf_counter()
                 try:
                     report = fn(*args, **kwargs)
-                    self.records.append(report.records)
+                    self.records.append(getattr(report, "records", 0))
                     return report
                 finally:
                     driver.append(time.perf_counter() - t)
