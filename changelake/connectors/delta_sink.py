@@ -186,6 +186,15 @@ class MergeCounts:
 
 
 @dataclass(frozen=True)
+class _Begun:
+    """A batch's table, ready for its rows: the schema to align them to, and the truncate's outcome."""
+
+    target_schema: pa.Schema
+    truncated: int                 # rows a truncate of this batch deleted
+    horizon: str | None            # the table's truncate position: older changes are dropped
+
+
+@dataclass(frozen=True)
 class _TableState:
     schema: pa.Schema
     properties: Mapping[str, str]
@@ -242,11 +251,17 @@ class DeltaUpsertSink(abc.ABC):
             changes = state.schema.empty_table().append_column(KIND, pa.array([], pa.int8()))
         changes = validate_changes(changes, primary_key=self.spec.primary_key, table=self.spec.name,
                                    nullable_key=self.spec.nullable_key)
+        return self._committing(batch_id, lambda: self._apply_once(changes, batch_id, truncate_at))
+
+    def _committing(self, batch_id: int,
+                    once: Callable[[], tuple[ApplyResult, MergeCounts | None]]) -> ApplyResult:
+        """Run ``once`` (one attempt at committing the batch), retrying concurrent-write conflicts;
+        count and time the commit, then run the maintenance that is due."""
         started = time.perf_counter()
         attempt = 0
         while True:
             try:
-                result, counts = self._apply_once(changes, batch_id, truncate_at)
+                result, counts = once()
                 break
             except Exception as exc:  # classified below and always re-raised, typed
                 if self._is_conflict(exc) and attempt < self._max_commit_retries:
@@ -298,6 +313,33 @@ class DeltaUpsertSink(abc.ABC):
 
     def _apply_once(self, changes: pa.Table, batch_id: int,
                     truncate_at: str | None = None) -> tuple[ApplyResult, MergeCounts | None]:
+        begun = self._begin(changes.schema, batch_id, truncate_at)
+        if isinstance(begun, ApplyResult):
+            return begun, None
+        spec = self.spec
+        changes, before_truncate = drop_before_truncate(changes, begun.horizon)
+        changes = fill_unavailable(changes, primary_key=spec.primary_key, placeholder=spec.unavailable_value)
+        now = self._clock()
+        reduced = align_to_table(latest_per_key(changes, primary_key=spec.primary_key), begun.target_schema)
+        tomb_state = self._tombstone_state()
+        tombstones = (self._read_tombstones() if tomb_state is not None
+                      else pa.table({SEQ: pa.array([], pa.string())}))
+        split = split_against_tombstones(reduced, tombstones, primary_key=spec.primary_key, now=now)
+
+        if split.tombstone_changes.num_rows:
+            self._merge_tombstones_once(split.tombstone_changes, tomb_state, begun.target_schema, batch_id)
+        source = split.table_changes
+        unavailable = {c: sql_literal(placeholder_value(source.schema.field(c).type, spec.unavailable_value))
+                       for c in unavailable_columns(source, spec.unavailable_value)}
+        counts = self._merge_table(source, batch_id=batch_id, unavailable=unavailable)
+        n_deletes = count_deletes(source)
+        return self._result(counts, upserts_sent=source.num_rows - n_deletes, stale_deletes=split.stale_deletes,
+                            resurrections_prevented=split.resurrections_prevented,
+                            truncated=begun.truncated, before_truncate=before_truncate), counts
+
+    def _begin(self, schema: pa.Schema, batch_id: int, truncate_at: str | None) -> "ApplyResult | _Begun":
+        """Everything before the batch's rows are read: the replay check (its result when the batch was
+        committed), the table's creation or contract check and new columns, the truncate."""
         spec = self.spec
         state = self._state(spec.path)
         if state is not None and state.txn_version is not None and batch_id <= state.txn_version:
@@ -305,9 +347,9 @@ class DeltaUpsertSink(abc.ABC):
             log.info("table %s: batch %d already committed (recorded %d), skipped",
                      spec.name, batch_id, state.txn_version)
             return ApplyResult(committed=False, upserts=0, deletes=0, stale_ignored=0,
-                               resurrections_prevented=0, table_version=state.version), None
+                               resurrections_prevented=0, table_version=state.version)
 
-        fields = stored_fields(changes.schema)
+        fields = stored_fields(schema)
         if state is None:
             missing = [c for c in spec.partition_by if c not in [f.name for f in fields]]
             if missing:
@@ -333,45 +375,42 @@ class DeltaUpsertSink(abc.ABC):
             self._add_columns(list(plan.new_fields))
 
         truncated, horizon = self._truncate(state, truncate_at)
-        changes, before_truncate = drop_before_truncate(changes, horizon)
-        changes = fill_unavailable(changes, primary_key=spec.primary_key, placeholder=spec.unavailable_value)
-        now = self._clock()
-        reduced = align_to_table(latest_per_key(changes, primary_key=spec.primary_key), plan.target_schema)
+        return _Begun(target_schema=plan.target_schema, truncated=truncated, horizon=horizon)
+
+    def _tombstone_state(self) -> "_TableState | None":
+        """The tombstone table's state (None before its first tombstone), its contract checked once."""
         tomb_state = self._state(self.tombstone_path)
         if tomb_state is not None and not self._tombstone_contract_checked:
             check_tombstone_contract(path=self.tombstone_path, properties=tomb_state.properties,
-                                     table_path=spec.path)
+                                     table_path=self.spec.path)
             self._tombstone_contract_checked = True
-        tombstones = (self._read_tombstones() if tomb_state is not None
-                      else pa.table({SEQ: pa.array([], pa.string())}))
-        split = split_against_tombstones(reduced, tombstones, primary_key=spec.primary_key, now=now)
+        return tomb_state
 
-        if split.tombstone_changes.num_rows:
-            if tomb_state is None:
-                self._create_table(tombstone_schema(plan.target_schema, spec.primary_key),
-                                   properties=tombstone_properties(spec.primary_key, spec.path),
-                                   path=self.tombstone_path, partition_by=())
-                tomb_state = self._require_state(self.tombstone_path)
-            if tomb_state.txn_version is None or tomb_state.txn_version < batch_id:
-                self._merge_tombstones(split.tombstone_changes, batch_id=batch_id)
+    def _merge_tombstones_once(self, changes, tomb_state: "_TableState | None", target_schema: pa.Schema,
+                               batch_id: int) -> None:
+        """Create the tombstone table if needed, then MERGE the batch's tombstone changes unless a
+        crash after that commit already recorded this batch."""
+        if tomb_state is None:
+            self._create_table(tombstone_schema(target_schema, self.spec.primary_key),
+                               properties=tombstone_properties(self.spec.primary_key, self.spec.path),
+                               path=self.tombstone_path, partition_by=())
+            tomb_state = self._require_state(self.tombstone_path)
+        if tomb_state.txn_version is None or tomb_state.txn_version < batch_id:
+            self._merge_tombstones(changes, batch_id=batch_id)
 
-        source = split.table_changes
-        unavailable = {c: sql_literal(placeholder_value(source.schema.field(c).type, spec.unavailable_value))
-                       for c in unavailable_columns(source, spec.unavailable_value)}
-        counts = self._merge_table(source, batch_id=batch_id, unavailable=unavailable)
-        n_deletes = count_deletes(source)
-        n_upserts = source.num_rows - n_deletes
-        result = ApplyResult(
+    @staticmethod
+    def _result(counts: MergeCounts, *, upserts_sent: int, stale_deletes: int, resurrections_prevented: int,
+                truncated: int, before_truncate: int) -> ApplyResult:
+        return ApplyResult(
             committed=True,
             upserts=counts.inserted + counts.updated,
             deletes=counts.deleted,
-            stale_ignored=(n_upserts - counts.inserted - counts.updated) + split.stale_deletes + before_truncate,
-            resurrections_prevented=split.resurrections_prevented,
+            stale_ignored=(upserts_sent - counts.inserted - counts.updated) + stale_deletes + before_truncate,
+            resurrections_prevented=resurrections_prevented,
             table_version=counts.version,
             truncated=truncated,
             before_truncate=before_truncate,
         )
-        return result, counts
 
     def _truncate(self, state: _TableState, truncate_at: str | None) -> tuple[int, str | None]:
         """Apply a truncate newer than the table's: record its position, then delete the rows older than it.
@@ -524,7 +563,12 @@ class DeltaUpsertSink(abc.ABC):
 
     def _nullable_key_types(self, changes: pa.Table) -> dict[str, pa.DataType]:
         """The key columns that may hold NULL, with their types in ``changes``, for the MERGE's ``ON``."""
-        return {k: changes.schema.field(k).type for k in self.spec.nullable_key}
+        return {k: self._arrow_schema(changes).field(k).type for k in self.spec.nullable_key}
+
+    @staticmethod
+    def _arrow_schema(changes) -> pa.Schema:
+        """The Arrow schema of a batch (an engine may take other tables than Arrow ones)."""
+        return changes.schema
 
     # --- engine I/O -------------------------------------------------------------
 

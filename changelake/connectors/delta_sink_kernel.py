@@ -135,16 +135,17 @@ def fill_unavailable(changes: pa.Table, *, primary_key: Sequence[str], placehold
     for name in columns:
         values = changes[name].take(order).to_pylist()
         needle = placeholder_value(changes.schema.field(name).type, placeholder)
-        carried, deleted = None, False
+        known, carried = False, None            # known: the key's value is known from this batch
         for i, kind in enumerate(kinds):
             if starts[i]:
-                carried, deleted = None, False
+                known, carried = False, None
             if kind == RowKind.DELETE:
-                carried, deleted = None, True
+                known, carried = True, None         # after a delete there is no stored value: NULL
             elif kind != RowKind.UPDATE_BEFORE:
-                if values[i] == needle and (carried is not None or deleted):
-                    values[i] = carried            # after a delete there is no stored value: NULL
-                carried = None if values[i] == needle else values[i]
+                if values[i] != needle:
+                    known, carried = True, values[i]    # a NULL too: the placeholder after it means NULL
+                elif known:
+                    values[i] = carried
         filled = [None] * changes.num_rows
         for i, row in enumerate(rows):
             filled[row] = values[i]

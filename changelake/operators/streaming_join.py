@@ -34,15 +34,31 @@ the joined row it replaces is not retracted. Outer joins always emit +I/-D, neve
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Literal
+from typing import Literal
+
+import pyarrow as pa
 
 from changelake.changelog import RowKind
 from changelake.errors import ConfigError
+from changelake.operators import _join_bundle as columnar
 from changelake.operators import changelog_mode as cm
 from changelake.operators._base import Kernel, MiniBatchBuffer
-from changelake.operators._rows import DELETE, INSERT, Changes, coerce, is_accumulate, project
-from changelake.operators._state import StaleRetractionPolicy, StaleRetractions, check_ttl
+from changelake.operators._rows import (
+    DELETE,
+    INSERT,
+    UPDATE_AFTER,
+    Changes,
+    coerce,
+    is_accumulate,
+    project,
+)
+from changelake.operators._state import (
+    StaleRetractionPolicy,
+    StaleRetractions,
+    check_ttl,
+)
 from changelake.operators.join_state import InputSpec, JoinRecordView
 
 JoinType = Literal["INNER", "LEFT", "RIGHT", "FULL", "SEMI", "ANTI"]
@@ -146,9 +162,17 @@ class _JoinBase(Kernel):
 
 
 class StreamingJoin(_JoinBase):
-    """Inner, left, right and full outer join."""
+    """Inner, left, right and full outer join.
+
+    With a mini-batch, each bundle is folded columnar (``_join_bundle``: the same surviving records in
+    the same order as :func:`fold_bundle`), and an inner join without an extra condition runs the
+    surviving records with its matches looked up once per join key; its output is exactly that of
+    :class:`RowByRowStreamingJoin`, the reference (same records, same order, same state).
+    """
 
     OPERATOR = "StreamingJoin"
+    #: False: every bundle row by row (the reference)
+    COLUMNAR = True
 
     def __init__(self, config: StreamingJoinConfig) -> None:
         if config.join_type in ("SEMI", "ANTI"):
@@ -156,6 +180,13 @@ class StreamingJoin(_JoinBase):
         super().__init__(config)
         self._left_nulls = (None,) * config.left_arity
         self._right_nulls = (None,) * config.right_arity
+        #: columnar bundles (_join_bundle): pending Arrow/tuple segments not yet in ``mini_batch``'s row buffer
+        self._columnar = self.COLUMNAR and config.mini_batch_size is not None
+        self._segments: list[columnar.Segment] = []
+        self._segment_rows = 0
+        self._fold_columns = {side: columnar.key_columns(key + (spec.unique_key or ()))
+                              for side, key, spec in (("left", config.left_key, config.left_input),
+                                                      ("right", config.right_key, config.right_input))}
 
     def contract(self) -> cm.ChangelogContract:
         jt = self.config.join_type
@@ -211,6 +242,104 @@ class StreamingJoin(_JoinBase):
                     out.emit(INSERT, self._padded(o, not is_left))
                 other.update_assoc(jk, o, a - 1, now)
 
+    # -- mini-batch, columnar ----------------------------------------------------------------------
+    def process(self, batch, *, side: Literal["left", "right"], now: int = 0) -> Changes:
+        if side not in ("left", "right"):
+            raise ValueError(f"side must be 'left' or 'right', got {side!r}")
+        if not self._columnar or len(self.mini_batch):      # rows restored into the row buffer: row by row
+            return super().process(batch, side=side, now=now)
+        segment = columnar.segment_of(side, batch, self._fold_columns[side])
+        if segment is None:                                  # a key the fold cannot compare exactly
+            self._rows_to_buffer()
+            return super().process(batch, side=side, now=now)
+        out = Changes()
+        size, start = self.mini_batch.size, 0
+        while start < len(segment):
+            take = min(size - self._segment_rows, len(segment) - start)
+            self._segments.append(segment.slice(start, start + take))
+            self._segment_rows += take
+            start += take
+            if self._segment_rows >= size:
+                self._fire(now, out)
+        return out
+
+    def flush(self, *, now: int = 0) -> Changes:
+        if not self._segments:
+            return super().flush(now=now)
+        out = Changes()
+        self._fire(now, out)
+        return out
+
+    def _all_stores(self):
+        self._rows_to_buffer()
+        return super()._all_stores()
+
+    def _rows_to_buffer(self) -> None:
+        """Move the pending segments into the row buffer (in order): the rows continue row by row."""
+        for segment in self._segments:
+            rows = segment.rows if segment.rows is not None else Changes.from_arrow(segment.table).rows
+            self.mini_batch._pending.extend(zip([segment.side] * len(rows), segment.kinds.tolist(), rows))
+        self._segments, self._segment_rows = [], 0
+
+    def _fire(self, now: int, out: Changes) -> None:
+        segments, self._segments, self._segment_rows = self._segments, [], 0
+        # Process the inner side first, so that fewer null-padded rows are emitted and retracted.
+        for side in (("left", "right") if self.config.join_type == "RIGHT" else ("right", "left")):
+            mine = [s for s in segments if s.side == side]
+            if mine:
+                self._run_side(mine, side == "left", now, out)
+
+    def _run_side(self, segments: list, is_left: bool, now: int, out: Changes) -> None:
+        """One side of a bundle: fold, then the surviving records in order."""
+        c = self.config
+        spec, key = (c.left_input, c.left_key) if is_left else (c.right_input, c.right_key)
+        records = None
+        try:
+            segment = columnar.concat(segments)
+        except (pa.ArrowInvalid, pa.ArrowTypeError):        # tuple rows whose key values changed type
+            segment = None
+        if segment is None or spec.layout == "no_unique_key":
+            rows = [(k, r) for s in segments
+                    for k, r in zip(s.kinds.tolist(), s.rows if s.rows is not None else Changes.from_arrow(s.table).rows)]
+            records = [(kind, row, _paired(group)) for group in fold_bundle(spec, rows, key) for kind, row in group]
+        else:
+            columns = self._fold_columns["left" if is_left else "right"]
+            join = [columns.index(k) for k in key]
+            join_ids = columnar.key_ids(segment.keys, join)
+            unique_ids = (join_ids if spec.layout == "join_key_contains_unique_key"
+                          else columnar.key_ids(segment.keys, join + [columns.index(k) for k in spec.unique_key]))
+            positions, paired = columnar.fold_unique(segment.kinds, unique_ids, join_ids)
+            records = zip(segment.kinds[positions].tolist(), segment.take_rows(positions), paired.tolist())
+        if c.join_type == "INNER" and c.condition is None:
+            self._inner_records(records, is_left, now, out)
+        else:
+            for kind, row, suppress in records:
+                self._element(kind, row, is_left, now, out, suppress)
+
+    def _inner_records(self, records, is_left: bool, now: int, out: Changes) -> None:
+        """``_element`` for an inner equi-join over one side's folded records: the other side's state
+        does not change while this side runs (no association counts), so each join key's matches are
+        looked up once."""
+        mine, other = (self.left, self.right) if is_left else (self.right, self.left)
+        key = self.config.left_key if is_left else self.config.right_key
+        null_filter = self._null_filter
+        matches_of: dict[tuple, list[tuple]] = {}
+        kinds, rows = out.kinds, out.rows
+        for kind, row, suppress in records:
+            jk = tuple([row[i] for i in key])
+            matches = matches_of.get(jk)
+            if matches is None:
+                matches = ([] if any(v is None and f for v, f in zip(jk, null_filter))
+                           else [o for o, _ in other.records(jk, now)])
+                matches_of[jk] = matches
+            if kind == INSERT or kind == UPDATE_AFTER:
+                mine.add(jk, row, now, 0)
+            elif not suppress and not mine.retract(jk, row, now):
+                self._stale(kind, row, is_left)
+            if matches:
+                kinds.extend([kind] * len(matches))
+                rows.extend([row + o for o in matches] if is_left else [o + row for o in matches])
+
     # -- mini-batch ------------------------------------------------------------------------------
     def _process_bundle(self, bundle: list[tuple], now: int, out: Changes) -> None:
         folded = {side: fold_bundle(spec, [(k, r) for tag, k, r in bundle if tag == side],
@@ -220,9 +349,21 @@ class StreamingJoin(_JoinBase):
         order = ("left", "right") if self.config.join_type == "RIGHT" else ("right", "left")
         for side in order:
             for group in folded[side]:
-                suppress = len(group) == 2 and not is_accumulate(group[0][0]) and is_accumulate(group[1][0])
+                suppress = _paired(group)
                 for kind, row in group:
                     self._element(kind, row, side == "left", now, out, suppress)
+
+
+class RowByRowStreamingJoin(StreamingJoin):
+    """The reference: every mini-batch bundle folded and run row by row (:func:`fold_bundle`, ``_element``).
+    Same operator name and state as :class:`StreamingJoin`: either restores the other's snapshot."""
+
+    COLUMNAR = False
+
+
+def _paired(group: list) -> bool:
+    """A folded ``[-X, +Y]`` pair of one unique key (see ``StreamingJoin._element``'s ``suppress``)."""
+    return len(group) == 2 and not is_accumulate(group[0][0]) and is_accumulate(group[1][0])
 
 
 def fold_bundle(spec: InputSpec, records: list[tuple[int, tuple]], key: tuple[int, ...]) -> list[list]:

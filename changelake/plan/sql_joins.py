@@ -7,6 +7,7 @@ written                                                                planned a
   other ON terms of an inner join (and WHERE terms over both sides)     ``filter`` after the join
   ON terms over b alone in a LEFT join (a alone in a RIGHT join)       ``filter`` on that input first
 ``... ON a.x = b.y AND a.t BETWEEN b.t - INTERVAL .. AND b.t + ..``    ``interval_join(before, after)``
+``... ON a.x = b.y AND a.t >= b.t - INTERVAL .. AND a.t < b.t + ..``  the same (a strict bound: 1 ms in)
 ``JOIN b FOR SYSTEM_TIME AS OF a.t ON a.x = b.y`` (b a source/view)    ``temporal_join(time=t)``
 ``JOIN lk FOR SYSTEM_TIME AS OF a.proc_time ON a.x = lk.k``            ``lookup_join(lookups[lk])``
 ``x IN (SELECT y FROM ...)``                                           ``join(on={x: y}, how="semi")``
@@ -85,6 +86,47 @@ def _interval(pl: "_QueryPlanner", term: exp.Expression, left: _Rel, right: _Rel
     return other, col, hi, -lo                    # r.t in [l.t + lo, l.t + hi]: l.t in [r.t - hi, r.t - lo]
 
 
+#: a comparison read as ``l.t <op> r.t + c``: lower or upper bound; a strict one moves by a millisecond
+#: (event times are milliseconds), as Flink's interval join does
+_BOUNDS = {exp.GTE: ("lower", 0), exp.GT: ("lower", 1), exp.LTE: ("upper", 0), exp.LT: ("upper", -1)}
+_FLIPPED = {exp.GTE: exp.LTE, exp.GT: exp.LT, exp.LTE: exp.GTE, exp.LT: exp.GT}
+
+
+def _bound(pl: "_QueryPlanner", term: exp.Expression, left: _Rel, right: _Rel):
+    """(left time, right time, "lower" | "upper", c ms) of a comparison between a time point of each
+    input (``l.t >= r.t - INTERVAL ..``, ``r.t + INTERVAL .. > l.t``, ...) read as ``l.t <op> r.t + c``."""
+    kind = type(term)
+    if kind not in _BOUNDS:
+        return None
+    a, b = (_time_point(pl, term.args.get(k), [left, right]) for k in ("this", "expression"))
+    if a is None or b is None or {a[0], b[0]} != {0, 1}:
+        return None
+    if a[0] == 1:                                # r.t + x <op> l.t + y  ->  l.t <flipped op> r.t + x - y
+        a, b, kind = b, a, _FLIPPED[kind]
+    (_, ltime, loff), (_, rtime, roff) = a, b
+    which, strict = _BOUNDS[kind]
+    return ltime, rtime, which, roff - loff + strict
+
+
+def _intervals_of_bounds(pl: "_QueryPlanner", terms: list, left: _Rel, right: _Rel):
+    """The interval of a lower and an upper bound over the same two time columns (``l.t >= r.t - X AND
+    l.t <= r.t + Y``), as (left time, right time, before ms, after ms), and the terms it came from;
+    (None, []) when the terms hold no such pair."""
+    found: dict[tuple[str, str], dict[str, tuple[int, exp.Expression]]] = {}
+    for t in terms:
+        b = _bound(pl, t, left, right)
+        if b is not None:
+            ltime, rtime, which, c = b
+            found.setdefault((ltime, rtime), {}).setdefault(which, (c, t))
+    event_times = (pl.draft(left.node).rowtime, pl.draft(right.node).rowtime)
+    for (ltime, rtime), sides in found.items():
+        # on other columns the comparisons are a join condition, as in Flink: an interval join is on event times
+        if "lower" in sides and "upper" in sides and ltime in event_times[0] and rtime in event_times[1]:
+            (lo, t_lo), (hi, t_hi) = sides["lower"], sides["upper"]
+            return (ltime, rtime, -lo, hi), [t_lo, t_hi]
+    return None, []
+
+
 def plan_join(pl: "_QueryPlanner", left: _Rel, join: exp.Join, where: list[exp.Expression]):
     right_src = join.this
     side = (join.args.get("side") or "").upper()
@@ -111,7 +153,9 @@ def plan_join(pl: "_QueryPlanner", left: _Rel, join: exp.Join, where: list[exp.E
     for ident in using or []:
         pairs[pl.resolve(exp.Column(this=ident.copy()), [left])[1].column] = \
             pl.resolve(exp.Column(this=ident.copy()), [right])[1].column
-    interval, residual = None, []
+    interval, bounds = _intervals_of_bounds(pl, terms, left, right)
+    terms = [t for t in terms if not any(t is b for b in bounds)]
+    residual = []
     for t in terms:
         pair = _equi(pl, t, left, right)
         bound = None if pair else _interval(pl, t, left, right)

@@ -9,7 +9,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from changelake import __version__
 from changelake.errors import ChangelakeError, ConfigError
@@ -42,9 +42,9 @@ def _config_option(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="changelake", description=(
         "Kafka-to-lakehouse CDC: Debezium/Canal/Maxwell/OGG change topics -> Spark -> Delta Lake."))
-    parser.add_argument("--log-level", action=_EnvDefault, envvar="CHANGELAKE_LOG_LEVEL", default="INFO",
+    parser.add_argument("--log-level", action=_EnvDefault, envvar="CHANGELAKE_LOG_LEVEL", default=None,
                         type=str.upper, choices=LOG_LEVELS, metavar="LEVEL", help=", ".join(LOG_LEVELS))
-    parser.add_argument("--log-format", action=_EnvDefault, envvar="CHANGELAKE_LOG_FORMAT", default="text",
+    parser.add_argument("--log-format", action=_EnvDefault, envvar="CHANGELAKE_LOG_FORMAT", default=None,
                         type=str.lower, choices=LOG_FORMATS, metavar="FORMAT",
                         help="text, or json: one JSON object per line (ts, level, logger, msg, exception)")
     parser.add_argument("--version", action="version", version=version_text(),
@@ -108,17 +108,27 @@ def version_text() -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.log_level not in LOG_LEVELS:            # a value from the environment skips argparse's choices
+    if args.log_level is not None and args.log_level not in LOG_LEVELS:    # the environment skips argparse's choices
         parser.error(f"CHANGELAKE_LOG_LEVEL: invalid level {args.log_level!r} (choose from {', '.join(LOG_LEVELS)})")
-    if args.log_format not in LOG_FORMATS:
+    if args.log_format is not None and args.log_format not in LOG_FORMATS:
         parser.error(f"CHANGELAKE_LOG_FORMAT: invalid format {args.log_format!r} (choose from "
                      f"{', '.join(LOG_FORMATS)})")
-    configure_logging(args.log_level, args.log_format)
+    configure_logging(args.log_level or "INFO", args.log_format or "text")
     try:
         return _dispatch(args)
     except ChangelakeError as exc:
         print(f"changelake: {exc}", file=sys.stderr)
         return 2
+
+
+def _load(args: argparse.Namespace) -> Any:
+    """The pipeline YAML, and its ``logging`` section applied where no flag or variable set the value."""
+    from changelake.service.config import load_config
+
+    config = load_config(args.config)
+    if args.log_level is None or args.log_format is None:
+        configure_logging(args.log_level or config.logging.level, args.log_format or config.logging.format)
+    return config
 
 
 def _dispatch(args: argparse.Namespace) -> int:
@@ -137,19 +147,16 @@ def _dispatch(args: argparse.Namespace) -> int:
               f"{len(config.tables)} table(s))")
         return 0
     if args.command == "status":
-        from changelake.service.config import load_config
         from changelake.service.status import collect_status, format_status
-        print(format_status(collect_status(load_config(args.config))))
+        print(format_status(collect_status(_load(args))))
         return 0
     if args.command == "explain":
-        from changelake.service.config import load_config
         from changelake.service.explain import explain
-        print(explain(load_config(args.config)))
+        print(explain(_load(args)))
         return 0
     if args.command == "dlq":
-        from changelake.service.config import load_config
         from changelake.service.dlq import replay
-        result = replay(load_config(args.config), source=args.source, reason=args.reason,
+        result = replay(_load(args), source=args.source, reason=args.reason,
                         to_topic=args.to_topic, dry_run=args.dry_run)
         if args.dry_run:
             print(f"would replay {sum(result.remaining_by_reason.values())} dead letter(s) "
@@ -158,9 +165,8 @@ def _dispatch(args: argparse.Namespace) -> int:
             print(f"replayed {result.replayed} dead letter(s); {result.already_replayed} already replayed before")
         return 0
     if args.command == "run":
-        from changelake.service.config import load_config
         from changelake.service.runner import PipelineRunner
-        config = load_config(args.config)
+        config = _load(args)
         result = PipelineRunner(config).run(available_now=True if args.available_now else None)
         print(f"stopped after {result.totals.records:,} records in {result.seconds:.1f} s "
               f"({result.records_per_second:,.0f} records/s){' (signal)' if result.stopped_by_signal else ''}")

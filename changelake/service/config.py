@@ -449,6 +449,20 @@ class MetricsSettings(_Model):
     ready_after_intervals: int = Field(3, gt=0, description="/readyz fails when no batch finished within this many trigger intervals")
 
 
+class LoggingSettings(_Model):
+    format: Literal["text", "json"] = Field("text", description="text, or json: one JSON object per line (ts, level, "
+                                            "logger, msg, exception); --log-format or CHANGELAKE_LOG_FORMAT wins")
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        "INFO", description="the service's log level; --log-level or CHANGELAKE_LOG_LEVEL wins")
+
+    @field_validator("format", "level", mode="before")
+    @classmethod
+    def _case(cls, value: Any, info: ValidationInfo) -> Any:
+        if not isinstance(value, str):
+            return value
+        return value.lower() if info.field_name == "format" else value.upper()
+
+
 class ChangelakeConfig(_Model):
     pipeline: PipelineSettings
     kafka: KafkaSettings
@@ -459,6 +473,7 @@ class ChangelakeConfig(_Model):
     storage: StorageSettings = StorageSettings()
     dead_letter: DeadLetterSettings = DeadLetterSettings()
     metrics: MetricsSettings = MetricsSettings()
+    logging: LoggingSettings = LoggingSettings()
 
     @model_validator(mode="after")
     def _references(self, info: ValidationInfo) -> "ChangelakeConfig":

@@ -2,10 +2,15 @@
 
 Needs the Delta jars (``io.delta:delta-spark_2.13:4.4.1``) on the Spark classpath and
 the session configured with ``spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension``
-(``open_sink`` checks both). The batch is reduced on the driver in Arrow by the
-same kernel as the delta-rs engine (it arrives there as a ``pyarrow.Table``);
-the reduced changes become a DataFrame and Delta's MERGE joins them with the
-table on the executors.
+(``open_sink`` checks both). Two ways in:
+
+- ``apply(pyarrow.Table)``: a batch already on the driver is reduced there in Arrow by the same
+  kernel as the delta-rs engine; the reduced changes become a DataFrame for the MERGE.
+- ``apply_frame(DataFrame)``: the batch stays on the executors. The kernel's DataFrame form
+  (:mod:`changelake.spark.delta_sink_frames`) reduces it and splits it against the tombstone table
+  (read as a DataFrame), and Delta's MERGE joins the result with the table; only the counts
+  (validation, resurrections prevented, stale deletes, rows sent) reach the driver, in two
+  one-row aggregations.
 
 Exactly-once: every commit runs with ``spark.databricks.delta.write.txnAppId`` /
 ``txnVersion`` set, in a private child session (``spark.newSession()``) so that
@@ -25,7 +30,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pyarrow as pa
-from pyspark.sql.pandas.types import from_arrow_schema
+from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
 from changelake.changelog import KIND, SEQ
 from changelake.connectors.delta_sink import (
@@ -39,6 +44,13 @@ from changelake.connectors.delta_sink import (
     TableSpec,
 )
 from changelake.connectors.delta_sink import open_sink as open_rs_sink
+from changelake.connectors.delta_sink_kernel import (
+    check_truncate_order,
+    kafka_partition_prefix,
+    placeholder_value,
+    truncate_order_error,
+)
+from changelake.connectors.delta_sink_merge import sql_literal
 from changelake.connectors.delta_sink_merge import (
     MergeClauses,
     backtick,
@@ -47,7 +59,8 @@ from changelake.connectors.delta_sink_merge import (
     tombstone_merge,
 )
 from changelake.connectors.delta_sink_schema import DELETED_AT
-from changelake.errors import ConfigError
+from changelake.errors import ConfigError, SinkCommitError
+from changelake.spark import delta_sink_frames as frames
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +84,94 @@ class DeltaSparkSink(DeltaUpsertSink):
         self._session = spark.newSession()
         self._txn_lock = threading.Lock()
 
+    # --- a batch that stays distributed ----------------------------------------------
+
+    def apply_frame(self, changes: Any, *, batch_id: int, truncate_at: str | None = None) -> ApplyResult:
+        """``apply`` for a batch that is a Spark DataFrame (the changelog columns, ``_kind``, ``_seq``):
+        reduced, split and merged on the executors, exactly once per (pipeline id, table, batch id).
+
+        The batch's order (``_seq`` ties: the rows of one message) is read from the DataFrame's
+        partitions: give it as computed, before any shuffle.
+        """
+        if batch_id < 0:
+            raise ValueError(f"batch_id must be >= 0, got {batch_id}")
+        changes = frames.with_position(changes)
+        self._validate_frame(changes)
+        return self._committing(batch_id, lambda: self._apply_frame_once(changes, batch_id, truncate_at))
+
+    def _validate_frame(self, changes: Any) -> None:
+        """``validate_changes`` of the Arrow kernel, as one aggregation."""
+        from pyspark.sql import functions as F
+
+        spec = self.spec
+        missing = [c for c in (*spec.primary_key, KIND, SEQ) if c not in changes.columns]
+        if missing:
+            raise SinkCommitError(
+                f"batch for table {spec.name} lacks column(s) {missing}; every change must carry the primary key "
+                f"{list(spec.primary_key)} and the reserved columns {KIND}, {SEQ} (route such rows to the "
+                "dead-letter path)")
+        seq_type = to_arrow_schema(changes.select(SEQ).schema).field(SEQ).type
+        if not pa.types.is_string(seq_type) and not pa.types.is_large_string(seq_type):
+            raise SinkCommitError(f"batch for table {spec.name}: {SEQ} must be a string column, got {seq_type}")
+        not_null = [k for k in spec.primary_key if k not in spec.nullable_key] + [SEQ, KIND]
+        row = changes.agg(*[F.sum(F.col(backtick(c)).isNull().cast("long")).alias(f"n{i}")
+                            for i, c in enumerate(not_null)],
+                          F.sum((~F.col(KIND).isin(0, 1, 2, 3)).cast("long")).alias("bad")).first()
+        for i, name in enumerate(not_null):
+            if row[f"n{i}"]:
+                raise SinkCommitError(
+                    f"batch for table {spec.name} has {row[f'n{i}']} row(s) with a null {name!r}; "
+                    "route changes with null primary key or ordering columns to the dead-letter path")
+        if row["bad"]:
+            raise SinkCommitError(f"batch for table {spec.name} has {row['bad']} row(s) with an unknown {KIND} "
+                                  "code; valid codes are 0 (+I), 1 (-U), 2 (+U), 3 (-D)")
+
+    def _apply_frame_once(self, changes: Any, batch_id: int,
+                          truncate_at: str | None) -> tuple[ApplyResult, MergeCounts | None]:
+        from pyspark.sql import functions as F
+
+        spec = self.spec
+        begun = self._begin(to_arrow_schema(changes.drop(frames.POSITION).schema), batch_id, truncate_at)
+        if isinstance(begun, ApplyResult):
+            return begun, None
+        before_truncate = 0
+        if begun.horizon is not None:
+            prefix = kafka_partition_prefix(begun.horizon)
+            seq = F.col(SEQ)
+            row = changes.agg(
+                F.sum((seq < F.lit(begun.horizon)).cast("long")).alias("before"),
+                F.sum((seq.startswith("k") & ~seq.startswith(prefix or "k")).cast("long")).alias("other")).first()
+            if prefix is not None and row["other"]:
+                raise SinkCommitError(truncate_order_error(begun.horizon, spec.name))
+            before_truncate = int(row["before"] or 0)
+        changes = frames.drop_before_truncate(changes, begun.horizon)
+        changes = frames.fill_unavailable(changes, primary_key=spec.primary_key, placeholder=spec.unavailable_value)
+        reduced = frames.align_to_table(frames.latest_per_key(changes, primary_key=spec.primary_key),
+                                        begun.target_schema)
+        tomb_state = self._tombstone_state()
+        tombstones = (self._session.read.format("delta").load(self.tombstone_path)
+                      .select(*[backtick(c) for c in (*spec.primary_key, SEQ)]) if tomb_state is not None else None)
+        split = frames.split_against_tombstones(reduced, tombstones, primary_key=spec.primary_key, now=self._clock())
+        split.flagged.persist()             # on the executors: read by the counts and both MERGEs
+        try:
+            counted = frames.split_counts(split)
+            if counted.tombstone_changes:
+                self._merge_tombstones_once(split.tombstone_changes, tomb_state, begun.target_schema, batch_id)
+            source = split.table_changes
+            unavailable = {}
+            if spec.unavailable_value is not None:
+                schema = to_arrow_schema(source.schema)
+                unavailable = {c: sql_literal(placeholder_value(schema.field(c).type, spec.unavailable_value))
+                               for c in frames.text_columns(source)}
+            counts = self._merge_table(source, batch_id=batch_id, unavailable=unavailable,
+                                       empty=counted.table_changes == 0)
+        finally:
+            split.flagged.unpersist()
+        return self._result(counts, upserts_sent=counted.table_changes - counted.table_deletes,
+                            stale_deletes=counted.stale_deletes,
+                            resurrections_prevented=counted.resurrections_prevented,
+                            truncated=begun.truncated, before_truncate=before_truncate), counts
+
     # --- helpers -------------------------------------------------------------------
 
     def _delta(self, path: str):
@@ -78,7 +179,13 @@ class DeltaSparkSink(DeltaUpsertSink):
 
         return DeltaTable.forPath(self._session, path)
 
-    def _frame(self, table: pa.Table):
+    @staticmethod
+    def _arrow_schema(changes) -> pa.Schema:
+        return changes.schema if isinstance(changes, pa.Table) else to_arrow_schema(changes.schema)
+
+    def _frame(self, table):
+        if not isinstance(table, pa.Table):
+            return table                    # a DataFrame already (apply_frame)
         schema = from_arrow_schema(table.schema, prefer_timestamp_ntz=True)
         return self._session.createDataFrame(table, schema=schema)
 
@@ -141,11 +248,12 @@ class DeltaSparkSink(DeltaUpsertSink):
                                   null_safe_equal=spark_null_safe_equal)
         self._merge(self.tombstone_path, changes, clauses, batch_id)
 
-    def _merge_table(self, changes: pa.Table, *, batch_id: int, unavailable: Mapping[str, str] = {}) -> MergeCounts:
+    def _merge_table(self, changes, *, batch_id: int, unavailable: Mapping[str, str] = {},
+                     empty: bool | None = None) -> MergeCounts:
         path = self.spec.path
         before = self._require_state(path).version
-        if changes.num_rows:
-            columns = [c for c in changes.column_names if c != KIND]
+        if not (changes.num_rows == 0 if empty is None else empty):
+            columns = [c for c in self._arrow_schema(changes).names if c != KIND]
             clauses = table_merge(self.spec.primary_key, columns, backtick, nullable=self._nullable_key_types(changes),
                                   null_safe_equal=spark_null_safe_equal, unavailable=unavailable)
             self._merge(path, changes, clauses, batch_id)

@@ -70,6 +70,7 @@ class PipelineQuery:
     # Spark calls this with the batch DataFrame and its id.
     def __call__(self, batch_df: Any, batch_id: int) -> None:
         out = batch_df.toArrow()                              # the batch's only Spark action
+        log.info("batch %d: %d bytes collected on the driver", batch_id, out.nbytes)
         # the workers' reports: state sizes, figures and lookup statistics go to /metrics here; the late
         # rows go with the batch (dead letters). A replayed batch reports again, as it recomputes.
         drained = self.channel.drain() if self.channel is not None else None

@@ -53,6 +53,7 @@ HELPERS = {
     "_interval.py": "run by joins.py interval",
     "spark_timing.py": "BatchClock in operators.py (and test_batch_clock below), spark_stages in operators.py",
     "pyflink_ops_job.py": "run by operators.py in PyFlink's own interpreter, where apache-flink is installed",
+    "scaleout.py": "run --quick by tests/integration/test_cluster_mode.py (two spark-submits: one slow test, not two)",
 }
 
 

@@ -327,6 +327,35 @@ def test_interval_join_between():
     assert got == outputs(b2, batches) and any(out["shipped"] for out in got)
 
 
+@pytest.mark.parametrize("bounds, before, after", [
+    ("o.order_time >= s.ship_time - INTERVAL '4' HOUR AND o.order_time <= s.ship_time", "4 hours", "0 ms"),
+    # the right input's column on the left of the comparison, and strict bounds: one millisecond in
+    ("s.ship_time + INTERVAL '1' MINUTE > o.order_time AND s.ship_time - INTERVAL '2' HOUR < o.order_time",
+     "7199999 ms", "59999 ms"),
+    ("o.order_time BETWEEN s.ship_time - INTERVAL '4' HOUR AND s.ship_time", "4 hours", "0 ms"),
+])
+def test_interval_join_of_two_comparisons_is_the_between(bounds, before, after):
+    a = timed()
+    a.sql("shipped", f"""SELECT o.order_id, s.ship_id, o.order_time FROM orders o LEFT JOIN shipments s
+                         ON o.order_id = s.order_id AND {bounds}""").to_table("shipped", primary_key=["order_id"])
+    b = timed()
+    b.stream("orders").interval_join(b.stream("shipments"), on=["order_id"], before=before, after=after,
+                                     how="left", name="shipped_join") \
+        .select(["order_id", "ship_id", "order_time"], name="shipped").to_table("shipped", primary_key=["order_id"])
+    assert a.explain() == b.explain()
+    batches = timed_batches(random.Random(5))
+    assert outputs(a, batches) == outputs(b, batches)
+
+
+def test_comparisons_of_columns_that_are_not_event_times_stay_a_join_condition():
+    p = timed()
+    p.sql("v", """SELECT o.order_id, s.ship_id FROM orders o, shipments s
+                  WHERE o.order_id = s.order_id AND o.amount >= s.ship_id AND o.amount <= s.ship_id + 10""") \
+        .to_table("v", primary_key=["order_id", "ship_id"])
+    ops = [n.op for n in p.plan()]
+    assert "join" in ops and "filter" in ops and "interval_join" not in ops
+
+
 def timed_batches(rnd: random.Random) -> list[dict[str, pa.Table]]:
     """Orders, shipments and rate changes with event times moving forward (some out of order), in batches."""
     from datetime import datetime, timedelta, timezone

@@ -105,3 +105,40 @@ def test_demo_refuses_a_directory_it_did_not_create(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
     assert (prepare_workdir(empty) / WORKDIR_MARKER).is_file()   # an empty directory is taken
+
+
+def _log_line(capsys) -> str:
+    import logging
+
+    capsys.readouterr()
+    logging.getLogger("changelake.test").warning("hello %s", "ä")
+    return capsys.readouterr().err.strip()
+
+
+def test_the_yaml_logging_section_sets_json_logs_unless_a_flag_or_variable_says_otherwise(tmp_path, capsys,
+                                                                                          monkeypatch):
+    import json
+
+    monkeypatch.delenv("CHANGELAKE_LOG_FORMAT", raising=False)
+    monkeypatch.delenv("CHANGELAKE_LOG_LEVEL", raising=False)
+    path = tmp_path / "p.yaml"
+    path.write_text(GOOD + "logging: {format: json, level: warning}\n")
+    try:
+        assert main(["explain", "-c", str(path)]) == 0
+        line = json.loads(_log_line(capsys))
+        assert (line["level"], line["logger"], line["msg"]) == ("WARNING", "changelake.test", "hello ä")
+        import logging
+        assert logging.getLogger().level == logging.WARNING
+
+        assert main(["--log-format", "text", "explain", "-c", str(path)]) == 0       # the flag wins
+        assert _log_line(capsys).endswith("WARNING changelake.test: hello ä")
+        monkeypatch.setenv("CHANGELAKE_LOG_FORMAT", "text")                          # so does the variable
+        assert main(["explain", "-c", str(path)]) == 0
+        assert _log_line(capsys).endswith("WARNING changelake.test: hello ä")
+
+        path.write_text(GOOD + "logging: {format: xml}\n")
+        assert main(["validate", "-c", str(path)]) == 2
+        assert "logging.format" in capsys.readouterr().err
+    finally:
+        from changelake.service.logs import configure_logging
+        configure_logging("INFO", "text")

@@ -17,8 +17,11 @@ from changelake.connectors.delta_sink import DELTA_SPARK_CATALOG, DELTA_SPARK_EX
 from changelake.spark.delta_sink import delta_spark_missing, open_sink
 
 #: delta-rs runs in-process (no JVM): the ``unit`` tier; delta-spark needs a Spark session.
+#: ``delta-spark-frames``: delta-spark given each batch as a DataFrame (``apply_frame``: reduced and
+#: merged on the executors, as the pipeline does with that engine) instead of a pyarrow.Table.
 ENGINES = (pytest.param("delta-rs", marks=pytest.mark.unit),
-           pytest.param("delta-spark", marks=pytest.mark.spark))
+           pytest.param("delta-spark", marks=pytest.mark.spark),
+           pytest.param("delta-spark-frames", marks=pytest.mark.spark))
 
 
 @pytest.fixture(scope="session")
@@ -52,7 +55,7 @@ def spark():
 
 @pytest.fixture(params=ENGINES)
 def engine(request) -> str:
-    if request.param == "delta-spark":
+    if request.param.startswith("delta-spark"):
         missing = delta_spark_missing(request.getfixturevalue("spark"))
         if missing:
             pytest.skip(f"delta-spark engine: {missing}; set CHANGELAKE_TEST_DELTA_SPARK=1 "
@@ -86,7 +89,25 @@ def make_sink(request, engine, tmp_path, clock):
              path: str | None = None, **options):
         spec = TableSpec(name=name, path=path or str(tmp_path / "lake" / name), primary_key=primary_key,
                          **options)
-        spark = request.getfixturevalue("spark") if engine == "delta-spark" else None
-        return open_sink(spec, pipeline_id=pipeline_id, engine=engine, spark=spark, clock=clock)
+        if engine == "delta-rs":
+            return open_sink(spec, pipeline_id=pipeline_id, engine=engine, clock=clock)
+        spark = request.getfixturevalue("spark")
+        sink = open_sink(spec, pipeline_id=pipeline_id, engine="delta-spark", spark=spark, clock=clock)
+        if engine == "delta-spark-frames":
+            sink.apply = _as_frame(sink, spark)
+        return sink
 
     return make
+
+
+def _as_frame(sink, spark):
+    """``sink.apply(table, ...)`` through ``sink.apply_frame`` with the table as a DataFrame."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    def apply(changes, **kwargs):
+        if any(k not in changes.column_names for k in sink.spec.primary_key):
+            return type(sink).apply(sink, changes, **kwargs)     # a truncate alone, without the table's columns
+        frame = spark.createDataFrame(changes, schema=from_arrow_schema(changes.schema, prefer_timestamp_ntz=True))
+        return sink.apply_frame(frame, **kwargs)
+
+    return apply

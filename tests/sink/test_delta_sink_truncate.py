@@ -126,3 +126,11 @@ def test_without_a_placeholder_setting_the_text_is_a_value(make_sink):
     sink = make_sink(name="toast_off")
     sink.apply(changes([("+I", 1, 1, "a"), ("+U", 1, 2, PLACEHOLDER)]), batch_id=0)
     assert live(sink.spec.path) == {1: (PLACEHOLDER, seq(2))}
+
+
+def test_a_placeholder_after_a_null_in_the_same_batch_is_null(make_sink):
+    # The update set v to NULL, the next one did not send v: v is still NULL, not the stored text.
+    sink = make_sink(name="toast_null", unavailable_value=PLACEHOLDER)
+    sink.apply(changes([("+I", 1, 1, "big text")]), batch_id=0)
+    sink.apply(changes([("+U", 1, 2, None), ("+U", 1, 3, PLACEHOLDER)]), batch_id=1)
+    assert live(sink.spec.path) == {1: (None, seq(3))}

@@ -1,0 +1,163 @@
+"""Scaling out: the same pipeline and data on ``local[2]`` and on ``local-cluster[2,1,1024]``.
+
+    .venv/bin/python bench/scaleout.py [--changes 20000] [--batch 5000]
+    .venv/bin/python bench/scaleout.py --quick     # 1,500 changes, batches of 700 (tests/integration/test_cluster_mode.py)
+
+Writes one inventory history (three Debezium JSON tables, ~2% redelivered) to an embedded broker,
+then runs the chart's driver entry point (``docker/spark_driver.py run --available-now``, the demo
+pipeline: three mirrors and a join -> group -> top-N graph) under ``spark-submit --master M`` for
+both masters, one after the other, on the same topics. The pipeline YAML names no master: only
+spark-submit decides. ``local-cluster`` starts a standalone master, a worker and two executor JVMs
+of 1 core and 1 GB each (SPARK_HOME = the pyspark package).
+
+Prints, per master: records, seconds (from the query's start), events/s, batches, and the bytes
+each batch collected on the driver (its largest, and per record). Exits non-zero unless both runs
+match the simulated database (tables and views), equal each other table by table, and the
+cluster run ran tasks on both executors (the local run on none).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import machine  # noqa: E402
+
+from changelake.connectors.delta_read import read_delta  # noqa: E402
+from changelake.connectors.embedded_broker import EmbeddedBroker  # noqa: E402
+from changelake.service.config import load_config  # noqa: E402
+from changelake.service.demo import demo_config, expected_views, verify, verify_views  # noqa: E402
+from changelake.service.inventory import SERVER, InventoryDatabase, Message, produce  # noqa: E402
+
+DRIVER = ROOT / "docker" / "spark_driver.py"
+MASTERS = ("local[2]", "local-cluster[2,1,1024]")
+TABLES = ["customers", "products", "orders", "sales_by_category", "top_categories"]
+
+
+def spark_submit(master: str, config: Path) -> subprocess.CompletedProcess:
+    import pyspark
+
+    spark_home = os.path.dirname(pyspark.__file__)
+    env = dict(os.environ, SPARK_HOME=spark_home, PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1",
+               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    for var in ("SPARK_CONF_DIR", "PYSPARK_SUBMIT_ARGS", "SPARK_DRIVER_MEMORY", "CHANGELAKE_FAULT"):
+        env.pop(var, None)
+    cmd = ["nice", "-n", "10", os.path.join(spark_home, "bin", "spark-submit"), "--master", master,
+           "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.ui.enabled=false",
+           str(DRIVER), "run", "--available-now", "-c", str(config)]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
+
+
+def write_config(servers: str, workdir: Path, prefix: str, batch: int) -> Path:
+    raw = demo_config(bootstrap_servers=servers, workdir=workdir, metrics_port=0, pipeline_id=f"scaleout-{prefix}",
+                      max_records_per_batch=batch)
+    for s in raw["sources"]:
+        s["topics"] = [t.replace(SERVER, prefix, 1) for t in s["topics"]]
+    assert "master" not in raw["pipeline"]          # spark-submit alone decides
+    workdir.mkdir(parents=True)
+    path = workdir / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def table_rows(config, name: str) -> set[tuple]:
+    t = read_delta(config.table_path(name))
+    columns = sorted(c for c in t.column_names if not c.startswith("_"))
+    return {tuple(r[c] for c in columns) for r in t.select(columns).to_pylist()}
+
+
+def first_error(stderr: str) -> str:
+    """The first error line and what follows (Spark's stack traces bury it)."""
+    lines = stderr.splitlines()
+    at = next((i for i, line in enumerate(lines) if "Error" in line or "Exception" in line), max(0, len(lines) - 40))
+    return "\n".join(lines[at:at + 40])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--changes", type=int, default=20_000, help="changes after the snapshot")
+    ap.add_argument("--batch", type=int, default=5_000, help="max records per micro-batch")
+    ap.add_argument("--workdir", default="bench/out/scaleout")
+    ap.add_argument("--quick", action="store_true", help="smoke run: 1,500 changes, batches of 700")
+    args = ap.parse_args()
+    sizes = {"customers": 400, "products": 600, "orders": 1_000}
+    if args.quick:
+        args.changes, args.batch, sizes = 1_500, 700, {"customers": 40, "products": 60, "orders": 100}
+    work = Path(args.workdir).absolute()
+    shutil.rmtree(work, ignore_errors=True)
+    print(f"machine: {machine()}")
+    failures: list[str] = []
+    with EmbeddedBroker() as broker:
+        prefix = "scaleout"
+        db = InventoryDatabase(seed=31)
+        messages = db.history(snapshot_sizes=sizes, changes=args.changes, redeliver=50)
+        n = produce((Message(m.topic.replace(SERVER, prefix, 1), m.key, m.value) for m in messages),
+                    broker.bootstrap_servers)
+        print(f"produced {n:,} messages")
+        runs = {}
+        for master in MASTERS:
+            path = write_config(broker.bootstrap_servers, work / re.sub(r"\W", "_", master), prefix, args.batch)
+            started = time.monotonic()
+            done = spark_submit(master, path)
+            wall = time.monotonic() - started
+            (path.parent / "stdout.txt").write_text(done.stdout)
+            (path.parent / "stderr.txt").write_text(done.stderr)
+            if done.returncode != 0:
+                print(f"{master}: spark-submit exited {done.returncode}\n{first_error(done.stderr)}")
+                return 1
+            runs[master] = (load_config(path), done.stdout + done.stderr, wall)
+
+    print(f"\n| master | records | seconds | events/s | spark-submit wall s | batches | "
+          f"driver bytes per batch (max) | driver bytes per record |")
+    print("|---|---|---|---|---|---|---|---|")
+    records = {}
+    for master, (config, log, wall) in runs.items():
+        m = re.search(r"stopped after ([\d,]+) records in ([\d.]+) s", log)
+        if not m:
+            failures.append(f"{master}: no 'stopped after' line")
+            continue
+        n_records, seconds = int(m.group(1).replace(",", "")), float(m.group(2))
+        records[master] = n_records
+        collected = [int(b) for b in re.findall(r"batch \d+: (\d+) bytes collected on the driver", log)]
+        print(f"| {master} | {n_records:,} | {seconds:.1f} | {n_records / seconds:,.0f} | {wall:.0f} | "
+              f"{len(collected)} | {max(collected, default=0):,} | {sum(collected) / max(n_records, 1):,.0f} |")
+
+    ran = re.search(r"ran on (\d+) executor\(s\): (.*)", runs[MASTERS[1]][1])
+    tasks = {e: int(k) for e, k in re.findall(r"executor (\S+): (\d+) task", ran.group(2))} if ran else {}
+    print(f"\nexecutors of the cluster run: {tasks}")
+    if "ran on" in runs[MASTERS[0]][1]:
+        failures.append("local[2] reports executors: spark-submit's master did not take effect")
+    if len(tasks) != 2 or not all(k > 0 for k in tasks.values()):
+        failures.append(f"local-cluster did not run tasks on two executors: {tasks}")
+    if len(set(records.values())) != 1:
+        failures.append(f"the runs read different record counts: {records}")
+    views = expected_views(db.state)
+    for master, (config, _, _) in runs.items():
+        got = {**verify(config, db.state), **verify_views(config, views)}
+        bad = {t: v for t, v in got.items() if v != "ok"}
+        if bad:
+            failures.append(f"{master}: tables differ from the simulated database: {bad}")
+    local, cluster = runs[MASTERS[0]][0], runs[MASTERS[1]][0]
+    differ = [t for t in TABLES if table_rows(local, t) != table_rows(cluster, t)]
+    if differ:
+        failures.append(f"tables differ between the runs: {differ}")
+    print("verification (both runs against the simulated database and each other): "
+          + ("ok" if not failures else "FAILED"))
+    for f in failures:
+        print(f"  {f}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

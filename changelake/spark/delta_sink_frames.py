@@ -1,0 +1,188 @@
+"""The Delta sink's per-batch kernel on Spark DataFrames: the batch stays on the executors.
+
+The same rules as the Arrow kernel (:mod:`changelake.connectors.delta_sink_kernel`, whose module
+docstring is the specification), written as DataFrame operations, so that the delta-spark engine
+reduces and splits a batch where it was computed and hands the result to Delta's MERGE without
+collecting it on the driver (:meth:`changelake.spark.delta_sink.DeltaSparkSink.apply_frame`)::
+
+    with_position            the batch order, as a column (ties of one _seq keep their order)
+    drop_before_truncate     filter: _seq >= the table's truncate position
+    fill_unavailable         window per key by (_seq, position): each placeholder of a +I/+U takes
+                             the value of the key's previous +I/+U, NULL after a -D
+    latest_per_key           window per key by (_seq, position) descending: the first row, -U dropped
+    split_against_tombstones null-safe left join with the tombstones (key, _seq): blocked
+                             resurrections and stale deletes out, tombstones to record or clear
+    align_to_table           the table's columns, cast, NULL where absent, plus _kind
+
+Keys group as the MERGE matches them: NULL with NULL (``eqNullSafe``, window partitions), and
+Spark normalises NaN and -0.0 in grouping and join keys as the Arrow kernel does. The truncate's
+order check and the counts of :class:`changelake.connectors.delta_sink.ApplyResult` are one-row
+aggregations (:func:`split_counts`).
+``tests/spark/test_delta_sink_frames.py`` checks both kernels give the same rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import from_arrow_type
+from pyspark.sql.types import BinaryType, StringType
+
+from changelake.changelog import KIND, SEQ, RowKind
+from changelake.connectors.delta_sink_schema import DELETED_AT
+
+POSITION = "__changelake_pos"
+_TOMB_SEQ = "__changelake_tomb_seq"
+_PREV = "__changelake_prev_"
+
+
+def with_position(df: DataFrame) -> DataFrame:
+    """``df`` with its batch order as a column. Call it before any shuffle: the id grows with the
+    partition and the row within it, so the rows of one message (one payload) keep their order."""
+    return df.withColumn(POSITION, F.monotonically_increasing_id())
+
+
+def drop_before_truncate(df: DataFrame, truncated_before: str | None) -> DataFrame:
+    """The changes at or after the table's truncate position."""
+    if truncated_before is None:
+        return df
+    return df.where(F.col(SEQ) >= F.lit(truncated_before))
+
+
+def _key(primary_key: Sequence[str]) -> list[Column]:
+    return [F.col(_bt(k)) for k in primary_key]
+
+
+def _bt(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def text_columns(df: DataFrame) -> list[str]:
+    """The user's text and bytes columns: those that may hold an unavailable-value placeholder."""
+    return [f.name for f in df.schema.fields
+            if not f.name.startswith("_") and isinstance(f.dataType, (StringType, BinaryType))]
+
+
+def fill_unavailable(df: DataFrame, *, primary_key: Sequence[str], placeholder: str | None) -> DataFrame:
+    """Each placeholder of a +I/+U replaced by the value of the key's previous +I/+U in the batch; NULL
+    when the key's previous change is a -D; kept (the MERGE keeps the table's value) when there is
+    neither. ``-U`` rows are dropped (the reduction drops them anyway). Needs :func:`with_position`."""
+    if placeholder is None:
+        return df
+    columns = text_columns(df)
+    if not columns:
+        return df
+    df = df.where(F.col(KIND) != int(RowKind.UPDATE_BEFORE))
+    earlier = (Window.partitionBy(*_key(primary_key)).orderBy(F.col(SEQ), F.col(POSITION))
+               .rowsBetween(Window.unboundedPreceding, -1))
+    is_delete = F.col(KIND) == int(RowKind.DELETE)
+    filled = []
+    for name in columns:
+        needle = placeholder.encode() if isinstance(df.schema[name].dataType, BinaryType) else placeholder
+        col = F.col(_bt(name))
+        is_placeholder = F.coalesce(col == F.lit(needle), F.lit(False))
+        # what a later placeholder takes: NULL after a -D, the value of a +I/+U that is not a placeholder
+        known = (F.when(is_delete, F.struct(F.lit(True).alias("deleted"), F.lit(None).cast(df.schema[name].dataType).alias("v")))
+                 .when(~is_placeholder, F.struct(F.lit(False).alias("deleted"), col.alias("v"))))
+        prev = F.last(known, ignorenulls=True).over(earlier)
+        filled.append(F.when(~is_delete & is_placeholder & prev.isNotNull(),
+                             F.when(prev["deleted"], F.lit(None)).otherwise(prev["v"]))
+                      .otherwise(col).alias(name))
+    others = [F.col(_bt(c)) for c in df.columns if c not in columns]
+    return df.select(*others, *filled).select(*[_bt(c) for c in df.columns])
+
+
+def latest_per_key(df: DataFrame, *, primary_key: Sequence[str]) -> DataFrame:
+    """Per key (NULL is one key value), the last change (batch order) of the greatest ``_seq``; ``-U``
+    dropped. Needs :func:`with_position`; the result keeps that column."""
+    last_first = Window.partitionBy(*_key(primary_key)).orderBy(F.col(SEQ).desc(), F.col(POSITION).desc())
+    rank = "__changelake_rank"
+    return (df.where(F.col(KIND) != int(RowKind.UPDATE_BEFORE))
+            .withColumn(rank, F.row_number().over(last_first))
+            .where(F.col(rank) == 1).drop(rank))
+
+
+@dataclass(frozen=True)
+class FrameSplit:
+    """A reduced batch split against the key's tombstones (see ``TombstoneSplit``). The counts are
+    columns of ``flagged``: :func:`split_counts` computes them in one small action."""
+
+    table_changes: DataFrame       # to MERGE into the sink table
+    tombstone_changes: DataFrame   # key, _seq, _kind, _deleted_at: -D to record, +I/+U to clear
+    flagged: DataFrame             # the reduced batch with its blocked / stale flags
+
+
+def split_against_tombstones(reduced: DataFrame, tombstones: DataFrame | None, *, primary_key: Sequence[str],
+                             now: datetime) -> FrameSplit:
+    """Apply the tombstone rows of the Arrow kernel's table (its module docstring) to a reduced
+    batch: one change per key. ``tombstones`` has the key columns and ``_seq`` (None: no table)."""
+    if now.tzinfo is None:
+        raise ValueError("the sink's clock must return timezone-aware datetimes")
+    if tombstones is None:
+        joined = reduced.withColumn(_TOMB_SEQ, F.lit(None).cast(StringType()))
+    else:
+        tomb = tombstones.select(*[F.col(_bt(k)).alias(f"__changelake_tk{i}") for i, k in enumerate(primary_key)],
+                                 F.col(SEQ).cast(StringType()).alias(_TOMB_SEQ))
+        on = None
+        for i, k in enumerate(primary_key):
+            cond = reduced[_bt(k)].eqNullSafe(tomb[f"__changelake_tk{i}"])
+            on = cond if on is None else on & cond
+        joined = reduced.join(tomb, on, "left").drop(*[f"__changelake_tk{i}" for i in range(len(primary_key))])
+    tomb_seq, seq = F.col(_TOMB_SEQ), F.col(SEQ)
+    is_delete = F.col(KIND) == int(RowKind.DELETE)
+    newer_or_same = F.coalesce(tomb_seq >= seq, F.lit(False))
+    newer = F.coalesce(tomb_seq > seq, F.lit(False))
+    older = F.coalesce(tomb_seq < seq, F.lit(False))
+    flagged = (joined.withColumn("__changelake_blocked", ~is_delete & newer_or_same)
+               .withColumn("__changelake_stale", is_delete & newer)
+               .withColumn("__changelake_tomb", (is_delete & ~newer_or_same) | (~is_delete & older)))
+    helpers = [_TOMB_SEQ, "__changelake_blocked", "__changelake_stale", "__changelake_tomb"]
+    table_changes = (flagged.where(~F.col("__changelake_blocked") & ~F.col("__changelake_stale"))
+                     .drop(*helpers))
+    stamp = F.lit(now).cast("timestamp").alias(DELETED_AT)
+    tombstone_changes = (flagged.where(F.col("__changelake_tomb"))
+                         .select(*_key(primary_key), F.col(SEQ), F.col(KIND), stamp))
+    return FrameSplit(table_changes=table_changes, tombstone_changes=tombstone_changes, flagged=flagged)
+
+
+@dataclass(frozen=True)
+class SplitCounts:
+    resurrections_prevented: int
+    stale_deletes: int
+    tombstone_changes: int         # rows of tombstone_changes
+    table_changes: int             # rows of table_changes
+    table_deletes: int             # of which -D
+
+
+def split_counts(split: FrameSplit) -> SplitCounts:
+    """The counts of a split: one aggregation, five numbers to the driver."""
+    blocked, stale = F.col("__changelake_blocked"), F.col("__changelake_stale")
+    kept = ~blocked & ~stale
+
+    def count(condition: Column) -> Column:
+        return F.coalesce(F.sum(condition.cast("long")), F.lit(0))
+
+    row = split.flagged.agg(count(blocked).alias("b"), count(stale).alias("s"),
+                            count(F.col("__changelake_tomb")).alias("t"), count(kept).alias("k"),
+                            count(kept & (F.col(KIND) == int(RowKind.DELETE))).alias("d")).first()
+    return SplitCounts(resurrections_prevented=int(row["b"]), stale_deletes=int(row["s"]),
+                       tombstone_changes=int(row["t"]), table_changes=int(row["k"]), table_deletes=int(row["d"]))
+
+
+def align_to_table(reduced: DataFrame, target_schema: pa.Schema) -> DataFrame:
+    """The batch with exactly the table's columns (cast, NULL where absent), plus ``_kind``.
+    A NOT NULL table column absent from the batch is refused by the caller (``align_to_table`` of the
+    Arrow kernel names the rule); here every table column is nullable, as the sink creates them."""
+    present = set(reduced.columns)
+    columns: list[Any] = []
+    for field in target_schema:
+        spark_type = from_arrow_type(field.type, prefer_timestamp_ntz=True)
+        source = F.col(_bt(field.name)) if field.name in present else F.lit(None)
+        columns.append(source.cast(spark_type).alias(field.name))
+    return reduced.select(*columns, F.col(KIND).cast("byte").alias(KIND))
