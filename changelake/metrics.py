@@ -49,8 +49,17 @@ DEAD_LETTERS = Counter(
     ["topic", "reason"], registry=REGISTRY)
 TABLE_QUARANTINED = Gauge(
     "changelake_table_quarantined",
-    "1 while a source of the table is quarantined by an incompatible writer schema (its messages go to the "
-    "dead-letter path), else 0.", ["table"], registry=REGISTRY)
+    "1 while the table is quarantined by a schema change its schema_change behaviour refuses (its messages go "
+    "to the dead-letter path), else 0.", ["table"], registry=REGISTRY)
+SCHEMA_CHANGES = Counter(
+    "changelake_schema_changes_total",
+    "Changes of a Delta table's schema made by the sink (kind: add_column, widen_type, drop_column), by table.",
+    ["table", "kind"], registry=REGISTRY)
+SCHEMA_CHANGES_NOT_APPLIED = Counter(
+    "changelake_schema_changes_not_applied_total",
+    "Changes of a source's columns the table did not take (outcome keep, skip, convert or refuse under its "
+    "schema_change behaviour), by table, kind and outcome; counted once per batch that brings them.",
+    ["table", "kind", "outcome"], registry=REGISTRY)
 TRUNCATES = Counter(
     "changelake_truncates_total",
     "TRUNCATE messages read, by source and what its on_truncate did with them (apply, skip).",

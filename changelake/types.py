@@ -81,3 +81,26 @@ def fits(field: pa.Field, existing: pa.Field) -> bool:
     type, or a narrower integer / floating-point type)."""
     got, have = delta_type(field), delta_type(existing)
     return got == have or _widens(got, have)
+
+
+def type_change(old: pa.DataType, new: pa.DataType) -> str:
+    """How a column's type moved from ``old`` to ``new``, in Delta's terms:
+
+    ``same`` (the same Delta type: a longer VARCHAR, another timestamp unit), ``widen`` (every old
+    value fits the new type: byte < short < int < long, float < double, DECIMAL(p, s) to a DECIMAL
+    with at least s fraction digits and p - s integer digits), ``narrow`` (the reverse) or
+    ``incompatible`` (anything else: string <-> int, int -> double, decimal scale down, ...).
+    """
+    if pa.types.is_decimal(old) and pa.types.is_decimal(new):
+        if (old.precision, old.scale) == (new.precision, new.scale):
+            return "same"
+        digits = (new.scale - old.scale, (new.precision - new.scale) - (old.precision - old.scale))
+        if min(digits) >= 0:
+            return "widen"
+        return "narrow" if max(digits) <= 0 else "incompatible"
+    got, have = delta_type(pa.field("c", new)), delta_type(pa.field("c", old))
+    if got == have:
+        return "same"
+    if _widens(have, got):
+        return "widen"
+    return "narrow" if _widens(got, have) else "incompatible"

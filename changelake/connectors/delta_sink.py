@@ -30,7 +30,7 @@ from __future__ import annotations
 import abc
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from types import MappingProxyType
@@ -58,10 +58,11 @@ from changelake.connectors.delta_sink_kernel import (
 from changelake.connectors.delta_sink_merge import sql_literal
 from changelake.connectors.delta_sink_schema import (
     PROP_TRUNCATED_BEFORE,
+    SchemaPlan,
     check_table_contract,
     check_tombstone_contract,
     default_tombstone_path,
-    reconcile,
+    schema_plan,
     stored_fields,
     table_properties,
     tombstone_properties,
@@ -122,6 +123,8 @@ class TableSpec:
     #: Delta table properties the user asks for (e.g. delta.enableChangeDataFeed); set at creation and
     #: on an existing table whose values differ
     properties: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), hash=False)
+    #: what the table does when its source's columns change (``delta_sink_schema`` module doc)
+    schema_change: str = "lenient"
 
     def __post_init__(self) -> None:
         if isinstance(self.primary_key, str) or not self.primary_key:
@@ -192,6 +195,7 @@ class _Begun:
     target_schema: pa.Schema
     truncated: int                 # rows a truncate of this batch deleted
     horizon: str | None            # the table's truncate position: older changes are dropped
+    skip: tuple[str, ...] = ()     # batch columns not written (schema_change: ignored or dropped columns)
 
 
 @dataclass(frozen=True)
@@ -231,11 +235,14 @@ class DeltaUpsertSink(abc.ABC):
 
     # --- public -----------------------------------------------------------------
 
-    def apply(self, changes: pa.Table, *, batch_id: int, truncate_at: str | None = None) -> ApplyResult:
+    def apply(self, changes: pa.Table, *, batch_id: int, truncate_at: str | None = None,
+              dropped_columns: Sequence[str] = ()) -> ApplyResult:
         """Merge one changelog batch; exactly once per (pipeline id, table, batch id).
 
         ``truncate_at``: the position (``_seq``) of the latest truncate of the table read in this batch
         (``on_truncate: apply``): rows and changes older than it go, newer ones apply.
+        ``dropped_columns``: table columns the source's schema no longer has (``TableSpec.schema_change``
+        says what happens to them).
         """
         if batch_id < 0:
             raise ValueError(f"batch_id must be >= 0, got {batch_id}")
@@ -251,7 +258,8 @@ class DeltaUpsertSink(abc.ABC):
             changes = state.schema.empty_table().append_column(KIND, pa.array([], pa.int8()))
         changes = validate_changes(changes, primary_key=self.spec.primary_key, table=self.spec.name,
                                    nullable_key=self.spec.nullable_key)
-        return self._committing(batch_id, lambda: self._apply_once(changes, batch_id, truncate_at))
+        dropped = tuple(dropped_columns)
+        return self._committing(batch_id, lambda: self._apply_once(changes, batch_id, truncate_at, dropped))
 
     def _committing(self, batch_id: int,
                     once: Callable[[], tuple[ApplyResult, MergeCounts | None]]) -> ApplyResult:
@@ -311,11 +319,13 @@ class DeltaUpsertSink(abc.ABC):
 
     # --- the flow ----------------------------------------------------------------
 
-    def _apply_once(self, changes: pa.Table, batch_id: int,
-                    truncate_at: str | None = None) -> tuple[ApplyResult, MergeCounts | None]:
-        begun = self._begin(changes.schema, batch_id, truncate_at)
+    def _apply_once(self, changes: pa.Table, batch_id: int, truncate_at: str | None = None,
+                    dropped_columns: tuple[str, ...] = ()) -> tuple[ApplyResult, MergeCounts | None]:
+        begun = self._begin(changes.schema, batch_id, truncate_at, dropped_columns)
         if isinstance(begun, ApplyResult):
             return begun, None
+        if begun.skip:
+            changes = changes.drop_columns([c for c in begun.skip if c in changes.column_names])
         spec = self.spec
         changes, before_truncate = drop_before_truncate(changes, begun.horizon)
         changes = fill_unavailable(changes, primary_key=spec.primary_key, placeholder=spec.unavailable_value)
@@ -337,9 +347,10 @@ class DeltaUpsertSink(abc.ABC):
                             resurrections_prevented=split.resurrections_prevented,
                             truncated=begun.truncated, before_truncate=before_truncate), counts
 
-    def _begin(self, schema: pa.Schema, batch_id: int, truncate_at: str | None) -> "ApplyResult | _Begun":
+    def _begin(self, schema: pa.Schema, batch_id: int, truncate_at: str | None,
+               dropped_columns: tuple[str, ...] = ()) -> "ApplyResult | _Begun":
         """Everything before the batch's rows are read: the replay check (its result when the batch was
-        committed), the table's creation or contract check and new columns, the truncate."""
+        committed), the table's creation or contract check and schema changes, the truncate."""
         spec = self.spec
         state = self._state(spec.path)
         if state is not None and state.txn_version is not None and batch_id <= state.txn_version:
@@ -369,13 +380,14 @@ class DeltaUpsertSink(abc.ABC):
                 self._set_properties(changed)
                 state = self._require_state(spec.path)
         self._contract_checked = True
-        plan = reconcile(path=spec.path, table_schema=state.schema, batch_fields=fields)
-        if plan.new_fields:
-            log.info("table %s: adding column(s) %s", spec.name, [f.name for f in plan.new_fields])
-            self._add_columns(list(plan.new_fields))
+        plan = schema_plan(path=spec.path, table_schema=state.schema, batch_fields=fields,
+                           behaviour=spec.schema_change, dropped=dropped_columns, primary_key=spec.primary_key,
+                           partition_by=spec.partition_by)
+        if plan.new_fields or plan.rewrites:
+            self._change_schema(state, plan)
 
         truncated, horizon = self._truncate(state, truncate_at)
-        return _Begun(target_schema=plan.target_schema, truncated=truncated, horizon=horizon)
+        return _Begun(target_schema=plan.target_schema, truncated=truncated, horizon=horizon, skip=plan.skip)
 
     def _tombstone_state(self) -> "_TableState | None":
         """The tombstone table's state (None before its first tombstone), its contract checked once."""
@@ -411,6 +423,31 @@ class DeltaUpsertSink(abc.ABC):
             truncated=truncated,
             before_truncate=before_truncate,
         )
+
+    def _change_schema(self, state: _TableState, plan: SchemaPlan) -> None:
+        """Add, widen and drop the table's columns as ``plan`` says; log and count each change. A widened
+        or dropped column rewrites the table's files (one commit, no transaction id: a crash before the
+        batch's MERGE replays the batch, which finds the table already changed)."""
+        before = state.schema
+        if plan.rewrites:
+            self._rewrite_table(pa.schema([f for f in plan.target_schema if f.name in before.names]))
+            if set(self.spec.primary_key) & {f.name for f in plan.widened}:
+                tomb = self._state(self.tombstone_path)
+                if tomb is not None:
+                    self._rewrite_table(tombstone_schema(plan.target_schema, self.spec.primary_key),
+                                        path=self.tombstone_path)
+            self._forget_logs()
+            self._require_state(self.spec.path)
+        if plan.new_fields:
+            self._add_columns(list(plan.new_fields))
+        for change in plan.changes:
+            if change.outcome != "apply":
+                continue
+            old = f"{change.column} {change.old}" if change.old is not None else "-"
+            new = f"{change.column} {change.new}" if change.new is not None else "-"
+            log.info("table %s: schema change %s: %s -> %s (schema_change: %s)", self.spec.name, change.kind,
+                     old, new, self.spec.schema_change)
+            metrics.SCHEMA_CHANGES.labels(table=self.spec.name, kind=change.kind).inc()
 
     def _truncate(self, state: _TableState, truncate_at: str | None) -> tuple[int, str | None]:
         """Apply a truncate newer than the table's: record its position, then delete the rows older than it.
@@ -580,6 +617,11 @@ class DeltaUpsertSink(abc.ABC):
     @abc.abstractmethod
     def _add_columns(self, fields: list[pa.Field]) -> None:
         """Add nullable columns to the sink table."""
+
+    @abc.abstractmethod
+    def _rewrite_table(self, schema: pa.Schema, *, path: str | None = None) -> None:
+        """Rewrite the table (the sink table unless ``path`` is given) with exactly the columns of
+        ``schema``, each value cast to its type, in one commit that keeps its properties and txns."""
 
     @abc.abstractmethod
     def _read_tombstones(self) -> pa.Table:

@@ -68,6 +68,16 @@ class DeltaRsSink(DeltaUpsertSink):
         table = self._log(self.spec.path)
         table.alter.add_columns([Field.from_arrow(f) for f in fields])
 
+    def _rewrite_table(self, schema: pa.Schema, *, path: str | None = None) -> None:
+        target = path or self.spec.path
+        table = self._log(target) if target in self._logs else DeltaTable(
+            target, storage_options=dict(self.spec.storage_options) or None)
+        columns = ", ".join(quote(f.name) for f in schema)
+        data = pa.table(QueryBuilder().register("t", table).execute(f"SELECT {columns} FROM t"))
+        data = pa.Table.from_arrays([data[f.name].cast(f.type) for f in schema], schema=schema)
+        write_deltalake(table, data, mode="overwrite", schema_mode="overwrite",
+                        partition_by=list(table.metadata().partition_columns) or None)
+
     def _read_tombstones(self) -> pa.Table:
         table = self._log(self.tombstone_path)
         columns = ", ".join(quote(c) for c in (*self.spec.primary_key, SEQ))

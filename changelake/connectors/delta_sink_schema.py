@@ -6,17 +6,38 @@ batch carries it. The other reserved columns (``_kind``, ``_topic``,
 ``_partition``, ``_offset``, ``_db``, ``_table``) describe a change, not a row,
 and are not stored.
 
-Schema rules when a batch meets an existing table:
+Schema changes (:func:`schema_plan`, the one home of the rule). The source's columns
+(a new writer schema, a new Connect schema in a JSON envelope, a new field of
+schema-less JSON) are compared with the table's user columns; what happens to each
+difference is the table's ``schema_change`` behaviour (Flink CDC's
+``schema.change.behavior``):
 
-=====================================  ==========================================
-batch column vs table column           outcome
-=====================================  ==========================================
-same Delta type                        written as is (cast to the table's Arrow type)
-narrower integer / float (int -> long)  widened to the table's type
-absent from the table                  added as a nullable column (schema evolution)
-absent from the batch                  written as NULL (the row image has no value)
-any other difference                   :class:`SinkCommitError` naming the column
-=====================================  ==========================================
+===========================  ========  ==========  ========  ========  =========
+change of the source          evolve    try_evolve  lenient   ignore    exception
+===========================  ========  ==========  ========  ========  =========
+column added                 add       add         add       not kept  refuse
+type widened (int -> long)   widen     widen       widen     convert   refuse
+type narrowed (long -> int)  refuse    keep        keep      keep      refuse
+column dropped               drop      drop        keep      keep      refuse
+key column dropped           refuse    refuse      refuse    refuse    refuse
+partition column dropped     refuse    keep        keep      keep      refuse
+other type change            refuse    convert     refuse    convert   refuse
+===========================  ========  ==========  ========  ========  =========
+
+* add: a nullable column is added; rows written before read NULL. not kept: the
+  table does not get it and its values are not written.
+* widen: the column takes the wider type (the table's files are rewritten with it,
+  one commit). keep: the table's type stays and holds every new value.
+* convert: the table's type stays; each value is converted to it, and a message with a
+  value it cannot hold (2^40 into an int, 'abc' into a long) is a dead letter
+  (``schema-mismatch``), never written wrong.
+* drop: the column leaves the table (its files are rewritten without it, one commit).
+  keep: the column stays and changes from then on write NULL into it.
+* refuse: the table is quarantined: from this batch on its messages go to the
+  dead-letter path (reason ``schema-incompatible``) until a restart with a fix;
+  ``changelake dlq replay`` then brings them back. The other tables go on.
+* A rename is a drop plus an add. A longer VARCHAR is the same Delta type (string):
+  no change.
 """
 
 from __future__ import annotations
@@ -24,12 +45,13 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import pyarrow as pa
 
 from changelake.changelog import SEQ, SOURCE_TS, user_columns
 from changelake.errors import SinkCommitError
-from changelake.types import delta_type, fits
+from changelake.types import type_change
 
 #: Table properties the sink records; part of the on-disk contract.
 PROP_PRIMARY_KEY = "changelake.primaryKey"
@@ -117,33 +139,123 @@ def check_tombstone_contract(*, path: str, properties: Mapping[str, str], table_
             "give every sink table its own tombstone_path")
 
 
+#: what a table does with a change of its source's columns (see the module doc)
+Behaviour = Literal["evolve", "try_evolve", "lenient", "ignore", "exception"]
+BEHAVIOURS: tuple[str, ...] = ("evolve", "try_evolve", "lenient", "ignore", "exception")
+
+_OUTCOME: dict[str, dict[str, str]] = {     # change kind -> behaviour -> outcome (the module doc's table)
+    "add_column": dict(evolve="apply", try_evolve="apply", lenient="apply", ignore="skip", exception="refuse"),
+    "widen_type": dict(evolve="apply", try_evolve="apply", lenient="apply", ignore="convert", exception="refuse"),
+    "narrow_type": dict(evolve="refuse", try_evolve="keep", lenient="keep", ignore="keep", exception="refuse"),
+    "drop_column": dict(evolve="apply", try_evolve="apply", lenient="keep", ignore="keep", exception="refuse"),
+    "drop_key_column": dict(evolve="refuse", try_evolve="refuse", lenient="refuse", ignore="refuse",
+                            exception="refuse"),
+    "drop_partition_column": dict(evolve="refuse", try_evolve="keep", lenient="keep", ignore="keep",
+                                  exception="refuse"),
+    "change_type": dict(evolve="refuse", try_evolve="convert", lenient="refuse", ignore="convert",
+                        exception="refuse"),
+}
+
+
+@dataclass(frozen=True)
+class ColumnChange:
+    """One difference between the source's columns and the table's; ``outcome`` per the behaviour:
+    apply, keep (the table stays as it is and holds the values), skip (the values are not written),
+    convert (values converted to the table's type) or refuse (the table is quarantined)."""
+
+    kind: str
+    column: str
+    old: pa.DataType | None
+    new: pa.DataType | None
+    outcome: str
+
+    def describe(self) -> str:
+        if self.kind == "add_column":
+            return f"column {self.column!r} was added ({self.new})"
+        if self.kind.startswith("drop"):
+            return f"column {self.column!r} was removed"
+        return f"column {self.column!r} changed from {self.old} to {self.new}"
+
+
 @dataclass(frozen=True)
 class SchemaPlan:
-    """How to write a batch into a table: columns to add first, then the Arrow schema to cast to."""
+    """How to write a batch into a table: columns to add, to widen and to drop first, then the Arrow
+    schema to cast to; ``changes``: every difference found; ``skip``: batch columns not written."""
 
     new_fields: tuple[pa.Field, ...]
     target_schema: pa.Schema
+    widened: tuple[pa.Field, ...] = ()
+    dropped: tuple[str, ...] = ()
+    skip: tuple[str, ...] = ()
+    changes: tuple[ColumnChange, ...] = ()
+
+    @property
+    def refused(self) -> tuple[ColumnChange, ...]:
+        return tuple(c for c in self.changes if c.outcome == "refuse")
+
+    @property
+    def rewrites(self) -> bool:
+        """Whether the table's files are rewritten (a widened or dropped column)."""
+        return bool(self.widened or self.dropped)
+
+
+def column_changes(table_schema: pa.Schema, source_fields: Sequence[pa.Field], *, behaviour: str,
+                   dropped: Sequence[str] = (), primary_key: Sequence[str] = (),
+                   partition_by: Sequence[str] = ()) -> list[ColumnChange]:
+    """The differences between the source's user columns and the table's, each with its outcome under
+    ``behaviour``. ``dropped``: table columns the source no longer has (known only from a schema)."""
+    if behaviour not in BEHAVIOURS:
+        raise ValueError(f"unknown schema_change behaviour {behaviour!r}; expected one of {list(BEHAVIOURS)}")
+    out = []
+    for field in source_fields:
+        if field.name not in table_schema.names:
+            kind = "add_column"
+        else:
+            moved = type_change(table_schema.field(field.name).type, field.type)
+            if moved == "same":
+                continue
+            kind = {"widen": "widen_type", "narrow": "narrow_type"}.get(moved, "change_type")
+        old = table_schema.field(field.name).type if field.name in table_schema.names else None
+        out.append(ColumnChange(kind, field.name, old, field.type, _OUTCOME[kind][behaviour]))
+    for name in dropped:
+        if name not in table_schema.names or name in [f.name for f in source_fields]:
+            continue
+        kind = ("drop_key_column" if name in primary_key else
+                "drop_partition_column" if name in partition_by else "drop_column")
+        out.append(ColumnChange(kind, name, table_schema.field(name).type, None, _OUTCOME[kind][behaviour]))
+    return out
+
+
+def schema_plan(*, path: str, table_schema: pa.Schema, batch_fields: Sequence[pa.Field],
+                behaviour: str = "lenient", dropped: Sequence[str] = (), primary_key: Sequence[str] = (),
+                partition_by: Sequence[str] = ()) -> SchemaPlan:
+    """Plan the write of ``batch_fields`` into a table whose Arrow schema is ``table_schema`` under the
+    ``schema_change`` ``behaviour`` (module doc). A refused change raises :class:`SinkCommitError`
+    naming it: the pipeline quarantines a table before its batch gets here (:func:`column_changes`)."""
+    changes = column_changes(table_schema, batch_fields, behaviour=behaviour, dropped=dropped,
+                             primary_key=primary_key, partition_by=partition_by)
+    refused = [c for c in changes if c.outcome == "refuse"]
+    if refused:
+        raise SinkCommitError(
+            f"schema conflict writing to {path} (schema_change: {behaviour}): "
+            + "; ".join(c.describe() for c in refused)
+            + ". Cast these columns to the table's types in the pipeline, choose another schema_change "
+            "behaviour (docs/pipelines.md, 'Schema changes'), or write to a new table")
+    new_fields = [pa.field(c.column, c.new, nullable=True) for c in changes
+                  if c.kind == "add_column" and c.outcome == "apply"]
+    widened = {c.column: c.new for c in changes if c.kind == "widen_type" and c.outcome == "apply"}
+    drops = tuple(c.column for c in changes if c.kind == "drop_column" and c.outcome == "apply")
+    skip = tuple(c.column for c in changes if c.outcome == "skip") + drops
+    target = pa.schema([f.with_type(widened.get(f.name, f.type)) for f in table_schema if f.name not in drops]
+                       + new_fields)
+    return SchemaPlan(new_fields=tuple(new_fields), target_schema=target,
+                      widened=tuple(pa.field(n, t, nullable=True) for n, t in widened.items()),
+                      dropped=drops, skip=skip, changes=tuple(changes))
 
 
 def reconcile(*, path: str, table_schema: pa.Schema, batch_fields: Sequence[pa.Field]) -> SchemaPlan:
-    """Plan the write of ``batch_fields`` into a table whose Arrow schema is ``table_schema``."""
-    conflicts = []
-    new_fields = []
-    for field in batch_fields:
-        if field.name not in table_schema.names:
-            new_fields.append(field.with_nullable(True))
-            continue
-        existing = table_schema.field(field.name)
-        if not fits(field, existing):
-            conflicts.append(f"column {field.name!r} is {delta_type(existing)} in the table but "
-                             f"{delta_type(field)} in the batch")
-    if conflicts:
-        raise SinkCommitError(
-            f"schema conflict writing to {path}: " + "; ".join(conflicts)
-            + ". Cast these columns to the table's types in the pipeline, or write to a new table "
-            "(the sink only adds nullable columns and widens integer and floating-point types)")
-    target = pa.schema(list(table_schema) + new_fields)
-    return SchemaPlan(new_fields=tuple(new_fields), target_schema=target)
+    """:func:`schema_plan` under the default behaviour (``lenient``)."""
+    return schema_plan(path=path, table_schema=table_schema, batch_fields=batch_fields)
 
 
 def tombstone_schema(table_schema: pa.Schema, primary_key: Sequence[str]) -> pa.Schema:

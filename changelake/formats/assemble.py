@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 from changelake.changelog import DEAD_LETTER_SCHEMA, METADATA_FIELDS, TRUNCATE_SCHEMA
 from changelake.formats.base import DecodeResult
 from changelake.formats.convert import to_arrow
+from changelake.types import type_change
 
 _KIND_TYPE = pa.int8()
 
@@ -272,6 +273,39 @@ def infer_columns(images: list[dict]) -> list[ColumnSpec]:
     return specs
 
 
+def evolve_specs(known: Sequence[ColumnSpec], incoming: Sequence[ColumnSpec]) -> list[ColumnSpec]:
+    """The columns to read with after a source's columns changed: every known column (a dropped one
+    reads null), a widened one with its new type, then the new columns. A narrowed or otherwise changed
+    type keeps the known type (the table decides what happens: ``delta_sink_schema``)."""
+    by_name = {s.name: s for s in incoming}
+    out = []
+    for s in known:
+        new = by_name.get(s.name)
+        moved = type_change(s.type, new.type) if new is not None else None
+        if moved == "widen":
+            out.append(new)
+        elif moved in ("same", "narrow"):     # the known type, read with the encoding the source reports
+            out.append(ColumnSpec(s.name, s.type, s.nullable, unit=new.unit, decimal_scale=new.decimal_scale,
+                                  pre=new.pre, wire=s.wire))
+        else:
+            out.append(s)
+    names = {s.name for s in known}
+    return out + [s for s in incoming if s.name not in names]
+
+
+def new_fields(images: list[dict], known: Sequence[ColumnSpec]) -> list[ColumnSpec]:
+    """Columns for the fields of schema-less row images that ``known`` lacks, typed from their values
+    in this batch (as :func:`infer_columns`)."""
+    names = {s.name for s in known}
+    seen: dict[str, None] = {}
+    for img in images:
+        if img.keys() - names:
+            for k in img:
+                if k not in names:
+                    seen[k] = None
+    return [ColumnSpec(name, _infer_type([img.get(name) for img in images])) for name in seen]
+
+
 def _infer_type(values: list[Any]) -> pa.DataType:
     kinds = {type(v) for v in values if v is not None}
     if kinds == {bool}:
@@ -301,6 +335,14 @@ class SchemaMixin:
 
     _specs: list[ColumnSpec] | None
     _meta: list[MetaColumn]
+
+    def adopt_columns(self, columns: pa.Schema) -> None:
+        """Start from the user columns of the table the decoder's rows go to (after a restart the decoder
+        has not seen the earlier schemas): the columns the messages bring are then read as the table
+        holds them, and compared with it. Declared columns, or columns already known, stay."""
+        if getattr(self, "_declared", None) is None and self._specs is None:
+            meta = {m.column for m in self._meta}
+            self._specs = [ColumnSpec(f.name, f.type) for f in columns if f.name not in meta]
 
     @property
     def columns(self) -> pa.Schema | None:

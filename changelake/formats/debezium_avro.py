@@ -11,20 +11,12 @@ registry that cannot be reached raises :class:`~changelake.errors.SourceError`
 (the data is fine, the batch must be retried).
 
 Schema evolution, when the columns come from the writer schemas (no ``columns``
-declared). Before a batch is decoded, every writer schema it uses is read and
-compared with the columns known so far (those of the first writer schema, or of
-the table the pipeline writes to, see :meth:`DebeziumAvroDecoder.adopt_table`):
-
-=======================================================  =========================================
-new writer schema vs known columns                       outcome
-=======================================================  =========================================
-adds a column                                            column added (older rows read null)
-drops a column that is optional or has a default         kept; the new messages read null there
-narrows an integer / floating-point type (long -> int)   read into the known, wider type
-any other type change; drops a required or key column    incompatible: from this batch on, every
-                                                         message is a ``schema-incompatible`` dead
-                                                         letter (the decoder stays quarantined)
-=======================================================  =========================================
+declared). Before a batch is decoded, every writer schema it uses is read: the
+decoder reads with every column seen so far (a dropped one reads null), a widened
+type with its new type, then the new columns (:func:`~changelake.formats.assemble.evolve_specs`),
+and lists the batch's writer schemas as columns in ``source_schemas``. What the table
+does with them (add, widen, drop, keep, quarantine) is its ``schema_change`` behaviour
+(:mod:`changelake.connectors.delta_sink_schema`), applied by the pipeline.
 """
 
 from __future__ import annotations
@@ -39,11 +31,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import SecretStr
 
-from changelake.types import fits
 from changelake.errors import ConfigError, SourceError
 from changelake.formats import debezium as dbz
 from changelake.formats import debezium_avro_bulk as bulk
-from changelake.formats.assemble import (ChangeCollector, ColumnSpec, MetaColumn, Reject, gc_paused, infer_columns,
+from changelake.formats.assemble import (ChangeCollector, ColumnSpec, MetaColumn, Reject, evolve_specs, gc_paused,
+                                         infer_columns,
                                          SchemaMixin, merge_results)
 from changelake.formats.base import DecodeResult
 from changelake.formats.encodings import column_spec
@@ -99,10 +91,8 @@ class DebeziumAvroDecoder(SchemaMixin):
         self._specs = [column_spec(f) for f in columns] if columns is not None else None
         self._meta = [MetaColumn(k, c, METADATA_TYPES[k]) for k, c in self.metadata]
         self._key = opts["key"]
-        self._required: set[str] = set(self._key)    # columns a new writer schema may not drop
-        self._table: pa.Schema | None = None         # columns of the table written to (adopt_table)
-        #: why the decoder is quarantined (an incompatible writer schema was seen), else None
-        self.incompatible: str | None = None
+        #: the distinct writer schemas (as user columns) of the last decoded batch, in order of appearance
+        self.source_schemas: list[pa.Schema] = []
 
     def __getstate__(self) -> dict:
         # the registry client holds connections: executors create their own
@@ -120,12 +110,6 @@ class DebeziumAvroDecoder(SchemaMixin):
             raw = self._raw[schema_id] = orjson.loads(text) if isinstance(text, (str, bytes)) else text
         return raw
 
-    def adopt_table(self, columns: pa.Schema, key: tuple[str, ...]) -> None:
-        """Compare writer schemas with the user columns and key of an existing table (after a restart
-        the decoder has not seen the earlier writer schemas)."""
-        self._table = columns
-        self._required |= set(key)
-
     def _writer_schema(self, schema_id: int) -> Any:
         parsed = self._schemas.get(schema_id)
         if parsed is None:
@@ -134,31 +118,8 @@ class DebeziumAvroDecoder(SchemaMixin):
             self._schemas[schema_id] = parsed
             columns = self._columns_by_id[schema_id] = _row_columns(raw)
             if self._declared is None and columns:
-                self._evolve(schema_id, columns, _required_columns(raw))
+                self._specs = evolve_specs(self._specs or [], list(columns.values()))
         return parsed
-
-    def _evolve(self, schema_id: int, columns: dict[str, ColumnSpec], required: set[str]) -> None:
-        """Take in the columns of a new writer schema, or quarantine the decoder (see the module doc)."""
-        known = {f.name: f.type for f in self._table or ()} | {s.name: s.type for s in self._specs or ()}
-        problems = [f"column {name!r} was removed" for name in sorted(self._required - columns.keys())]
-        for name, spec in columns.items():
-            old = known.get(name)
-            if old is not None and not fits(pa.field(name, spec.type), pa.field(name, old)):
-                problems.append(f"column {name!r} changed from {old} to {spec.type}")
-        if problems:
-            if self.incompatible is None:
-                self.incompatible = (
-                    f"writer schema {schema_id} is incompatible with the columns read so far: "
-                    f"{'; '.join(problems)}. Messages of this source go to the dead-letter path until the "
-                    f"pipeline is restarted with a fix: declare the source's columns, or write the table to a "
-                    f"new path; then replay the dead letters (changelake dlq replay)")
-            return
-        self._required |= required
-        if self._specs is None:
-            self._specs = list(columns.values())
-        else:
-            current = {s.name for s in self._specs}
-            self._specs = [*self._specs, *(spec for name, spec in columns.items() if name not in current)]
 
     def _fetch(self, schema_id: int) -> Any:
         if self._lookup is not None:
@@ -199,16 +160,21 @@ class DebeziumAvroDecoder(SchemaMixin):
     def _read_writer_schemas(self, records: pa.Table) -> None:
         """Fetch every writer schema the batch uses before decoding it, so that the whole batch is read
         with the evolved columns (or quarantined)."""
-        heads = pc.unique(pc.binary_slice(records.column("value"), 0, 5)).to_pylist()
-        for head in sorted(h for h in heads if h and len(h) == 5 and h[0] == 0):
+        self.source_schemas = []
+        heads = pc.unique(pc.binary_slice(records.column("value"), 0, 5).combine_chunks()).to_pylist()
+        for head in (h for h in heads if h and len(h) == 5 and h[0] == 0):   # in order of first appearance
+            schema_id = int.from_bytes(head[1:5], "big")
             try:
-                self._writer_schema(int.from_bytes(head[1:5], "big"))
+                self._writer_schema(schema_id)
             except Reject:   # an unknown schema id: its messages become dead letters
-                pass
+                continue
+            columns = self._columns_by_id.get(schema_id)
+            if columns:
+                schema = pa.schema([pa.field(c.name, c.type) for c in columns.values()])
+                if not any(schema.equals(s) for s in self.source_schemas):
+                    self.source_schemas.append(schema)
 
     def _bulk(self, chunk: pa.Table) -> DecodeResult | None:
-        if self.incompatible is not None:
-            return None
         values = chunk.column("value").combine_chunks()
         idx = present_values(values)
         if len(idx) == 0:
@@ -283,9 +249,6 @@ class DebeziumAvroDecoder(SchemaMixin):
             if not raw:
                 out.skip("tombstone")
                 continue
-            if self.incompatible is not None:
-                out.reject(i, "schema-incompatible", self.incompatible)
-                continue
             try:
                 if len(raw) < 5 or raw[0] != 0:
                     raise Reject("malformed", "not in the Confluent wire format (magic byte 0, 4-byte schema id, "
@@ -345,13 +308,6 @@ def _row_columns(envelope: Any) -> dict[str, ColumnSpec]:
     """Columns of the row record inside a Debezium Avro envelope."""
     record = _row_record(envelope)
     return {f["name"]: _avro_column(f["name"], f.get("type")) for f in record["fields"]} if record else {}
-
-
-def _required_columns(envelope: Any) -> set[str]:
-    """Row fields that are neither optional (a union with null) nor defaulted: a writer may not drop them."""
-    record = _row_record(envelope)
-    return {f["name"] for f in record["fields"]
-            if "default" not in f and not (isinstance(f.get("type"), list) and "null" in f["type"])} if record else set()
 
 
 def _non_null(avro_type: Any) -> Any:

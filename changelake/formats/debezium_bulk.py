@@ -55,8 +55,12 @@ def _raw_type(spec: ColumnSpec) -> pa.DataType | None:
 class BulkPlan:
     """What the bulk path needs to know about a decoder's columns; built once."""
 
-    def __init__(self, specs: Sequence[ColumnSpec], meta: Sequence[MetaColumn], *, envelope: bool) -> None:
+    def __init__(self, specs: Sequence[ColumnSpec], meta: Sequence[MetaColumn], *, envelope: bool,
+                 new_fields: bool = False) -> None:
+        """``new_fields``: the columns come from the data (schema-less, none declared), so a chunk whose rows
+        carry a field the specs lack goes to the per-message path, which adds the column."""
         raw = [_raw_type(s) for s in specs]
+        self.new_fields = new_fields
         self.usable = all(r is not None for r in raw) and all(m.key in _SIMPLE_META for m in meta)
         self.specs = list(specs)
         self.meta = list(meta)
@@ -67,7 +71,8 @@ class BulkPlan:
                           ("ts_ms", pa.int64())])
         schema = pa.schema([("payload", body)]) if envelope else pa.schema(list(body))
         self.envelope = envelope
-        self.parse_options = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
+        self.parse_options = pj.ParseOptions(explicit_schema=schema,
+                                             unexpected_field_behavior="infer" if new_fields else "ignore")
 
 
 def decode_json_chunk(plan: BulkPlan, records: pa.Table, *, key: Sequence[str]) -> DecodeResult | None:
@@ -101,7 +106,19 @@ def decode_json_chunk(plan: BulkPlan, records: pa.Table, *, key: Sequence[str]) 
         return None
     body = _single(table.column("payload")) if plan.envelope else \
         pa.StructArray.from_arrays([_single(table.column(c)) for c in table.column_names], names=table.column_names)
+    if plan.new_fields and _has_new_fields(body, {s.name for s in plan.specs}):
+        return None
     return assemble(body, records, idx, plan.specs, plan.meta, key=key)
+
+
+def _has_new_fields(body: pa.StructArray, names: set[str]) -> bool:
+    """Whether a row image (before / after) of the chunk has a field outside ``names``."""
+    for side in ("before", "after"):
+        idx = body.type.get_field_index(side)
+        if idx >= 0 and pa.types.is_struct(body.type.field(idx).type) and \
+                any(f.name not in names for f in body.type.field(idx).type):
+            return True
+    return False
 
 
 def utf8_valid(values: pa.Array) -> bool:

@@ -17,10 +17,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from changelake.formats import debezium as dbz
-from changelake.formats.assemble import ChangeCollector, ColumnSpec, Reject, gc_paused, merge_results
+from changelake.formats.assemble import ChangeCollector, ColumnSpec, Reject, evolve_specs, gc_paused, merge_results
 from changelake.formats.base import DecodeResult
 from changelake.formats.debezium_bulk import BulkPlan, decode_json_chunk
 from changelake.formats.jsonbase import JsonChangelogDecoder
@@ -55,6 +57,9 @@ class DebeziumJsonDecoder(JsonChangelogDecoder):
         self.on_truncate: str = opts["on_truncate"]
         self._seen: dict[str, ColumnSpec] = {}   # column encodings reported by envelope schemas
         self._seen_fields = -1
+        self._last_fields: list | None = None
+        #: the distinct row schemas (user columns) the envelopes of the last decoded batch carried, in order
+        self.source_schemas: list[pa.Schema] = []
         self._envelope_seen = False
         self._plan: BulkPlan | None = None
         self._plan_envelope = False
@@ -64,6 +69,9 @@ class DebeziumJsonDecoder(JsonChangelogDecoder):
     def decode(self, records: pa.Table) -> DecodeResult:
         """Chunks that are healthy go through the bulk path; the others, message by message."""
         with gc_paused():
+            self.source_schemas, self._last_fields = [], None
+            if self._declared is None and (self.schema_include or self._envelope_seen):
+                self._read_envelope_schemas(records)
             results = []
             for start in range(0, max(records.num_rows, 1), CHUNK):
                 chunk = records.slice(start, CHUNK)
@@ -89,7 +97,8 @@ class DebeziumJsonDecoder(JsonChangelogDecoder):
         if envelope and self._seen_fields == -1:
             return None   # the first envelope tells how columns are encoded (e.g. micro- vs milliseconds)
         if self._plan is None or self._plan.specs != self._specs or self._plan_envelope != envelope:
-            self._plan = BulkPlan(self._specs, self._meta, envelope=envelope)
+            self._plan = BulkPlan(self._specs, self._meta, envelope=envelope,
+                                  new_fields=self._declared is None and not envelope)
             self._plan_envelope = envelope
         return self._plan if self._plan.usable else None
 
@@ -112,16 +121,33 @@ class DebeziumJsonDecoder(JsonChangelogDecoder):
         return dbz.collect_event(out, record, payload, schema=schema, meta=self._meta, partition=partition,
                                  offset=offset, upsert=self.upsert, on_truncate=self.on_truncate)
 
+    def _read_envelope_schemas(self, records: pa.Table) -> None:
+        """Learn every distinct envelope schema of the batch before decoding it, so that the whole batch,
+        bulk chunks too, is read with the columns it brings (the JSON converter writes ``schema`` first)."""
+        heads = pc.replace_substring_regex(records.column("value"), r'(?s),\s*"payload"\s*:.*$', "}")
+        for head in pc.unique(heads.combine_chunks()).to_pylist():
+            try:
+                obj = orjson.loads(head) if head else None
+            except orjson.JSONDecodeError:
+                continue
+            if isinstance(obj, dict) and isinstance(obj.get("schema"), dict):
+                self._learn(obj["schema"])
+
     def _learn(self, envelope_schema: Any) -> None:
         fields = dbz.row_fields(envelope_schema)
-        if fields is None or len(fields) == self._seen_fields:
+        if fields is None or fields == self._last_fields:
             return
+        self._last_fields = fields
         self._seen_fields = len(fields)
-        for f in fields:
-            name = f.get("field")
-            if isinstance(name, str):
-                self._seen[name] = dbz.connect_column(name, f)
+        columns = [dbz.connect_column(f["field"], f) for f in fields if isinstance(f.get("field"), str)]
+        for spec in columns:
+            self._seen[spec.name] = spec
+        schema = pa.schema([pa.field(c.name, c.type) for c in columns])
+        if not any(schema.equals(s) for s in self.source_schemas):
+            self.source_schemas.append(schema)
         if self._specs is None:
-            self._specs = [self._seen[f["field"]] for f in fields if isinstance(f.get("field"), str)]
+            self._specs = columns
         elif self._declared is not None:
             self._specs = [dbz.with_source_encoding(s, self._seen.get(s.name)) for s in self._specs]
+        else:
+            self._specs = evolve_specs(self._specs, columns)

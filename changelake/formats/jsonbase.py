@@ -23,7 +23,7 @@ import pyarrow.types as pat
 
 from changelake.errors import ConfigError
 from changelake.formats.assemble import (ChangeCollector, ColumnSpec, MetaColumn, Reject, SchemaMixin, gc_paused,
-                                         infer_columns)
+                                         infer_columns, new_fields)
 from changelake.formats.base import DecodeResult
 from changelake.formats.encodings import column_spec
 
@@ -74,9 +74,14 @@ class JsonChangelogDecoder(SchemaMixin):
         raise NotImplementedError
 
     def _column_specs(self, out: ChangeCollector) -> list[ColumnSpec]:
-        """Columns for this batch: declared, else locked on the first batch with data."""
+        """Columns for this batch: declared; else those of the first batch with data, plus the new fields
+        of every later batch (typed from their values in the batch that brings them)."""
         if self._specs is None and out.images:
             self._specs = infer_columns(out.images)
+        elif self._declared is None and out.images:
+            added = new_fields(out.images, self._specs)
+            if added:
+                self._specs = [*self._specs, *added]
         return self._specs or []
 
     def _exact_numbers(self) -> bool:

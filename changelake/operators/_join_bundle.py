@@ -113,10 +113,15 @@ def key_ids(keys: pa.Table, columns: Sequence[int]) -> np.ndarray:
             continue
         enc = pc.dictionary_encode(arr, null_encoding="encode")
         codes.append(enc.indices.to_numpy(zero_copy_only=False).astype(np.int64))
-    if len(codes) == 1:
-        return codes[0]
-    _, inverse = np.unique(np.stack(codes, axis=1), axis=0, return_inverse=True)
-    return inverse.reshape(-1).astype(np.int64)
+    ids, radix = codes[0], max(int(codes[0].max(initial=0)) + 1, 1)
+    for code in codes[1:]:
+        width = int(code.max(initial=0)) + 1
+        if radix * width >= 2**62:                     # ids would overflow: renumber what we have
+            _, ids = np.unique(ids, return_inverse=True)
+            radix = int(ids.max(initial=0)) + 1
+            ids = ids.reshape(-1).astype(np.int64)
+        ids, radix = ids * width + code, radix * width
+    return ids
 
 
 def concat(segments: Sequence[Segment]) -> Segment | None:

@@ -31,6 +31,8 @@ ENV_PREFIX = "CHANGELAKE_"
 #: Debezium's default ``unavailable.value.placeholder``
 UNAVAILABLE_VALUE = "__debezium_unavailable_value"
 FORMATS = ("debezium-json", "debezium-avro-confluent", "canal-json", "maxwell-json", "ogg-json")
+#: what a table does when its source's columns change (docs/pipelines.md, "Schema changes")
+SchemaChange = Literal["evolve", "try_evolve", "lenient", "ignore", "exception"]
 class _Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
@@ -136,6 +138,10 @@ class SourceSpec(_Model):
     on_truncate: Literal["apply", "skip", "fail"] | None = Field(
         None, description="a TRUNCATE of the source table: apply (empty the mirrored table at the truncate's "
         "position), skip (count it) or fail (a dead letter naming the position). Default skip")
+    schema_change: SchemaChange = Field(
+        "lenient", description="what its tables do when the source's columns change (Flink CDC's "
+        "schema.change.behavior): evolve, try_evolve, lenient, ignore or exception (docs/pipelines.md, "
+        "'Schema changes')")
     dead_letter_topic: str | None = Field(None, description="Kafka topic for this source's dead letters "
                                           "(overrides dead_letter.topic); else the dead-letter Delta table")
     table: str | None = Field(None, description="mirror the source into this table; omit when only views read it")
@@ -227,6 +233,8 @@ class TableSpecModel(_Model):
     maintenance: MaintenanceSpec = MaintenanceSpec()
     properties: dict[str, str] = Field(default_factory=dict, description="Delta table properties set on the "
                                        "table, e.g. delta.enableChangeDataFeed: 'true'")
+    schema_change: SchemaChange | None = Field(None, description="this table's schema_change behaviour "
+                                               "(default: that of the source it mirrors)")
 
     _retention = field_validator("tombstone_retention")(_check_duration)
 
@@ -565,6 +573,14 @@ class ChangelakeConfig(_Model):
     def table_path(self, name: str) -> str:
         t = self.table(name)
         return t.path if t.path else _join(self.storage.root, name)
+
+    def schema_change_of(self, table: str) -> str:
+        """The ``schema_change`` behaviour of a table: its own, else that of the first source mirroring
+        it, else ``lenient`` (a graph table)."""
+        own = self.table(table).schema_change
+        if own is not None:
+            return own
+        return next((s.schema_change for s in self.sources if s.table == table), "lenient")
 
     def lookup_path(self, name: str) -> str:
         """A Delta lookup's table URI (a relative path is under ``storage.root``)."""

@@ -139,7 +139,9 @@ class BatchProcessor:
         self._spark = spark
         self.sinks: dict[str, DeltaUpsertSink] = {}     # opened once the table's key is known
         self.dead_letters = DeadLetterPaths(config)
-        self.quarantine = Quarantine(config, self.routes, self.keys)
+        self.quarantine = Quarantine(config, self.keys)
+        #: table -> columns its source's last schema dropped, for the sink (set per batch)
+        self._dropped: dict[str, tuple[str, ...]] = {}
         self.stage = DecodeStage(self.routes, graph_keys={i: n.upsert_key or () for i, n in self.graph_routes.items()})
         # The stage goes to the executors once, with the query: routes whose table's key is unknown at
         # start report their message keys' fields every batch; the first batch that has some teaches it.
@@ -160,6 +162,7 @@ class BatchProcessor:
                              partition_by=tuple(t.partition_by), nullable_key=nullable, unavailable_value=unavailable,
                              tombstone_retention=timedelta(seconds=parse_duration(t.tombstone_retention)),
                              maintenance=_maintenance(t.maintenance), properties=t.properties,
+                             schema_change=self.config.schema_change_of(name),
                              storage_options=self.config.storage.plain_options())
             opened = dict(pipeline_id=self.config.pipeline.id, engine=self.config.storage.engine)
             if self._spark is None:
@@ -177,6 +180,7 @@ class BatchProcessor:
         operator could not process (``rejected``: node, side, row as JSON, seq, error; see
         ``changelake.spark.reports.Rejected``), which go by their source's ``on_error``."""
         stats, parts = self.stage.split(out)
+        self._dropped = {}
         self.keys.learn(_key_shapes(self.routes, parts))
         graph_changes = {self.graph_tables[i]: got.pop(CHANGES_PART) for i, got in parts.items()
                          if CHANGES_PART in got}
@@ -188,9 +192,18 @@ class BatchProcessor:
             if not got:
                 continue
             route = self.routes[i]
-            if "raw" in got:                      # columns learnt at run time: decode here
+            if "raw" in got:                      # columns learnt at run time: decode here, screen the schema
+                if route.spec.table is not None:
+                    self.quarantine.prepare(route.spec.table, route.decoder)
                 result = route.decoder.decode(got["raw"])
-                decoded.append((route, result.rows, result.dead_letters))
+                rows, dead = result.rows, result.dead_letters
+                if route.spec.table is not None:
+                    screened = self.quarantine.screen(route.spec.table, source=route.spec.name, decoder=route.decoder,
+                                                      raw=got["raw"], rows=rows, dead_letters=dead)
+                    rows, dead = screened.rows, screened.dead_letters
+                    if screened.dropped:
+                        self._dropped[route.spec.table] = screened.dropped
+                decoded.append((route, rows, dead))
                 if result.truncates.num_rows:
                     truncates.append((route, result.truncates))
             rows = got.get("rows")
@@ -251,7 +264,6 @@ class BatchProcessor:
             if moved:
                 report.key_changes[route.spec.name] = report.key_changes.get(route.spec.name, 0) + moved
             if bad.num_rows:
-                self.quarantine.observe(route, bad)
                 self._handle_bad(route, bad, batch_id, report)
                 if route.spec.on_error == "dlq":
                     letters.append((route.spec.name, bad))
@@ -276,7 +288,8 @@ class BatchProcessor:
             report.changes[name] = kinds
             for kind, n in kinds.items():
                 metrics.CHANGES_IN.labels(name, kind).inc(n)
-            result = self._sink(name).apply(changes, batch_id=batch_id, truncate_at=truncate_at.get(name))
+            result = self._sink(name).apply(changes, batch_id=batch_id, truncate_at=truncate_at.get(name),
+                                            dropped_columns=self._dropped.pop(name, ()))
             if result.committed:
                 report.committed_tables.append(name)
             if i == 0:

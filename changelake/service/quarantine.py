@@ -1,32 +1,41 @@
-"""Sources quarantined by an incompatible writer schema; the other sources keep going.
+"""Schema changes of a table's source, screened per table before the table is written; tables
+quarantined by a change their ``schema_change`` behaviour refuses, while the other tables go on.
 
-A decoder that reads its columns from writer schemas (Debezium Avro without
-declared ``columns``) turns every message into a ``schema-incompatible`` dead
-letter from the batch in which an incompatible writer schema first appears (see
-:mod:`changelake.formats.debezium_avro`). Here the pipeline:
+For a source decoded on the driver (its columns come from the messages: a Connect schema in
+the JSON envelope, Avro writer schemas, or the fields of schema-less JSON), each batch's source
+columns are compared with the table's (:func:`~changelake.connectors.delta_sink_schema.column_changes`;
+the table of outcomes is in :mod:`changelake.connectors.delta_sink_schema`):
 
-* gives each such decoder the columns and key of the table it writes to, when the
-  table exists, so that after a restart the first writer schema is checked
-  against the table rather than taken as it is;
-* logs one error per quarantined source, saying what changed and how to fix it;
-* sets ``changelake_table_quarantined{table}`` to 1 (the dead letters themselves
-  are counted in ``changelake_dead_letters_total{reason="schema-incompatible"}``).
+* refuse: the table is quarantined. Every message of the batch for it, and of every later batch
+  until a restart, is a dead letter with reason ``schema-incompatible`` and its raw bytes
+  (the source's ``on_error`` applies: dlq keeps them for ``changelake dlq replay``, fail stops
+  the pipeline naming the change). One error is logged per table and
+  ``changelake_table_quarantined{table}`` is 1.
+* convert: the column keeps the table's type; a message with a value it cannot hold is a dead
+  letter (``schema-mismatch``), the others are written.
+* keep, skip: counted in ``changelake_schema_changes_not_applied_total``; the sink does the rest.
+* apply: the sink changes the table (:class:`~changelake.connectors.delta_sink.DeltaUpsertSink`),
+  logs and counts it (``changelake_schema_changes_total``).
 
-The quarantine lasts until the process restarts; a restart without a fix
-quarantines the source again at its first incompatible message.
+Dropped columns are known only from a schema (the last one of the batch): a field that
+schema-less JSON stops sending just reads NULL. The functions take one table at a time, so a
+source routed to many tables screens each (:meth:`Quarantine.screen`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
+from deltalake.exceptions import TableNotFoundError
 
 from changelake import metrics
+from changelake.changelog import DEAD_LETTER_SCHEMA, OFFSET, PARTITION, TOPIC, user_columns
+from changelake.connectors.delta_sink_schema import ColumnChange, column_changes
 from changelake.service.config import ChangelakeConfig
 from changelake.service.key_inference import TableKeys
 
@@ -35,29 +44,154 @@ log = logging.getLogger(__name__)
 REASON = "schema-incompatible"
 
 
+@dataclass(frozen=True)
+class Screened:
+    """What of a route's decoded batch may go to its table: rows, dead letters (the decoder's plus the
+    screen's), and the table columns the source's last schema dropped (for the sink)."""
+
+    rows: pa.Table
+    dead_letters: pa.Table
+    dropped: tuple[str, ...] = ()
+
+
 class Quarantine:
-    def __init__(self, config: ChangelakeConfig, routes: Sequence[Any], keys: TableKeys) -> None:
-        storage = config.storage.plain_options() or None
-        self.sources: set[str] = set()
+    def __init__(self, config: ChangelakeConfig, keys: TableKeys) -> None:
+        self.config = config
+        self.keys = keys
+        self.storage = config.storage.plain_options() or None
+        #: quarantined table -> why (the error of its dead letters)
+        self.tables: dict[str, str] = {}
+        self._logs: dict[str, DeltaTable] = {}
+        self._adopted: set[tuple[str, int]] = set()
         for t in config.tables:
             metrics.TABLE_QUARANTINED.labels(table=t.name).set(0)
-        for route in routes:
-            if route.spec.table is None:          # feeds only the operator graph: declared columns
-                continue
-            adopt = getattr(route.decoder, "adopt_table", None)
-            path = config.table_path(route.spec.table)
-            if adopt is not None and DeltaTable.is_deltatable(path, storage_options=storage):
-                schema = pa.schema(DeltaTable(path, storage_options=storage).schema().to_arrow())
-                adopt(pa.schema([f for f in schema if not f.name.startswith("_")]),
-                      keys.key_of(route.spec.table) or ())
 
-    def observe(self, route: Any, dead_letters: pa.Table) -> None:
-        """Note the source of ``route`` as quarantined when its dead letters say so."""
-        incompatible = dead_letters.filter(pc.equal(dead_letters["reason"], REASON))
-        if incompatible.num_rows == 0 or route.spec.name in self.sources:
+    def table_columns(self, table: str) -> pa.Schema | None:
+        """The user columns of ``table`` as stored (None before its first commit)."""
+        path = self.config.table_path(table)
+        try:
+            if path in self._logs:
+                self._logs[path].update_incremental()
+            else:
+                self._logs[path] = DeltaTable(path, storage_options=self.storage)
+        except TableNotFoundError:
+            return None
+        schema = pa.schema(self._logs[path].schema().to_arrow())
+        return pa.schema([f for f in schema if not f.name.startswith("_")])
+
+    def prepare(self, table: str, decoder: Any) -> None:
+        """Before a decoder's first batch for ``table``: it starts from the table's columns (``adopt_columns``)."""
+        if (table, id(decoder)) in self._adopted:
             return
-        self.sources.add(route.spec.name)
-        if route.spec.table is not None:
-            metrics.TABLE_QUARANTINED.labels(table=route.spec.table).set(1)
-        log.error("source %s is quarantined, table %s receives none of its changes until a restart: %s",
-                  route.spec.name, route.spec.table, incompatible["error"][0].as_py())
+        self._adopted.add((table, id(decoder)))
+        columns = self.table_columns(table)
+        adopt = getattr(decoder, "adopt_columns", None)
+        if columns is not None and adopt is not None:
+            adopt(columns)
+
+    def screen(self, table: str, *, source: str, decoder: Any, raw: pa.Table, rows: pa.Table,
+               dead_letters: pa.Table) -> Screened:
+        """Screen one batch of a source decoded on the driver for ``table`` (module doc)."""
+        if table in self.tables:
+            return Screened(_empty_like(rows), quarantined(raw, self.tables[table]))
+        columns = self.table_columns(table)
+        if columns is None:
+            return Screened(rows, dead_letters)
+        meta = {m.column for m in getattr(decoder, "_meta", ())}     # metadata columns are no source columns
+        columns = pa.schema([f for f in columns if f.name not in meta])
+        schemas = list(getattr(decoder, "source_schemas", None) or ())
+        from_schema = bool(schemas)
+        if not schemas:     # schema-less: the batch's own columns (a field not sent is no drop)
+            schemas = [rows.select([n for n in user_columns(rows) if n not in meta]).schema]
+        behaviour = self.config.schema_change_of(table)
+        spec = self.config.table(table)
+        dropped = tuple(n for n in columns.names if n not in schemas[-1].names) if from_schema else ()
+        changes: dict[tuple[str, str], ColumnChange] = {}
+        for i, schema in enumerate(schemas):
+            for c in column_changes(columns, list(schema), behaviour=behaviour,
+                                    dropped=dropped if i == len(schemas) - 1 else (),
+                                    primary_key=self.keys.key_of(table) or (), partition_by=spec.partition_by):
+                changes.setdefault((c.kind, c.column), c)
+        refused = [c for c in changes.values() if c.outcome == "refuse"]
+        if refused:
+            why = (f"table {table!r} (schema_change: {behaviour}) refuses a change of source {source!r}: "
+                   + "; ".join(c.describe() for c in refused)
+                   + ". Its messages go to the dead-letter path until the pipeline is restarted with a fix: choose "
+                   "a schema_change behaviour that takes the change, declare the source's columns, or write the "
+                   "table to a new path; then replay the dead letters (changelake dlq replay)")
+            self.tables[table] = why
+            metrics.TABLE_QUARANTINED.labels(table=table).set(1)
+            for c in refused:
+                metrics.SCHEMA_CHANGES_NOT_APPLIED.labels(table=table, kind=c.kind, outcome="refuse").inc()
+            log.error("table %s is quarantined, it receives no change until a restart: %s", table, why)
+            return Screened(_empty_like(rows), quarantined(raw, why))
+        for c in changes.values():
+            if c.outcome != "apply":
+                metrics.SCHEMA_CHANGES_NOT_APPLIED.labels(table=table, kind=c.kind, outcome=c.outcome).inc()
+        converted = [c for c in changes.values() if c.outcome == "convert" and c.column in rows.column_names]
+        if converted:
+            rows, dead_letters = convert(rows, dead_letters, raw, {c.column: columns.field(c.column).type
+                                                                   for c in converted}, table=table)
+        return Screened(rows, dead_letters, dropped)
+
+
+def quarantined(raw: pa.Table, why: str) -> pa.Table:
+    """Every message of ``raw`` (tombstones aside) as a ``schema-incompatible`` dead letter."""
+    present = raw.filter(pc.fill_null(pc.greater(pc.binary_length(raw["value"]), 0), False))
+    n = present.num_rows
+    return pa.table({
+        "topic": present["topic"], "partition": present["partition"], "offset": present["offset"],
+        "timestamp": present["timestamp"], "key": present["key"], "value": present["value"],
+        "reason": pa.array([REASON] * n, pa.string()), "error": pa.array([why] * n, pa.string()),
+    }).cast(DEAD_LETTER_SCHEMA)
+
+
+def convert(rows: pa.Table, dead_letters: pa.Table, raw: pa.Table, types: dict[str, pa.DataType], *,
+            table: str) -> tuple[pa.Table, pa.Table]:
+    """``rows`` with each column of ``types`` cast to its table type; a message with a value that type cannot
+    hold becomes a ``schema-mismatch`` dead letter (all its rows go)."""
+    bad: dict[tuple[str, int, int], str] = {}
+    for name, target in types.items():
+        for i, value in _uncastable(rows[name], target):
+            key = (rows[TOPIC][i].as_py(), rows[PARTITION][i].as_py(), rows[OFFSET][i].as_py())
+            bad.setdefault(key, f"column {name!r}: value {value!r:.80} does not fit the table's type {target}; "
+                                f"table {table!r} keeps its type under its schema_change behaviour. Choose "
+                                "evolve, try_evolve or lenient to widen the column, then replay this dead letter")
+    if bad:
+        keep = pa.array([(t, p, o) not in bad for t, p, o in zip(rows[TOPIC].to_pylist(), rows[PARTITION].to_pylist(),
+                                                                rows[OFFSET].to_pylist())], pa.bool_())
+        rows = rows.filter(keep)
+        hit = pa.array([(t, p, o) in bad for t, p, o in zip(raw["topic"].to_pylist(), raw["partition"].to_pylist(),
+                                                           raw["offset"].to_pylist())], pa.bool_())
+        picked = raw.filter(hit)
+        errors = [bad[(t, p, o)] for t, p, o in zip(picked["topic"].to_pylist(), picked["partition"].to_pylist(),
+                                                     picked["offset"].to_pylist())]
+        extra = pa.table({"topic": picked["topic"], "partition": picked["partition"], "offset": picked["offset"],
+                          "timestamp": picked["timestamp"], "key": picked["key"], "value": picked["value"],
+                          "reason": pa.array(["schema-mismatch"] * picked.num_rows, pa.string()),
+                          "error": pa.array(errors, pa.string())}).cast(DEAD_LETTER_SCHEMA)
+        dead_letters = pa.concat_tables([dead_letters.cast(DEAD_LETTER_SCHEMA), extra])
+    for name, target in types.items():
+        i = rows.schema.get_field_index(name)
+        rows = rows.set_column(i, pa.field(name, target), rows[name].cast(target))
+    return rows, dead_letters
+
+
+def _uncastable(column: pa.ChunkedArray, target: pa.DataType) -> list[tuple[int, Any]]:
+    """(row, value) of the values of ``column`` that ``target`` cannot hold."""
+    try:
+        column.cast(target)
+        return []
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        pass
+    out = []
+    for i, value in enumerate(column.to_pylist()):
+        try:
+            pa.array([value], column.type).cast(target)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            out.append((i, value))
+    return out
+
+
+def _empty_like(rows: pa.Table) -> pa.Table:
+    return rows.slice(0, 0)

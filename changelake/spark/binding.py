@@ -114,8 +114,9 @@ def _run_segments(kernel_cls: type, config: Any, snapshot: bytes | None, segment
         rows = _user_and_kind(rows)
         out.extend(kernel.process(rows, now=now) if side is None else kernel.process(rows, side=side, now=now))
     out.extend(kernel.finish(now=now))
-    data = kernel.snapshot() if kernel.state_rows else None
-    return BucketStep(out.to_arrow(output_schema), data, kernel.state_rows, dict(kernel.take_figures()))
+    rows = kernel.state_rows           # a join counts its rows: once
+    data = kernel.snapshot() if rows else None
+    return BucketStep(out.to_arrow(output_schema), data, rows, dict(kernel.take_figures()))
 
 
 @dataclasses.dataclass

@@ -229,6 +229,17 @@ class DeltaSparkSink(DeltaUpsertSink):
         columns = ", ".join(f"{backtick(f.name)} {f.dataType.simpleString()}" for f in struct.fields)
         self._session.sql(f"ALTER TABLE delta.{backtick(self.spec.path)} ADD COLUMNS ({columns})")
 
+    def _rewrite_table(self, schema: pa.Schema, *, path: str | None = None) -> None:
+        from pyspark.sql.functions import col
+
+        target = path or self.spec.path
+        struct = from_arrow_schema(schema, prefer_timestamp_ntz=True)
+        parts = self._require_state(target).partition_columns
+        frame = self._session.read.format("delta").load(target)
+        (frame.select(*[col(backtick(f.name)).cast(f.dataType).alias(f.name) for f in struct.fields])
+         .write.format("delta").mode("overwrite").option("overwriteSchema", "true").partitionBy(*parts)
+         .save(target))
+
     def _read_tombstones(self) -> pa.Table:
         columns = [*self.spec.primary_key, SEQ]
         return (self._session.read.format("delta").load(self.tombstone_path)

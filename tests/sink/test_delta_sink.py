@@ -218,10 +218,47 @@ def test_type_conflict_raises_and_says_what_to_fix(make_sink):
     sink = make_sink()
     sink.apply(changes([("+I", 1, 1, "a")], extra={"n": pa.array([1], pa.int64())}), batch_id=0)
     version = DeltaTable(sink.spec.path).version()
-    with pytest.raises(SinkCommitError, match=r"'n' is long in the table but string in the batch.*Cast"):
+    with pytest.raises(SinkCommitError, match=r"'n' changed from int64 to string.*Cast"):
         sink.apply(changes([("+I", 2, 1, "b")], extra={"n": pa.array(["2"])}), batch_id=1)
     assert DeltaTable(sink.spec.path).version() == version
     assert live(sink.spec.path) == {1: ("a", seq(1))}
+
+
+def test_a_wider_type_widens_the_column_keeping_rows_properties_and_transaction_ids(make_sink):
+    sink = make_sink(name="wide", properties={"delta.appendOnly": "false"})
+    sink.apply(changes([("+I", 1, 1, "a")], extra={"n": pa.array([1], pa.int32())}), batch_id=0)
+    before = _metric(metrics.SCHEMA_CHANGES, table="wide", kind="widen_type")
+    sink.apply(changes([("+I", 2, 2, "b")], extra={"n": pa.array([2**40], pa.int64())}), batch_id=1)
+    table = DeltaTable(sink.spec.path)
+    assert pa.schema(table.schema().to_arrow()).field("n").type == pa.int64()
+    assert [r["n"] for r in read_rows(sink.spec.path, columns="id, n")] == [1, 2**40]
+    assert table.metadata().configuration["delta.appendOnly"] == "false"
+    assert sink.committed_batch_id() == 1
+    assert _metric(metrics.SCHEMA_CHANGES, table="wide", kind="widen_type") == before + 1
+    replay = sink.apply(changes([("+I", 2, 2, "b")], extra={"n": pa.array([2**40], pa.int64())}), batch_id=1)
+    assert not replay.committed                               # exactly once across the rewrite
+
+
+def test_evolve_drops_a_dropped_column_and_lenient_keeps_it_null(make_sink):
+    for behaviour, kept in (("evolve", False), ("lenient", True)):
+        sink = make_sink(name=f"drop_{behaviour}", schema_change=behaviour)
+        sink.apply(changes([("+I", 1, 1, "a")], extra={"n": pa.array([1], pa.int64())}), batch_id=0)
+        sink.apply(changes([("+U", 1, 2, "b")]), batch_id=1, dropped_columns=["n"])
+        names = pa.schema(DeltaTable(sink.spec.path).schema().to_arrow()).names
+        assert ("n" in names) == kept
+        assert read_rows(sink.spec.path)[0]["v"] == "b"
+        if kept:
+            assert read_rows(sink.spec.path)[0]["n"] is None
+
+
+def test_ignore_writes_neither_a_new_column_nor_a_wider_type(make_sink):
+    sink = make_sink(name="ign", schema_change="ignore")
+    sink.apply(changes([("+I", 1, 1, "a")], extra={"n": pa.array([1], pa.int32())}), batch_id=0)
+    sink.apply(changes([("+I", 2, 2, "b")], extra={"n": pa.array([2], pa.int64()), "x": pa.array(["new"])}),
+               batch_id=1)
+    schema = pa.schema(DeltaTable(sink.spec.path).schema().to_arrow())
+    assert "x" not in schema.names and schema.field("n").type == pa.int32()
+    assert [r["n"] for r in read_rows(sink.spec.path, columns="id, n")] == [1, 2]
 
 
 def test_null_key_raises_before_anything_is_written(make_sink):

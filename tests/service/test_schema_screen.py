@@ -1,0 +1,88 @@
+"""The per-table screen of schema changes (changelake.service.quarantine), on a real Delta table, no JVM:
+a refused change quarantines the table with every raw message kept; convert sets aside only the messages
+whose value the table's type cannot hold; a restarted decoder starts from the table's columns."""
+
+from __future__ import annotations
+
+import orjson
+import pyarrow as pa
+import pytest
+
+from changelake.connectors.delta_sink import TableSpec, open_sink
+from changelake.formats.debezium_json import DebeziumJsonDecoder
+from changelake.service.config import ChangelakeConfig
+from changelake.service.key_inference import TableKeys
+from changelake.service.quarantine import Quarantine
+from tests.formats.helpers import records
+
+pytestmark = pytest.mark.unit
+
+
+def _change(fields: list[tuple[str, str]], after: dict, pos: int) -> dict:
+    row = {"type": "struct", "optional": True, "fields": [{"type": t, "field": n, "optional": n != "id"}
+                                                          for n, t in fields]}
+    schema = {"type": "struct", "fields": [dict(row, field="before"), dict(row, field="after")]}
+    return {"schema": schema, "payload": {"op": "c", "before": None, "after": after,
+                                          "source": {"file": "mysql-bin.000001", "pos": pos}}}
+
+
+V1 = [("id", "int32"), ("qty", "int32"), ("name", "string")]
+WIDE = [("id", "int32"), ("qty", "int64"), ("name", "string")]
+NAME_IS_INT = [("id", "int32"), ("qty", "int32"), ("name", "int64")]
+
+
+def _setup(tmp_path, behaviour: str):
+    config = ChangelakeConfig.model_validate({
+        "pipeline": {"id": "screen", "checkpoint": str(tmp_path / "ckpt")},
+        "kafka": {"bootstrap_servers": "k:9092"},
+        "sources": [{"name": "items", "topics": ["shop.items"], "table": "items", "schema_change": behaviour,
+                     "options": {"schema-include": True}}],
+        "tables": [{"name": "items", "primary_key": ["id"]}],
+        "storage": {"root": str(tmp_path / "lake")}})
+    decoder = DebeziumJsonDecoder(options={"schema-include": True})
+    first = decoder.decode(records([_change(V1, {"id": 1, "qty": 1, "name": "a"}, 1)], topic="shop.items"))
+    open_sink(TableSpec(name="items", path=config.table_path("items"), primary_key=("id",)),
+              pipeline_id="screen").apply(first.rows, batch_id=0)
+    return config, Quarantine(config, TableKeys(config)), decoder
+
+
+def _screen(quarantine, decoder, raw):
+    result = decoder.decode(raw)
+    return quarantine.screen("items", source="items", decoder=decoder, raw=raw, rows=result.rows,
+                             dead_letters=result.dead_letters)
+
+
+def test_a_refused_change_quarantines_the_table_with_every_raw_message_until_a_restart(tmp_path):
+    _, quarantine, decoder = _setup(tmp_path, "lenient")
+    raw = records([_change(V1, {"id": 2, "qty": 2, "name": "b"}, 2),
+                   _change(NAME_IS_INT, {"id": 3, "qty": 3, "name": 7}, 3)], topic="shop.items")
+    out = _screen(quarantine, decoder, raw)
+    assert out.rows.num_rows == 0
+    assert out.dead_letters["value"].to_pylist() == raw["value"].to_pylist()          # raw bytes, none lost
+    assert set(out.dead_letters["reason"].to_pylist()) == {"schema-incompatible"}
+    assert "column 'name' changed from string to int64" in out.dead_letters["error"][0].as_py()
+    later = records([_change(V1, {"id": 4, "qty": 4, "name": "d"}, 4)], topic="shop.items", first_offset=200)
+    assert _screen(quarantine, decoder, later).dead_letters["offset"].to_pylist() == [200]
+    assert "items" in quarantine.tables
+
+
+def test_convert_sets_aside_only_the_values_the_table_type_cannot_hold(tmp_path):
+    _, quarantine, decoder = _setup(tmp_path, "ignore")
+    raw = records([_change(WIDE, {"id": 2, "qty": 5, "name": "b"}, 2),
+                   _change(WIDE, {"id": 3, "qty": 2**40, "name": "c"}, 3)], topic="shop.items")
+    out = _screen(quarantine, decoder, raw)
+    assert out.rows.schema.field("qty").type == pa.int32() and out.rows["id"].to_pylist() == [2]
+    assert out.dead_letters["reason"].to_pylist() == ["schema-mismatch"]
+    assert orjson.loads(out.dead_letters["value"][0].as_py())["payload"]["after"]["id"] == 3
+    assert not quarantine.tables
+
+
+def test_a_restarted_decoder_reads_an_older_schema_as_the_table_holds_it(tmp_path):
+    _, quarantine, _ = _setup(tmp_path, "try_evolve")
+    fresh = DebeziumJsonDecoder(options={"schema-include": True})
+    quarantine.prepare("items", fresh)
+    raw = records([_change(NAME_IS_INT, {"id": 5, "qty": 5, "name": 9}, 5),
+                   _change(V1, {"id": 6, "qty": 6, "name": "f"}, 6)], topic="shop.items")
+    out = _screen(quarantine, fresh, raw)
+    assert out.rows.select(["id", "name"]).to_pylist() == [{"id": 5, "name": "9"}, {"id": 6, "name": "f"}]
+    assert out.dead_letters.num_rows == 0 and out.dropped == ()
