@@ -123,6 +123,11 @@ class TableSpec:
     #: Delta table properties the user asks for (e.g. delta.enableChangeDataFeed); set at creation and
     #: on an existing table whose values differ
     properties: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), hash=False)
+    #: "scd2": keep every version of each key (``connectors/delta_history.py``); None: upsert the latest
+    history: Literal["scd2"] | None = None
+    #: history tables: the columns whose changes open a new version (None: every column); changes to
+    #: the others update the current version in place
+    track_history: tuple[str, ...] | None = None
     #: what the table does when its source's columns change (``delta_sink_schema`` module doc)
     schema_change: str = "lenient"
 
@@ -150,6 +155,16 @@ class TableSpec:
                               f"(names starting with '_'): {reserved}")
         if self.tombstone_retention <= timedelta(0):
             raise ConfigError(f"table {self.name}: tombstone_retention must be positive")
+        if self.history not in (None, "scd2"):
+            raise ConfigError(f"table {self.name}: history must be scd2 or unset, got {self.history!r}")
+        if self.track_history is not None:
+            if self.history is None:
+                raise ConfigError(f"table {self.name}: track_history applies to history tables; add history: scd2")
+            object.__setattr__(self, "track_history", tuple(self.track_history))
+            bad = [c for c in self.track_history if c.startswith("_") or c in self.primary_key]
+            if bad:
+                raise ConfigError(f"table {self.name}: track_history lists key or reserved column(s) {bad}; "
+                                  "list the non-key columns whose changes open a new version")
 
     @property
     def resolved_tombstone_path(self) -> str:
@@ -373,7 +388,8 @@ class DeltaUpsertSink(abc.ABC):
         elif not self._contract_checked:
             check_table_contract(path=spec.path, properties=state.properties,
                                  partition_columns=state.partition_columns, schema=state.schema,
-                                 primary_key=spec.primary_key, partition_by=spec.partition_by)
+                                 primary_key=spec.primary_key, partition_by=spec.partition_by,
+                                 history=spec.history)
             changed = {k: v for k, v in spec.properties.items() if state.properties.get(k) != v}
             if changed:
                 log.info("table %s: setting table properties %s", spec.name, changed)
@@ -694,6 +710,10 @@ def open_sink(spec: TableSpec, *, pipeline_id: str, engine: Engine = "auto",
     if engine == "delta-spark":
         raise ConfigError("sink engine delta-spark needs a Spark session: open it with "
                           "changelake.spark.delta_sink.open_sink(spec, spark=...), or use engine delta-rs")
+    if spec.history is not None:
+        from changelake.connectors.delta_history import DeltaRsHistorySink
+
+        return DeltaRsHistorySink(spec, pipeline_id=pipeline_id, clock=clock, max_commit_retries=max_commit_retries)
     from changelake.connectors.delta_sink_rs import DeltaRsSink
 
     return DeltaRsSink(spec, pipeline_id=pipeline_id, clock=clock, max_commit_retries=max_commit_retries)

@@ -60,6 +60,10 @@ PROP_TOMBSTONES = "changelake.tombstoneTable"
 PROP_TOMBSTONES_OF = "changelake.tombstonesOf"
 #: the position of the latest truncate applied to the table: it holds no change from before it
 PROP_TRUNCATED_BEFORE = "changelake.truncatedBefore"
+#: "scd2" on a history table (``TableSpec.history``), absent on an upsert table
+PROP_HISTORY = "changelake.history"
+#: JSON list of a history table's tracked columns; absent when every column is tracked
+PROP_TRACK_HISTORY = "changelake.trackHistory"
 
 #: Column of the tombstone table holding when the delete was committed.
 DELETED_AT = "_deleted_at"
@@ -109,8 +113,9 @@ def tombstone_properties(primary_key: Sequence[str], table_path: str) -> dict[st
 
 
 def check_table_contract(*, path: str, properties: Mapping[str, str], partition_columns: Sequence[str],
-                         schema: pa.Schema, primary_key: Sequence[str], partition_by: Sequence[str]) -> None:
-    """Refuse to write into an existing table that another key or layout was declared for."""
+                         schema: pa.Schema, primary_key: Sequence[str], partition_by: Sequence[str],
+                         history: str | None = None) -> None:
+    """Refuse to write into an existing table that another key, layout or history mode was declared for."""
     recorded = properties.get(PROP_PRIMARY_KEY)
     if recorded is None:
         raise SinkCommitError(
@@ -125,6 +130,11 @@ def check_table_contract(*, path: str, properties: Mapping[str, str], partition_
         raise SinkCommitError(
             f"table {path} is partitioned by {list(partition_columns)} but the pipeline declares "
             f"partition_by {list(partition_by)}; fix partition_by or write to a new table")
+    if properties.get(PROP_HISTORY) != history:
+        raise SinkCommitError(
+            f"table {path} is {'a history table (history: ' + properties[PROP_HISTORY] + ')' if properties.get(PROP_HISTORY) else 'an upsert table'}"
+            f" but the pipeline declares {'history: ' + history if history else 'an upsert table (no history)'}; "
+            "fix the table's history setting or write to a new table")
     if SEQ not in schema.names:
         raise SinkCommitError(f"table {path} lacks the {SEQ} column the sink orders changes by; "
                               "write to a new table")
@@ -218,7 +228,7 @@ def column_changes(table_schema: pa.Schema, source_fields: Sequence[pa.Field], *
         old = table_schema.field(field.name).type if field.name in table_schema.names else None
         out.append(ColumnChange(kind, field.name, old, field.type, _OUTCOME[kind][behaviour]))
     for name in dropped:
-        if name not in table_schema.names or name in [f.name for f in source_fields]:
+        if name not in table_schema.names:     # a dropped column may still be in a batch: older rows hold it
             continue
         kind = ("drop_key_column" if name in primary_key else
                 "drop_partition_column" if name in partition_by else "drop_column")

@@ -233,10 +233,22 @@ class TableSpecModel(_Model):
     maintenance: MaintenanceSpec = MaintenanceSpec()
     properties: dict[str, str] = Field(default_factory=dict, description="Delta table properties set on the "
                                        "table, e.g. delta.enableChangeDataFeed: 'true'")
+    history: Literal["scd2"] | None = Field(None, description="scd2: keep every version of each key, with "
+                                            "__start_at/__end_at (the _seq positions that opened and closed it; "
+                                            "docs/sink.md 'History tables'); unset: the table holds the latest row")
+    track_history: list[str] | None = Field(None, min_length=1, description="history: scd2 only: the columns "
+                                            "whose changes open a new version; changes to the other columns update "
+                                            "the current version in place (default: every column opens one)")
     schema_change: SchemaChange | None = Field(None, description="this table's schema_change behaviour "
                                                "(default: that of the source it mirrors)")
 
     _retention = field_validator("tombstone_retention")(_check_duration)
+
+    @model_validator(mode="after")
+    def _history(self) -> "TableSpecModel":
+        if self.track_history is not None and self.history is None:
+            raise ValueError("track_history applies to history tables; add history: scd2 or remove track_history")
+        return self
 
     @field_validator("properties")
     @classmethod
@@ -550,6 +562,12 @@ class ChangelakeConfig(_Model):
                                  "would empty its mirror while the views' state (joins, aggregates) kept the rows. Set "
                                  "on_truncate: skip or fail for it, or give it a source entry of its own that only "
                                  "mirrors (docs/formats.md, 'Truncates')"))
+            if s.truncate_policy == "apply" and s.table is not None and \
+                    next((t.history for t in self.tables if t.name == s.table), None) is not None:
+                problems.append((("sources", i, "on_truncate"),
+                                 f"source {s.name!r} has on_truncate: apply, but its table {s.table!r} is a history "
+                                 "table (history: scd2), which keeps every version and does not apply truncates. "
+                                 "Set on_truncate: skip or fail"))
             if s.table is None and s.name not in read:
                 problems.append((("sources", i), f"source {s.name!r} has no 'table' and no view or table reads it"))
         for i, v in enumerate(self.views):

@@ -51,7 +51,7 @@ import pyarrow.compute as pc
 from changelake import metrics
 from changelake.changelog import DEAD_LETTER_SCHEMA, KIND, SEQ, RowKind
 from changelake.connectors.delta_sink import DeltaUpsertSink, Maintenance, TableSpec, open_sink
-from changelake.connectors.delta_sink_kernel import check_truncate_order
+from changelake.connectors.delta_sink_kernel import check_truncate_order, latest_per_key
 from changelake.errors import ConfigError, DecodeError
 from changelake.formats import make_decoder
 from changelake.formats.encodings import source_schema
@@ -162,6 +162,8 @@ class BatchProcessor:
                              partition_by=tuple(t.partition_by), nullable_key=nullable, unavailable_value=unavailable,
                              tombstone_retention=timedelta(seconds=parse_duration(t.tombstone_retention)),
                              maintenance=_maintenance(t.maintenance), properties=t.properties,
+                             history=t.history,
+                             track_history=None if t.track_history is None else tuple(t.track_history),
                              schema_change=self.config.schema_change_of(name),
                              storage_options=self.config.storage.plain_options())
             opened = dict(pipeline_id=self.config.pipeline.id, engine=self.config.storage.engine)
@@ -278,7 +280,12 @@ class BatchProcessor:
             per_table[name] = [_empty(empty[name])]
         for name, changes in (graph_changes or {}).items():
             pk = self.config.table(name).primary_key
-            per_table.setdefault(name, []).append(graph_sink_changes(changes, primary_key=pk, batch_id=batch_id))
+            out = graph_sink_changes(changes, primary_key=pk, batch_id=batch_id)
+            if self.config.table(name).history is not None:
+                # a view's history has one version per batch and key: the batch's intermediate rows
+                # are the order the operators ran in, not states the source went through
+                out = latest_per_key(out, primary_key=pk)
+            per_table.setdefault(name, []).append(out)
 
         _fault("before-sinks", batch_id)
         self.dead_letters.write(letters, batch_id=batch_id)

@@ -128,6 +128,11 @@ class Quarantine:
         for c in changes.values():
             if c.outcome != "apply":
                 metrics.SCHEMA_CHANGES_NOT_APPLIED.labels(table=table, kind=c.kind, outcome=c.outcome).inc()
+        if from_schema:     # a column the source dropped earlier, still read by the decoder: all NULL, not written
+            known = {n for schema in schemas for n in schema.names} | set(columns.names) | meta
+            stale = [n for n in user_columns(rows) if n not in known]
+            if stale:
+                rows = rows.drop_columns(stale)
         converted = [c for c in changes.values() if c.outcome == "convert" and c.column in rows.column_names]
         if converted:
             rows, dead_letters = convert(rows, dead_letters, raw, {c.column: columns.field(c.column).type

@@ -369,6 +369,14 @@ def open_sink(spec: TableSpec, *, pipeline_id: str, engine: Engine = "auto", spa
     """
     if engine not in ("auto", "delta-rs", "delta-spark"):
         raise ConfigError(f"unknown sink engine {engine!r}; expected auto, delta-rs or delta-spark")
+    if spec.history is not None:
+        # a history batch is rebuilt on the driver from the keys' stored versions and merged from there:
+        # delta-rs writes it whatever the engine (both write the same Delta protocol)
+        if engine == "delta-spark":
+            log.info("table %s: history tables are written with delta-rs (engine delta-spark applies to "
+                     "upsert tables)", spec.name)
+        return open_rs_sink(spec, pipeline_id=pipeline_id, engine="delta-rs", clock=clock,
+                            max_commit_retries=max_commit_retries)
     if engine in ("auto", "delta-spark"):
         missing = delta_spark_missing(spark)
         if missing is None:
