@@ -58,7 +58,8 @@ class PipelineSettings(_Model):
     trigger_interval: str = Field("10 seconds", description="how often a micro-batch starts ('10 seconds')")
     available_now: bool = Field(False, description="read what is there, then stop (batch-style catch-up)")
     max_records_per_batch: int | None = Field(200_000, gt=0, description="Kafka records per micro-batch at most; "
-                                              "null: no cap")
+                                              "it bounds the driver's memory per batch (operations.md, 'Scaling "
+                                              "out'); null: no cap")
     read_tasks: int = Field(2, gt=0, description="Spark tasks that read Kafka per micro-batch; about the executor cores")
     state_ttl: str | None = Field(None, description="idle-state retention of every operator ('1 day'); none: forever")
     on_stale_retraction: Literal["warn", "fail"] = Field(

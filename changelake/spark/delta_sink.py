@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -86,7 +86,8 @@ class DeltaSparkSink(DeltaUpsertSink):
 
     # --- a batch that stays distributed ----------------------------------------------
 
-    def apply_frame(self, changes: Any, *, batch_id: int, truncate_at: str | None = None) -> ApplyResult:
+    def apply_frame(self, changes: Any, *, batch_id: int, truncate_at: str | None = None,
+                    dropped_columns: Sequence[str] = ()) -> ApplyResult:
         """``apply`` for a batch that is a Spark DataFrame (the changelog columns, ``_kind``, ``_seq``):
         reduced, split and merged on the executors, exactly once per (pipeline id, table, batch id).
 
@@ -97,7 +98,8 @@ class DeltaSparkSink(DeltaUpsertSink):
             raise ValueError(f"batch_id must be >= 0, got {batch_id}")
         changes = frames.with_position(changes)
         self._validate_frame(changes)
-        return self._committing(batch_id, lambda: self._apply_frame_once(changes, batch_id, truncate_at))
+        dropped = tuple(dropped_columns)
+        return self._committing(batch_id, lambda: self._apply_frame_once(changes, batch_id, truncate_at, dropped))
 
     def _validate_frame(self, changes: Any) -> None:
         """``validate_changes`` of the Arrow kernel, as one aggregation."""
@@ -126,14 +128,17 @@ class DeltaSparkSink(DeltaUpsertSink):
             raise SinkCommitError(f"batch for table {spec.name} has {row['bad']} row(s) with an unknown {KIND} "
                                   "code; valid codes are 0 (+I), 1 (-U), 2 (+U), 3 (-D)")
 
-    def _apply_frame_once(self, changes: Any, batch_id: int,
-                          truncate_at: str | None) -> tuple[ApplyResult, MergeCounts | None]:
+    def _apply_frame_once(self, changes: Any, batch_id: int, truncate_at: str | None,
+                          dropped_columns: tuple[str, ...]) -> tuple[ApplyResult, MergeCounts | None]:
         from pyspark.sql import functions as F
 
         spec = self.spec
-        begun = self._begin(to_arrow_schema(changes.drop(frames.POSITION).schema), batch_id, truncate_at)
+        begun = self._begin(to_arrow_schema(changes.drop(frames.POSITION).schema), batch_id, truncate_at,
+                            dropped_columns)
         if isinstance(begun, ApplyResult):
             return begun, None
+        if begun.skip:
+            changes = changes.drop(*[c for c in begun.skip if c in changes.columns])
         before_truncate = 0
         if begun.horizon is not None:
             prefix = kafka_partition_prefix(begun.horizon)
