@@ -64,6 +64,11 @@ TRUNCATES = Counter(
     "changelake_truncates_total",
     "TRUNCATE messages read, by source and what its on_truncate did with them (apply, skip).",
     ["source", "action"], registry=REGISTRY)
+TABLE_BAD_RECORDS = Counter(
+    "changelake_table_bad_records_total",
+    "Bad messages by the table they were meant for (\"\" when none: a routed source's message no route took), "
+    "reason, and what the source's on_error did with them (dlq, skip, fail).", ["table", "reason", "action"],
+    registry=REGISTRY)
 SKIPPED_BAD = Counter(
     "changelake_bad_records_skipped_total", "Bad messages dropped because the source says on_error: skip.",
     ["topic", "reason"], registry=REGISTRY)

@@ -12,6 +12,7 @@ header                      value
 ``changelake.partition``    its partition (decimal)
 ``changelake.offset``       its offset (decimal)
 ``changelake.source``       the pipeline source (``sources[].name``) that read it
+``changelake.table``        the table it was meant for (absent when none: a routed message no rule took)
 ``changelake.pipeline``     the pipeline id
 ``changelake.batch``        the micro-batch id (decimal)
 ==========================  ====================================================
@@ -53,6 +54,7 @@ HEADER_PREFIX = "changelake."
 LEDGER_SCHEMA = pa.schema([pa.field("batch_id", pa.int64()), pa.field("topic", pa.string()),
                            pa.field("partition", pa.int32()), pa.field("end_offset", pa.int64())])
 #: columns of the letters handed to :meth:`DeadLetterTopic.write`
+#: (and optionally ``table``, string: the table a letter was meant for, null for none)
 LETTER_SCHEMA = DEAD_LETTER_SCHEMA.append(pa.field("source", pa.string())).append(
     pa.field("dead_letter_topic", pa.string()))
 _TIMEOUT_S = 60
@@ -63,6 +65,8 @@ def letter_headers(letter: Mapping[str, Any], *, pipeline_id: str, batch_id: int
     fields = {"reason": letter["reason"], "error": letter["error"], "topic": letter["topic"],
               "partition": letter["partition"], "offset": letter["offset"], "source": letter["source"],
               "pipeline": pipeline_id, "batch": batch_id}
+    if letter.get("table"):
+        fields["table"] = letter["table"]
     return [(HEADER_PREFIX + k, str(v).encode()) for k, v in fields.items()]
 
 

@@ -14,7 +14,8 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from changelake.changelog import DEAD_LETTER_SCHEMA
 
 STORE_SCHEMA = DEAD_LETTER_SCHEMA.append(pa.field("source", pa.string())).append(
-    pa.field("pipeline_id", pa.string())).append(pa.field("batch_id", pa.int64()))
+    pa.field("pipeline_id", pa.string())).append(pa.field("batch_id", pa.int64())).append(
+    pa.field("table", pa.string()))
 
 
 class DeadLetterStore:
@@ -24,18 +25,21 @@ class DeadLetterStore:
         self._app_id = f"changelake:{pipeline_id}:dead-letters"
         self._storage_options = storage_options or None
 
-    def append(self, letters: pa.Table, *, source: str | pa.Array, batch_id: int) -> bool:
-        """Append ``letters`` (DEAD_LETTER_SCHEMA); False when this batch was already written."""
+    def append(self, letters: pa.Table, *, source: str | pa.Array, batch_id: int,
+               table: str | pa.Array | None = None) -> bool:
+        """Append ``letters`` (DEAD_LETTER_SCHEMA), each with the table it was meant for (None: none); False
+        when this batch was already written. A store written before the ``table`` column existed gets it."""
         if letters.num_rows == 0:
             return False
         if self._committed_version() >= batch_id:
             return False
         n = letters.num_rows
         src = source if isinstance(source, (pa.Array, pa.ChunkedArray)) else pa.array([source] * n, pa.string())
-        table = letters.cast(DEAD_LETTER_SCHEMA).append_column("source", src) \
+        meant = table if isinstance(table, (pa.Array, pa.ChunkedArray)) else pa.array([table] * n, pa.string())
+        rows = letters.cast(DEAD_LETTER_SCHEMA).append_column("source", src) \
             .append_column("pipeline_id", pa.array([self.pipeline_id] * n, pa.string())) \
-            .append_column("batch_id", pa.array([batch_id] * n, pa.int64()))
-        write_deltalake(self.path, table.cast(STORE_SCHEMA), mode="append",
+            .append_column("batch_id", pa.array([batch_id] * n, pa.int64())).append_column("table", meant)
+        write_deltalake(self.path, rows.cast(STORE_SCHEMA), mode="append", schema_mode="merge",
                         storage_options=self._storage_options,
                         commit_properties=CommitProperties(app_transactions=[Transaction(self._app_id, batch_id)]))
         return True

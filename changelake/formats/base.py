@@ -30,6 +30,7 @@ REASONS = (
     "missing-before",     # an update/delete without the before-image the format needs
     "unsupported",        # valid message the configuration says not to accept (a truncate with on_truncate: fail)
     "schema-incompatible",  # its writer schema changed in a way the table cannot take (the source is quarantined)
+    "unrouted",           # a routed source's message that names no source table, or one no route rule takes
 )
 
 

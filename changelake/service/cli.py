@@ -143,8 +143,10 @@ def _dispatch(args: argparse.Namespace) -> int:
             problems += [origins.problem(loc, message) for loc, message in graph_problems(config)]
         if problems:
             raise ConfigError(problem_listing(args.config, problems))
+        routes = sum(len(s.route) for s in config.sources if s.route)
         print(f"{args.config}: ok ({len(config.sources)} source(s), {len(config.views)} view(s), "
-              f"{len(config.tables)} table(s))")
+              f"{len(config.tables)} table(s)" + (f", {routes} route rule(s) creating tables as they see them"
+                                                  if routes else "") + ")")
         return 0
     if args.command == "status":
         from changelake.service.status import collect_status, format_status

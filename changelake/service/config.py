@@ -118,6 +118,113 @@ class StartingTimestamp(_Model):
         return int(moment.timestamp() * 1000)
 
 
+class MaintenanceSpec(_Model):
+    """Scheduled Delta maintenance of one table and its tombstone table, run after a batch's commits."""
+
+    compact_every: str | None = Field("15 minutes", description="how often to check for small files and compact "
+                                      "them (OPTIMIZE; readers see the same rows); null: never")
+    compact_min_files: int = Field(32, ge=2, description="compact only when the table has more live files than this")
+    vacuum_every: str | None = Field("1 day", description="how often to delete files the table no longer uses "
+                                     "(VACUUM); null: never")
+    vacuum_retention: str = Field("7 days", description="VACUUM keeps unused files this long: a reader or time "
+                                  "travel older than this fails")
+
+    _durations = field_validator("compact_every", "vacuum_every")(_check_optional_duration)
+    _retention = field_validator("vacuum_retention")(_check_duration)
+
+
+class TableSettings(_Model):
+    """The settings of a Delta table that a pipeline writes: those of ``tables[]`` entries, and those a
+    route rule gives every table it creates (``sources[].route[]``)."""
+
+    primary_key: list[str] | None = Field(None, min_length=1, description="key columns; default: the field "
+                                          "names of the Kafka message keys (Debezium key struct), learnt once")
+    partition_by: list[str] = Field(default_factory=list)
+    tombstone_retention: str = "7 days"
+    maintenance: MaintenanceSpec = MaintenanceSpec()
+    properties: dict[str, str] = Field(default_factory=dict, description="Delta table properties set on the "
+                                       "table, e.g. delta.enableChangeDataFeed: 'true'")
+    schema_change: SchemaChange | None = Field(None, description="this table's schema_change behaviour "
+                                               "(default: that of the source it mirrors)")
+
+    _retention = field_validator("tombstone_retention")(_check_duration)
+
+    @field_validator("properties")
+    @classmethod
+    def _own_properties(cls, props: dict[str, str]) -> dict[str, str]:
+        mine = sorted(k for k in props if k.startswith("changelake."))
+        if mine:
+            raise ValueError(f"properties {mine} are changelake's own (the sink sets them); remove them")
+        return props
+
+    def table_settings(self) -> dict[str, Any]:
+        """The values of the fields a ``tables[]`` entry shares with this model (for a routed table's entry)."""
+        shared = set(TableSpecModel.model_fields) - {"name", "from_", "path"}
+        return {k: getattr(self, k) for k in type(self).model_fields if k in shared}
+
+
+class TableSpecModel(TableSettings):
+    name: str
+    from_: str | None = Field(None, alias="from", description="the view or source whose changelog the table holds; "
+                              "omit for a table that sources mirror through their 'table' key")
+    path: str | None = Field(None, description="table URI; default <storage.root>/<name>")
+    history: Literal["scd2"] | None = Field(None, description="scd2: keep every version of each key, with "
+                                            "__start_at/__end_at (the _seq positions that opened and closed it; "
+                                            "docs/sink.md 'History tables'); unset: the table holds the latest row")
+    track_history: list[str] | None = Field(None, min_length=1, description="history: scd2 only: the columns "
+                                            "whose changes open a new version; changes to the other columns update "
+                                            "the current version in place (default: every column opens one)")
+
+    @model_validator(mode="after")
+    def _history(self) -> "TableSpecModel":
+        if self.track_history is not None and self.history is None:
+            raise ValueError("track_history applies to history tables; add history: scd2 or remove track_history")
+        return self
+
+
+class RouteRule(TableSettings):
+    """One rule of a routed source (``sources[].route``): the changes of every source table whose name matches
+    ``source_table`` go to the Delta table named by ``table``, created on first sight with this rule's settings.
+    The first rule that matches a change's table wins."""
+
+    source_table: str = Field(description="a regular expression over the change's own table name, "
+                              "'<database>.<table>' ('<database>.<schema>.<table>' when the message names a "
+                              "schema, as Debezium for Postgres does; OGG: its 'SCHEMA.TABLE'), matched whole")
+    table: str = Field(description="the target table's name: a template in which $1..$9 are source_table's "
+                       "capture groups and replace_symbol stands for the source table's own name")
+    replace_symbol: str | None = Field(None, min_length=1, description="the text in 'table' (and 'path') that "
+                                       "stands for the source table's name (its last part), e.g. '<>'")
+    path: str | None = Field(None, description="table URI template (as 'table'); default <storage.root>/<table>")
+    columns: dict[str, str | ColumnDecl] | None = Field(
+        None, description="for messages without a schema: the columns of every table of this rule (name -> type or "
+        "{type, encoding, scale}); default: names and types read from the values of the table's first batch")
+    origin_columns: bool = Field(False, description="add the columns source_db and source_table (the change's "
+                                 "own database and table) to the rows and to the primary key, so that rows of "
+                                 "sharded tables merged into one table stay apart even when their keys collide")
+
+    _columns = field_validator("columns", mode="before")(_check_columns)
+
+    @model_validator(mode="after")
+    def _check_rule(self) -> "RouteRule":
+        try:
+            rx = re.compile(self.source_table)
+        except re.error as exc:
+            raise ValueError(f"source_table is not a valid regular expression: {exc}") from None
+        for template in (self.table, self.path or ""):
+            for ref in re.findall(r"\$(\d+)", template):
+                if int(ref) > rx.groups:
+                    raise ValueError(f"{template!r} refers to ${ref}, but source_table {self.source_table!r} "
+                                     f"has {rx.groups} capture group(s)")
+        if self.origin_columns and self.primary_key and set(ORIGIN_COLUMNS) & set(self.primary_key):
+            raise ValueError(f"origin_columns adds {list(ORIGIN_COLUMNS)} to the key itself; leave them out of "
+                             "primary_key")
+        return self
+
+
+#: the columns ``origin_columns: true`` adds (the change's own database and table)
+ORIGIN_COLUMNS = ("source_db", "source_table")
+
+
 class SourceSpec(_Model):
     name: str = Field(description="unique among sources; views and tables read the source by it")
     topics: list[str] | None = Field(None, description="the topics to read (or topic_pattern)")
@@ -146,6 +253,9 @@ class SourceSpec(_Model):
     dead_letter_topic: str | None = Field(None, description="Kafka topic for this source's dead letters "
                                           "(overrides dead_letter.topic); else the dead-letter Delta table")
     table: str | None = Field(None, description="mirror the source into this table; omit when only views read it")
+    route: list[RouteRule] | None = Field(None, min_length=1, description="route each change to a table named "
+                                          "from the change's own database and table, created on first sight "
+                                          "(docs/pipelines.md, 'Routing a database'); instead of 'table'")
     primary_key: list[str] | None = Field(None, description="the source rows' key, for views that read the source "
                                           "(default: the primary key of its table)")
     normalize: bool | None = Field(None, description="ChangelogNormalize behind the source for views: re-delivered "
@@ -197,6 +307,12 @@ class SourceSpec(_Model):
         if isinstance(self.starting_offsets, StartingTimestamp) and self.topic_pattern is not None:
             raise ValueError("starting_offsets by timestamp needs 'topics' (a list): the topics a pattern matches "
                              "are not known when the checkpoint starts")
+        if self.route is not None:
+            if self.table is not None:
+                raise ValueError("give 'table' (one table) or 'route' (a table per source table), not both")
+            if self.columns is not None:
+                raise ValueError("a routed source declares columns per route rule (route[].columns), not on the "
+                                 "source")
         if bool(self.topics) == bool(self.topic_pattern):
             raise ValueError("give exactly one of 'topics' (a list) or 'topic_pattern' (a regular expression)")
         if self.topic_pattern is not None:
@@ -205,59 +321,6 @@ class SourceSpec(_Model):
             except re.error as exc:
                 raise ValueError(f"topic_pattern is not a valid regular expression: {exc}") from None
         return self
-
-
-class MaintenanceSpec(_Model):
-    """Scheduled Delta maintenance of one table and its tombstone table, run after a batch's commits."""
-
-    compact_every: str | None = Field("15 minutes", description="how often to check for small files and compact "
-                                      "them (OPTIMIZE; readers see the same rows); null: never")
-    compact_min_files: int = Field(32, ge=2, description="compact only when the table has more live files than this")
-    vacuum_every: str | None = Field("1 day", description="how often to delete files the table no longer uses "
-                                     "(VACUUM); null: never")
-    vacuum_retention: str = Field("7 days", description="VACUUM keeps unused files this long: a reader or time "
-                                  "travel older than this fails")
-
-    _durations = field_validator("compact_every", "vacuum_every")(_check_optional_duration)
-    _retention = field_validator("vacuum_retention")(_check_duration)
-
-
-class TableSpecModel(_Model):
-    name: str
-    from_: str | None = Field(None, alias="from", description="the view or source whose changelog the table holds; "
-                              "omit for a table that sources mirror through their 'table' key")
-    path: str | None = Field(None, description="table URI; default <storage.root>/<name>")
-    primary_key: list[str] | None = Field(None, min_length=1, description="key columns; default: the field "
-                                          "names of the Kafka message keys (Debezium key struct), learnt once")
-    partition_by: list[str] = Field(default_factory=list)
-    tombstone_retention: str = "7 days"
-    maintenance: MaintenanceSpec = MaintenanceSpec()
-    properties: dict[str, str] = Field(default_factory=dict, description="Delta table properties set on the "
-                                       "table, e.g. delta.enableChangeDataFeed: 'true'")
-    history: Literal["scd2"] | None = Field(None, description="scd2: keep every version of each key, with "
-                                            "__start_at/__end_at (the _seq positions that opened and closed it; "
-                                            "docs/sink.md 'History tables'); unset: the table holds the latest row")
-    track_history: list[str] | None = Field(None, min_length=1, description="history: scd2 only: the columns "
-                                            "whose changes open a new version; changes to the other columns update "
-                                            "the current version in place (default: every column opens one)")
-    schema_change: SchemaChange | None = Field(None, description="this table's schema_change behaviour "
-                                               "(default: that of the source it mirrors)")
-
-    _retention = field_validator("tombstone_retention")(_check_duration)
-
-    @model_validator(mode="after")
-    def _history(self) -> "TableSpecModel":
-        if self.track_history is not None and self.history is None:
-            raise ValueError("track_history applies to history tables; add history: scd2 or remove track_history")
-        return self
-
-    @field_validator("properties")
-    @classmethod
-    def _own_properties(cls, props: dict[str, str]) -> dict[str, str]:
-        mine = sorted(k for k in props if k.startswith("changelake."))
-        if mine:
-            raise ValueError(f"properties {mine} are changelake's own (the sink sets them); remove them")
-        return props
 
 
 def _yaml_on(cls, data: Any) -> Any:
@@ -490,7 +553,8 @@ class ChangelakeConfig(_Model):
     sources: list[SourceSpec] = Field(min_length=1)
     lookups: list[LookupSpec] = Field(default_factory=list)
     views: list[ViewSpec] = Field(default_factory=list)
-    tables: list[TableSpecModel] = Field(min_length=1)
+    tables: list[TableSpecModel] = Field(default_factory=list, description="the tables the pipeline writes "
+                                         "(routed sources create theirs as they see them)")
     storage: StorageSettings = StorageSettings()
     dead_letter: DeadLetterSettings = DeadLetterSettings()
     metrics: MetricsSettings = MetricsSettings()
@@ -518,6 +582,9 @@ class ChangelakeConfig(_Model):
                                      f"also {section}.{seen[item.name]}"))
                 seen.setdefault(item.name, i)
         names = [t.name for t in self.tables]
+        if not self.tables and not any(s.route for s in self.sources):
+            problems.append((("tables",), "the pipeline writes no table: list tables under 'tables', or give a "
+                             "source a 'route'"))
         for i, s in enumerate(self.sources):
             if s.table is not None and s.table not in names:
                 problems.append((("sources", i, "table"), f"source {s.name!r} writes to table {s.table!r}, which "
@@ -563,13 +630,17 @@ class ChangelakeConfig(_Model):
                                  "would empty its mirror while the views' state (joins, aggregates) kept the rows. Set "
                                  "on_truncate: skip or fail for it, or give it a source entry of its own that only "
                                  "mirrors (docs/formats.md, 'Truncates')"))
+            if s.route is not None and s.name in read:
+                problems.append((("sources", i, "route"), f"source {s.name!r} is routed to tables of its own, so "
+                                 "views and tables cannot read it; give them a source entry of their own for "
+                                 "the topics they need"))
             if s.truncate_policy == "apply" and s.table is not None and \
                     next((t.history for t in self.tables if t.name == s.table), None) is not None:
                 problems.append((("sources", i, "on_truncate"),
                                  f"source {s.name!r} has on_truncate: apply, but its table {s.table!r} is a history "
                                  "table (history: scd2), which keeps every version and does not apply truncates. "
                                  "Set on_truncate: skip or fail"))
-            if s.table is None and s.name not in read:
+            if s.table is None and s.route is None and s.name not in read:
                 problems.append((("sources", i), f"source {s.name!r} has no 'table' and no view or table reads it"))
         for i, v in enumerate(self.views):
             if v.name not in read:

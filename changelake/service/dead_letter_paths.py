@@ -30,21 +30,25 @@ class DeadLetterPaths:
                                      properties=config.kafka.plain_properties(), pipeline_id=config.pipeline.id,
                                      ledger_path=ledger_path(config), storage_options=storage)
 
-    def write(self, letters: list[tuple[str, pa.Table]], *, batch_id: int) -> None:
-        """Write one batch's dead letters, given as (source name, DEAD_LETTER_SCHEMA table) pairs."""
-        to_table = [(s, t) for s, t in letters if self._topic_of[s] is None and t.num_rows]
-        to_topic = [(s, t) for s, t in letters if self._topic_of[s] is not None and t.num_rows]
+    def write(self, letters: list[tuple[str, pa.Table, str | None] | tuple[str, pa.Table]], *, batch_id: int) -> None:
+        """Write one batch's dead letters, given as (source name, DEAD_LETTER_SCHEMA table, the table they were
+        meant for or None) triples; a pair means no table."""
+        letters = [(s[0], s[1], s[2] if len(s) > 2 else None) for s in letters]
+        to_table = [(s, t, n) for s, t, n in letters if self._topic_of[s] is None and t.num_rows]
+        to_topic = [(s, t, n) for s, t, n in letters if self._topic_of[s] is not None and t.num_rows]
         if to_table:
-            self.store.append(_concat(to_table), source=_repeat(to_table, lambda s: s), batch_id=batch_id)
+            self.store.append(_concat(to_table), source=_repeat(to_table, lambda s, n: s),
+                              table=_repeat(to_table, lambda s, n: n), batch_id=batch_id)
         if to_topic:
-            table = _concat(to_topic).append_column("source", _repeat(to_topic, lambda s: s)) \
-                .append_column("dead_letter_topic", _repeat(to_topic, self._topic_of.__getitem__))
-            self.topic.write(table.cast(LETTER_SCHEMA), batch_id=batch_id)
+            table = _concat(to_topic).append_column("source", _repeat(to_topic, lambda s, n: s)) \
+                .append_column("dead_letter_topic", _repeat(to_topic, lambda s, n: self._topic_of[s])) \
+                .cast(LETTER_SCHEMA).append_column("table", _repeat(to_topic, lambda s, n: n))
+            self.topic.write(table, batch_id=batch_id)
 
 
-def _concat(letters: list[tuple[str, pa.Table]]) -> pa.Table:
-    return pa.concat_tables([t.cast(DEAD_LETTER_SCHEMA) for _, t in letters])
+def _concat(letters: list[tuple[str, pa.Table, str | None]]) -> pa.Table:
+    return pa.concat_tables([t.cast(DEAD_LETTER_SCHEMA) for _, t, _ in letters])
 
 
-def _repeat(letters: list[tuple[str, pa.Table]], value) -> pa.Array:
-    return pa.array([value(s) for s, t in letters for _ in range(t.num_rows)], pa.string())
+def _repeat(letters: list[tuple[str, pa.Table, str | None]], value) -> pa.Array:
+    return pa.array([value(s, n) for s, t, n in letters for _ in range(t.num_rows)], pa.string())

@@ -35,8 +35,11 @@ def explain(config: ChangelakeConfig) -> str:
             lines.append(f"{cont}+- KafkaSource({what}, startingOffsets=[{_starting(s.starting_offsets)}]) "
                          "changelogMode=[+I] (raw records)")
         lines.append("")
+    for s in config.sources:
+        if s.route is not None:
+            lines.extend(_routes(config, s))
     graph = pipeline_from_config(config)
-    keyed = {s.name for s in config.sources if s.table is not None}
+    keyed = {s.name for s in config.sources if s.table is not None or s.route is not None}
     if graph is not None:
         plan = graph.plan()
         lines.append(explain_plan(plan))
@@ -48,6 +51,31 @@ def explain(config: ChangelakeConfig) -> str:
                      "key, then a +I of the new one, at the update's _seq. The formats report one as:")
         lines.extend(f"  {f}: {REPORTED_AS[f]}" for f in formats)
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _routes(config: ChangelakeConfig, s: Any) -> list[str]:
+    """A routed source: its rules in the order they are tried, each with the table it names."""
+    what = f"topics=[{', '.join(s.topics)}]" if s.topics else f"topicPattern=[{s.topic_pattern}]"
+    lines = [f"Route(source=[{s.name}], format=[{s.format}], onError=[{s.on_error}]) each change to the table its "
+             "source table's name selects, created on first sight (the first rule that matches wins; none: "
+             "dead letter 'unrouted')"]
+    for i, rule in enumerate(s.route):
+        name = rule.table + (f" ({rule.replace_symbol!r}: the source table's name)" if rule.replace_symbol else "")
+        key = ", ".join(rule.primary_key or ["(from the message keys)"])
+        if rule.origin_columns:
+            key += ", source_db, source_table"
+        extra = "".join(f", {k}=[{v}]" for k, v in (("partitionBy", ", ".join(rule.partition_by)),
+                                                   ("properties", ", ".join(f"{k}={v}" for k, v in
+                                                                            rule.properties.items())),
+                                                   ("columns", ", ".join(rule.columns or ()))) if v)
+        lines.append(f":- route[{i}]: sourceTable=[{rule.source_table}] -> Sink(table=[{name}], "
+                     f"path=[{rule.path or config.storage.root.rstrip('/') + '/<table>'}], primaryKey=[{key}]"
+                     f"{extra}) needs [+I,+U,-D] (upsert by key, newest _seq wins, tombstones kept "
+                     f"{rule.tombstone_retention})")
+    lines.append(f"+- KafkaSource({what}, startingOffsets=[{_starting(s.starting_offsets)}]) changelogMode=[+I] "
+                 "(raw records; topics that start matching are read from their start)")
+    lines.append("")
+    return lines
 
 
 def _starting(starting: Any) -> str:

@@ -30,11 +30,18 @@ class TableKeys:
     """The primary key of every table: configured, recorded in the Delta table, or learnt."""
 
     def __init__(self, config: ChangelakeConfig) -> None:
-        storage = config.storage.plain_options() or None
+        self._storage = config.storage.plain_options() or None
         self._keys: dict[str, tuple[str, ...] | None] = {}
+        #: columns appended to a learnt key (a routed table's origin columns)
+        self._extra: dict[str, tuple[str, ...]] = {}
         for t in config.tables:
-            self._keys[t.name] = tuple(t.primary_key) if t.primary_key else _recorded_key(
-                config.table_path(t.name), storage)
+            self.add(t.name, config.table_path(t.name), t.primary_key)
+
+    def add(self, table: str, path: str, primary_key: list[str] | None, *, extra: tuple[str, ...] = ()) -> None:
+        """Know ``table`` (a routed table is added when first seen): its key is ``primary_key`` plus ``extra``,
+        else the key recorded in the Delta table at ``path``, else learnt from the message keys plus ``extra``."""
+        self._extra[table] = tuple(extra)
+        self._keys[table] = (tuple(primary_key) + tuple(extra)) if primary_key else _recorded_key(path, self._storage)
 
     def key_of(self, table: str) -> tuple[str, ...] | None:
         return self._keys[table]
@@ -56,7 +63,8 @@ class TableKeys:
                 raise DecodeError(
                     f"table {table!r} has no primary_key, so its key is taken from the Kafka message keys, but "
                     f"a message has no key (or a key that is not a struct of fields); set tables[].primary_key "
-                    f"for {table!r}", reason="missing-key", topic=keyless["topic"],
+                    f"for {table!r} (a routed table: its route rule's primary_key)", reason="missing-key",
+                    topic=keyless["topic"],
                     partition=keyless["partition"], offset=keyless["offset"])
             distinct = sorted({r["fields"] for r in rows})
             if len(distinct) > 1:
@@ -64,11 +72,14 @@ class TableKeys:
                                   for f in distinct for r in rows if r["fields"] == f)
                 raise DecodeError(
                     f"table {table!r} has no primary_key and its messages' keys disagree: {where}; set "
-                    f"tables[].primary_key for {table!r}", reason="missing-key")
+                    f"tables[].primary_key for {table!r} (a routed table: its route rule's primary_key)",
+                    reason="missing-key")
             key = tuple(json.loads(distinct[0]))
             if any(k.startswith("_") for k in key):
                 raise DecodeError(f"table {table!r}: the message keys name reserved columns {list(key)} "
-                                  f"(starting with '_'); set tables[].primary_key", reason="missing-key")
+                                  f"(starting with '_'); set tables[].primary_key (a routed table: its route rule's "
+                                  "primary_key)", reason="missing-key")
+            key += tuple(c for c in self._extra.get(table, ()) if c not in key)
             log.info("table %s: primary key %s taken from the message keys", table, list(key))
             self._keys[table] = key
 

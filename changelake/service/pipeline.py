@@ -55,13 +55,17 @@ from changelake.connectors.delta_sink_kernel import check_truncate_order, latest
 from changelake.errors import ConfigError, DecodeError
 from changelake.formats import make_decoder
 from changelake.formats.encodings import source_schema
+from changelake.formats.message_key import key_shapes
+from changelake.formats.origin import Origin
 from changelake.key_changes import split_key_changes
 from changelake.plan.graph import Pipeline
 from changelake.plan.physical import PhysicalPlan, sink_changes
-from changelake.service.config import ChangelakeConfig, MaintenanceSpec, SourceSpec, StartingTimestamp, parse_duration
+from changelake.service.config import (ORIGIN_COLUMNS, ChangelakeConfig, MaintenanceSpec, SourceSpec, StartingTimestamp,
+                                       TableSpecModel, parse_duration)
 from changelake.service.dead_letter_paths import DeadLetterPaths
 from changelake.service.key_inference import TableKeys
 from changelake.service.quarantine import Quarantine
+from changelake.service.routing import Router, Target, as_dead_letters
 from changelake.service.views import pipeline_from_config
 from changelake.spark.compile import CHANGES_PART
 from changelake.spark.decode_stage import DecodeStage, split_null_keys
@@ -147,24 +151,46 @@ class BatchProcessor:
         # start report their message keys' fields every batch; the first batch that has some teaches it.
         unknown = self.keys.unknown()
         self.stage.learn_keys = {i for i, r in enumerate(self.routes) if r.spec.table in unknown}
+        #: routed sources (``sources[].route``): their routers, and the tables they created, each with a route
+        #: (the source's settings, the table's own decoder) and the ``tables[]`` entry it behaves as
+        owners: dict[str, tuple[str, int]] = {}
+        self.routers = {r.spec.name: Router(r.spec, storage_root=config.storage.root, decoder=r.decoder,
+                                            taken=[t.name for t in config.tables], owners=owners)
+                        for r in self.routes if r.spec.route is not None}
+        self.table_routes: dict[str, _Route] = {}
+        self.routed_tables: dict[str, TableSpecModel] = {}
         self.last_report: BatchReport | None = None
         self.totals = BatchReport(batch_id=-1)
 
+    def _table_model(self, name: str) -> TableSpecModel:
+        return self.routed_tables[name] if name in self.routed_tables else self.config.table(name)
+
+    def _table_path(self, name: str) -> str:
+        return self.routed_tables[name].path if name in self.routed_tables else self.config.table_path(name)
+
+    def _schema_change_of(self, name: str) -> str:
+        if name in self.routed_tables:
+            return self.routed_tables[name].schema_change or self.table_routes[name].spec.schema_change
+        return self.config.schema_change_of(name)
+
+    def _all_routes(self) -> list["_Route"]:
+        return [*self.routes, *self.table_routes.values()]
+
     def _sink(self, name: str) -> DeltaUpsertSink:
         if name not in self.sinks:
-            t = self.config.table(name)
+            t = self._table_model(name)
             # a graph table keyed by a group or partition key that may be NULL holds NULL keys (as SQL's
             # GROUP BY); a mirrored table's NULL key was made a dead letter before it got here
             nullable = next((n.nullable_key for n in self.plan.sinks if n.table == name), ()) if self.plan else ()
             # a mirror's changes may hold its sources' placeholder for values not sent (graph tables' never do)
-            unavailable = next((r.spec.unavailable_value for r in self.routes if r.spec.table == name), None)
-            spec = TableSpec(name=name, path=self.config.table_path(name), primary_key=self.keys.key_of(name),
+            unavailable = next((r.spec.unavailable_value for r in self._all_routes() if r.spec.table == name), None)
+            spec = TableSpec(name=name, path=self._table_path(name), primary_key=self.keys.key_of(name),
                              partition_by=tuple(t.partition_by), nullable_key=nullable, unavailable_value=unavailable,
                              tombstone_retention=timedelta(seconds=parse_duration(t.tombstone_retention)),
                              maintenance=_maintenance(t.maintenance), properties=t.properties,
                              history=t.history,
                              track_history=None if t.track_history is None else tuple(t.track_history),
-                             schema_change=self.config.schema_change_of(name),
+                             schema_change=self._schema_change_of(name),
                              storage_options=self.config.storage.plain_options())
             opened = dict(pipeline_id=self.config.pipeline.id, engine=self.config.storage.engine)
             if self._spark is None:
@@ -194,6 +220,10 @@ class BatchProcessor:
             if not got:
                 continue
             route = self.routes[i]
+            if "raw" in got and route.spec.route is not None:
+                routed, found = self._route_raw(route, got.pop("raw"))
+                decoded.extend(routed)
+                truncates.extend(found)
             if "raw" in got:                      # columns learnt at run time: decode here, screen the schema
                 if route.spec.table is not None:
                     self.quarantine.prepare(route.spec.table, route.decoder)
@@ -215,6 +245,67 @@ class BatchProcessor:
                                 dead if dead is not None else DEAD_LETTER_SCHEMA.empty_table()))
         decoded.extend(self._rejected(rejected))
         return self._apply(stats, decoded, batch_id, graph_changes, late_rows, moves, truncates)
+
+    def _route_raw(self, route: "_Route", raw: pa.Table
+                   ) -> tuple[list[tuple["_Route", pa.Table, pa.Table]], list[tuple["_Route", pa.Table]]]:
+        """A routed source's raw records, decoded per target table by the table's own decoder (rows, dead
+        letters) plus the truncates read; the tables seen first are set up here, keys learnt where unknown."""
+        split = self.routers[route.spec.name].split(raw)
+        decoded = [(route, _empty(route), split.dead_letters)] if split.dead_letters.num_rows else []
+        shapes: dict[str, list[pa.Table]] = {}
+        for target, _, records in split.groups:
+            table = self._table_route(route, target)
+            if self.keys.key_of(target.table) is None:
+                shapes.setdefault(target.table, []).append(key_shapes(records, table.decoder))
+        keyless: dict[str, str] = {}
+        for name, found in shapes.items():
+            try:
+                self.keys.learn({name: found})
+            except DecodeError as exc:      # e.g. a source table without a primary key: only its changes wait
+                keyless[name] = str(exc)
+        truncates = []
+        for target, origin, records in split.groups:
+            table = self.table_routes[target.table]
+            if target.table in keyless or self.keys.key_of(target.table) is None:
+                why = keyless.get(target.table) or (f"table {target.table!r}: its primary key is not known yet "
+                                                    "(no message of it had a key); set its route rule's primary_key")
+                decoded.append((table, _empty(table), as_dead_letters(records, ["missing-key"] * records.num_rows,
+                                                                    [why] * records.num_rows)))
+                continue
+            origin_columns = self.routers[route.spec.name].rules[target.rule].origin_columns
+            self.quarantine.prepare(target.table, table.decoder, added=ORIGIN_COLUMNS if origin_columns else ())
+            result = table.decoder.decode(records)
+            screened = self.quarantine.screen(target.table, source=route.spec.name, decoder=table.decoder,
+                                              raw=records, rows=result.rows, dead_letters=result.dead_letters,
+                                              added=ORIGIN_COLUMNS if origin_columns else ())
+            rows = screened.rows
+            if screened.dropped:
+                self._dropped[target.table] = screened.dropped
+            if origin_columns:
+                rows = with_origin_columns(rows, origin, table=target.table)
+            decoded.append((table, rows, screened.dead_letters))
+            if result.truncates.num_rows:
+                truncates.append((table, result.truncates))
+        return decoded, truncates
+
+    def _table_route(self, route: "_Route", target: Target) -> "_Route":
+        """The route of a routed table (created on first sight): the source's settings, its own decoder."""
+        found = self.table_routes.get(target.table)
+        if found is not None:
+            return found
+        router = self.routers[route.spec.name]
+        rule = router.rules[target.rule]
+        model = router.table_model(target)
+        table = _Route(route.spec.model_copy(update={"table": target.table, "route": None, "columns": rule.columns}))
+        self.table_routes[target.table] = table
+        self.routed_tables[target.table] = model
+        self.keys.add(target.table, model.path, model.primary_key,
+                      extra=ORIGIN_COLUMNS if rule.origin_columns else ())
+        self.quarantine.add_table(model, source_schema_change=route.spec.schema_change)
+        log.info("source %s: table %s (route[%d], source_table %r) at %s, primary key %s", route.spec.name,
+                 target.table, target.rule, rule.source_table, model.path,
+                 list(self.keys.key_of(target.table) or ["(from the message keys)"]))
+        return table
 
     def _rejected(self, rejected: Sequence[Any]) -> list[tuple["_Route", pa.Table, pa.Table]]:
         """Rows an operator raised on, as dead letters (reason ``operator-error``) of the source they
@@ -260,7 +351,7 @@ class BatchProcessor:
             metrics.BATCH_ROWS.set(report.records)
 
         per_table: dict[str, list[pa.Table]] = {}
-        letters: list[tuple[str, pa.Table]] = []
+        letters: list[tuple[str, pa.Table, str | None]] = []     # (source, dead letters, table)
         for route, rows, dead in decoded:
             rows, bad, moved = self._check_keys(route, rows, dead)
             if moved:
@@ -268,14 +359,14 @@ class BatchProcessor:
             if bad.num_rows:
                 self._handle_bad(route, bad, batch_id, report)
                 if route.spec.on_error == "dlq":
-                    letters.append((route.spec.name, bad))
+                    letters.append((route.spec.name, bad, route.spec.table))
             if rows.num_rows and route.spec.table is not None:
                 per_table.setdefault(route.spec.table, []).append(rows)
         for source, n in report.key_changes.items():
             metrics.KEY_CHANGES.labels(source=source).inc(n)
         letters.extend(self._late_letters(late_rows or {}, batch_id, report))
         truncate_at = self._truncates(truncates, report)
-        empty = {r.spec.table: r for r in self.routes if r.spec.table in truncate_at}
+        empty = {r.spec.table: r for r in self._all_routes() if r.spec.table in truncate_at}
         for name in truncate_at.keys() - per_table.keys():
             per_table[name] = [_empty(empty[name])]
         for name, changes in (graph_changes or {}).items():
@@ -348,7 +439,8 @@ class BatchProcessor:
         rows, bad = split_null_keys(split.changes, bad, key, f"table {route.spec.table!r}")
         return rows, bad, split.moves
 
-    def _late_letters(self, late_rows: dict, batch_id: int, report: BatchReport) -> list[tuple[str, pa.Table]]:
+    def _late_letters(self, late_rows: dict, batch_id: int, report: BatchReport
+                      ) -> list[tuple[str, pa.Table, str | None]]:
         """Count the joins' late rows; those of views with ``late_rows: dead_letter`` become dead letters
         (the decoded row as JSON: the message was decoded fine, its Kafka position is not known here)."""
         letters = []
@@ -368,7 +460,7 @@ class BatchProcessor:
                 "topic": [spec.topics[0] if spec.topics and len(spec.topics) == 1 else f"view:{view}"] * len(rows),
                 "partition": [-1] * len(rows), "offset": [-1] * len(rows), "timestamp": [None] * len(rows),
                 "key": [None] * len(rows), "value": [r.encode() for r in rows],
-                "reason": ["late"] * len(rows), "error": [error] * len(rows)}, schema=DEAD_LETTER_SCHEMA)))
+                "reason": ["late"] * len(rows), "error": [error] * len(rows)}, schema=DEAD_LETTER_SCHEMA), None))
         return letters
 
     def _source_of(self, node_id: str, side: str) -> str:
@@ -384,6 +476,9 @@ class BatchProcessor:
         for topic, reason in zip(topics, reasons):
             metrics.DECODE_ERRORS.labels(topic, reason).inc()
             report.dead_letters[reason] = report.dead_letters.get(reason, 0) + 1
+        for reason, n in zip(*_tally(reasons)):
+            metrics.TABLE_BAD_RECORDS.labels(table=route.spec.table or "", reason=reason,
+                                             action=route.spec.on_error).inc(n)
         policy = route.spec.on_error
         if policy == "fail":
             first = bad.slice(0, 1).to_pylist()[0]
@@ -413,6 +508,27 @@ class BatchProcessor:
             t.key_changes[source] = t.key_changes.get(source, 0) + n
         for source, n in report.truncates.items():
             t.truncates[source] = t.truncates.get(source, 0) + n
+
+
+def with_origin_columns(rows: pa.Table, origin: Origin, *, table: str) -> pa.Table:
+    """``rows`` of one origin with its database (``db.schema`` when the message names a schema) and table as the
+    columns :data:`ORIGIN_COLUMNS`, placed before the reserved columns (``route[].origin_columns``)."""
+    clash = [c for c in ORIGIN_COLUMNS if c in rows.column_names]
+    if clash:
+        raise ConfigError(f"table {table!r}: its rows already have column(s) {clash}, which origin_columns adds; "
+                          "turn origin_columns off for its route rule")
+    at = next((i for i, n in enumerate(rows.column_names) if n.startswith("_")), rows.num_columns)
+    db = ".".join(p for p in (origin.db, origin.schema) if p) or None
+    for name, value in reversed(list(zip(ORIGIN_COLUMNS, (db, origin.table)))):
+        rows = rows.add_column(at, pa.field(name, pa.string()), pa.array([value] * rows.num_rows, pa.string()))
+    return rows
+
+
+def _tally(values: list[str]) -> tuple[list[str], list[int]]:
+    counts: dict[str, int] = {}
+    for v in values:
+        counts[v] = counts.get(v, 0) + 1
+    return list(counts), list(counts.values())
 
 
 def graph_sink_changes(changes: pa.Table, *, primary_key: Sequence[str], batch_id: int) -> pa.Table:

@@ -36,7 +36,7 @@ from deltalake.exceptions import TableNotFoundError
 from changelake import metrics
 from changelake.changelog import DEAD_LETTER_SCHEMA, OFFSET, PARTITION, TOPIC, user_columns
 from changelake.connectors.delta_sink_schema import ColumnChange, column_changes
-from changelake.service.config import ChangelakeConfig
+from changelake.service.config import ChangelakeConfig, TableSpecModel
 from changelake.service.key_inference import TableKeys
 
 log = logging.getLogger(__name__)
@@ -63,12 +63,28 @@ class Quarantine:
         self.tables: dict[str, str] = {}
         self._logs: dict[str, DeltaTable] = {}
         self._adopted: set[tuple[str, int]] = set()
+        #: routed tables (created on first sight): their tables[] entry and their source's schema_change
+        self._routed: dict[str, tuple[TableSpecModel, str]] = {}
         for t in config.tables:
             metrics.TABLE_QUARANTINED.labels(table=t.name).set(0)
 
+    def add_table(self, spec: TableSpecModel, *, source_schema_change: str) -> None:
+        """Know a routed table, created on first sight: its settings and its source's ``schema_change``."""
+        self._routed[spec.name] = (spec, source_schema_change)
+        metrics.TABLE_QUARANTINED.labels(table=spec.name).set(0)
+
+    def _spec(self, table: str) -> TableSpecModel:
+        return self._routed[table][0] if table in self._routed else self.config.table(table)
+
+    def _behaviour(self, table: str) -> str:
+        if table in self._routed:
+            spec, source = self._routed[table]
+            return spec.schema_change or source
+        return self.config.schema_change_of(table)
+
     def table_columns(self, table: str) -> pa.Schema | None:
         """The user columns of ``table`` as stored (None before its first commit)."""
-        path = self.config.table_path(table)
+        path = self._spec(table).path or self.config.table_path(table)
         try:
             if path in self._logs:
                 self._logs[path].update_incremental()
@@ -79,32 +95,36 @@ class Quarantine:
         schema = pa.schema(self._logs[path].schema().to_arrow())
         return pa.schema([f for f in schema if not f.name.startswith("_")])
 
-    def prepare(self, table: str, decoder: Any) -> None:
-        """Before a decoder's first batch for ``table``: it starts from the table's columns (``adopt_columns``)."""
+    def prepare(self, table: str, decoder: Any, *, added: tuple[str, ...] = ()) -> None:
+        """Before a decoder's first batch for ``table``: it starts from the table's columns (``adopt_columns``),
+        but those the pipeline adds (``added``, see :meth:`screen`)."""
         if (table, id(decoder)) in self._adopted:
             return
         self._adopted.add((table, id(decoder)))
         columns = self.table_columns(table)
+        if columns is not None and added:
+            columns = pa.schema([f for f in columns if f.name not in added])
         adopt = getattr(decoder, "adopt_columns", None)
         if columns is not None and adopt is not None:
             adopt(columns)
 
     def screen(self, table: str, *, source: str, decoder: Any, raw: pa.Table, rows: pa.Table,
-               dead_letters: pa.Table) -> Screened:
-        """Screen one batch of a source decoded on the driver for ``table`` (module doc)."""
+               dead_letters: pa.Table, added: tuple[str, ...] = ()) -> Screened:
+        """Screen one batch of a source decoded on the driver for ``table`` (module doc); ``added``: table columns
+        the pipeline adds to the rows (a routed table's origin columns), which are no source columns."""
         if table in self.tables:
             return Screened(_empty_like(rows), quarantined(raw, self.tables[table]))
         columns = self.table_columns(table)
         if columns is None:
             return Screened(rows, dead_letters)
-        meta = {m.column for m in getattr(decoder, "_meta", ())}     # metadata columns are no source columns
+        meta = {m.column for m in getattr(decoder, "_meta", ())} | set(added)     # not source columns
         columns = pa.schema([f for f in columns if f.name not in meta])
         schemas = list(getattr(decoder, "source_schemas", None) or ())
         from_schema = bool(schemas)
         if not schemas:     # schema-less: the batch's own columns (a field not sent is no drop)
             schemas = [rows.select([n for n in user_columns(rows) if n not in meta]).schema]
-        behaviour = self.config.schema_change_of(table)
-        spec = self.config.table(table)
+        behaviour = self._behaviour(table)
+        spec = self._spec(table)
         dropped = tuple(n for n in columns.names if n not in schemas[-1].names) if from_schema else ()
         changes: dict[tuple[str, str], ColumnChange] = {}
         for i, schema in enumerate(schemas):

@@ -33,6 +33,7 @@ a few seconds as IPC payloads on 2 cores). Each output row is one payload:
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Iterator, Sequence
 
 import pyarrow as pa
@@ -163,7 +164,7 @@ def split_null_keys(rows: pa.Table, dead: pa.Table, key: Sequence[str], what: st
     not be applied (``what`` names the table or graph source, for the error text)."""
     if rows.num_rows == 0:
         return rows, dead
-    null_key = pc.or_(*[pc.is_null(rows[k]) for k in key]) if len(key) > 1 else pc.is_null(rows[key[0]])
+    null_key = functools.reduce(pc.or_, [pc.is_null(rows[k]) for k in key])     # pc.or_ takes two at a time
     if not pc.any(null_key).as_py():
         return rows, dead
     offending = rows.filter(null_key)

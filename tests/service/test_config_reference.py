@@ -66,7 +66,8 @@ def test_the_schema_takes_what_the_loader_takes_and_rejects_what_it_rejects():
         ({"sources": [{**GOOD["sources"][0], "formt": "canal-json"}]}, "'formt' does not match any of the regexes"),
         ({"pipeline": {"id": "has space", "checkpoint": "/c"}}, "does not match"),
         ({"metrics": {"port": 70000}}, "70000"),
-        ({"tables": []}, "should be non-empty"),
+        ({"sources": []}, "should be non-empty"),
+        ({"sources": [{**GOOD["sources"][0], "route": [{"table": "t"}]}]}, "'source_table' is a required property"),
     ]:
         with pytest.raises(jsonschema.ValidationError, match=where):
             jsonschema.validate({**GOOD, **broken}, schema)
