@@ -24,7 +24,7 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine  # noqa: E402
+from common import kafka_records, machine  # noqa: E402
 
 from changelake.connectors.embedded_broker import EmbeddedBroker  # noqa: E402
 from changelake.service.config import parse_config  # noqa: E402
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         batches = [p for p in result.progress if p.get("numInputRows")]
         timed = batches[1:] or batches
         secs = sorted(p["durationMs"]["triggerExecution"] / 1000 for p in timed)
-        rows = [p["numInputRows"] for p in timed]
+        rows = [kafka_records(p) or 0 for p in timed]
         median = statistics.median(secs)
         p90 = secs[min(len(secs) - 1, int(0.9 * len(secs)))]
         print(f"{n:,} messages, {len(batches)} micro-batches of at most {args.batch:,} records, "

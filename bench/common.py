@@ -150,3 +150,19 @@ def skip_pyflink(python: str, *, quick: bool, skipped: bool) -> bool:
         print(f"pyflink: skipped in the quick run: {why}", flush=True)
         return True
     raise SystemExit(f"the PyFlink peer cannot run: {why}; or pass --skip-pyflink")
+
+
+def kafka_records(progress: dict) -> int | None:
+    """Kafka records a micro-batch read, from its Spark progress: the offsets between its start and
+    end (``numInputRows`` counts the decode stage's payloads, a few per task). None without a start."""
+    total = 0
+    for source in progress.get("sources", []):
+        start, end = source.get("startOffset"), source.get("endOffset")
+        if isinstance(start, str) or isinstance(end, str):
+            import json
+            start, end = (json.loads(start) if isinstance(start, str) else start,
+                          json.loads(end) if isinstance(end, str) else end)
+        if not isinstance(start, dict) or not isinstance(end, dict):
+            return None
+        total += sum(int(o) - int(start.get(t, {}).get(p, 0)) for t, ps in end.items() for p, o in ps.items())
+    return total

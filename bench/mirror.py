@@ -25,7 +25,7 @@ from pathlib import Path
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import PeakMemory, dir_size, machine  # noqa: E402
+from common import PeakMemory, dir_size, kafka_records, machine  # noqa: E402
 from gen import debezium_envelope  # noqa: E402
 
 from changelake.connectors.delta_read import read_delta  # noqa: E402
@@ -160,7 +160,7 @@ def main() -> int:
         print(f"batches: {len(first_batch_done)}; after the first batch: "
               f"{(records - args.batch) / steady:,.0f} events/s" if steady > 0 else "")
     for p in result.progress:
-        print(f"  spark batch {p['batchId']}: {p['numInputRows']:,} rows, durations (ms) {p['durationMs']}")
+        print(f"  spark batch {p['batchId']}: {kafka_records(p) or '?'} records, durations (ms) {p['durationMs']}")
     print(f"expired offsets (must be 0): {result.totals.expired}")
     for k, v in mem.peak_mb.items():
         print(f"peak RSS {k}: {v:,.0f} MB")

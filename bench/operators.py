@@ -366,7 +366,7 @@ def run_changelake_spark(queries: list[str], *, bootstrap: str, work: Path, batc
             out[q] = Timing(seconds + startup, startup, result, extra={
                 "records": run.totals.records, "query_id": run.progress[0]["id"] if run.progress else None,
                 "outside_batches": seconds - in_batches, "setup": dict(clock.setup),
-                "batches": [(p["batchId"], p["numInputRows"], p["durationMs"], *clock.batches[i])
+                "batches": [(p["batchId"], clock.records[i], p["durationMs"], *clock.batches[i])
                             for i, p in enumerate(run.progress)]})
             print(f"changelake ({q}): {run.totals.records:,} records in {seconds:.1f}s after the session start",
                   flush=True)

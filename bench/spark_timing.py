@@ -36,6 +36,7 @@ class BatchClock:
 
     def __init__(self) -> None:
         self.batches: list[tuple[float, float]] = []        # (spark action s, driver s)
+        self.records: list[int] = []                        # Kafka records of each batch (the processor's report)
         self.setup: dict[str, float] = {}                   # pipeline set-up steps outside the batches
         self._undo: list = []
 
@@ -60,7 +61,9 @@ class BatchClock:
             def call(*args, **kwargs):
                 t = time.perf_counter()
                 try:
-                    return fn(*args, **kwargs)
+                    report = fn(*args, **kwargs)
+                    self.records.append(getattr(report, "records", 0))
+                    return report
                 finally:
                     driver.append(time.perf_counter() - t)
             return call

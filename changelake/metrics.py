@@ -118,7 +118,7 @@ BATCH_SECONDS = Histogram(
     "changelake_batch_duration_seconds", "Wall time of one micro-batch, from Spark's progress report.",
     buckets=_BATCH_BUCKETS, registry=REGISTRY)
 BATCH_ROWS = Gauge(
-    "changelake_batch_input_rows", "Input rows of the last micro-batch.", registry=REGISTRY)
+    "changelake_batch_input_rows", "Kafka records read by the last micro-batch that read any.", registry=REGISTRY)
 BATCHES = Counter(
     "changelake_batches_total", "Micro-batches completed.", registry=REGISTRY)
 LAST_BATCH_TS = Gauge(

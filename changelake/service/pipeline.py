@@ -347,6 +347,8 @@ class BatchProcessor:
                 report.expired += expired
             route = next((r for r in self.routes if r.matches(topic)), None)
             metrics.RECORDS_IN.labels(topic, route.spec.format if route else "unrouted").inc(n)
+        if report.records:
+            metrics.BATCH_ROWS.set(report.records)
 
         per_table: dict[str, list[pa.Table]] = {}
         letters: list[tuple[str, pa.Table, str | None]] = []     # (source, dead letters, table)

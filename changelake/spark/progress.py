@@ -53,9 +53,10 @@ class ProgressListener(StreamingQueryListener):
             return
         self._last_batch_seen = p.get("batchId")
         durations = p.get("durationMs", {})
+        # numInputRows counts the decode stage's payloads (a few per read task), not Kafka records: the
+        # batch's records reach changelake_batch_input_rows from the batch processor
         if "triggerExecution" in durations and p.get("numInputRows", 0) > 0:
             metrics.BATCH_SECONDS.observe(durations["triggerExecution"] / 1000.0)
-            metrics.BATCH_ROWS.set(p.get("numInputRows", 0))
             metrics.BATCHES.inc()
         metrics.LAST_BATCH_TS.set(time.time())
         self.health.batch_finished()

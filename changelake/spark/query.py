@@ -2,7 +2,7 @@
 
 The query (:meth:`PipelineQuery.stream`)::
 
-    Kafka records -> DecodeStage (mapInArrow, executors): IPC payloads of rows, dead letters, stats
+    Kafka records -> DecodeStage (in the read tasks, executors): IPC payloads of rows, dead letters, stats
         -> payloads for the driver: stats, dead letters, rows of sources mirrored into a table
         -> per source read by the operator graph: typed rows (unpacked from the payloads)
            -> the compiled graph (changelake.spark.compile) -> each graph table's changes as payloads
@@ -27,8 +27,9 @@ import pyarrow.compute as pc
 from changelake.changelog import KIND, SEQ
 from changelake.spark.compile import compile_packed
 from changelake.spark.decode_stage import SPARK_SCHEMA as DECODE_STAGE_SCHEMA
+from changelake.spark.decode_stage import decoding_source
 from changelake.spark.checkpoint import batch_end_offsets
-from changelake.spark.kafka_source import SOURCE_NAME, KafkaOptions, KafkaSource, commit_group_offsets
+from changelake.spark.kafka_source import SOURCE_NAME, KafkaOptions, commit_group_offsets
 from changelake.spark.payloads import from_ipc
 from changelake.spark.reports import ReportChannel
 
@@ -48,10 +49,10 @@ class PipelineQuery:
         #: the operators' reports to the driver (set by :meth:`stream`), drained after each batch
         self.channel: ReportChannel | None = None
 
-    def stream(self, records: Any) -> Any:
-        """The streaming DataFrame ``foreachBatch`` receives: payloads (``DECODE_STAGE_SCHEMA``)."""
+    def stream(self, decoded: Any) -> Any:
+        """The streaming DataFrame ``foreachBatch`` receives, from the decoding source's payloads
+        (``DECODE_STAGE_SCHEMA``, :func:`~changelake.spark.decode_stage.decoding_source`)."""
         p = self.processor
-        decoded = records.mapInArrow(p.stage, DECODE_STAGE_SCHEMA)
         if p.plan is None:
             return decoded
         # Both branches read the decoded payloads. Behind an exchange, and selecting in Python (a
@@ -62,7 +63,7 @@ class PipelineQuery:
         to_driver = decoded.mapInArrow(_DropRows(graph_only), DECODE_STAGE_SCHEMA) if graph_only else decoded
         sources = {node.source: decoded.mapInArrow(_Unpack(i, node.schema), _unpacked_ddl(node.schema))
                    for i, node in p.graph_routes.items()}
-        self.channel = ReportChannel(records.sparkSession)
+        self.channel = ReportChannel(decoded.sparkSession)
         packed, p.graph_tables = compile_packed(p.plan, sources, buckets=p.buckets, channel=self.channel)
         return to_driver.unionByName(packed)
 
@@ -139,7 +140,8 @@ def start(spark: Any, query: PipelineQuery, *, name: str, checkpoint: str, reade
     offsets are committed to that consumer group after the batch's Delta commits."""
     if group_id is not None:
         query.after_batch = _GroupOffsets(checkpoint, reader_options, group_id)
-    spark.dataSource.register(KafkaSource)
+    # the source decodes in its read tasks: registered per query, as it carries this pipeline's decode stage
+    spark.dataSource.register(decoding_source(query.processor.stage))
     if query.processor.plan is not None:        # the operators' state (changelake.spark.binding)
         spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER)
     reader = spark.readStream.format(SOURCE_NAME)

@@ -68,6 +68,8 @@ def test_metrics_after_a_run_are_present_and_sane(spark, kafka, tmp_path):
     assert all(x.value == 0 for x in s["changelake_consumer_lag_records"] if x.labels["topic"] in topics)
     assert {x.labels["topic"] for x in s["changelake_consumer_lag_records"]} >= topics
     assert _total(s, "changelake_batches_total") >= 1
+    # the last batch's Kafka records (batches of 900 but the last), not the rows Spark saw (decoded payloads)
+    assert _total(s, "changelake_batch_input_rows") == (result.totals.records % 900 or 900)
     assert before <= _total(s, "changelake_last_batch_timestamp_seconds") <= time.time()
     assert _total(s, "changelake_batch_duration_seconds_count") >= 1
 
