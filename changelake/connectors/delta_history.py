@@ -183,11 +183,8 @@ class DeltaRsHistorySink(DeltaRsSink):
             inserted = stats["num_target_rows_inserted"]
             updated = stats["num_target_rows_updated"]
             deleted = stats["num_target_rows_deleted"]
-        if table.version() == before:
-            schema = pa.schema(table.schema().to_arrow())
-            write_deltalake(table, schema.empty_table(), mode="append", commit_properties=self._commit(batch_id))
-            table.update_incremental()
-        return MergeCounts(inserted=inserted, updated=updated, deleted=deleted, version=table.version())
+        return self._recorded(table, before, batch_id, MergeCounts(inserted=inserted, updated=updated,
+                                                                     deleted=deleted, version=before))
 
 
 def _cast_to(table: pa.Table, schema: pa.Schema) -> pa.Table:

@@ -7,6 +7,7 @@ Reads go through ``deltalake.QueryBuilder`` only: a process that reads through
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from datetime import datetime, timedelta
@@ -114,13 +115,18 @@ class DeltaRsSink(DeltaUpsertSink):
             inserted = stats["num_target_rows_inserted"]
             updated = stats["num_target_rows_updated"]
             deleted = stats["num_target_rows_deleted"]
+        return self._recorded(table, before, batch_id, MergeCounts(inserted=inserted, updated=updated,
+                                                                     deleted=deleted, version=before))
+
+    def _recorded(self, table: DeltaTable, before: int, batch_id: int, counts: MergeCounts) -> MergeCounts:
+        """``counts`` at the table's version after a MERGE of ``batch_id``. delta-rs writes no commit for a
+        MERGE that changed nothing: the batch's txn is then recorded by an empty append, so that a replay
+        of this batch is recognised."""
         if table.version() == before:
-            # delta-rs writes no commit for a MERGE that changed nothing: record the txn anyway,
-            # so that a replay of this batch is recognised.
             schema = pa.schema(table.schema().to_arrow())
             write_deltalake(table, schema.empty_table(), mode="append", commit_properties=self._commit(batch_id))
             table.update_incremental()
-        return MergeCounts(inserted=inserted, updated=updated, deleted=deleted, version=table.version())
+        return dataclasses.replace(counts, version=table.version())
 
     def _delete_tombstones_before(self, cutoff: datetime) -> int:
         table = self._log(self.tombstone_path)
