@@ -40,6 +40,7 @@ import os
 import re
 import signal
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -54,6 +55,7 @@ from changelake.connectors.delta_sink import DeltaUpsertSink, Maintenance, Table
 from changelake.connectors.delta_sink_kernel import check_truncate_order, latest_per_key
 from changelake.errors import ConfigError, DecodeError
 from changelake.formats import make_decoder
+from changelake.formats.assemble import dead_letters
 from changelake.formats.encodings import source_schema
 from changelake.formats.message_key import key_shapes
 from changelake.formats.origin import Origin
@@ -65,7 +67,7 @@ from changelake.service.config import (ORIGIN_COLUMNS, ChangelakeConfig, Mainten
 from changelake.service.dead_letter_paths import DeadLetterPaths
 from changelake.service.key_inference import TableKeys
 from changelake.service.quarantine import Quarantine
-from changelake.service.routing import Router, Target, as_dead_letters
+from changelake.service.routing import Router, Target
 from changelake.service.views import pipeline_from_config
 from changelake.spark.compile import CHANGES_PART
 from changelake.spark.decode_stage import DecodeStage, split_null_keys
@@ -269,8 +271,8 @@ class BatchProcessor:
             if target.table in keyless or self.keys.key_of(target.table) is None:
                 why = keyless.get(target.table) or (f"table {target.table!r}: its primary key is not known yet "
                                                     "(no message of it had a key); set its route rule's primary_key")
-                decoded.append((table, _empty(table), as_dead_letters(records, ["missing-key"] * records.num_rows,
-                                                                    [why] * records.num_rows)))
+                decoded.append((table, _empty(table),
+                                dead_letters(records, [(i, "missing-key", why) for i in range(records.num_rows)])))
                 continue
             origin_columns = self.routers[route.spec.name].rules[target.rule].origin_columns
             self.quarantine.prepare(target.table, table.decoder, added=ORIGIN_COLUMNS if origin_columns else ())
@@ -475,8 +477,8 @@ class BatchProcessor:
         topics = bad["topic"].to_pylist()
         for topic, reason in zip(topics, reasons):
             metrics.DECODE_ERRORS.labels(topic, reason).inc()
-            report.dead_letters[reason] = report.dead_letters.get(reason, 0) + 1
-        for reason, n in zip(*_tally(reasons)):
+        for reason, n in Counter(reasons).items():
+            report.dead_letters[reason] = report.dead_letters.get(reason, 0) + n
             metrics.TABLE_BAD_RECORDS.labels(table=route.spec.table or "", reason=reason,
                                              action=route.spec.on_error).inc(n)
         policy = route.spec.on_error
@@ -522,13 +524,6 @@ def with_origin_columns(rows: pa.Table, origin: Origin, *, table: str) -> pa.Tab
     for name, value in reversed(list(zip(ORIGIN_COLUMNS, (db, origin.table)))):
         rows = rows.add_column(at, pa.field(name, pa.string()), pa.array([value] * rows.num_rows, pa.string()))
     return rows
-
-
-def _tally(values: list[str]) -> tuple[list[str], list[int]]:
-    counts: dict[str, int] = {}
-    for v in values:
-        counts[v] = counts.get(v, 0) + 1
-    return list(counts), list(counts.values())
 
 
 def graph_sink_changes(changes: pa.Table, *, primary_key: Sequence[str], batch_id: int) -> pa.Table:

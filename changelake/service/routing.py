@@ -34,6 +34,7 @@ from typing import Any
 import pyarrow as pa
 
 from changelake.changelog import DEAD_LETTER_SCHEMA
+from changelake.formats.assemble import dead_letters
 from changelake.formats.origin import NoOrigin, Origin, OriginReader
 from changelake.service.config import RouteRule, SourceSpec, TableSpecModel, _join
 
@@ -41,13 +42,6 @@ from changelake.service.config import RouteRule, SourceSpec, TableSpecModel, _jo
 #: hidden files), or holding a path separator or a control character
 _BAD_NAME = re.compile(r"^$|^[_.]|[/\\\x00-\x1f\x7f]")
 _REF = re.compile(r"\$(\d)")
-
-
-def as_dead_letters(records: pa.Table, reasons: list[str], errors: list[str]) -> pa.Table:
-    """Raw records (RAW_SCHEMA) as dead letters (DEAD_LETTER_SCHEMA), one reason and error each."""
-    return records.select([f.name for f in DEAD_LETTER_SCHEMA if f.name in records.column_names]) \
-        .append_column("reason", pa.array(reasons, pa.string())) \
-        .append_column("error", pa.array(errors, pa.string())).cast(DEAD_LETTER_SCHEMA)
 
 
 def expand(template: str, match: re.Match[str], origin: Origin, replace_symbol: str | None) -> str:
@@ -142,8 +136,7 @@ class Router:
         for (target, origin), rows in groups.items():
             out.groups.append((target, origin, records.take(pa.array(rows, pa.int64()))))
         if letters:
-            out.dead_letters = as_dead_letters(records.take(pa.array([i for i, _, _ in letters], pa.int64())),
-                                               [r for _, r, _ in letters], [e for _, _, e in letters])
+            out.dead_letters = dead_letters(records, letters)
         return out
 
     def table_model(self, target: Target) -> TableSpecModel:
