@@ -37,7 +37,6 @@ from changelake.connectors.delta_sink_schema import (
     DELETED_AT_TYPE,
     PROP_HISTORY,
     PROP_TRACK_HISTORY,
-    check_tombstone_contract,
     stored_fields,
     table_properties,
     tombstone_properties,
@@ -87,11 +86,7 @@ class DeltaRsHistorySink(DeltaRsSink):
         aligned = align_to_table(changes, target_schema)
         keys = keys_of(aligned, spec.primary_key)
         stored = self._read_rows(spec.path, keys, target_schema)
-        log_state = self._state(self.tombstone_path)
-        if log_state is not None and not self._tombstone_contract_checked:
-            check_tombstone_contract(path=self.tombstone_path, properties=log_state.properties,
-                                     table_path=spec.path)
-            self._tombstone_contract_checked = True
+        log_state = self._tombstone_state()         # the state log lives where an upsert table's tombstones do
         wanted_log = pa.schema([*log_schema(target_schema), pa.field(LOGGED_AT, DELETED_AT_TYPE)])
         if log_state is not None:
             missing = [f for f in wanted_log if f.name not in log_state.schema.names]
