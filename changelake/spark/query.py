@@ -19,18 +19,14 @@ The processor is duck-typed (``stage``, ``plan``, ``routes``, ``graph_routes``, 
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any, Callable, Mapping
 
-import pyarrow as pa
-import pyarrow.compute as pc
-
-from changelake.changelog import KIND, SEQ
-from changelake.spark.compile import compile_packed
-from changelake.spark.decode_stage import SPARK_SCHEMA as DECODE_STAGE_SCHEMA
-from changelake.spark.decode_stage import decoding_source
+from changelake.spark.chain import ENVELOPE, Chain, RoutedStage, SourceEnvelopes, run_chain, source_nodes
 from changelake.spark.checkpoint import batch_end_offsets
+from changelake.spark.compile import DEFAULT_BUCKETS
+from changelake.spark.decode_stage import decoding_source
 from changelake.spark.kafka_source import SOURCE_NAME, KafkaOptions, commit_group_offsets
-from changelake.spark.payloads import from_ipc
 from changelake.spark.reports import ReportChannel
 
 log = logging.getLogger(__name__)
@@ -48,24 +44,42 @@ class PipelineQuery:
         self.after_batch: Callable[[int], None] | None = None
         #: the operators' reports to the driver (set by :meth:`stream`), drained after each batch
         self.channel: ReportChannel | None = None
+        self._chain: Chain | None = None        # the compiled graph (set by :meth:`source_stage`)
+        self._map = None
+
+    def source_stage(self) -> Any:
+        """What the Kafka read tasks run over the records they read: the pipeline's decode stage; with an
+        operator graph, that stage followed by the routing of the graph sources' rows into the chain's
+        first envelopes (:class:`~changelake.spark.chain.RoutedStage`), everything else addressed to the driver."""
+        p = self.processor
+        if p.plan is None:
+            return p.stage
+        if self._chain is None:
+            self._chain = Chain.of(p.plan, p.buckets, DEFAULT_BUCKETS, two_phase=True)
+        nodes = source_nodes(p.plan)
+        envelopes = SourceEnvelopes(self._chain, {i: nodes[node.source] for i, node in p.graph_routes.items()},
+                                    mirrored=[i for i in p.graph_routes if p.routes[i].spec.table is not None])
+        if os.environ.get("CHANGELAKE_ROUTE_IN") == "map":
+            self._map = envelopes
+            return p.stage
+        return RoutedStage(p.stage, envelopes)
 
     def stream(self, decoded: Any) -> Any:
-        """The streaming DataFrame ``foreachBatch`` receives, from the decoding source's payloads
-        (``DECODE_STAGE_SCHEMA``, :func:`~changelake.spark.decode_stage.decoding_source`)."""
+        """The streaming DataFrame ``foreachBatch`` receives, from the decoding source registered with
+        :meth:`source_stage`: without a graph, the decode stage's payloads (``DECODE_STAGE_SCHEMA``);
+        with one, the chain's envelopes, run through its operators (one shuffle before the first: no
+        other exchange, so Kafka is read and decoded once per batch) and delivered as the same payloads
+        plus each graph table's changes."""
         p = self.processor
         if p.plan is None:
             return decoded
-        # Both branches read the decoded payloads. Behind an exchange, and selecting in Python (a
-        # DataFrame filter would be pushed below the exchange, making the two exchanges differ),
-        # Spark decodes once per batch; without it, it reads and decodes Kafka once per branch.
-        decoded = decoded.repartition(self.read_tasks)
-        graph_only = {i for i in p.graph_routes if p.routes[i].spec.table is None}
-        to_driver = decoded.mapInArrow(_DropRows(graph_only), DECODE_STAGE_SCHEMA) if graph_only else decoded
-        sources = {node.source: decoded.mapInArrow(_Unpack(i, node.schema), _unpacked_ddl(node.schema))
-                   for i, node in p.graph_routes.items()}
+        if self._chain is None:
+            self.source_stage()
+        if self._map is not None:
+            decoded = decoded.mapInArrow(self._map, ENVELOPE)
         self.channel = ReportChannel(decoded.sparkSession)
-        packed, p.graph_tables = compile_packed(p.plan, sources, buckets=p.buckets, channel=self.channel)
-        return to_driver.unionByName(packed)
+        p.graph_tables = [p.plan[s].table for s in self._chain.sinks]
+        return run_chain(self._chain, decoded, self.channel)
 
     # Spark calls this with the batch DataFrame and its id.
     def __call__(self, batch_df: Any, batch_id: int) -> None:
@@ -99,41 +113,6 @@ class _GroupOffsets:
             commit_group_offsets(self.options, self.group_id, end)
 
 
-class _DropRows:
-    """mapInArrow: the decode stage's payloads without the ``rows`` of graph-only routes."""
-
-    def __init__(self, routes: set[int]) -> None:
-        self.routes = pa.array(sorted(routes), pa.int16())
-
-    def __call__(self, batches):
-        for batch in batches:
-            yield batch.filter(pc.invert(pc.and_(pc.equal(batch.column("part"), "rows"),
-                                                 pc.is_in(batch.column("_route"), self.routes))))
-
-
-class _Unpack:
-    """mapInArrow: route ``route``'s ``rows`` payloads -> typed rows (its columns, ``_kind``, ``_seq``)."""
-
-    def __init__(self, route: int, schema: pa.Schema) -> None:
-        self.route = route
-        self.schema = schema.append(pa.field(KIND, pa.int8())).append(pa.field(SEQ, pa.string()))
-
-    def __call__(self, batches):
-        for batch in batches:
-            mine = batch.filter(pc.and_(pc.equal(batch.column("_route"), self.route),
-                                        pc.equal(batch.column("part"), "rows")))
-            for payload in mine.column("payload").to_pylist():
-                yield from from_ipc(payload).select(self.schema.names).cast(self.schema).to_batches()
-
-
-def _unpacked_ddl(schema: pa.Schema) -> Any:
-    from pyspark.sql.pandas.types import from_arrow_schema
-    from pyspark.sql.types import ByteType, StringType, StructField, StructType
-
-    return StructType(list(from_arrow_schema(schema).fields)
-                      + [StructField(KIND, ByteType(), False), StructField(SEQ, StringType(), False)])
-
-
 def start(spark: Any, query: PipelineQuery, *, name: str, checkpoint: str, reader_options: Mapping[str, str],
           available_now: bool, trigger_seconds: float, group_id: str | None = None) -> Any:
     """Start the streaming query; returns Spark's StreamingQuery. With ``group_id``, each batch's end
@@ -141,7 +120,7 @@ def start(spark: Any, query: PipelineQuery, *, name: str, checkpoint: str, reade
     if group_id is not None:
         query.after_batch = _GroupOffsets(checkpoint, reader_options, group_id)
     # the source decodes in its read tasks: registered per query, as it carries this pipeline's decode stage
-    spark.dataSource.register(decoding_source(query.processor.stage))
+    spark.dataSource.register(decoding_source(query.source_stage()))
     if query.processor.plan is not None:        # the operators' state (changelake.spark.binding)
         spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER)
     reader = spark.readStream.format(SOURCE_NAME)
