@@ -4,17 +4,18 @@ A DataFrame read by two consumers is planned twice by Spark, stateful operators 
 with fan-out cannot map one DataFrame to each node (docs/state-design.md). Here every stateful
 node's output has exactly one reader: the operator after it in the chain. The query is::
 
-    per source:    mapInArrow SourceRouter: the source's rows -> envelopes
-    union of the sources' envelopes
+    the Kafka read tasks (RoutedStage): decoded rows -> envelopes (SourceEnvelopes; compile_packed's
+    typed sources: a mapInArrow SourceRouter per source, unioned), driver payloads -> DRIVER envelopes
       -> groupBy(g).transformWithStateInPandas(ChainProcessor 0)    stateful node 0
       -> groupBy(g).transformWithStateInPandas(ChainProcessor 1)    stateful node 1
       -> repartition(B, g).mapInArrow(LookupStage 2)               a lookup join
       ...                                                          (topological order)
-      -> mapInArrow Deliver: sink envelopes -> packed table changes; report envelopes -> the channel
+      -> mapInArrow Deliver: sink envelopes -> packed table changes; driver envelopes -> the decode
+         stage's payloads; report envelopes -> the channel
 
 An **envelope** is one row ``(g, target, bucket, part, payload)``: ``payload`` holds rows as Arrow
-IPC, addressed to ``target`` (a stateful node's position in the chain, a sink table, or
-:data:`REPORTS`), to state bucket ``bucket`` of that node and, for a join, to its input ``part``.
+IPC, addressed to ``target`` (a stateful node's position in the chain, a sink table, :data:`REPORTS`,
+or :data:`DRIVER`: a decode stage payload for the driver, passed through to the end), to state bucket ``bucket`` of that node and, for a join, to its input ``part``.
 ``g`` is the group key of the next operator: the bucket for envelopes addressed to it, a negative
 pass-through group (``-1 - bucket mod PASS_GROUPS``) for every other envelope.
 

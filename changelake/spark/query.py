@@ -2,15 +2,21 @@
 
 The query (:meth:`PipelineQuery.stream`)::
 
-    Kafka records -> DecodeStage (in the read tasks, executors): IPC payloads of rows, dead letters, stats
-        -> payloads for the driver: stats, dead letters, rows of sources mirrored into a table
-        -> per source read by the operator graph: typed rows (unpacked from the payloads)
-           -> the compiled graph (changelake.spark.compile) -> each graph table's changes as payloads
-    foreachBatch(the union of both): ONE Spark action per micro-batch (``toArrow``), so the
-    stateful operators run once per batch; the collected payloads go to the service's
-    ``BatchProcessor.process_decoded`` (pure Arrow, no Spark), the workers' reports to /metrics;
-    once it returned (the Delta commits are done), the batch's end offsets go to the pipeline's
-    consumer group (informational: Spark's checkpoint stays the position).
+    Kafka read tasks (executors), one Python process each: read, decode (DecodeStage) and, with an
+    operator graph, route (changelake.spark.chain.RoutedStage):
+        the graph sources' rows -> the chain's first envelopes (by the state bucket of their consumer)
+        everything else (stats, dead letters, rows of mirrored sources, ...) -> envelopes addressed
+        to the driver
+    -> one shuffle -> the chain's operators (changelake.spark.chain) -> Deliver: each graph table's
+       changes and the driver's payloads, as the decode stage's payloads
+    foreachBatch: ONE Spark action per micro-batch (``toArrow``), so the stateful operators run once
+    per batch; the collected payloads go to the service's ``BatchProcessor.process_decoded`` (pure
+    Arrow, no Spark), the workers' reports to /metrics; once it returned (the Delta commits are
+    done), the batch's end offsets go to the pipeline's consumer group (informational: Spark's
+    checkpoint stays the position).
+
+The query has one branch, so Kafka is read and decoded once per batch without an exchange of its
+own. Without a graph it is the read tasks' payloads, collected.
 
 The processor is duck-typed (``stage``, ``plan``, ``routes``, ``graph_routes``, ``buckets``,
 ``graph_tables``, ``process_decoded``): this wing imports nothing from the service above it.
@@ -19,10 +25,9 @@ The processor is duck-typed (``stage``, ``plan``, ``routes``, ``graph_routes``, 
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any, Callable, Mapping
 
-from changelake.spark.chain import ENVELOPE, Chain, RoutedStage, SourceEnvelopes, run_chain, source_nodes
+from changelake.spark.chain import Chain, RoutedStage, SourceEnvelopes, run_chain, source_nodes
 from changelake.spark.checkpoint import batch_end_offsets
 from changelake.spark.compile import DEFAULT_BUCKETS
 from changelake.spark.decode_stage import decoding_source
@@ -45,7 +50,6 @@ class PipelineQuery:
         #: the operators' reports to the driver (set by :meth:`stream`), drained after each batch
         self.channel: ReportChannel | None = None
         self._chain: Chain | None = None        # the compiled graph (set by :meth:`source_stage`)
-        self._map = None
 
     def source_stage(self) -> Any:
         """What the Kafka read tasks run over the records they read: the pipeline's decode stage; with an
@@ -59,9 +63,6 @@ class PipelineQuery:
         nodes = source_nodes(p.plan)
         envelopes = SourceEnvelopes(self._chain, {i: nodes[node.source] for i, node in p.graph_routes.items()},
                                     mirrored=[i for i in p.graph_routes if p.routes[i].spec.table is not None])
-        if os.environ.get("CHANGELAKE_ROUTE_IN") == "map":
-            self._map = envelopes
-            return p.stage
         return RoutedStage(p.stage, envelopes)
 
     def stream(self, decoded: Any) -> Any:
@@ -75,8 +76,6 @@ class PipelineQuery:
             return decoded
         if self._chain is None:
             self.source_stage()
-        if self._map is not None:
-            decoded = decoded.mapInArrow(self._map, ENVELOPE)
         self.channel = ReportChannel(decoded.sparkSession)
         p.graph_tables = [p.plan[s].table for s in self._chain.sinks]
         return run_chain(self._chain, decoded, self.channel)
