@@ -371,6 +371,9 @@ class SourceEnvelopes:
     the typed rows never leave the Python process that decoded them.
     """
 
+    #: decoded graph rows a task holds before routing them (a micro-batch without a record limit)
+    HOLD_ROWS = 1_000_000
+
     def __init__(self, chain: Chain, sources: Mapping[int, Sequence[str]], mirrored: Sequence[int] = ()) -> None:
         self.chain = chain
         self.sources = {int(r): list(nodes) for r, nodes in sources.items()}
@@ -381,21 +384,30 @@ class SourceEnvelopes:
 
         out = Envelopes(self.chain, -1)
         rows: dict[int, list[pa.Table]] = {}
+        held = 0
         for batch in batches:
             for route, part, payload in zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(),
                                              batch.column(2).to_pylist()):
                 if part == "rows" and route in self.sources:
-                    rows.setdefault(route, []).append(from_ipc(payload))
+                    table = from_ipc(payload)
+                    rows.setdefault(route, []).append(table)
+                    held += table.num_rows
                     if route not in self.mirrored:
                         continue
                 out.add(DRIVER, route, PARTS.index(part), payload)
+            if held >= self.HOLD_ROWS:          # a long backlog: route what is held, bounding the task's memory
+                self._route(rows, out)
+                rows, held = {}, 0
             if out.target:
                 yield out.batch()
+        self._route(rows, out)
+        if out.target or out.sent:
+            yield out.batch()
+
+    def _route(self, rows: Mapping[int, list[pa.Table]], out: Envelopes) -> None:
         router = Router(self.chain)
         for route, tables in rows.items():
             route_source(router, self.sources[route], pa.concat_tables(tables), out)
-        if out.target or out.sent:
-            yield out.batch()
 
 
 class RoutedStage:
