@@ -95,6 +95,7 @@ class BatchReport:
     truncates: dict[str, int] = field(default_factory=dict)             # source -> TRUNCATE messages read
     expired: int = 0
     committed_tables: list[str] = field(default_factory=list)
+    framed_tables: list[str] = field(default_factory=list)              # reduced on the executors (frames)
     seconds: float = 0.0
 
 
@@ -203,12 +204,39 @@ class BatchProcessor:
                 self.sinks[name] = open_engine_sink(spec, spark=self._spark, **opened)
         return self.sinks[name]
 
+    def framed_tables(self) -> dict[str, tuple[str, ...]]:
+        """The tables whose batches reach their sink as Spark DataFrames, reduced on the executors
+        (table -> primary key): with ``storage.reduce_on`` executors, or auto and the delta-spark engine.
+        Only upsert tables whose every change comes from the executors: graph tables, and mirrors
+        whose sources are decoded there (``columns`` declared, not routed) and whose key is known."""
+        reduce_on = self.config.storage.reduce_on
+        if self._spark is None or reduce_on == "driver":
+            return {}
+        feeds: dict[str, list[int]] = {}
+        for i, r in enumerate(self.routes):
+            if r.spec.table is not None:
+                feeds.setdefault(r.spec.table, []).append(i)
+        candidates = {name: self.keys.key_of(name) for name, routes in feeds.items()
+                      if all(i in self.stage.executor_routes for i in routes)}
+        candidates.update({name: tuple(self.config.table(name).primary_key) for name in self.graph_tables})
+        framed = {}
+        for name, key in candidates.items():
+            if not key or self._table_model(name).history is not None:
+                continue
+            sink = self._sink(name)
+            if hasattr(sink, "apply_frame") and (reduce_on == "executors" or sink.engine == "delta-spark"):
+                framed[name] = tuple(key)
+        return framed
+
     def process_decoded(self, out: pa.Table, batch_id: int, *, late_rows: dict | None = None,
-                        rejected: Sequence[Any] = ()) -> BatchReport:
+                        rejected: Sequence[Any] = (), frames: dict[str, Any] | None = None) -> BatchReport:
         """Apply the collected output of the executors' :class:`DecodeStage` and graph, the late
         rows of the event-time joins (``{(view, side): (count, JSON rows)}``) and the input rows an
         operator could not process (``rejected``: node, side, row as JSON, seq, error; see
-        ``changelake.spark.reports.Rejected``), which go by their source's ``on_error``."""
+        ``changelake.spark.reports.Rejected``), which go by their source's ``on_error``.
+        ``frames``: the changes of :meth:`framed_tables` that stayed on the executors, per table
+        (``changelake.spark.batch_frames.TableFrame``: a DataFrame and its counts per kind); ``out``
+        then holds their dead letters, key-change counts and truncates, not their rows."""
         stats, parts = self.stage.split(out)
         self._dropped = {}
         self.keys.learn(_key_shapes(self.routes, parts))
@@ -246,7 +274,7 @@ class BatchProcessor:
                 decoded.append((route, rows if rows is not None else _empty(route),
                                 dead if dead is not None else DEAD_LETTER_SCHEMA.empty_table()))
         decoded.extend(self._rejected(rejected))
-        return self._apply(stats, decoded, batch_id, graph_changes, late_rows, moves, truncates)
+        return self._apply(stats, decoded, batch_id, graph_changes, late_rows, moves, truncates, frames or {})
 
     def _route_raw(self, route: "_Route", raw: pa.Table
                    ) -> tuple[list[tuple["_Route", pa.Table, pa.Table]], list[tuple["_Route", pa.Table]]]:
@@ -337,9 +365,12 @@ class BatchProcessor:
                decoded: list[tuple["_Route", pa.Table, pa.Table]], batch_id: int,
                graph_changes: dict[str, pa.Table] | None = None, late_rows: dict | None = None,
                moves: dict[str, int] | None = None,
-               truncates: Sequence[tuple["_Route", pa.Table]] = ()) -> BatchReport:
+               truncates: Sequence[tuple["_Route", pa.Table]] = (), frames: dict[str, Any] | None = None
+               ) -> BatchReport:
         """``moves``: per source, the key changes the decode stage split for the graph; ``truncates``: per
-        route, the TRUNCATE messages its decoder read (``changelog.TRUNCATE_SCHEMA``)."""
+        route, the TRUNCATE messages its decoder read (``changelog.TRUNCATE_SCHEMA``); ``frames``: the
+        tables whose changes stayed on the executors (see :meth:`process_decoded`)."""
+        frames = frames or {}
         started = time.monotonic()
         report = BatchReport(batch_id=batch_id, key_changes=dict(moves or {}))
         for (topic, partition), (n, expired) in stats.items():
@@ -368,6 +399,8 @@ class BatchProcessor:
             metrics.KEY_CHANGES.labels(source=source).inc(n)
         letters.extend(self._late_letters(late_rows or {}, batch_id, report))
         truncate_at = self._truncates(truncates, report)
+        for name in frames:
+            per_table.setdefault(name, [])
         empty = {r.spec.table: r for r in self._all_routes() if r.spec.table in truncate_at}
         for name in truncate_at.keys() - per_table.keys():
             per_table[name] = [_empty(empty[name])]
@@ -383,13 +416,21 @@ class BatchProcessor:
         _fault("before-sinks", batch_id)
         self.dead_letters.write(letters, batch_id=batch_id)
         for i, (name, parts) in enumerate(sorted(per_table.items())):
-            changes = pa.concat_tables(parts, promote_options="permissive")
-            kinds = _count_kinds(changes)
+            frame = frames.get(name)
+            if frame is None:
+                changes = pa.concat_tables(parts, promote_options="permissive")
+                kinds = _count_kinds(changes)
+                apply = self._sink(name).apply
+            else:
+                if parts:
+                    raise AssertionError(f"table {name}: changes both collected and left on the executors")
+                changes, kinds, apply = frame.changes, frame.kinds, self._sink(name).apply_frame
+                report.framed_tables.append(name)
             report.changes[name] = kinds
             for kind, n in kinds.items():
                 metrics.CHANGES_IN.labels(name, kind).inc(n)
-            result = self._sink(name).apply(changes, batch_id=batch_id, truncate_at=truncate_at.get(name),
-                                            dropped_columns=self._dropped.pop(name, ()))
+            result = apply(changes, batch_id=batch_id, truncate_at=truncate_at.get(name),
+                           dropped_columns=self._dropped.pop(name, ()))
             if result.committed:
                 report.committed_tables.append(name)
             if i == 0:
