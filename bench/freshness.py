@@ -52,6 +52,12 @@ events/s the mirror's batches took 36-52 s instead of ~1 s. The producer therefo
 ``--linger`` = 100 ms, so that a set holds tens of records. The linger is not in the figures:
 freshness counts from the append.
 
+**Where the time goes.** Each mirror change's freshness is split at the start of the batch that read it
+(``batchTimestampMs`` in ``offsets/N``, the batch's trigger time): append -> that start (waiting for the
+running batch to end, then for the trigger) and that start -> the mirror's commit (its own batch); the
+run prints both (p50, p99), the batches that held the slowest 1% of changes, and how far apart batches
+started while producing.
+
 **Other figures.** Records/s offered (produced) and sustained (committed to the mirror while the
 producer ran, and the time to drain the rest after it stopped); the backlog (acknowledged minus
 committed changes) over time: at the end of production, its maximum, and its trend over the
