@@ -26,8 +26,6 @@ from .conftest import run_to_end, write_micro_batch
 
 pytestmark = pytest.mark.spark
 
-CHANGELOG_CHECKPOINTING = "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"
-
 INPUT = pa.schema([("id", pa.int64()), ("category", pa.string()), ("price", pa.int64()),
                    (KIND, pa.int8()), (SEQ, pa.string())])
 
@@ -68,10 +66,8 @@ def _per_key(pairs, key_len: int) -> dict:
     return dict(by_key)
 
 
-def _run(spark, tmp_path, kernel_cls, config, *, keys, columns, out_schema,
-         changelog: tuple[str, str] | None = None) -> list[tuple]:
-    """Feeds FILES[:2] (two micro-batches), stops, restarts from the checkpoint with FILES[2:];
-    ``changelog``: RocksDB changelog checkpointing (``"true"``/``"false"``) before and after the restart."""
+def _run(spark, tmp_path, kernel_cls, config, *, keys, columns, out_schema) -> list[tuple]:
+    """Feeds FILES[:2] (two micro-batches), stops, restarts from the checkpoint with FILES[2:]."""
     from pyspark.sql.types import StructType
 
     from changelake.changelog import RowKind
@@ -95,18 +91,9 @@ def _run(spark, tmp_path, kernel_cls, config, *, keys, columns, out_schema,
         q = run_to_end(out, collect, ckpt)
         return q
 
-    before, after = changelog or (None, None)
-    old = spark.conf.get(CHANGELOG_CHECKPOINTING)
-    try:
-        if before is not None:
-            spark.conf.set(CHANGELOG_CHECKPOINTING, before)
-        q1 = run_once(0, 2)
-        assert len([p for p in q1.recentProgress if p["numInputRows"]]) == 2, "expected one micro-batch per file"
-        if after is not None:
-            spark.conf.set(CHANGELOG_CHECKPOINTING, after)
-        run_once(2, 3)
-    finally:
-        spark.conf.set(CHANGELOG_CHECKPOINTING, old)
+    q1 = run_once(0, 2)
+    assert len([p for p in q1.recentProgress if p["numInputRows"]]) == 2, "expected one micro-batch per file"
+    run_once(2, 3)
     return emitted
 
 
@@ -124,17 +111,13 @@ def test_group_aggregate_count_sum_survives_restart(rocksdb, tmp_path):
     assert ("-D", ("a", 1, 3)) in got and ("+I", ("a", 1, 9)) in got and ("-D", ("c", 1, 6)) in got
 
 
-# (before the restart, after it): the session's default (on, changelake.spark.session.DEFAULTS); a
-# checkpoint written before changelake turned it on, restarted with it (an upgrade); and turned off again
-@pytest.mark.parametrize("changelog", [None, ("false", "true"), ("true", "false")],
-                         ids=["default", "turned-on-at-restart", "turned-off-at-restart"])
-def test_deduplicate_keep_last_survives_restart(rocksdb, tmp_path, changelog):
+def test_deduplicate_keep_last_survives_restart(rocksdb, tmp_path):
     from pyspark.sql.types import StructType
 
     config = DeduplicateConfig(keys=(0,), keep="last", input_insert_only=False)
     out_schema = StructType.fromDDL("id BIGINT, category STRING, price BIGINT")
     got = _run(rocksdb, tmp_path, Deduplicate, config, keys=["id"],
-               columns=["id", "category", "price"], out_schema=out_schema, changelog=changelog)
+               columns=["id", "category", "price"], out_schema=out_schema)
     want = _oracle(Deduplicate(config), ["id", "category", "price"])
     assert _per_key(got, 1) == _per_key(want, 1)
     # id 1 was updated after the restart: the retraction carries the row stored before the restart
