@@ -23,7 +23,8 @@ Every micro-batch runs :meth:`BatchProcessor.process_decoded` (pure Arrow, no Sp
    graph sources with a null primary key are dead letters from the executors on;
 4. count the truncates the decoders read (``on_truncate`` apply or skip); a mirrored table
    gets the position of its latest truncate of the batch (apply);
-5. apply each table's changes (and truncate) through its idempotent Delta sink.
+5. apply each table's changes (and truncate) through its idempotent Delta sink, the tables at once
+   (``BatchProcessor._commit_tables``).
 
 Every write is keyed by (pipeline id, batch id) through Delta transaction ids and
 Spark only advances its offsets after the batch function returns, so a crash
