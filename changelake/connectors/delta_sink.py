@@ -344,8 +344,15 @@ class DeltaUpsertSink(abc.ABC):
         spec = self.spec
         changes, before_truncate = drop_before_truncate(changes, begun.horizon)
         changes = fill_unavailable(changes, primary_key=spec.primary_key, placeholder=spec.unavailable_value)
-        now = self._clock()
         reduced = align_to_table(latest_per_key(changes, primary_key=spec.primary_key), begun.target_schema)
+        return self._apply_reduced(reduced, begun, batch_id, before_truncate=before_truncate)
+
+    def _apply_reduced(self, reduced: pa.Table, begun: "_Begun", batch_id: int, *,
+                       before_truncate: int) -> tuple[ApplyResult, MergeCounts]:
+        """The rest of a batch once it is reduced to one change per key and aligned to the table: the
+        split against the tombstones, the tombstone MERGE, the table MERGE (Arrow, on the driver)."""
+        spec = self.spec
+        now = self._clock()
         tomb_state = self._tombstone_state()
         tombstones = (self._read_tombstones() if tomb_state is not None
                       else pa.table({SEQ: pa.array([], pa.string())}))

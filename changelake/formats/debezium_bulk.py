@@ -88,14 +88,14 @@ def decode_json_chunk(plan: BulkPlan, records: pa.Table, *, key: Sequence[str]) 
         # objects, fields it ignores): an invalid message would reach a table. orjson checks the
         # whole document, so the per-message path turns it into a 'malformed' dead letter.
         return None
-    data = b"\n".join(present.to_pylist())
-    if data.count(b"\n") != n - 1:
-        return None   # a value holds a line break (pretty-printed JSON): one message per line is needed
-    # every message must be one JSON object: '{' after each line break, '}' before it. Besides
-    # being the shape we read, this keeps other top-level values away from Arrow's JSON reader
-    # (pyarrow 26 crashes on a first line that is a bare `null`).
-    if not (data.startswith(b"{") and data.endswith(b"}") and data.count(b"}\n{") == n - 1):
+    # every message must be one JSON object: '{' first, '}' last. Besides being the shape we read, this
+    # keeps other top-level values away from Arrow's JSON reader (pyarrow 26 crashes on a first line
+    # that is a bare `null`).
+    if not (pc.all(pc.starts_with(present, "{")).as_py() and pc.all(pc.ends_with(present, "}")).as_py()):
         return None
+    data = lines_of(present)
+    if data.count(b"\n") != n:
+        return None   # a value holds a line break (pretty-printed JSON): one message per line is needed
     try:
         table = pj.read_json(io.BytesIO(data), read_options=pj.ReadOptions(use_threads=False,
                                                                           block_size=len(data) + 1),
@@ -109,6 +109,15 @@ def decode_json_chunk(plan: BulkPlan, records: pa.Table, *, key: Sequence[str]) 
     if plan.new_fields and _has_new_fields(body, {s.name for s in plan.specs}):
         return None
     return assemble(body, records, idx, plan.specs, plan.meta, key=key)
+
+
+def lines_of(values: pa.BinaryArray) -> bytes:
+    """The values, each followed by a line break, as one string (built by Arrow, no Python object per value)."""
+    lines = pc.binary_join_element_wise(values, pa.scalar(b"", values.type), pa.scalar(b"\n", values.type))
+    _, offsets, data = lines.buffers()
+    width = np.int64 if pat.is_large_binary(lines.type) else np.int32
+    first, last = np.frombuffer(offsets, dtype=width)[[lines.offset, lines.offset + len(lines)]]
+    return data[int(first):int(last)].to_pybytes()
 
 
 def _has_new_fields(body: pa.StructArray, names: set[str]) -> bool:

@@ -84,6 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="only dead letters of this source")
     rep.add_argument("--reason", action=_EnvDefault, envvar="CHANGELAKE_DLQ_REASON",
                      help="only dead letters with this reason (malformed, schema-mismatch, ...)")
+    rep.add_argument("--table", action=_EnvDefault, envvar="CHANGELAKE_DLQ_TABLE",
+                     help="only dead letters meant for this table (e.g. one quarantined table of a routed source)")
     rep.add_argument("--to-topic", action=_EnvDefault, envvar="CHANGELAKE_DLQ_TO_TOPIC",
                      help="produce to this topic instead of each message's own")
     rep.add_argument("--dry-run", action="store_true", help="count what would be replayed, send nothing")
@@ -158,7 +160,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         return 0
     if args.command == "dlq":
         from changelake.service.dlq import replay
-        result = replay(_load(args), source=args.source, reason=args.reason,
+        result = replay(_load(args), source=args.source, reason=args.reason, table=args.table,
                         to_topic=args.to_topic, dry_run=args.dry_run)
         if args.dry_run:
             print(f"would replay {sum(result.remaining_by_reason.values())} dead letter(s) "

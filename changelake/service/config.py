@@ -516,6 +516,10 @@ class StorageSettings(_Model):
     options: dict[str, SecretStr] = Field(default_factory=dict, description="object-store options for delta-rs / Hadoop")
     engine: Literal["auto", "delta-rs", "delta-spark"] = Field(
         "auto", description="the Delta writer (docs/sink.md): delta-spark when its jars are present, else delta-rs")
+    reduce_on: Literal["auto", "driver", "executors"] = Field(
+        "auto", description="where a batch's changes are reduced to one per key (docs/sink.md, \"What the driver "
+        "holds\"): executors (the batch stays distributed; delta-rs then collects one row per key), driver (the "
+        "batch is collected), auto: executors with delta-spark, driver with delta-rs")
 
     def plain_options(self) -> dict[str, str]:
         return {k: v.get_secret_value() for k, v in self.options.items()}

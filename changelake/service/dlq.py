@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 LETTER_COLUMNS = pa.schema([pa.field("topic", pa.string()), pa.field("partition", pa.int32()),
                             pa.field("offset", pa.int64()), pa.field("key", pa.binary()),
                             pa.field("value", pa.binary()), pa.field("reason", pa.string()),
-                            pa.field("source", pa.string())])
+                            pa.field("source", pa.string()), pa.field("table", pa.string())])
 REPLAYED_SCHEMA = pa.schema([pa.field("topic", pa.string()), pa.field("partition", pa.int32()),
                              pa.field("offset", pa.int64()), pa.field("replayed_to", pa.string())])
 
@@ -46,13 +46,14 @@ def replayed_path(config: ChangelakeConfig) -> str:
 
 
 def replay(config: ChangelakeConfig, *, source: str | None = None, reason: str | None = None,
-           to_topic: str | None = None, dry_run: bool = False) -> ReplayResult:
+           table: str | None = None, to_topic: str | None = None, dry_run: bool = False) -> ReplayResult:
+    """Produce this pipeline's dead letters again, once each; ``source``, ``reason`` and ``table`` (the
+    table a letter was meant for: one quarantined table of a routed database) narrow what is sent."""
     storage = config.storage.plain_options() or None
     letters = dead_letters(config)
-    if source is not None:
-        letters = letters.filter(pc.equal(letters["source"], source))
-    if reason is not None:
-        letters = letters.filter(pc.equal(letters["reason"], reason))
+    for column, wanted in (("source", source), ("reason", reason), ("table", table)):
+        if wanted is not None:
+            letters = letters.filter(pc.equal(letters[column], wanted))
     done = _replayed(config)
     fresh = [r for r in letters.to_pylist() if (r["topic"], r["partition"], r["offset"]) not in done]
     # the same message can be quarantined twice (a replayed batch before its commit): send it once
@@ -94,7 +95,10 @@ def dead_letters(config: ChangelakeConfig) -> pa.Table:
     parts = []
     path = config.dead_letter_path()
     if DeltaTable.is_deltatable(path, storage_options=storage):
-        parts.append(read_delta(path, storage_options=storage, columns=list(LETTER_COLUMNS.names)))
+        kept = read_delta(path, storage_options=storage)
+        # a dead-letter table written before letters named their table has no ``table`` column
+        parts.append(pa.table({f.name: kept[f.name] if f.name in kept.column_names
+                               else pa.nulls(kept.num_rows, f.type) for f in LETTER_COLUMNS}))
     topics = sorted({t for t in (config.dead_letter_topic(s.name) for s in config.sources) if t})
     if topics:
         client = {"bootstrap.servers": config.kafka.bootstrap_servers, "log_level": 3,
@@ -104,7 +108,8 @@ def dead_letters(config: ChangelakeConfig) -> pa.Table:
             h = header_dict(msg.headers())
             if h.get("pipeline") == config.pipeline.id:
                 rows.append({"topic": h["topic"], "partition": int(h["partition"]), "offset": int(h["offset"]),
-                             "key": msg.key(), "value": msg.value(), "reason": h["reason"], "source": h["source"]})
+                             "key": msg.key(), "value": msg.value(), "reason": h["reason"], "source": h["source"],
+                             "table": h.get("table")})
         parts.append(pa.Table.from_pylist(rows, schema=LETTER_COLUMNS))
     return pa.concat_tables([p.cast(LETTER_COLUMNS) for p in parts]) if parts else LETTER_COLUMNS.empty_table()
 

@@ -100,6 +100,7 @@ class BatchReport:
     truncates: dict[str, int] = field(default_factory=dict)             # source -> TRUNCATE messages read
     expired: int = 0
     committed_tables: list[str] = field(default_factory=list)
+    framed_tables: list[str] = field(default_factory=list)              # reduced on the executors (frames)
     seconds: float = 0.0
 
 
@@ -209,12 +210,39 @@ class BatchProcessor:
                 self.sinks[name] = open_engine_sink(spec, spark=self._spark, **opened)
         return self.sinks[name]
 
+    def framed_tables(self) -> dict[str, tuple[str, ...]]:
+        """The tables whose batches reach their sink as Spark DataFrames, reduced on the executors
+        (table -> primary key): with ``storage.reduce_on`` executors, or auto and the delta-spark engine.
+        Only upsert tables whose every change comes from the executors: graph tables, and mirrors
+        whose sources are decoded there (``columns`` declared, not routed) and whose key is known."""
+        reduce_on = self.config.storage.reduce_on
+        if self._spark is None or reduce_on == "driver":
+            return {}
+        feeds: dict[str, list[int]] = {}
+        for i, r in enumerate(self.routes):
+            if r.spec.table is not None:
+                feeds.setdefault(r.spec.table, []).append(i)
+        candidates = {name: self.keys.key_of(name) for name, routes in feeds.items()
+                      if all(i in self.stage.executor_routes for i in routes)}
+        candidates.update({name: tuple(self.config.table(name).primary_key) for name in self.graph_tables})
+        framed = {}
+        for name, key in candidates.items():
+            if not key or self._table_model(name).history is not None:
+                continue
+            sink = self._sink(name)
+            if hasattr(sink, "apply_frame") and (reduce_on == "executors" or sink.engine == "delta-spark"):
+                framed[name] = tuple(key)
+        return framed
+
     def process_decoded(self, out: pa.Table, batch_id: int, *, late_rows: dict | None = None,
-                        rejected: Sequence[Any] = ()) -> BatchReport:
+                        rejected: Sequence[Any] = (), frames: dict[str, Any] | None = None) -> BatchReport:
         """Apply the collected output of the executors' :class:`DecodeStage` and graph, the late
         rows of the event-time joins (``{(view, side): (count, JSON rows)}``) and the input rows an
         operator could not process (``rejected``: node, side, row as JSON, seq, error; see
-        ``changelake.spark.reports.Rejected``), which go by their source's ``on_error``."""
+        ``changelake.spark.reports.Rejected``), which go by their source's ``on_error``.
+        ``frames``: the changes of :meth:`framed_tables` that stayed on the executors, per table
+        (``changelake.spark.batch_frames.TableFrame``: a DataFrame and its counts per kind); ``out``
+        then holds their dead letters, key-change counts and truncates, not their rows."""
         stats, parts = self.stage.split(out)
         self._dropped = {}
         self.keys.learn(_key_shapes(self.routes, parts))
@@ -252,7 +280,7 @@ class BatchProcessor:
                 decoded.append((route, rows if rows is not None else _empty(route),
                                 dead if dead is not None else DEAD_LETTER_SCHEMA.empty_table()))
         decoded.extend(self._rejected(rejected))
-        return self._apply(stats, decoded, batch_id, graph_changes, late_rows, moves, truncates)
+        return self._apply(stats, decoded, batch_id, graph_changes, late_rows, moves, truncates, frames or {})
 
     def _route_raw(self, route: "_Route", raw: pa.Table
                    ) -> tuple[list[tuple["_Route", pa.Table, pa.Table]], list[tuple["_Route", pa.Table]]]:
@@ -343,9 +371,12 @@ class BatchProcessor:
                decoded: list[tuple["_Route", pa.Table, pa.Table]], batch_id: int,
                graph_changes: dict[str, pa.Table] | None = None, late_rows: dict | None = None,
                moves: dict[str, int] | None = None,
-               truncates: Sequence[tuple["_Route", pa.Table]] = ()) -> BatchReport:
+               truncates: Sequence[tuple["_Route", pa.Table]] = (), frames: dict[str, Any] | None = None
+               ) -> BatchReport:
         """``moves``: per source, the key changes the decode stage split for the graph; ``truncates``: per
-        route, the TRUNCATE messages its decoder read (``changelog.TRUNCATE_SCHEMA``)."""
+        route, the TRUNCATE messages its decoder read (``changelog.TRUNCATE_SCHEMA``); ``frames``: the
+        tables whose changes stayed on the executors (see :meth:`process_decoded`)."""
+        frames = frames or {}
         started = time.monotonic()
         report = BatchReport(batch_id=batch_id, key_changes=dict(moves or {}))
         for (topic, partition), (n, expired) in stats.items():
@@ -374,6 +405,8 @@ class BatchProcessor:
             metrics.KEY_CHANGES.labels(source=source).inc(n)
         letters.extend(self._late_letters(late_rows or {}, batch_id, report))
         truncate_at = self._truncates(truncates, report)
+        for name in frames:
+            per_table.setdefault(name, [])
         empty = {r.spec.table: r for r in self._all_routes() if r.spec.table in truncate_at}
         for name in truncate_at.keys() - per_table.keys():
             per_table[name] = [_empty(empty[name])]
@@ -390,15 +423,24 @@ class BatchProcessor:
         self.dead_letters.write(letters, batch_id=batch_id)
         commits = []
         for name, parts in sorted(per_table.items()):
-            changes = pa.concat_tables(parts, promote_options="permissive")
-            kinds = _count_kinds(changes)
+            frame = frames.get(name)
+            if frame is None:
+                changes = pa.concat_tables(parts, promote_options="permissive")
+                kinds = _count_kinds(changes)
+                apply = self._sink(name).apply
+            else:
+                if parts:
+                    raise AssertionError(f"table {name}: changes both collected and left on the executors")
+                changes, kinds, apply = frame.changes, frame.kinds, self._sink(name).apply_frame
+                report.framed_tables.append(name)
             report.changes[name] = kinds
             for kind, n in kinds.items():
                 metrics.CHANGES_IN.labels(name, kind).inc(n)
-            commits.append((name, functools.partial(self._sink(name).apply, changes, batch_id=batch_id,
-                                                    truncate_at=truncate_at.get(name),
+            commits.append((name, functools.partial(apply, changes, batch_id=batch_id, truncate_at=truncate_at.get(name),
                                                     dropped_columns=self._dropped.pop(name, ()))))
-        results = self._commit_tables(commits, batch_id)
+        # Arrow batches on delta-rs commit at once; DataFrames (Spark jobs of this batch) one after another
+        at_once = not frames and all(getattr(self.sinks[n], "engine", None) == "delta-rs" for n, _ in commits)
+        results = self._commit_tables(commits, batch_id, at_once=at_once)
         report.committed_tables.extend(name for name, _ in commits if results[name].committed)
         _fault("after-sinks", batch_id)
         report.seconds = time.monotonic() - started
@@ -409,8 +451,8 @@ class BatchProcessor:
                  json.dumps(report.dead_letters), report.seconds)
         return report
 
-    def _commit_tables(self, commits: list[tuple[str, Callable[[], ApplyResult]]], batch_id: int
-                       ) -> dict[str, ApplyResult]:
+    def _commit_tables(self, commits: list[tuple[str, Callable[[], ApplyResult]]], batch_id: int, *,
+                       at_once: bool) -> dict[str, ApplyResult]:
         """Run each table's commit of the batch; their results by table.
 
         The tables are independent Delta tables, each commit keyed by the batch id (its ``txn``), so
@@ -418,10 +460,10 @@ class BatchProcessor:
         a batch's commits take about as long as its slowest one instead of their sum. A crash between
         them leaves some tables at the batch and some before it, as it did one after another, and the
         replay commits only the tables that lack it. The first error (in table order) is raised once
-        every commit has ended; the delta-spark engine commits one table after another.
+        every commit has ended. Without ``at_once`` (the delta-spark engine, or tables handed over as
+        Spark DataFrames, whose commits run Spark jobs) the tables commit one after another.
         """
-        sinks = [self.sinks[name] for name, _ in commits]
-        if len(commits) < 2 or any(getattr(s, "engine", None) != "delta-rs" for s in sinks):
+        if len(commits) < 2 or not at_once:
             results = {}
             for i, (name, commit) in enumerate(commits):
                 results[name] = commit()

@@ -1,6 +1,11 @@
-"""delta-spark engine of the Delta upsert sink: the MERGE runs distributed on Spark.
+"""The Delta upsert sinks opened with a Spark session: the delta-spark engine, and batches as DataFrames.
 
-Needs the Delta jars (``io.delta:delta-spark_2.13:4.4.1``) on the Spark classpath and
+``DeltaSparkSink`` (engine delta-spark): the MERGE runs distributed on Spark.
+``DeltaRsFrameSink`` (engine delta-rs with a Spark session): ``apply`` as ``DeltaRsSink``, plus
+``apply_frame``: a batch given as a DataFrame is reduced on the executors (one change per key) and
+only the reduced rows are collected for delta-rs's MERGE.
+
+delta-spark needs the Delta jars (``io.delta:delta-spark_2.13:4.4.1``) on the Spark classpath and
 the session configured with ``spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension``
 (``open_sink`` checks both). Two ways in:
 
@@ -9,7 +14,7 @@ the session configured with ``spark.sql.extensions=io.delta.sql.DeltaSparkSessio
 - ``apply_frame(DataFrame)``: the batch stays on the executors. The kernel's DataFrame form
   (:mod:`changelake.spark.delta_sink_frames`) reduces it and splits it against the tombstone table
   (read as a DataFrame), and Delta's MERGE joins the result with the table; only the counts
-  (validation, resurrections prevented, stale deletes, rows sent) reach the driver, in two
+  (validation, truncate, resurrections prevented, stale deletes, rows sent) reach the driver, in
   one-row aggregations.
 
 Exactly-once: every commit runs with ``spark.databricks.delta.write.txnAppId`` /
@@ -38,18 +43,16 @@ from changelake.connectors.delta_sink import (
     DELTA_SPARK_CLASS,
     DELTA_SPARK_EXTENSION,
     DELTA_SPARK_PACKAGE,
+    ApplyResult,
     DeltaUpsertSink,
     Engine,
     MergeCounts,
     TableSpec,
+    _Begun,
 )
 from changelake.connectors.delta_sink import open_sink as open_rs_sink
-from changelake.connectors.delta_sink_kernel import (
-    check_truncate_order,
-    kafka_partition_prefix,
-    placeholder_value,
-    truncate_order_error,
-)
+from changelake.connectors.delta_sink_rs import DeltaRsSink
+from changelake.connectors.delta_sink_kernel import align_to_table, placeholder_value
 from changelake.connectors.delta_sink_merge import sql_literal
 from changelake.connectors.delta_sink_merge import (
     MergeClauses,
@@ -73,7 +76,59 @@ def expired_before(cutoff: datetime) -> str:
     return f"{backtick(DELETED_AT)} < timestamp'{cutoff.isoformat()}'"
 
 
-class DeltaSparkSink(DeltaUpsertSink):
+class FrameBatches:
+    """``apply_frame`` of the upsert sinks opened with a Spark session: a batch that is a Spark DataFrame.
+
+    The DataFrame form of the kernel (:mod:`changelake.spark.delta_sink_frames`) validates and reduces
+    it on the executors, after the same ``_begin`` as ``apply`` (replay check, table creation, schema
+    changes, truncate); the engine's ``_apply_reduced_frame`` writes the reduced batch (one change per
+    key). Exactly once per (pipeline id, table, batch id), as ``apply``.
+    """
+
+    spec: TableSpec
+
+    def apply_frame(self, changes: Any, *, batch_id: int, truncate_at: str | None = None,
+                    dropped_columns: Sequence[str] = ()) -> ApplyResult:
+        """``apply`` for a batch that is a Spark DataFrame (the changelog columns, ``_kind``, ``_seq``).
+
+        The batch's order (``_seq`` ties: the rows of one message) is read from the DataFrame's
+        partitions: give it as computed, before any shuffle.
+        """
+        if batch_id < 0:
+            raise ValueError(f"batch_id must be >= 0, got {batch_id}")
+        spec = self.spec
+        changes = frames.with_position(changes)
+        frames.validate_frame(changes, primary_key=spec.primary_key, nullable_key=spec.nullable_key, table=spec.name)
+        dropped = tuple(dropped_columns)
+        return self._committing(batch_id, lambda: self._apply_frame_once(changes, batch_id, truncate_at, dropped))
+
+    def _apply_frame_once(self, changes: Any, batch_id: int, truncate_at: str | None,
+                          dropped_columns: tuple[str, ...]) -> tuple[ApplyResult, MergeCounts | None]:
+        spec = self.spec
+        begun = self._begin(_arrow(changes.drop(frames.POSITION).schema), batch_id, truncate_at,
+                            dropped_columns)
+        if isinstance(begun, ApplyResult):
+            return begun, None
+        if begun.skip:
+            changes = changes.drop(*[c for c in begun.skip if c in changes.columns])
+        reduced, before_truncate = frames.reduce_batch(
+            changes, primary_key=spec.primary_key, placeholder=spec.unavailable_value, horizon=begun.horizon,
+            target_schema=begun.target_schema, table=spec.name)
+        return self._apply_reduced_frame(reduced, begun, batch_id, before_truncate=before_truncate)
+
+
+class DeltaRsFrameSink(FrameBatches, DeltaRsSink):
+    """The delta-rs engine with ``apply_frame``: the batch is reduced on the executors, and only its
+    reduced rows (at most one per key) are collected and merged by delta-rs on the driver. The
+    driver then holds a batch's distinct keys, not its changes (``storage.reduce_on: executors``)."""
+
+    def _apply_reduced_frame(self, reduced: Any, begun: _Begun, batch_id: int, *,
+                             before_truncate: int) -> tuple[ApplyResult, MergeCounts]:
+        rows = align_to_table(reduced.toArrow(), begun.target_schema)
+        return self._apply_reduced(rows, begun, batch_id, before_truncate=before_truncate)
+
+
+class DeltaSparkSink(FrameBatches, DeltaUpsertSink):
     """Upsert sink that commits through delta-spark's ``DeltaTable.merge``."""
 
     engine = "delta-spark"
@@ -84,75 +139,11 @@ class DeltaSparkSink(DeltaUpsertSink):
         self._session = spark.newSession()
         self._txn_lock = threading.Lock()
 
-    # --- a batch that stays distributed ----------------------------------------------
-
-    def apply_frame(self, changes: Any, *, batch_id: int, truncate_at: str | None = None,
-                    dropped_columns: Sequence[str] = ()) -> ApplyResult:
-        """``apply`` for a batch that is a Spark DataFrame (the changelog columns, ``_kind``, ``_seq``):
-        reduced, split and merged on the executors, exactly once per (pipeline id, table, batch id).
-
-        The batch's order (``_seq`` ties: the rows of one message) is read from the DataFrame's
-        partitions: give it as computed, before any shuffle.
-        """
-        if batch_id < 0:
-            raise ValueError(f"batch_id must be >= 0, got {batch_id}")
-        changes = frames.with_position(changes)
-        self._validate_frame(changes)
-        dropped = tuple(dropped_columns)
-        return self._committing(batch_id, lambda: self._apply_frame_once(changes, batch_id, truncate_at, dropped))
-
-    def _validate_frame(self, changes: Any) -> None:
-        """``validate_changes`` of the Arrow kernel, as one aggregation."""
-        from pyspark.sql import functions as F
-
+    def _apply_reduced_frame(self, reduced: Any, begun: _Begun, batch_id: int, *,
+                             before_truncate: int) -> tuple[ApplyResult, MergeCounts]:
+        """Split the reduced batch against the tombstone table (read as a DataFrame) and MERGE both,
+        on the executors; only the counts reach the driver (one one-row aggregation)."""
         spec = self.spec
-        missing = [c for c in (*spec.primary_key, KIND, SEQ) if c not in changes.columns]
-        if missing:
-            raise SinkCommitError(
-                f"batch for table {spec.name} lacks column(s) {missing}; every change must carry the primary key "
-                f"{list(spec.primary_key)} and the reserved columns {KIND}, {SEQ} (route such rows to the "
-                "dead-letter path)")
-        seq_type = to_arrow_schema(changes.select(SEQ).schema).field(SEQ).type
-        if not pa.types.is_string(seq_type) and not pa.types.is_large_string(seq_type):
-            raise SinkCommitError(f"batch for table {spec.name}: {SEQ} must be a string column, got {seq_type}")
-        not_null = [k for k in spec.primary_key if k not in spec.nullable_key] + [SEQ, KIND]
-        row = changes.agg(*[F.sum(F.col(backtick(c)).isNull().cast("long")).alias(f"n{i}")
-                            for i, c in enumerate(not_null)],
-                          F.sum((~F.col(KIND).isin(0, 1, 2, 3)).cast("long")).alias("bad")).first()
-        for i, name in enumerate(not_null):
-            if row[f"n{i}"]:
-                raise SinkCommitError(
-                    f"batch for table {spec.name} has {row[f'n{i}']} row(s) with a null {name!r}; "
-                    "route changes with null primary key or ordering columns to the dead-letter path")
-        if row["bad"]:
-            raise SinkCommitError(f"batch for table {spec.name} has {row['bad']} row(s) with an unknown {KIND} "
-                                  "code; valid codes are 0 (+I), 1 (-U), 2 (+U), 3 (-D)")
-
-    def _apply_frame_once(self, changes: Any, batch_id: int, truncate_at: str | None,
-                          dropped_columns: tuple[str, ...]) -> tuple[ApplyResult, MergeCounts | None]:
-        from pyspark.sql import functions as F
-
-        spec = self.spec
-        begun = self._begin(to_arrow_schema(changes.drop(frames.POSITION).schema), batch_id, truncate_at,
-                            dropped_columns)
-        if isinstance(begun, ApplyResult):
-            return begun, None
-        if begun.skip:
-            changes = changes.drop(*[c for c in begun.skip if c in changes.columns])
-        before_truncate = 0
-        if begun.horizon is not None:
-            prefix = kafka_partition_prefix(begun.horizon)
-            seq = F.col(SEQ)
-            row = changes.agg(
-                F.sum((seq < F.lit(begun.horizon)).cast("long")).alias("before"),
-                F.sum((seq.startswith("k") & ~seq.startswith(prefix or "k")).cast("long")).alias("other")).first()
-            if prefix is not None and row["other"]:
-                raise SinkCommitError(truncate_order_error(begun.horizon, spec.name))
-            before_truncate = int(row["before"] or 0)
-        changes = frames.drop_before_truncate(changes, begun.horizon)
-        changes = frames.fill_unavailable(changes, primary_key=spec.primary_key, placeholder=spec.unavailable_value)
-        reduced = frames.align_to_table(frames.latest_per_key(changes, primary_key=spec.primary_key),
-                                        begun.target_schema)
         tomb_state = self._tombstone_state()
         tombstones = (self._session.read.format("delta").load(self.tombstone_path)
                       .select(*[backtick(c) for c in (*spec.primary_key, SEQ)]) if tomb_state is not None else None)
@@ -165,7 +156,7 @@ class DeltaSparkSink(DeltaUpsertSink):
             source = split.table_changes
             unavailable = {}
             if spec.unavailable_value is not None:
-                schema = to_arrow_schema(source.schema)
+                schema = _arrow(source.schema)
                 unavailable = {c: sql_literal(placeholder_value(schema.field(c).type, spec.unavailable_value))
                                for c in frames.text_columns(source)}
             counts = self._merge_table(source, batch_id=batch_id, unavailable=unavailable,
@@ -186,7 +177,7 @@ class DeltaSparkSink(DeltaUpsertSink):
 
     @staticmethod
     def _arrow_schema(changes) -> pa.Schema:
-        return changes.schema if isinstance(changes, pa.Table) else to_arrow_schema(changes.schema)
+        return changes.schema if isinstance(changes, pa.Table) else _arrow(changes.schema)
 
     def _frame(self, table):
         if not isinstance(table, pa.Table):
@@ -369,7 +360,8 @@ def open_sink(spec: TableSpec, *, pipeline_id: str, engine: Engine = "auto", spa
     """Open the sink for one table.
 
     ``engine="auto"`` picks delta-spark when ``spark`` is given and the Delta jars and
-    session extension are present in it, else delta-rs. ``clock`` returns the
+    session extension are present in it, else delta-rs. With ``spark``, an upsert table's sink
+    (either engine) also takes DataFrames (``apply_frame``). ``clock`` returns the
     current UTC time (tombstone timestamps and expiry; tests inject one).
     """
     if engine not in ("auto", "delta-rs", "delta-spark"):
@@ -394,5 +386,14 @@ def open_sink(spec: TableSpec, *, pipeline_id: str, engine: Engine = "auto", spa
                               f"and spark.sql.catalog.spark_catalog={DELTA_SPARK_CATALOG}, or use engine delta-rs")
         if spark is not None:
             log.info("table %s: using delta-rs (delta-spark unavailable: %s)", spec.name, missing)
-    return open_rs_sink(spec, pipeline_id=pipeline_id, engine="delta-rs", clock=clock,
-                        max_commit_retries=max_commit_retries)
+    if spark is None:
+        return open_rs_sink(spec, pipeline_id=pipeline_id, engine="delta-rs", clock=clock,
+                            max_commit_retries=max_commit_retries)
+    # delta-rs with a Spark session: ``apply`` as without one, and ``apply_frame`` for batches reduced on Spark
+    return DeltaRsFrameSink(spec, pipeline_id=pipeline_id, clock=clock or (lambda: datetime.now(timezone.utc)),
+                            max_commit_retries=max_commit_retries)
+
+
+def _arrow(schema: Any) -> pa.Schema:
+    """A DataFrame's schema in Arrow (timestamps with a time zone in UTC, as the sink stores them)."""
+    return to_arrow_schema(schema, timezone="UTC")

@@ -13,6 +13,7 @@ collecting it on the driver (:meth:`changelake.spark.delta_sink.DeltaSparkSink.a
     split_against_tombstones null-safe left join with the tombstones (key, _seq): blocked
                              resurrections and stale deletes out, tombstones to record or clear
     align_to_table           the table's columns, cast, NULL where absent, plus _kind
+    reduce_batch             validate_frame, then the above up to align_to_table, in the sink's order
 
 Keys group as the MERGE matches them: NULL with NULL (``eqNullSafe``, window partitions), and
 Spark normalises NaN and -0.0 in grouping and join keys as the Arrow kernel does. The truncate's
@@ -35,7 +36,9 @@ from pyspark.sql.pandas.types import from_arrow_type
 from pyspark.sql.types import BinaryType, StringType
 
 from changelake.changelog import KIND, SEQ, RowKind
+from changelake.connectors.delta_sink_kernel import kafka_partition_prefix, truncate_order_error
 from changelake.connectors.delta_sink_schema import DELETED_AT
+from changelake.errors import SinkCommitError
 
 POSITION = "__changelake_pos"
 _TOMB_SEQ = "__changelake_tomb_seq"
@@ -186,3 +189,47 @@ def align_to_table(reduced: DataFrame, target_schema: pa.Schema) -> DataFrame:
         source = F.col(_bt(field.name)) if field.name in present else F.lit(None)
         columns.append(source.cast(spark_type).alias(field.name))
     return reduced.select(*columns, F.col(KIND).cast("byte").alias(KIND))
+
+
+def validate_frame(changes: DataFrame, *, primary_key: Sequence[str], nullable_key: Sequence[str], table: str) -> None:
+    """``validate_changes`` of the Arrow kernel, as one aggregation (one row to the driver)."""
+    missing = [c for c in (*primary_key, KIND, SEQ) if c not in changes.columns]
+    if missing:
+        raise SinkCommitError(
+            f"batch for table {table} lacks column(s) {missing}; every change must carry the primary key "
+            f"{list(primary_key)} and the reserved columns {KIND}, {SEQ} (route such rows to the dead-letter path)")
+    seq_type = changes.schema[SEQ].dataType
+    if not isinstance(seq_type, StringType):
+        raise SinkCommitError(f"batch for table {table}: {SEQ} must be a string column, got {seq_type.simpleString()}")
+    not_null = [k for k in primary_key if k not in nullable_key] + [SEQ, KIND]
+    row = changes.agg(*[F.sum(F.col(_bt(c)).isNull().cast("long")).alias(f"n{i}") for i, c in enumerate(not_null)],
+                      F.sum((~F.col(KIND).isin(0, 1, 2, 3)).cast("long")).alias("bad")).first()
+    for i, name in enumerate(not_null):
+        if row[f"n{i}"]:
+            raise SinkCommitError(
+                f"batch for table {table} has {row[f'n{i}']} row(s) with a null {name!r}; "
+                "route changes with null primary key or ordering columns to the dead-letter path")
+    if row["bad"]:
+        raise SinkCommitError(f"batch for table {table} has {row['bad']} row(s) with an unknown {KIND} "
+                              "code; valid codes are 0 (+I), 1 (-U), 2 (+U), 3 (-D)")
+
+
+def reduce_batch(changes: DataFrame, *, primary_key: Sequence[str], placeholder: str | None, horizon: str | None,
+                 target_schema: pa.Schema, table: str) -> tuple[DataFrame, int]:
+    """A validated batch (with :func:`with_position`) reduced as the Arrow kernel's flow reduces it:
+    the changes older than the table's truncate position ``horizon`` dropped (and counted, in one
+    aggregation, with the truncate's order check), placeholders filled, the latest change per key,
+    aligned to the table. Returns the reduced batch (lazy: one row per key) and the count dropped."""
+    before_truncate = 0
+    if horizon is not None:
+        prefix = kafka_partition_prefix(horizon)
+        seq = F.col(SEQ)
+        row = changes.agg(
+            F.sum((seq < F.lit(horizon)).cast("long")).alias("before"),
+            F.sum((seq.startswith("k") & ~seq.startswith(prefix or "k")).cast("long")).alias("other")).first()
+        if prefix is not None and row["other"]:
+            raise SinkCommitError(truncate_order_error(horizon, table))
+        before_truncate = int(row["before"] or 0)
+    changes = drop_before_truncate(changes, horizon)
+    changes = fill_unavailable(changes, primary_key=primary_key, placeholder=placeholder)
+    return align_to_table(latest_per_key(changes, primary_key=primary_key), target_schema), before_truncate

@@ -38,6 +38,7 @@ When a whole planned range has expired, the reader emits one marker row with
 
 from __future__ import annotations
 
+import bisect
 import json
 import logging
 import re
@@ -45,6 +46,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
+import numpy as np
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
@@ -71,7 +73,6 @@ ARROW_SCHEMA = pa.schema([
     pa.field(EXPIRED, pa.int64()),
 ])
 
-_ARROW_BATCH_ROWS = 50_000
 _CONSUME_BATCH = 10_000
 _METADATA_TIMEOUT_S = 30.0
 
@@ -436,10 +437,14 @@ def _admit(start: Offsets, end: Offsets, max_rows: int,
 
 
 def read_range(options: KafkaOptions, rng: KafkaRange) -> Iterator[pa.RecordBatch]:
-    """Read ``[rng.start, rng.end)`` of one partition as Arrow record batches."""
+    """Read ``[rng.start, rng.end)`` of one partition as Arrow record batches.
+
+    The messages of each ``consume`` call become one record batch, column by column (each accessor
+    mapped over the call's message list): no Python code runs per message beyond those C calls.
+    """
     import time
 
-    from confluent_kafka import Consumer, KafkaError, TopicPartition
+    from confluent_kafka import Consumer, TopicPartition
 
     consumer = Consumer(options.consumer_config())
     try:
@@ -456,7 +461,6 @@ def read_range(options: KafkaOptions, rng: KafkaRange) -> Iterator[pa.RecordBatc
             yield _marker_batch(rng, expired)
             return
         consumer.assign([TopicPartition(rng.topic, rng.partition, start)])
-        cols = _Columns()
         pending_expired = expired
         position = start
         last_progress = time.monotonic()
@@ -468,66 +472,73 @@ def read_range(options: KafkaOptions, rng: KafkaRange) -> Iterator[pa.RecordBatc
                         f"{rng.topic}[{rng.partition}]: no data for offsets {position}..{rng.end - 1} after "
                         f"{options.read_timeout_ms} ms; is the broker reachable from the executors?")
                 continue
-            for m in msgs:
-                err = m.error()
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        # Everything up to the end of the log was read; offsets beyond are
-                        # transaction markers or aborted records.
-                        position = max(position, m.offset())
-                        continue
-                    raise SourceError(f"{rng.topic}[{rng.partition}]: Kafka error while reading: {err}")
-                off = m.offset()
-                if off >= rng.end:
-                    position = rng.end
-                    break
-                ts_type, ts = m.timestamp()
-                cols.add(m.topic(), rng.partition, off, ts if ts_type != 0 else None,
-                         m.key(), m.value(), pending_expired)
-                pending_expired = 0
-                position = off + 1
             last_progress = time.monotonic()
-            if len(cols) >= _ARROW_BATCH_ROWS:
-                yield cols.flush()
-        if len(cols):
-            yield cols.flush()
-        elif pending_expired:
+            msgs, offsets, position = _records_in_range(msgs, rng, position)
+            if msgs:
+                yield _record_batch(rng, msgs, offsets, pending_expired)
+                pending_expired = 0
+        if pending_expired:
             yield _marker_batch(rng, pending_expired)
     finally:
         consumer.close()
 
 
-class _Columns:
-    __slots__ = ("topic", "partition", "offset", "timestamp", "key", "value", "expired")
+def _records_in_range(msgs: list[Any], rng: KafkaRange, position: int) -> tuple[list[Any], list[int], int]:
+    """The records of one ``consume`` call that lie in ``rng``, their offsets, and the next position.
 
-    def __init__(self) -> None:
-        for name in self.__slots__:
-            setattr(self, name, [])
+    End-of-partition events are dropped (everything up to the end of the log was read; offsets
+    beyond are transaction markers or aborted records, so the position moves there); any other
+    error is raised. Offsets rise within a partition, so the records at or after ``rng.end`` are a tail.
+    """
+    from confluent_kafka import KafkaError, Message
 
-    def __len__(self) -> int:
-        return len(self.offset)
+    errors = list(map(Message.error, msgs))
+    if any(e is not None for e in errors):      # (a KafkaError cannot be compared with None: no list.count)
+        kept = []
+        for m, err in zip(msgs, errors):
+            if err is None:
+                kept.append(m)
+            elif err.code() == KafkaError._PARTITION_EOF:
+                position = max(position, m.offset())
+            else:
+                raise SourceError(f"{rng.topic}[{rng.partition}]: Kafka error while reading: {err}")
+        msgs = kept
+    offsets = list(map(Message.offset, msgs))
+    if offsets and offsets[-1] >= rng.end:
+        cut = bisect.bisect_left(offsets, rng.end)
+        msgs, offsets = msgs[:cut], offsets[:cut]
+        position = rng.end
+    elif offsets:
+        position = max(position, offsets[-1] + 1)
+    return msgs, offsets, position
 
-    def add(self, topic: str, partition: int, offset: int, ts: int | None,
-            key: bytes | None, value: bytes | None, expired: int) -> None:
-        self.topic.append(topic)
-        self.partition.append(partition)
-        self.offset.append(offset)
-        self.timestamp.append(ts)
-        self.key.append(key)
-        self.value.append(value)
-        self.expired.append(expired)
 
-    def flush(self) -> pa.RecordBatch:
-        batch = pa.RecordBatch.from_arrays(
-            [pa.array(getattr(self, f.name), type=f.type) for f in ARROW_SCHEMA], schema=ARROW_SCHEMA)
-        self.__init__()
-        return batch
+def _record_batch(rng: KafkaRange, msgs: list[Any], offsets: list[int], expired: int) -> pa.RecordBatch:
+    """``msgs`` (records of ``rng``'s partition) as one batch of :data:`ARROW_SCHEMA`; ``expired`` goes on
+    the first row (the offsets lost before it)."""
+    from confluent_kafka import Message
+
+    n = len(msgs)
+    # a timestamp of type 0 (TIMESTAMP_NOT_AVAILABLE) is no time
+    stamps = [ts if kind else None for kind, ts in map(Message.timestamp, msgs)]
+    lost = np.zeros(n, dtype=np.int64)
+    lost[0] = expired
+    return pa.RecordBatch.from_arrays([
+        pa.repeat(pa.scalar(rng.topic, pa.string()), n),
+        pa.repeat(pa.scalar(rng.partition, pa.int32()), n),
+        pa.array(offsets, pa.int64()),
+        pa.array(stamps, pa.int64()),
+        pa.array(list(map(Message.key, msgs)), pa.binary()),
+        pa.array(list(map(Message.value, msgs)), pa.binary()),
+        pa.array(lost),
+    ], schema=ARROW_SCHEMA)
 
 
 def _marker_batch(rng: KafkaRange, expired: int) -> pa.RecordBatch:
-    cols = _Columns()
-    cols.add(rng.topic, rng.partition, -1, None, None, None, expired)
-    return cols.flush()
+    """One row that carries only ``expired``: the offsets of ``rng`` lost before anything was read."""
+    return pa.RecordBatch.from_pylist([{"topic": rng.topic, "partition": rng.partition, "offset": -1,
+                                        "timestamp": None, "key": None, "value": None, EXPIRED: expired}],
+                                      schema=ARROW_SCHEMA)
 
 
 def split_markers(records: pa.Table) -> tuple[pa.Table, dict[tuple[str, int], int]]:

@@ -11,9 +11,13 @@ The query (:meth:`PipelineQuery.stream`)::
     ``BatchProcessor.process_decoded`` (pure Arrow, no Spark), the workers' reports to /metrics;
     once it returned (the Delta commits are done), the batch's end offsets go to the pipeline's
     consumer group (informational: Spark's checkpoint stays the position).
+    With framed tables (the processor's ``framed_tables``: ``storage.reduce_on``), the batch is
+    persisted instead, everything but those tables' rows is collected, and each of them reaches
+    ``process_decoded`` as a DataFrame (``frames``) for its sink's ``apply_frame``
+    (:mod:`changelake.spark.batch_frames`).
 
 The processor is duck-typed (``stage``, ``plan``, ``routes``, ``graph_routes``, ``buckets``,
-``graph_tables``, ``process_decoded``): this wing imports nothing from the service above it.
+``graph_tables``, ``framed_tables``, ``process_decoded``): this wing imports nothing from the service above it.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from changelake.changelog import KIND, SEQ
+from changelake.spark.batch_frames import CheckRows, FramedBatch, TableFrame, count_kinds, spark_schema
 from changelake.spark.compile import compile_packed
 from changelake.spark.decode_stage import SPARK_SCHEMA as DECODE_STAGE_SCHEMA
 from changelake.spark.decode_stage import decoding_source
@@ -48,6 +53,8 @@ class PipelineQuery:
         self.after_batch: Callable[[int], None] | None = None
         #: the operators' reports to the driver (set by :meth:`stream`), drained after each batch
         self.channel: ReportChannel | None = None
+        #: framed tables that are collected all the same (a column type Spark has none for), warned once
+        self._unfit: set[str] = set()
 
     def stream(self, decoded: Any) -> Any:
         """The streaming DataFrame ``foreachBatch`` receives, from the decoding source's payloads
@@ -69,15 +76,82 @@ class PipelineQuery:
 
     # Spark calls this with the batch DataFrame and its id.
     def __call__(self, batch_df: Any, batch_id: int) -> None:
-        out = batch_df.toArrow()                              # the batch's only Spark action
-        log.info("batch %d: %d bytes collected on the driver", batch_id, out.nbytes)
+        framed = self._framed()
+        if framed is None:
+            out = batch_df.toArrow()                              # the batch's only Spark action
+            log.info("batch %d: %d bytes collected on the driver", batch_id, out.nbytes)
+            self._process(out, batch_id, {})
+        else:
+            self._process_framed(batch_df, batch_id, framed)
+        if self.after_batch is not None:
+            self.after_batch(batch_id)
+
+    def _process(self, out: pa.Table, batch_id: int, frames: dict[str, TableFrame]) -> None:
         # the workers' reports: state sizes, figures and lookup statistics go to /metrics here; the late
         # rows go with the batch (dead letters). A replayed batch reports again, as it recomputes.
         drained = self.channel.drain() if self.channel is not None else None
+        extra = {"frames": frames} if frames else {}
         self.processor.process_decoded(out, batch_id, late_rows=drained.late if drained else {},
-                                       rejected=drained.rejected if drained else ())
-        if self.after_batch is not None:
-            self.after_batch(batch_id)
+                                       rejected=drained.rejected if drained else (), **extra)
+
+    def _framed(self) -> FramedBatch | None:
+        """Where this batch's framed tables are (None: none, the whole batch is collected)."""
+        p = self.processor
+        tables = p.framed_tables() if hasattr(p, "framed_tables") else {}
+        if not tables:
+            return None
+        mirrors, graph = {}, {}
+        for i, route in enumerate(p.routes):
+            name = route.spec.table
+            if name in tables:
+                mirrors[i] = (name, tables[name], route.decoder.output_schema)
+        if p.plan is not None:
+            sinks = {n.table: n for n in p.plan.sinks}
+            for j, name in enumerate(p.graph_tables):
+                if name in tables:
+                    schema = sinks[name].schema.append(pa.field(KIND, pa.int8())).append(pa.field(SEQ, pa.string()))
+                    graph[j] = (name, tables[name], schema)
+        unfit = set()
+        for name, _, schema in (*mirrors.values(), *graph.values()):
+            try:
+                spark_schema(schema)
+            except TypeError as exc:        # a column type Spark cannot hold: the table is collected
+                if name not in self._unfit:
+                    log.warning("table %s: its changes are collected on the driver (storage.reduce_on applies "
+                                "to tables whose columns Spark can hold): %s", name, exc)
+                unfit.add(name)
+        self._unfit |= unfit
+        mirrors = {i: m for i, m in mirrors.items() if m[0] not in unfit}
+        graph = {j: g for j, g in graph.items() if g[0] not in unfit}
+        return FramedBatch(mirrors=mirrors, graph=graph) if mirrors or graph else None
+
+    def _process_framed(self, batch_df: Any, batch_id: int, framed: FramedBatch) -> None:
+        """The batch with its framed tables' changes left on the executors (:mod:`changelake.spark.batch_frames`):
+        the rest is collected as before, each framed table goes to the processor as a DataFrame."""
+        from pyspark.sql import functions as F
+
+        checks = {i: (key, name) for i, (name, key, _) in framed.mirrors.items()}
+        checked = batch_df.mapInArrow(CheckRows(checks), DECODE_STAGE_SCHEMA) if checks else batch_df
+        checked.persist()
+        persisted = [checked]
+        try:
+            is_framed = framed.framed_payload()
+            out = checked.select("_route", "part", is_framed.alias("framed"),
+                                 F.when(is_framed, F.lit(bytearray())).otherwise(F.col("payload")).alias("payload")).toArrow()
+            present = {(r, part) for r, part, f in zip(out["_route"].to_pylist(), out["part"].to_pylist(),
+                                                      out["framed"].to_pylist()) if f}
+            out = out.filter(pc.invert(out["framed"])).drop_columns(["framed"])
+            frames = {}
+            for name, changes in framed.tables(checked, present, batch_id).items():
+                changes.persist()
+                persisted.append(changes)
+                frames[name] = TableFrame(changes=changes, kinds=count_kinds(changes))
+            log.info("batch %d: %d bytes collected on the driver; table(s) %s stay on the executors",
+                     batch_id, out.nbytes, sorted(frames))
+            self._process(out, batch_id, frames)
+        finally:
+            for frame in reversed(persisted):
+                frame.unpersist()
 
 
 class _GroupOffsets:

@@ -24,6 +24,9 @@ BENCH = ROOT / "bench"
 SMOKE: dict[str, tuple[list[str], tuple[str, ...], list[str]]] = {
     "decode.py": ([], ("unit",), [r"debezium-json .* events/s per core", r"debezium-avro .* events/s per core",
                                    r"canal-json .* rows/s per core"]),
+    "kafka_read.py": ([], ("kafka",), [r"read +[\d,]+ records +[\d,]+ records/s per core",
+                                        r"read \+ decode +[\d,]+ records +[\d,]+ records/s per core",
+                                        r"kafka read run ok"]),
     "sink.py": ([], ("unit",), [r"[\d,]+ changes/s; final state matches the expected rows"]),
     "joins.py lookup": (["lookup", "--dims", "delta,postgres"], ("unit",),
                         [r"\| delta \| cold \| [\d,]+ \|", r"\| delta \| warm \| [\d,]+ \|"]),

@@ -106,8 +106,11 @@ def test_columns_added_and_widened_live_while_a_refused_change_quarantines_one_t
     # the fix: items keeps its string column and takes the numbers as text; restart, replay
     raw["tables"][1]["schema_change"] = "try_evolve"
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
-    replay = _cli("dlq", "replay", "-c", str(path))
+    other = _cli("dlq", "replay", "--table", "orders", "--dry-run", "-c", str(path))   # orders lost nothing
+    assert other.returncode == 0 and "would replay 0 dead letter(s)" in other.stdout, other.stderr[-3000:]
+    replay = _cli("dlq", "replay", "--table", "items", "-c", str(path))
     assert replay.returncode == 0, replay.stderr[-3000:]
+    assert f"replayed {len(quarantined)} dead letter(s)" in replay.stdout
     rerun = _cli("run", "--available-now", "-c", str(path))
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     items = read_delta(config.table_path("items")).sort_by("id")

@@ -18,8 +18,11 @@ from changelake.spark.delta_sink import delta_spark_missing, open_sink
 
 #: delta-rs runs in-process (no JVM): the ``unit`` tier; delta-spark needs a Spark session.
 #: ``delta-spark-frames``: delta-spark given each batch as a DataFrame (``apply_frame``: reduced and
-#: merged on the executors, as the pipeline does with that engine) instead of a pyarrow.Table.
+#: merged on the executors, as the pipeline does with that engine) instead of a pyarrow.Table;
+#: ``delta-rs-frames``: delta-rs given each batch as a DataFrame (reduced on Spark, the reduced rows
+#: merged by delta-rs, as the pipeline does with ``storage.reduce_on: executors``).
 ENGINES = (pytest.param("delta-rs", marks=pytest.mark.unit),
+           pytest.param("delta-rs-frames", marks=pytest.mark.spark),
            pytest.param("delta-spark", marks=pytest.mark.spark),
            pytest.param("delta-spark-frames", marks=pytest.mark.spark))
 
@@ -53,14 +56,26 @@ def spark():
     session.stop()
 
 
-@pytest.fixture(params=ENGINES)
-def engine(request) -> str:
-    if request.param.startswith("delta-spark"):
-        missing = delta_spark_missing(request.getfixturevalue("spark"))
-        if missing:
-            pytest.skip(f"delta-spark engine: {missing}; set CHANGELAKE_TEST_DELTA_SPARK=1 "
-                        "where Maven Central is reachable")
-    return request.param
+def engine_fixture(engines) -> object:
+    """The ``engine`` fixture over ``engines`` (a module may narrow the list by assigning its own)."""
+
+    @pytest.fixture(params=engines)
+    def engine(request) -> str:
+        if request.param.startswith("delta-spark"):
+            missing = delta_spark_missing(request.getfixturevalue("spark"))
+            if missing:
+                pytest.skip(f"delta-spark engine: {missing}; set CHANGELAKE_TEST_DELTA_SPARK=1 "
+                            "where Maven Central is reachable")
+        return request.param
+
+    return engine
+
+
+engine = engine_fixture(ENGINES)
+#: the engines without delta-rs-frames, for the suites of what happens around a batch's reduction
+#: (maintenance, many-batch properties): delta-rs-frames shares that code with delta-rs, and takes
+#: seconds of Spark jobs per batch
+AROUND_THE_BATCH = tuple(p for p in ENGINES if p.values[0] != "delta-rs-frames")
 
 
 class FakeClock:
@@ -92,8 +107,9 @@ def make_sink(request, engine, tmp_path, clock):
         if engine == "delta-rs":
             return open_sink(spec, pipeline_id=pipeline_id, engine=engine, clock=clock)
         spark = request.getfixturevalue("spark")
-        sink = open_sink(spec, pipeline_id=pipeline_id, engine="delta-spark", spark=spark, clock=clock)
-        if engine == "delta-spark-frames":
+        sink = open_sink(spec, pipeline_id=pipeline_id, engine=engine.removesuffix("-frames"), spark=spark,
+                         clock=clock)
+        if engine.endswith("-frames"):
             sink.apply = _as_frame(sink, spark)
         return sink
 

@@ -13,7 +13,10 @@ from deltalake import DeltaTable, QueryBuilder
 from changelake import metrics
 from changelake.connectors.delta_sink import Maintenance
 
+from .conftest import AROUND_THE_BATCH, engine_fixture
 from .tables import changes, live
+
+engine = engine_fixture(AROUND_THE_BATCH)
 
 
 def _snapshot_rows(path: str, app_id: str) -> tuple[int | None, dict[int, str]]:

@@ -7,7 +7,10 @@ import itertools
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from .conftest import AROUND_THE_BATCH, engine_fixture
 from .tables import changes, live, seq, tombstones
+
+engine = engine_fixture(AROUND_THE_BATCH)
 
 _paths = itertools.count()
 

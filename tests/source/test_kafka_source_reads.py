@@ -9,6 +9,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from changelake.spark.kafka_source import (
+    ARROW_SCHEMA,
     KafkaOptions,
     KafkaRange,
     KafkaStreamReader,
@@ -36,7 +37,7 @@ def _produce(servers: str, topic: str, n: int, *, partition: int | None = None, 
 def _read(opts: KafkaOptions, rng: KafkaRange):
     import pyarrow as pa
     batches = list(read_range(opts, rng))
-    return split_markers(pa.Table.from_batches(batches))
+    return split_markers(pa.Table.from_batches(batches, schema=ARROW_SCHEMA))
 
 
 def test_planned_ranges_read_each_record_exactly_once(kafka):
@@ -138,3 +139,41 @@ def test_a_topic_pattern_picks_up_matching_topics(kafka):
     offsets = reader.initialOffset()
     reader.stop()
     assert sorted(offsets) == [f"{prefix}.a", f"{prefix}.b"]
+
+
+def test_a_transactional_partition_yields_its_records_with_their_keys_tombstones_and_times(kafka):
+    """Transaction markers take offsets but are no records: a range ending on one still completes, and a
+    range cut inside a fetched batch stops exactly at its end (exclusive). (Aborted records are dropped
+    by the consumer's ``read_committed``; librdkafka's mock cluster does not filter them, so this test
+    has none.)"""
+    topic = kafka.topic("txn")
+    p = Producer({"bootstrap.servers": kafka.bootstrap_servers, "transactional.id": topic, "log_level": 3})
+    p.init_transactions(30)
+    p.begin_transaction()
+    for i in range(3):
+        p.produce(topic, key=b"k%d" % i, value=b"v%d" % i, partition=0, timestamp=1_793_491_200_000 + i)
+    p.commit_transaction(30)
+    p.begin_transaction()
+    p.produce(topic, key=b"k0", value=None, partition=0)        # a tombstone
+    p.produce(topic, key=None, value=b"no key", partition=0)
+    p.commit_transaction(30)
+    c = Consumer({"bootstrap.servers": kafka.bootstrap_servers, "group.id": "probe", "log_level": 3})
+    _, high = c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10, cached=False)
+    c.close()
+    opts = KafkaOptions.parse({"bootstrap.servers": kafka.bootstrap_servers, "topics": topic,
+                               "readTimeoutMs": "20000"})
+    started = time.monotonic()
+    records, expired = _read(opts, KafkaRange(topic, 0, 0, high))
+    assert time.monotonic() - started < 15, "the read waited for offsets that hold no record"
+    assert not expired
+    rows = records.select(["offset", "key", "value"]).to_pylist()
+    assert [(r["key"], r["value"]) for r in rows] == [(b"k0", b"v0"), (b"k1", b"v1"), (b"k2", b"v2"),
+                                                      (b"k0", None), (None, b"no key")]
+    offsets = [r["offset"] for r in rows]
+    assert offsets == sorted(offsets) and high - 1 not in offsets     # the last offset is a commit marker
+    assert records["timestamp"].cast("int64").to_pylist()[:3] == [1_793_491_200_000 + i for i in range(3)]
+    # every sub-range reads exactly its own records
+    for start in range(high):
+        for end in range(start + 1, high + 1):
+            part, _ = _read(opts, KafkaRange(topic, 0, start, end))
+            assert part["offset"].to_pylist() == [o for o in offsets if start <= o < end], (start, end)

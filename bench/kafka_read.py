@@ -1,0 +1,183 @@
+"""The Kafka source's read path in one process, per core: ``read_range`` alone and with the decode stage.
+
+    python bench/kafka_read.py [--events 1000000] [--keys 200000] [--repeat 3] [--profile 25]
+    python bench/kafka_read.py --quick      # smoke run: 20,000 events, once
+
+The events of ``bench/operators.py`` query (a) (Debezium JSON ``products``, the same generator and the same
+producer settings: zstd, ``linger.ms`` 50, batches of up to 10,000 messages, 4 topics of 4 partitions) are
+produced to the embedded broker (a child process, so its CPU is not counted here). Then, in this process:
+
+* **read**: every partition's whole range through :func:`changelake.spark.kafka_source.read_range`, one
+  after the other, as a read task does;
+* **read + decode**: the same through the decode stage of query (a)'s pipeline
+  (:class:`changelake.spark.decode_stage.DecodeStage`, built by the service's ``BatchProcessor``), as a
+  Spark read task runs it.
+
+Rates are per CPU-second of this process (``time.process_time``: librdkafka's fetch threads included), so
+they are per core; wall time is printed too. The best of ``--repeat`` runs. Each run must read every
+produced event exactly once, in offset order per partition, and decode each into changelog rows.
+``--profile N`` prints the top N functions of one extra run of each under cProfile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import orjson
+import pyarrow as pa
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import machine  # noqa: E402
+from bench.operators import TOPIC, Workload, changelake_config, changes  # noqa: E402
+from bench.gen import debezium_envelope  # noqa: E402
+from changelake.connectors.embedded_broker import EmbeddedBroker  # noqa: E402
+
+TOPICS = 4
+
+
+def produce(bootstrap: str, events: int, keys: int) -> int:
+    """bench/operators.py's products events, as it produces them; the number produced."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 50, "batch.num.messages": 10_000,
+                         "batch.size": 4_000_000, "compression.type": "zstd",
+                         "queue.buffering.max.messages": 1_000_000, "log_level": 3})
+    w = Workload(events={"products": events, "orders": 0}, keys={"products": keys, "orders": 0})
+    pos, ts, n = 154, 1_700_000_000_000, 0
+    for table, key, op, before, after in changes(w):
+        pos += 200
+        ts += 1
+        value = debezium_envelope(op, before, after, table=table, pos=pos, ts=ts,
+                                  snapshot="true" if op == "r" else "false")
+        while True:
+            try:
+                producer.produce(TOPIC.format(table=table, n=key % TOPICS), key=b'{"id":%d}' % key, value=value)
+                break
+            except BufferError:
+                producer.poll(0.05)
+        n += 1
+    if producer.flush(300):
+        raise SystemExit("the producer could not deliver every event to the embedded broker")
+    return n
+
+
+def ranges(bootstrap: str):
+    from changelake.spark.kafka_source import KafkaOptions, KafkaRange, KafkaStreamReader
+
+    opts = KafkaOptions.parse({"bootstrap.servers": bootstrap, "topicPattern": r"bench\.ops\.products\.\d+"})
+    reader = KafkaStreamReader(opts)
+    marks = reader._watermarks(reader._partitions())
+    reader.stop()
+    if any(low for low, _ in marks.values()):
+        raise SystemExit("the broker expired offsets; produce fewer events")
+    return opts, [KafkaRange(t, p, 0, high) for (t, p), (_, high) in sorted(marks.items()) if high]
+
+
+def read_only(opts, rngs) -> tuple[int, int]:
+    """(records, checksum of offsets): every range read whole."""
+    from changelake.spark.kafka_source import read_range
+
+    n = 0
+    for rng in rngs:
+        expect = rng.start
+        for batch in read_range(opts, rng):
+            offsets = batch.column("offset").to_numpy()
+            if len(offsets) and (offsets[0] != expect or offsets[-1] != expect + len(offsets) - 1):
+                raise SystemExit(f"{rng.topic}[{rng.partition}]: offsets {offsets[0]}..{offsets[-1]}, "
+                                 f"expected from {expect}, gapless")
+            expect += len(offsets)
+            n += len(offsets)
+        if expect != rng.end:
+            raise SystemExit(f"{rng.topic}[{rng.partition}]: read up to {expect}, the range ends at {rng.end}")
+    return n, 0
+
+
+def read_decode(opts, rngs, stage) -> tuple[int, int]:
+    """(records read, changelog rows): every range through the decode stage, as a read task runs it."""
+    from changelake.spark.kafka_source import read_range
+    from changelake.spark.payloads import from_ipc
+
+    def batches():
+        for rng in rngs:
+            yield from read_range(opts, rng)
+
+    read = rows = 0
+    for out in stage(batches()):
+        for part, payload in zip(out.column("part").to_pylist(), out.column("payload").to_pylist()):
+            table = from_ipc(payload)
+            if part == "stats":
+                read += sum(table.column("records").to_pylist())
+            elif part == "rows":
+                rows += table.num_rows
+            elif part == "dl":
+                raise SystemExit(f"{table.num_rows} dead letters: {table.column('error').to_pylist()[:3]}")
+    return read, rows
+
+
+def timed(fn, repeat: int):
+    best = None
+    for _ in range(repeat):
+        cpu, wall = time.process_time(), time.perf_counter()
+        result = fn()
+        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+        if best is None or cpu < best[0]:
+            best = (cpu, wall, result)
+    return best
+
+
+def profile(fn, top: int) -> None:
+    prof = cProfile.Profile()
+    prof.runcall(fn)
+    pstats.Stats(prof).sort_stats("tottime").print_stats(top)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--events", type=int, default=1_000_000)
+    ap.add_argument("--keys", type=int, default=200_000)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--profile", type=int, default=0, metavar="N", help="print the top N functions under cProfile")
+    ap.add_argument("--quick", action="store_true", help="smoke run: 20,000 events over 4,000 keys, once")
+    args = ap.parse_args()
+    if args.quick:
+        args.events, args.keys, args.repeat = 20_000, 4_000, 1
+
+    from changelake.service.config import parse_config
+    from changelake.service.pipeline import BatchProcessor
+
+    print(machine(), flush=True)
+    with EmbeddedBroker() as broker, tempfile.TemporaryDirectory() as work:
+        start = time.perf_counter()
+        produced = produce(broker.bootstrap_servers, args.events, args.keys)
+        print(f"produced {produced:,} events in {time.perf_counter() - start:.1f}s", flush=True)
+        opts, rngs = ranges(broker.bootstrap_servers)
+        config = parse_config(orjson.dumps(changelake_config("a", bootstrap=broker.bootstrap_servers,
+                                                             work=Path(work), batch=250_000)).decode())
+        stage = BatchProcessor(config).stage
+        read_only(opts, rngs[:1])                            # warm-up: imports, first connection
+        cpu, wall, (n, _) = timed(lambda: read_only(opts, rngs), args.repeat)
+        if n != produced:
+            raise SystemExit(f"read {n:,} records, produced {produced:,}")
+        print(f"read           {n:>9,} records {n / cpu:>10,.0f} records/s per core "
+              f"({cpu / n * 1e6:.2f} us each; cpu {cpu:.2f}s, wall {wall:.2f}s)", flush=True)
+        cpu2, wall2, (n2, rows) = timed(lambda: read_decode(opts, rngs, stage), args.repeat)
+        if n2 != produced or rows < produced:
+            raise SystemExit(f"read + decode: {n2:,} records, {rows:,} changelog rows; produced {produced:,}")
+        print(f"read + decode  {n2:>9,} records {n2 / cpu2:>10,.0f} records/s per core "
+              f"({cpu2 / n2 * 1e6:.2f} us each; cpu {cpu2:.2f}s, wall {wall2:.2f}s; {rows:,} changelog rows)",
+              flush=True)
+        if args.profile:
+            profile(lambda: read_only(opts, rngs), args.profile)
+            profile(lambda: read_decode(opts, rngs, stage), args.profile)
+        print("kafka read run ok", flush=True)
+
+
+if __name__ == "__main__":
+    main()
