@@ -128,7 +128,7 @@ def spark_stages(eventlog: Path) -> dict[str, list[dict]]:
                 qid, pos = stage_query[info["Stage ID"]]
                 acc = {a["Name"]: a.get("Value") for a in info.get("Accumulables", [])}
                 rdds = {r["Name"] for r in info["RDD Info"]}
-                what = ("read Kafka + decode" if "DataSourceRDD" in rdds else
+                what = ("read Kafka + decode (+ route to the graph)" if "DataSourceRDD" in rdds else
                         "stateful operator (transformWithStateInPandas)" if "StateStoreRDD" in rdds else
                         "unpack sources + shuffle")
                 s = out.setdefault(qid, {}).setdefault(pos, {"what": what, "tasks": 0, "wall_ms": 0, "task_ms": 0,

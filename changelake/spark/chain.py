@@ -4,17 +4,18 @@ A DataFrame read by two consumers is planned twice by Spark, stateful operators 
 with fan-out cannot map one DataFrame to each node (docs/state-design.md). Here every stateful
 node's output has exactly one reader: the operator after it in the chain. The query is::
 
-    per source:    mapInArrow SourceRouter: the source's rows -> envelopes
-    union of the sources' envelopes
+    the Kafka read tasks (RoutedStage): decoded rows -> envelopes (SourceEnvelopes; compile_packed's
+    typed sources: a mapInArrow SourceRouter per source, unioned), driver payloads -> DRIVER envelopes
       -> groupBy(g).transformWithStateInPandas(ChainProcessor 0)    stateful node 0
       -> groupBy(g).transformWithStateInPandas(ChainProcessor 1)    stateful node 1
       -> repartition(B, g).mapInArrow(LookupStage 2)               a lookup join
       ...                                                          (topological order)
-      -> mapInArrow Deliver: sink envelopes -> packed table changes; report envelopes -> the channel
+      -> mapInArrow Deliver: sink envelopes -> packed table changes; driver envelopes -> the decode
+         stage's payloads; report envelopes -> the channel
 
 An **envelope** is one row ``(g, target, bucket, part, payload)``: ``payload`` holds rows as Arrow
-IPC, addressed to ``target`` (a stateful node's position in the chain, a sink table, or
-:data:`REPORTS`), to state bucket ``bucket`` of that node and, for a join, to its input ``part``.
+IPC, addressed to ``target`` (a stateful node's position in the chain, a sink table, :data:`REPORTS`,
+or :data:`DRIVER`: a decode stage payload for the driver, passed through to the end), to state bucket ``bucket`` of that node and, for a join, to its input ``part``.
 ``g`` is the group key of the next operator: the bucket for envelopes addressed to it, a negative
 pass-through group (``-1 - bucket mod PASS_GROUPS``) for every other envelope.
 
@@ -84,6 +85,9 @@ ENVELOPE_ARROW = pa.schema([pa.field("g", pa.int32(), False), pa.field("target",
                             pa.field("payload", pa.binary(), False)])
 #: ``target`` of report payloads (encoded ``changelake.spark.reports``).
 REPORTS = -1
+#: ``target`` of the decode stage's payloads for the driver (stats, dead letters, the rows of mirrored
+#: sources, ...): ``bucket`` = their ``_route``, ``part`` = their part's index in ``decode_stage.PARTS``.
+DRIVER = -2
 #: Pass-through groups per operator: envelopes not addressed to an operator cost it this many Python calls.
 PASS_GROUPS = 2
 #: ``part`` of a packed payload holding a sink table's changes (``_route`` is the table's index).
@@ -342,12 +346,86 @@ class SourceRouter:
         for batch in batches:
             if not batch.num_rows:
                 continue
-            table = pa.Table.from_batches([batch])
-            for node_id in self.nodes:
-                schema = _changelog(self.chain.plan[node_id].schema)
-                router.route(node_id, table.select(schema.names).cast(schema), out)
+            route_source(router, self.nodes, pa.Table.from_batches([batch]), out)
             if out.target or out.sent:
                 yield out.batch()
+
+
+def route_source(router: Router, nodes: Sequence[str], rows: pa.Table, out: Envelopes) -> None:
+    """A source's decoded rows (at least its columns, ``_kind``, ``_seq``) to the consumers of each of
+    its source ``nodes``, cast to the node's schema."""
+    for node_id in nodes:
+        schema = _changelog(router.chain.plan[node_id].schema)
+        router.route(node_id, rows.select(schema.names).cast(schema), out)
+
+
+class SourceEnvelopes:
+    """The decode stage's payloads (``_route``, ``part``, ``payload``) -> the chain's first envelopes.
+
+    The ``rows`` of each route feeding the graph (``sources``: route -> its source node ids) are routed
+    to their consumers as :class:`SourceRouter` routes typed rows, once per call: all of a task's rows
+    of a route are gathered first, so a two-phase aggregate's local fold sends one partial per group key
+    and task. Every other payload goes to the driver as an envelope addressed to :data:`DRIVER`, and so
+    do the ``rows`` of a route that is also mirrored into a table (``mirrored``); :class:`Deliver` turns
+    those back into the stage's payloads. Run in the Kafka read task itself (:class:`RoutedStage`), so
+    the typed rows never leave the Python process that decoded them.
+    """
+
+    #: decoded graph rows a task holds before routing them (a micro-batch without a record limit)
+    HOLD_ROWS = 1_000_000
+
+    def __init__(self, chain: Chain, sources: Mapping[int, Sequence[str]], mirrored: Sequence[int] = ()) -> None:
+        self.chain = chain
+        self.sources = {int(r): list(nodes) for r, nodes in sources.items()}
+        self.mirrored = frozenset(mirrored)
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from changelake.spark.decode_stage import PARTS
+
+        out = Envelopes(self.chain, -1)
+        rows: dict[int, list[pa.Table]] = {}
+        held = 0
+        for batch in batches:
+            for route, part, payload in zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(),
+                                             batch.column(2).to_pylist()):
+                if part == "rows" and route in self.sources:
+                    table = from_ipc(payload)
+                    rows.setdefault(route, []).append(table)
+                    held += table.num_rows
+                    if route not in self.mirrored:
+                        continue
+                out.add(DRIVER, route, PARTS.index(part), payload)
+            if held >= self.HOLD_ROWS:          # a long backlog: route what is held, bounding the task's memory
+                self._route(rows, out)
+                rows, held = {}, 0
+            if out.target:
+                yield out.batch()
+        self._route(rows, out)
+        if out.target or out.sent:
+            yield out.batch()
+
+    def _route(self, rows: Mapping[int, list[pa.Table]], out: Envelopes) -> None:
+        router = Router(self.chain)
+        for route, tables in rows.items():
+            route_source(router, self.sources[route], pa.concat_tables(tables), out)
+
+
+class RoutedStage:
+    """A decode stage whose output is the chain's envelopes (:class:`SourceEnvelopes`): what the Kafka
+    read tasks run when the pipeline has an operator graph. Pickled into every read task."""
+
+    spark_schema = ENVELOPE
+
+    def __init__(self, stage: Any, envelopes: SourceEnvelopes) -> None:
+        self.stage, self.envelopes = stage, envelopes
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        # a Python data source's batches must match its DDL's Arrow schema exactly: nullable columns
+        for batch in self.envelopes(self.stage(batches)):
+            yield pa.RecordBatch.from_arrays(batch.columns, schema=_NULLABLE_ENVELOPE)
+
+
+_NULLABLE_ENVELOPE = pa.schema([f.with_nullable(True) for f in ENVELOPE_ARROW])
 
 
 def processor_class():
@@ -411,17 +489,23 @@ def processor_class():
 
 class Deliver:
     """mapInArrow at the end of the chain: sink envelopes -> packed changes (``_route`` = the table's
-    index, ``part`` = ``"changes"``); report envelopes -> the report channel."""
+    index, ``part`` = ``"changes"``); driver envelopes -> the decode stage's payloads they were; report
+    envelopes -> the report channel."""
 
     def __init__(self, first_sink: int, channel: reports.ReportChannel | None) -> None:
         self.first_sink, self.channel = first_sink, channel
 
     def __call__(self, batches):
-        from changelake.spark.decode_stage import SCHEMA
+        from changelake.spark.decode_stage import PARTS, SCHEMA
 
+        parts = pa.array(PARTS, pa.string())
         sent = []
         for batch in batches:
             target = batch.column(1)
+            driver = batch.filter(pc.equal(target, DRIVER))
+            if driver.num_rows:
+                yield pa.RecordBatch.from_arrays([driver.column(2).cast(pa.int16()), parts.take(driver.column(3)),
+                                                  driver.column(4)], schema=SCHEMA)
             if self.channel is not None:
                 for payload in batch.filter(pc.equal(target, REPORTS)).column(4).to_pylist():
                     sent.extend(reports.decode(payload))
@@ -445,17 +529,33 @@ def _processing_time(timer_values) -> int:
 def compile_chain(plan: PhysicalPlan, sources: Mapping[str, Any], *, buckets: int | Mapping[str, int],
                   default_buckets: int, channel: reports.ReportChannel | None, two_phase: bool):
     """The packed changes of every sink table (``_route``, ``part``, ``payload``), through one chain of
-    ``transformWithStateInPandas`` operators, one per stateful node; and the table of each ``_route``."""
-    from changelake.spark.decode_stage import SPARK_SCHEMA
-
+    ``transformWithStateInPandas`` operators, one per stateful node, from one typed streaming DataFrame
+    per source; and the table of each ``_route``."""
     chain = Chain.of(plan, buckets, default_buckets, two_phase)
+    env = None
+    for source, nodes in source_nodes(plan).items():
+        routed = sources[source].mapInArrow(SourceRouter(chain, nodes), ENVELOPE)
+        env = routed if env is None else env.unionByName(routed)
+    if env is None:
+        raise ConfigError("the plan reads no source")
+    return run_chain(chain, env, channel), [plan[s].table for s in chain.sinks]
+
+
+def source_nodes(plan: PhysicalPlan) -> dict[str, list[str]]:
+    """Source name -> the ids of the plan's source nodes reading it."""
     by_source: dict[str, list[str]] = {}
     for node in plan.sources:
         by_source.setdefault(node.source, []).append(node.id)
-    env = None
-    for source, nodes in by_source.items():
-        routed = sources[source].mapInArrow(SourceRouter(chain, nodes), ENVELOPE)
-        env = routed if env is None else env.unionByName(routed)
+    return by_source
+
+
+def run_chain(chain: Chain, env: Any, channel: reports.ReportChannel | None) -> Any:
+    """The chain's operators over ``env`` (a streaming DataFrame of ``ENVELOPE`` rows: the sources'
+    envelopes, and any addressed to the driver), delivered as the decode stage's schema: the sink
+    tables' packed changes and the driver's payloads."""
+    from changelake.spark.decode_stage import SPARK_SCHEMA
+
+    plan = chain.plan
     cls = processor_class()
     for position, node_id in enumerate(chain.order):
         if plan[node_id].op == "lookup_join":
@@ -465,7 +565,4 @@ def compile_chain(plan: PhysicalPlan, sources: Mapping[str, Any], *, buckets: in
         env = (env.groupBy("g")
                .transformWithStateInPandas(statefulProcessor=cls(chain, position, _processing_time),
                                            outputStructType=ENVELOPE, outputMode="Append", timeMode="None"))
-    if env is None:
-        raise ConfigError("the plan reads no source")
-    packed = env.mapInArrow(Deliver(len(chain.order), channel), SPARK_SCHEMA)
-    return packed, [plan[s].table for s in chain.sinks]
+    return env.mapInArrow(Deliver(len(chain.order), channel), SPARK_SCHEMA)

@@ -47,6 +47,9 @@ from changelake.spark.payloads import from_ipc, to_ipc
 
 SCHEMA = pa.schema([pa.field("_route", pa.int16()), pa.field("part", pa.string()), pa.field("payload", pa.binary())])
 SPARK_SCHEMA = "_route smallint, part string, payload binary"
+#: every ``part`` a payload can have (the stage's, and the graph tables' ``changes``): an envelope addressed
+#: to the driver carries its part as an index into this tuple (``changelake.spark.chain.DRIVER``)
+PARTS = ("stats", "rows", "moves", "dl", "trunc", "raw", "keys", "changes")
 STATS_SCHEMA = pa.schema([pa.field("topic", pa.string()), pa.field("partition", pa.int32()),
                           pa.field("records", pa.int64()), pa.field("expired", pa.int64())])
 
@@ -130,9 +133,10 @@ class DecodeStage:
         return stats, parts
 
 
-def decoding_source(stage: DecodeStage) -> type:
-    """The Kafka source (``changelake-kafka``) whose read tasks hand ``stage``'s payloads
-    (:data:`SPARK_SCHEMA`) to Spark instead of raw records.
+def decoding_source(stage: Any) -> type:
+    """The Kafka source (``changelake-kafka``) whose read tasks hand ``stage``'s output to Spark instead
+    of raw records: a :class:`DecodeStage`'s payloads (:data:`SPARK_SCHEMA`), or what a stage wrapping
+    it produces (its ``spark_schema``: ``changelake.spark.chain.RoutedStage``, the chain's envelopes).
 
     Spark ships a data source class defined here by value (cloudpickle), with ``stage``; each read
     task unpickles its own copy of the stream reader and so of the stage, as it did for ``mapInArrow``.
@@ -140,7 +144,7 @@ def decoding_source(stage: DecodeStage) -> type:
 
     class DecodingKafkaSource(KafkaSource):
         def schema(self) -> str:
-            return SPARK_SCHEMA
+            return getattr(stage, "spark_schema", SPARK_SCHEMA)
 
         def streamReader(self, schema: Any) -> "DecodingStreamReader":
             return DecodingStreamReader(KafkaOptions.parse(self.options), stage)
@@ -151,7 +155,7 @@ def decoding_source(stage: DecodeStage) -> type:
 class DecodingStreamReader(KafkaStreamReader):
     """Plans the same offset ranges as :class:`KafkaStreamReader`; a read task decodes what it read."""
 
-    def __init__(self, options: KafkaOptions, stage: DecodeStage) -> None:
+    def __init__(self, options: KafkaOptions, stage: Any) -> None:
         super().__init__(options)
         self.stage = stage
 

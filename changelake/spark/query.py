@@ -2,15 +2,19 @@
 
 The query (:meth:`PipelineQuery.stream`)::
 
-    Kafka records -> DecodeStage (in the read tasks, executors): IPC payloads of rows, dead letters, stats
-        -> payloads for the driver: stats, dead letters, rows of sources mirrored into a table
-        -> per source read by the operator graph: typed rows (unpacked from the payloads)
-           -> the compiled graph (changelake.spark.compile) -> each graph table's changes as payloads
-    foreachBatch(the union of both): ONE Spark action per micro-batch (``toArrow``), so the
-    stateful operators run once per batch; the collected payloads go to the service's
-    ``BatchProcessor.process_decoded`` (pure Arrow, no Spark), the workers' reports to /metrics;
-    once it returned (the Delta commits are done), the batch's end offsets go to the pipeline's
-    consumer group (informational: Spark's checkpoint stays the position).
+    Kafka read tasks (executors), one Python process each: read, decode (DecodeStage) and, with an
+    operator graph, route (changelake.spark.chain.RoutedStage):
+        the graph sources' rows -> the chain's first envelopes (by the state bucket of their consumer)
+        everything else (stats, dead letters, rows of mirrored sources, ...) -> envelopes addressed
+        to the driver
+    -> one shuffle -> the chain's operators (changelake.spark.chain) -> Deliver: each graph table's
+       changes and the driver's payloads, as the decode stage's payloads
+    foreachBatch: ONE Spark action per micro-batch (``toArrow``), so the stateful operators run once
+    per batch; the collected payloads go to the service's ``BatchProcessor.process_decoded`` (pure
+    Arrow, no Spark), the workers' reports to /metrics; once it returned (the Delta commits are
+    done), the batch's end offsets go to the pipeline's consumer group (informational: Spark's
+    checkpoint stays the position). The query has one branch, so Kafka is read and decoded once
+    per batch without an exchange of its own; without a graph it is the read tasks' payloads.
     With framed tables (the processor's ``framed_tables``: ``storage.reduce_on``), the batch is
     persisted instead, everything but those tables' rows is collected, and each of them reaches
     ``process_decoded`` as a DataFrame (``frames``) for its sink's ``apply_frame``
@@ -30,12 +34,12 @@ import pyarrow.compute as pc
 
 from changelake.changelog import KIND, SEQ
 from changelake.spark.batch_frames import CheckRows, FramedBatch, TableFrame, count_kinds, spark_schema
-from changelake.spark.compile import compile_packed
+from changelake.spark.chain import Chain, RoutedStage, SourceEnvelopes, run_chain, source_nodes
+from changelake.spark.checkpoint import batch_end_offsets
+from changelake.spark.compile import DEFAULT_BUCKETS
 from changelake.spark.decode_stage import SPARK_SCHEMA as DECODE_STAGE_SCHEMA
 from changelake.spark.decode_stage import decoding_source
-from changelake.spark.checkpoint import batch_end_offsets
 from changelake.spark.kafka_source import SOURCE_NAME, KafkaOptions, commit_group_offsets
-from changelake.spark.payloads import from_ipc
 from changelake.spark.reports import ReportChannel
 
 log = logging.getLogger(__name__)
@@ -55,24 +59,36 @@ class PipelineQuery:
         self.channel: ReportChannel | None = None
         #: framed tables that are collected all the same (a column type Spark has none for), warned once
         self._unfit: set[str] = set()
+        self._chain: Chain | None = None        # the compiled graph (set by :meth:`source_stage`)
+
+    def source_stage(self) -> Any:
+        """What the Kafka read tasks run over the records they read: the pipeline's decode stage; with an
+        operator graph, that stage followed by the routing of the graph sources' rows into the chain's
+        first envelopes (:class:`~changelake.spark.chain.RoutedStage`), everything else addressed to the driver."""
+        p = self.processor
+        if p.plan is None:
+            return p.stage
+        if self._chain is None:
+            self._chain = Chain.of(p.plan, p.buckets, DEFAULT_BUCKETS, two_phase=True)
+        nodes = source_nodes(p.plan)
+        envelopes = SourceEnvelopes(self._chain, {i: nodes[node.source] for i, node in p.graph_routes.items()},
+                                    mirrored=[i for i in p.graph_routes if p.routes[i].spec.table is not None])
+        return RoutedStage(p.stage, envelopes)
 
     def stream(self, decoded: Any) -> Any:
-        """The streaming DataFrame ``foreachBatch`` receives, from the decoding source's payloads
-        (``DECODE_STAGE_SCHEMA``, :func:`~changelake.spark.decode_stage.decoding_source`)."""
+        """The streaming DataFrame ``foreachBatch`` receives, from the decoding source registered with
+        :meth:`source_stage`: without a graph, the decode stage's payloads (``DECODE_STAGE_SCHEMA``);
+        with one, the chain's envelopes, run through its operators (one shuffle before the first: no
+        other exchange, so Kafka is read and decoded once per batch) and delivered as the same payloads
+        plus each graph table's changes."""
         p = self.processor
         if p.plan is None:
             return decoded
-        # Both branches read the decoded payloads. Behind an exchange, and selecting in Python (a
-        # DataFrame filter would be pushed below the exchange, making the two exchanges differ),
-        # Spark decodes once per batch; without it, it reads and decodes Kafka once per branch.
-        decoded = decoded.repartition(self.read_tasks)
-        graph_only = {i for i in p.graph_routes if p.routes[i].spec.table is None}
-        to_driver = decoded.mapInArrow(_DropRows(graph_only), DECODE_STAGE_SCHEMA) if graph_only else decoded
-        sources = {node.source: decoded.mapInArrow(_Unpack(i, node.schema), _unpacked_ddl(node.schema))
-                   for i, node in p.graph_routes.items()}
+        if self._chain is None:
+            self.source_stage()
         self.channel = ReportChannel(decoded.sparkSession)
-        packed, p.graph_tables = compile_packed(p.plan, sources, buckets=p.buckets, channel=self.channel)
-        return to_driver.unionByName(packed)
+        p.graph_tables = [p.plan[s].table for s in self._chain.sinks]
+        return run_chain(self._chain, decoded, self.channel)
 
     # Spark calls this with the batch DataFrame and its id.
     def __call__(self, batch_df: Any, batch_id: int) -> None:
@@ -173,41 +189,6 @@ class _GroupOffsets:
             commit_group_offsets(self.options, self.group_id, end)
 
 
-class _DropRows:
-    """mapInArrow: the decode stage's payloads without the ``rows`` of graph-only routes."""
-
-    def __init__(self, routes: set[int]) -> None:
-        self.routes = pa.array(sorted(routes), pa.int16())
-
-    def __call__(self, batches):
-        for batch in batches:
-            yield batch.filter(pc.invert(pc.and_(pc.equal(batch.column("part"), "rows"),
-                                                 pc.is_in(batch.column("_route"), self.routes))))
-
-
-class _Unpack:
-    """mapInArrow: route ``route``'s ``rows`` payloads -> typed rows (its columns, ``_kind``, ``_seq``)."""
-
-    def __init__(self, route: int, schema: pa.Schema) -> None:
-        self.route = route
-        self.schema = schema.append(pa.field(KIND, pa.int8())).append(pa.field(SEQ, pa.string()))
-
-    def __call__(self, batches):
-        for batch in batches:
-            mine = batch.filter(pc.and_(pc.equal(batch.column("_route"), self.route),
-                                        pc.equal(batch.column("part"), "rows")))
-            for payload in mine.column("payload").to_pylist():
-                yield from from_ipc(payload).select(self.schema.names).cast(self.schema).to_batches()
-
-
-def _unpacked_ddl(schema: pa.Schema) -> Any:
-    from pyspark.sql.pandas.types import from_arrow_schema
-    from pyspark.sql.types import ByteType, StringType, StructField, StructType
-
-    return StructType(list(from_arrow_schema(schema).fields)
-                      + [StructField(KIND, ByteType(), False), StructField(SEQ, StringType(), False)])
-
-
 def start(spark: Any, query: PipelineQuery, *, name: str, checkpoint: str, reader_options: Mapping[str, str],
           available_now: bool, trigger_seconds: float, group_id: str | None = None) -> Any:
     """Start the streaming query; returns Spark's StreamingQuery. With ``group_id``, each batch's end
@@ -215,7 +196,7 @@ def start(spark: Any, query: PipelineQuery, *, name: str, checkpoint: str, reade
     if group_id is not None:
         query.after_batch = _GroupOffsets(checkpoint, reader_options, group_id)
     # the source decodes in its read tasks: registered per query, as it carries this pipeline's decode stage
-    spark.dataSource.register(decoding_source(query.processor.stage))
+    spark.dataSource.register(decoding_source(query.source_stage()))
     if query.processor.plan is not None:        # the operators' state (changelake.spark.binding)
         spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER)
     reader = spark.readStream.format(SOURCE_NAME)

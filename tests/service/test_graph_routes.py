@@ -130,3 +130,39 @@ storage: {{root: {tmp_path}/lake}}
     assert report.committed_tables == ["by_name"]                         # only what was missing
     assert read_delta(config.table_path("products"), columns=["id", "name"]).to_pylist() == [{"id": 1, "name": "a"}]
     assert read_delta(config.table_path("by_name"), columns=["name", "n"]).to_pylist() == [{"name": "a", "n": 1}]
+
+
+def test_the_read_task_routes_graph_rows_into_envelopes_and_hands_everything_else_to_the_driver(tmp_path):
+    """With a graph, the Kafka read task decodes and routes in one Python process (the chain's first
+    envelopes: here to the source's normalize, by bucket of its key); what the driver needs (stats,
+    dead letters with their position) rides in envelopes addressed to it, and the end of the chain
+    gives back the decode stage's payloads."""
+    from changelake.spark.buckets import bucket_of
+    from changelake.spark.chain import DRIVER, Deliver
+    from changelake.spark.decode_stage import PARTS
+    from changelake.spark.payloads import from_ipc
+    from changelake.spark.query import PipelineQuery
+
+    processor = BatchProcessor(_config(tmp_path))
+    query = PipelineQuery(processor, read_tasks=1)
+    stage = query.source_stage()
+    big, text = 9_223_372_036_854_775_807, "\U0001f600 ü"
+    records = _records([{"id": 1, "name": "a"}, {"id": None, "name": "b"}, {"id": big, "name": text}])
+    envelopes = pa.Table.from_batches(list(stage(iter([records]))))
+    assert stage.spark_schema.startswith("g int, target smallint") and envelopes.schema.names[:2] == ["g", "target"]
+    chain = query._chain
+    assert chain.order == ("normalize_products",)
+    routed = envelopes.filter(pa.compute.equal(envelopes["target"], 0))
+    rows = pa.concat_tables([from_ipc(p) for p in routed["payload"].to_pylist()])
+    assert sorted(zip(rows["id"].to_pylist(), rows["name"].to_pylist())) == [(1, "a"), (big, text)]
+    for bucket, g, payload in zip(routed["bucket"].to_pylist(), routed["g"].to_pylist(), routed["payload"].to_pylist()):
+        part = from_ipc(payload)
+        assert g == bucket and set(bucket_of(part, ["id"], chain.buckets["normalize_products"]).tolist()) == {bucket}
+    assert set(envelopes["target"].to_pylist()) == {0, DRIVER}
+    out = pa.Table.from_batches(list(Deliver(len(chain.order), None)(envelopes.to_batches())))
+    stats, parts = processor.stage.split(out)
+    assert stats == {("shop.products", 0): (3, 0)}
+    assert set(parts[0]) == {"dl"}         # no typed rows for the driver: the graph alone reads them
+    dead = parts[0]["dl"]
+    assert dead["reason"].to_pylist() == ["missing-key"] and dead["offset"].to_pylist() == [1]
+    assert set(out["part"].to_pylist()) <= set(PARTS)
