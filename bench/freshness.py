@@ -52,6 +52,12 @@ events/s the mirror's batches took 36-52 s instead of ~1 s. The producer therefo
 ``--linger`` = 100 ms, so that a set holds tens of records. The linger is not in the figures:
 freshness counts from the append.
 
+**Where the time goes.** Each mirror change's freshness is split at the start of the batch that read it
+(``batchTimestampMs`` in ``offsets/N``, the batch's trigger time): append -> that start (waiting for the
+running batch to end, then for the trigger) and that start -> the mirror's commit (its own batch); the
+run prints both (p50, p99), the batches that held the slowest 1% of changes, and how far apart batches
+started while producing.
+
 **Other figures.** Records/s offered (produced) and sustained (committed to the mirror while the
 producer ran, and the time to drain the rest after it stopped); the backlog (acknowledged minus
 committed changes) over time: at the end of production, its maximum, and its trend over the
@@ -226,6 +232,17 @@ def batch_end_offsets(checkpoint: Path) -> dict[int, dict[str, dict[str, int]]]:
             lines = f.read_text().splitlines()
             if len(lines) >= 3:                      # v1, batch metadata, one line per source
                 out[int(f.name)] = json.loads(lines[2])
+    return out
+
+
+def batch_starts(checkpoint: Path) -> dict[int, float]:
+    """batch id -> when the batch started (s): its trigger time, ``batchTimestampMs`` of ``offsets/N``."""
+    out = {}
+    for f in (checkpoint / "offsets").iterdir():
+        if f.name.isdigit():
+            lines = f.read_text().splitlines()
+            if len(lines) >= 2:
+                out[int(f.name)] = json.loads(lines[1])["batchTimestampMs"] / 1000
     return out
 
 
@@ -440,6 +457,7 @@ def main(argv: list[str] | None = None) -> int:
         topics = [str(t) for t in d["topics"]]
         acked, sent = d["acked"], d["sent"]
         batch = read_batches(topics, d["topic"], d["partition"], d["offset"], batch_end_offsets(checkpoint))
+        starts = batch_starts(checkpoint)
         visible = {t: visible_at(batch, delta_commits(Path(cfg.table_path(t)))) for t in tables}
         final = orjson.loads((work / "final_state.json").read_bytes())
         checks = verify(cfg, final, args.graph)
@@ -460,6 +478,29 @@ def main(argv: list[str] | None = None) -> int:
         p50, p99 = np.percentile(done, [50, 99]) if len(done) else (float("nan"),) * 2
         mx = done.max() if len(done) else float("nan")
         print(f"| {t} | {len(lat):,} | {p50:.2f} s | {p99:.2f} s | {mx:.2f} s | {missing:,} | {TARGETS[t]} |")
+
+    # where a change's time goes: waiting for the batch that reads it to start (the running batch, then the
+    # trigger), then that batch until the mirror's commit
+    start_of = np.array([starts.get(int(b), np.nan) for b in batch])
+    wait, own = start_of - acked, visible[MIRROR] - start_of
+    split = ~np.isnan(wait) & ~np.isnan(own)
+    if split.any():
+        (w50, w99), (o50, o99) = np.percentile(wait[split], [50, 99]), np.percentile(own[split], [50, 99])
+        print(f"\n{MIRROR}: append -> start of the batch that read it p50 {w50:.2f} s, p99 {w99:.2f} s; "
+              f"that batch's start -> its commit p50 {o50:.2f} s, p99 {o99:.2f} s")
+        slow = np.argsort(-(visible[MIRROR] - acked))[: max(1, len(acked) // 100)]    # the slowest 1%
+        ids, counts = np.unique(batch[slow], return_counts=True)
+        commit_of = dict(zip(*delta_commits(Path(cfg.table_path(MIRROR)))))
+        print("the slowest 1% of changes were read by batches " + "; ".join(
+            f"{b} ({c:,} of them; it started {starts[b] - t0:.1f}s into the steady phase, "
+            f"{starts[b] - starts.get(b - 1, np.nan):.2f}s after the one before, and committed "
+            f"{commit_of.get(b, np.nan) - starts[b]:.2f}s later)"
+            for b, c in sorted(((int(b), int(c)) for b, c in zip(ids, counts)), key=lambda x: -x[1])[:5]))
+        span = sorted(b for b, t in starts.items() if t0 <= t <= t1)
+        gaps = np.diff([starts[b] for b in span])
+        if len(gaps):
+            print(f"batch starts while producing: every {np.median(gaps):.2f}s (median; p99 {np.percentile(gaps, 99):.2f}s, "
+                  f"max {gaps.max():.2f}s)")
 
     mirror = visible[MIRROR]
     committed_in = np.count_nonzero(mirror <= t1)

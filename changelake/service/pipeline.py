@@ -23,7 +23,8 @@ Every micro-batch runs :meth:`BatchProcessor.process_decoded` (pure Arrow, no Sp
    graph sources with a null primary key are dead letters from the executors on;
 4. count the truncates the decoders read (``on_truncate`` apply or skip); a mirrored table
    gets the position of its latest truncate of the batch (apply);
-5. apply each table's changes (and truncate) through its idempotent Delta sink.
+5. apply each table's changes (and truncate) through its idempotent Delta sink, the tables at once
+   (``BatchProcessor._commit_tables``).
 
 Every write is keyed by (pipeline id, batch id) through Delta transaction ids and
 Spark only advances its offsets after the batch function returns, so a crash
@@ -34,6 +35,7 @@ the state of the batch before it, so it emits the same changes again.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -41,7 +43,8 @@ import re
 import signal
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -51,7 +54,7 @@ import pyarrow.compute as pc
 
 from changelake import metrics
 from changelake.changelog import DEAD_LETTER_SCHEMA, KIND, SEQ, RowKind
-from changelake.connectors.delta_sink import DeltaUpsertSink, Maintenance, TableSpec, open_sink
+from changelake.connectors.delta_sink import ApplyResult, DeltaUpsertSink, Maintenance, TableSpec, open_sink
 from changelake.connectors.delta_sink_kernel import check_truncate_order, latest_per_key
 from changelake.errors import ConfigError, DecodeError
 from changelake.formats import make_decoder
@@ -77,6 +80,8 @@ log = logging.getLogger(__name__)
 #: Test hook: ``CHANGELAKE_FAULT=<point>@<batch id>`` kills the process with SIGKILL at that point.
 FAULT_ENV = "CHANGELAKE_FAULT"
 _KIND_LABEL = {k.value: k.short for k in RowKind}
+#: Delta tables a batch commits at once (delta-rs engine; see ``BatchProcessor._commit_tables``)
+COMMIT_THREADS = 4
 
 
 def _fault(point: str, batch_id: int) -> None:
@@ -145,6 +150,7 @@ class BatchProcessor:
         self.keys = TableKeys(config)
         self._spark = spark
         self.sinks: dict[str, DeltaUpsertSink] = {}     # opened once the table's key is known
+        self._pool: ThreadPoolExecutor | None = None     # the concurrent Delta commits, started on first use
         self.dead_letters = DeadLetterPaths(config)
         self.quarantine = Quarantine(config, self.keys)
         #: table -> columns its source's last schema dropped, for the sink (set per batch)
@@ -415,7 +421,8 @@ class BatchProcessor:
 
         _fault("before-sinks", batch_id)
         self.dead_letters.write(letters, batch_id=batch_id)
-        for i, (name, parts) in enumerate(sorted(per_table.items())):
+        commits = []
+        for name, parts in sorted(per_table.items()):
             frame = frames.get(name)
             if frame is None:
                 changes = pa.concat_tables(parts, promote_options="permissive")
@@ -429,12 +436,12 @@ class BatchProcessor:
             report.changes[name] = kinds
             for kind, n in kinds.items():
                 metrics.CHANGES_IN.labels(name, kind).inc(n)
-            result = apply(changes, batch_id=batch_id, truncate_at=truncate_at.get(name),
-                           dropped_columns=self._dropped.pop(name, ()))
-            if result.committed:
-                report.committed_tables.append(name)
-            if i == 0:
-                _fault("after-first-table", batch_id)
+            commits.append((name, functools.partial(apply, changes, batch_id=batch_id, truncate_at=truncate_at.get(name),
+                                                    dropped_columns=self._dropped.pop(name, ()))))
+        # Arrow batches on delta-rs commit at once; DataFrames (Spark jobs of this batch) one after another
+        at_once = not frames and all(getattr(self.sinks[n], "engine", None) == "delta-rs" for n, _ in commits)
+        results = self._commit_tables(commits, batch_id, at_once=at_once)
+        report.committed_tables.extend(name for name, _ in commits if results[name].committed)
         _fault("after-sinks", batch_id)
         report.seconds = time.monotonic() - started
         self.last_report = report
@@ -443,6 +450,38 @@ class BatchProcessor:
                  report.records, json.dumps(report.changes), json.dumps(report.key_changes),
                  json.dumps(report.dead_letters), report.seconds)
         return report
+
+    def _commit_tables(self, commits: list[tuple[str, Callable[[], ApplyResult]]], batch_id: int, *,
+                       at_once: bool) -> dict[str, ApplyResult]:
+        """Run each table's commit of the batch; their results by table.
+
+        The tables are independent Delta tables, each commit keyed by the batch id (its ``txn``), so
+        they run at once on the delta-rs engine (which releases the GIL while it merges and writes):
+        a batch's commits take about as long as its slowest one instead of their sum. A crash between
+        them leaves some tables at the batch and some before it, as it did one after another, and the
+        replay commits only the tables that lack it. The first error (in table order) is raised once
+        every commit has ended. Without ``at_once`` (the delta-spark engine, or tables handed over as
+        Spark DataFrames, whose commits run Spark jobs) the tables commit one after another.
+        """
+        if len(commits) < 2 or not at_once:
+            results = {}
+            for i, (name, commit) in enumerate(commits):
+                results[name] = commit()
+                if i == 0:
+                    _fault("after-first-table", batch_id)
+            return results
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=COMMIT_THREADS, thread_name_prefix="delta-commit")
+        futures = {self._pool.submit(commit): name for name, commit in commits}
+        first = True
+        for done in as_completed(futures):
+            if first and done.exception() is None:
+                _fault("after-first-table", batch_id)
+                first = False
+        failed = [f for f in futures if f.exception() is not None]
+        if failed:
+            raise min(failed, key=futures.__getitem__).exception()
+        return {name: f.result() for f, name in futures.items()}
 
     def _truncates(self, truncates: Sequence[tuple["_Route", pa.Table]], report: BatchReport) -> dict[str, str]:
         """Count the truncates by source and action; the position of each mirrored table's latest one

@@ -11,7 +11,7 @@ The processor names them (``framed_tables``: table -> primary key); for them ``f
              the other tables), collected as before; of a framed payload only its route and part
     per framed table with payloads: its typed rows (mapInArrow from the payloads, persisted);
              a graph table's given their sink ``_seq`` and lone ``-U`` made ``-D`` (:func:`sink_changes`);
-             its changes counted per kind (one aggregation)
+             their changes counted per kind (one aggregation for all of them)
     -> the processor hands each to its sink's ``apply_frame``
 
 These are the rules the driver applies to a collected batch (``BatchProcessor._check_keys``,
@@ -131,9 +131,19 @@ def sink_changes(changes: DataFrame, *, primary_key: Sequence[str], batch_id: in
     return ranked.select(*others, kind.alias(KIND), seq.alias(SEQ))
 
 
-def count_kinds(changes: DataFrame) -> dict[str, int]:
-    """Changes per kind (``+I`` ... ``-D``): one aggregation, four numbers to the driver."""
-    return {_LABEL[int(r[KIND])]: int(r["count"]) for r in changes.groupBy(KIND).count().collect()}
+def count_kinds(tables: Mapping[str, DataFrame]) -> dict[str, dict[str, int]]:
+    """Each table's changes per kind (``+I`` ... ``-D``): one aggregation over all of them (which also
+    fills their caches when they are persisted), at most four numbers per table to the driver."""
+    if not tables:
+        return {}
+    kinds = [df.select(F.lit(name).alias("table"), F.col(KIND)) for name, df in tables.items()]
+    union = kinds[0]
+    for more in kinds[1:]:
+        union = union.unionAll(more)
+    counted: dict[str, dict[str, int]] = {name: {} for name in tables}
+    for r in union.groupBy("table", KIND).count().collect():
+        counted[r["table"]][_LABEL[int(r[KIND])]] = int(r["count"])
+    return counted
 
 
 @dataclass(frozen=True)

@@ -157,11 +157,12 @@ class PipelineQuery:
             present = {(r, part) for r, part, f in zip(out["_route"].to_pylist(), out["part"].to_pylist(),
                                                       out["framed"].to_pylist()) if f}
             out = out.filter(pc.invert(out["framed"])).drop_columns(["framed"])
-            frames = {}
-            for name, changes in framed.tables(checked, present, batch_id).items():
+            tables = framed.tables(checked, present, batch_id)
+            for changes in tables.values():
                 changes.persist()
                 persisted.append(changes)
-                frames[name] = TableFrame(changes=changes, kinds=count_kinds(changes))
+            kinds = count_kinds(tables)
+            frames = {name: TableFrame(changes=changes, kinds=kinds[name]) for name, changes in tables.items()}
             log.info("batch %d: %d bytes collected on the driver; table(s) %s stay on the executors",
                      batch_id, out.nbytes, sorted(frames))
             self._process(out, batch_id, frames)

@@ -1,9 +1,9 @@
 """Batches reduced on the executors (``storage.reduce_on: executors``) write what collected batches write.
 
-The same Kafka history runs twice in this test process's Spark session, into two lakes: once with
-every batch collected on the driver (``reduce_on: driver``), once with the tables' changes left on
-the executors, reduced there and handed to the sink as DataFrames (the delta-rs engine then
-collects one row per key). Real topics on the embedded broker, real Delta tables.
+The tables' changes are left on the executors, reduced there and handed to the sink as DataFrames
+(the delta-rs engine then collects one row per key), in this test process's Spark session. Real
+topics on the embedded broker, real Delta tables; a history run both ways into two lakes is
+compared row for row.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def _parse(raw: dict, workdir: Path):
 
 def _demo(servers: str, workdir: Path, prefix: str, reduce_on: str):
     raw = demo_config(bootstrap_servers=servers, workdir=workdir, metrics_port=0, pipeline_id=f"it-{prefix}",
-                      max_records_per_batch=300, views=True)
+                      max_records_per_batch=150, views=True)
     for source in raw["sources"]:
         source["topics"] = [t.replace("dbserver1", prefix, 1) for t in source["topics"]]
     raw["storage"]["reduce_on"] = reduce_on
@@ -56,30 +56,25 @@ def _table(path: str, *, without: tuple[str, ...] = ()) -> list[tuple]:
     return sorted((tuple((k, repr(v)) for k, v in sorted(r.items()) if k not in without) for r in rows))
 
 
-def test_mirror_and_graph_tables_reduced_on_the_executors_equal_the_collected_ones(spark, kafka, tmp_path):
+def test_mirror_and_graph_tables_reduced_on_the_executors_equal_the_source_and_the_views_in_batch(
+        spark, kafka, tmp_path):
+    """The demo pipeline (three mirrors; join -> aggregate -> top-N) with every table framed, over
+    several batches of an inventory history with redeliveries: the mirrors equal the simulated
+    database, the graph tables the same query computed in batch over its final state. (The driver
+    path is held to the same oracles by the other integration tests; the test below compares the
+    two paths row for row.)"""
     prefix = kafka.topic("framed")
-    db = write_history(kafka.bootstrap_servers, seed=31, changes=250, topic_prefix=prefix, redeliver=40,
-                       sizes={"customers": 20, "products": 30, "orders": 60})
-    collected = _demo(kafka.bootstrap_servers, tmp_path / "collected", prefix, "driver")
+    db = write_history(kafka.bootstrap_servers, seed=31, changes=150, topic_prefix=prefix, redeliver=30,
+                       sizes={"customers": 10, "products": 15, "orders": 30})
     framed = _demo(kafka.bootstrap_servers, tmp_path / "framed", prefix, "executors")
 
-    on_driver = _run(spark, collected)
     on_executors = _run(spark, framed)
 
+    assert set(on_executors.framed_tables()) == {*MIRRORS, *GRAPH}
+    assert on_executors.totals.batch_id >= 1 and on_executors.last_report.framed_tables
     assert verify(framed, db.state) == {t: "ok" for t in db.state}
     assert verify_views(framed, expected_views(db.state)) == {t: "ok" for t in GRAPH}
-    assert not on_driver.last_report.framed_tables
-    assert on_executors.totals.batch_id >= 1            # several batches, each table's rows framed
-    assert set(on_executors.framed_tables()) == {*MIRRORS, *GRAPH}
-    # the same rows, counts and key changes (a graph table's _seq numbers its changes per key, not per batch)
-    for name in MIRRORS:
-        assert _table(framed.table_path(name)) == _table(collected.table_path(name)), name
-    for name in GRAPH:
-        assert _table(framed.table_path(name), without=("_seq",)) == \
-            _table(collected.table_path(name), without=("_seq",)), name
-    assert on_executors.totals.changes == on_driver.totals.changes
-    assert on_executors.totals.key_changes == on_driver.totals.key_changes
-    assert on_executors.totals.records == on_driver.totals.records
+    assert set(on_executors.totals.changes) == {*MIRRORS, *GRAPH} and not on_executors.totals.dead_letters
 
 
 # --- null keys, truncates, out-of-order and redelivered changes, a replayed batch ---------------------

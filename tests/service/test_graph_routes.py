@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import shutil
+
 import orjson
 import pyarrow as pa
 import pytest
+from deltalake import write_deltalake
 
+from changelake.changelog import DEAD_LETTER_SCHEMA
 from changelake.connectors.delta_read import read_delta
+from changelake.errors import SinkCommitError
 from changelake.spark.kafka_source import ARROW_SCHEMA, EXPIRED
 from changelake.service.config import parse_config
 from changelake.service.pipeline import BatchProcessor, graph_sink_changes
@@ -90,6 +95,41 @@ storage: {{root: {tmp_path}/lake}}
     assert processor.sinks["products"].spec.nullable_key == ()
     assert read_delta(config.table_path("by_name"), columns=["name", "n"]).to_pylist() == [{"name": None, "n": 1}]
     assert read_delta(config.table_path("products"), columns=["id", "name"]).to_pylist() == [{"id": 1, "name": None}]
+
+
+def test_a_failed_table_commit_lets_the_batchs_other_tables_commit_then_stops_the_batch(tmp_path):
+    # the batch's tables commit at once: a failing one neither stops the others nor goes unnoticed,
+    # and the replay of the batch commits only what is missing
+    config = parse_config(f"""
+pipeline: {{id: at-once, checkpoint: {tmp_path}/ckpt}}
+kafka: {{bootstrap_servers: localhost:1}}
+sources:
+  - {{name: products, topics: [shop.products], columns: {{id: bigint, name: string}}, primary_key: [id],
+      table: products}}
+views:
+  - {{name: by_name, from: products, group_by: [name], aggregates: {{n: "count(*)"}}}}
+tables:
+  - {{name: products, primary_key: [id]}}
+  - {{name: by_name, from: by_name, primary_key: [name]}}
+storage: {{root: {tmp_path}/lake}}
+""")
+    processor = BatchProcessor(config)
+    out = pa.Table.from_batches(list(processor.stage(iter([_records([{"id": 1, "name": "a"}])]))))
+    stats, parts = processor.stage.split(out)
+    decoded = [(processor.routes[0], parts[0]["rows"], DEAD_LETTER_SCHEMA.empty_table())]
+    graph = {"by_name": pa.table({"name": ["a"], "n": pa.array([1], pa.int64()), "_kind": pa.array([0], pa.int8()),
+                                  "_seq": ["000000000000"]})}
+    foreign = pa.table({"name": ["z"], "n": pa.array([9], pa.int64())})
+    write_deltalake(config.table_path("by_name"), foreign)     # a table changelake did not create is refused
+    with pytest.raises(SinkCommitError, match="by_name"):
+        processor._apply(stats, decoded, 0, graph)
+    assert processor.sinks["products"].committed_batch_id() == 0          # committed beside the failure
+    shutil.rmtree(config.table_path("by_name"))                           # the user's fix
+    processor = BatchProcessor(config)                                    # the restart replays batch 0
+    report = processor._apply(stats, decoded, 0, graph)
+    assert report.committed_tables == ["by_name"]                         # only what was missing
+    assert read_delta(config.table_path("products"), columns=["id", "name"]).to_pylist() == [{"id": 1, "name": "a"}]
+    assert read_delta(config.table_path("by_name"), columns=["name", "n"]).to_pylist() == [{"name": "a", "n": 1}]
 
 
 def test_the_read_task_routes_graph_rows_into_envelopes_and_hands_everything_else_to_the_driver(tmp_path):
