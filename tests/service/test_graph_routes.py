@@ -67,19 +67,7 @@ def test_graph_changes_ordered_by_the_graph_then_sequenced_after_earlier_batches
 
 def test_a_graph_table_keyed_by_a_nullable_group_key_takes_the_null_group_and_a_mirror_still_dead_letters(
         tmp_path):
-    config = parse_config(f"""
-pipeline: {{id: null-groups, checkpoint: {tmp_path}/ckpt}}
-kafka: {{bootstrap_servers: localhost:1}}
-sources:
-  - {{name: products, topics: [shop.products], columns: {{id: bigint, name: string}}, primary_key: [id],
-      table: products, on_error: skip}}
-views:
-  - {{name: by_name, from: products, group_by: [name], aggregates: {{n: "count(*)"}}}}
-tables:
-  - {{name: products, primary_key: [id]}}
-  - {{name: by_name, from: by_name, primary_key: [name]}}
-storage: {{root: {tmp_path}/lake}}
-""")
+    config = _products_by_name(tmp_path, "null-groups", on_error="skip")
     processor = BatchProcessor(config)
     out = pa.Table.from_batches(list(processor.stage(iter([_records([{"id": 1, "name": None},
                                                                       {"id": None, "name": "b"}])]))))
@@ -100,19 +88,7 @@ storage: {{root: {tmp_path}/lake}}
 def test_a_failed_table_commit_lets_the_batchs_other_tables_commit_then_stops_the_batch(tmp_path):
     # the batch's tables commit at once: a failing one neither stops the others nor goes unnoticed,
     # and the replay of the batch commits only what is missing
-    config = parse_config(f"""
-pipeline: {{id: at-once, checkpoint: {tmp_path}/ckpt}}
-kafka: {{bootstrap_servers: localhost:1}}
-sources:
-  - {{name: products, topics: [shop.products], columns: {{id: bigint, name: string}}, primary_key: [id],
-      table: products}}
-views:
-  - {{name: by_name, from: products, group_by: [name], aggregates: {{n: "count(*)"}}}}
-tables:
-  - {{name: products, primary_key: [id]}}
-  - {{name: by_name, from: by_name, primary_key: [name]}}
-storage: {{root: {tmp_path}/lake}}
-""")
+    config = _products_by_name(tmp_path, "at-once")
     processor = BatchProcessor(config)
     out = pa.Table.from_batches(list(processor.stage(iter([_records([{"id": 1, "name": "a"}])]))))
     stats, parts = processor.stage.split(out)
@@ -166,3 +142,20 @@ def test_the_read_task_routes_graph_rows_into_envelopes_and_hands_everything_els
     dead = parts[0]["dl"]
     assert dead["reason"].to_pylist() == ["missing-key"] and dead["offset"].to_pylist() == [1]
     assert set(out["part"].to_pylist()) <= set(PARTS)
+
+
+def _products_by_name(tmp_path, pipeline_id: str, *, on_error: str = "dlq"):
+    """A mirrored ``products`` source and the graph table ``by_name`` (count per name) over it."""
+    return parse_config(f"""
+pipeline: {{id: {pipeline_id}, checkpoint: {tmp_path}/ckpt}}
+kafka: {{bootstrap_servers: localhost:1}}
+sources:
+  - {{name: products, topics: [shop.products], columns: {{id: bigint, name: string}}, primary_key: [id],
+      table: products, on_error: {on_error}}}
+views:
+  - {{name: by_name, from: products, group_by: [name], aggregates: {{n: "count(*)"}}}}
+tables:
+  - {{name: products, primary_key: [id]}}
+  - {{name: by_name, from: by_name, primary_key: [name]}}
+storage: {{root: {tmp_path}/lake}}
+""")
