@@ -102,7 +102,8 @@ class DecodeStage:
                 split = split_key_changes(rows, self.graph_keys[i])
                 if split.moves:
                     out.append((i, "moves", to_ipc(pa.table({"moves": pa.array([split.moves], pa.int64())}))))
-                rows, dead = split_null_keys(split.changes, dead, self.graph_keys[i], f"source {route.spec.name!r}")
+                rows, dead = split_null_keys(split.changes, dead, self.graph_keys[i], f"source {route.spec.name!r}",
+                                             raw=mine)
             if rows.num_rows:
                 out.append((i, "rows", to_ipc(rows)))
             if dead.num_rows:
@@ -163,9 +164,12 @@ class DecodingStreamReader(KafkaStreamReader):
         return self.stage(super().read(partition))
 
 
-def split_null_keys(rows: pa.Table, dead: pa.Table, key: Sequence[str], what: str) -> tuple[pa.Table, pa.Table]:
+def split_null_keys(rows: pa.Table, dead: pa.Table, key: Sequence[str], what: str, *,
+                    raw: pa.Table | None = None) -> tuple[pa.Table, pa.Table]:
     """Rows whose ``key`` is null become ``missing-key`` dead letters (appended to ``dead``): they could
-    not be applied (``what`` names the table or graph source, for the error text)."""
+    not be applied (``what`` names the table or graph source, for the error text). With ``raw``, the
+    Kafka records the rows were decoded from, each letter carries its message's key, value and
+    timestamp; without (the records are not at hand), its position only."""
     if rows.num_rows == 0:
         return rows, dead
     null_key = functools.reduce(pc.or_, [pc.is_null(rows[k]) for k in key])     # pc.or_ takes two at a time
@@ -175,11 +179,17 @@ def split_null_keys(rows: pa.Table, dead: pa.Table, key: Sequence[str], what: st
     n = offending.num_rows
     extra = pa.table({
         "topic": offending[TOPIC], "partition": offending[PARTITION], "offset": offending[OFFSET],
-        "timestamp": pa.nulls(n, pa.timestamp("ms", tz="UTC")),
-        "key": pa.nulls(n, pa.binary()), "value": pa.nulls(n, pa.binary()),
         "reason": pa.array(["missing-key"] * n),
         "error": pa.array([f"primary key {list(key)} is null; the change cannot be applied to {what}"] * n),
-    }).cast(DEAD_LETTER_SCHEMA)
+    })
+    if raw is not None:        # a message decoded into several rows (Canal) is one letter per row
+        position = ["topic", "partition", "offset"]
+        extra = extra.join(raw.select([*position, "timestamp", "key", "value"]), position,
+                           join_type="left outer").sort_by([(c, "ascending") for c in position])
+    else:
+        extra = extra.append_column("timestamp", pa.nulls(n, pa.timestamp("ms", tz="UTC"))) \
+            .append_column("key", pa.nulls(n, pa.binary())).append_column("value", pa.nulls(n, pa.binary()))
+    extra = extra.select(DEAD_LETTER_SCHEMA.names).cast(DEAD_LETTER_SCHEMA)
     return rows.filter(pc.invert(null_key)), pa.concat_tables([dead, extra])
 
 

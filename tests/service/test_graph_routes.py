@@ -51,6 +51,9 @@ def test_null_key_rows_of_a_graph_source_become_dead_letters_in_the_executors(tm
     dead = parts[0]["dl"]
     assert dead["reason"].to_pylist() == ["missing-key"] and dead["offset"].to_pylist() == [1]
     assert "table" not in dead["error"][0].as_py() and "source 'products'" in dead["error"][0].as_py()
+    # the letter keeps its message: the raw bytes, to replay once the key is fixed upstream
+    assert orjson.loads(dead["value"][0].as_py())["after"] == {"id": None, "name": "b"}
+    assert dead["key"].to_pylist() == [b"k"] and dead["timestamp"][0].value == 1_700_000_000_000
 
 
 def test_graph_changes_ordered_by_the_graph_then_sequenced_after_earlier_batches():
@@ -141,6 +144,7 @@ def test_the_read_task_routes_graph_rows_into_envelopes_and_hands_everything_els
     assert set(parts[0]) == {"dl"}         # no typed rows for the driver: the graph alone reads them
     dead = parts[0]["dl"]
     assert dead["reason"].to_pylist() == ["missing-key"] and dead["offset"].to_pylist() == [1]
+    assert orjson.loads(dead["value"][0].as_py())["after"]["id"] is None     # with its raw bytes
     assert set(out["part"].to_pylist()) <= set(PARTS)
 
 
