@@ -3,6 +3,7 @@ a job in another interpreter (PyFlink lives in its own venv)."""
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import subprocess
@@ -158,10 +159,7 @@ def kafka_records(progress: dict) -> int | None:
     total = 0
     for source in progress.get("sources", []):
         start, end = source.get("startOffset"), source.get("endOffset")
-        if isinstance(start, str) or isinstance(end, str):
-            import json
-            start, end = (json.loads(start) if isinstance(start, str) else start,
-                          json.loads(end) if isinstance(end, str) else end)
+        start, end = (json.loads(o) if isinstance(o, str) else o for o in (start, end))
         if not isinstance(start, dict) or not isinstance(end, dict):
             return None
         total += sum(int(o) - int(start.get(t, {}).get(p, 0)) for t, ps in end.items() for p, o in ps.items())

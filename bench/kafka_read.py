@@ -30,7 +30,6 @@ import time
 from pathlib import Path
 
 import orjson
-import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 

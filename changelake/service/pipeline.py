@@ -62,7 +62,6 @@ from changelake.formats.assemble import dead_letters
 from changelake.formats.encodings import source_schema
 from changelake.formats.message_key import key_shapes
 from changelake.formats.origin import Origin
-from changelake.key_changes import split_key_changes
 from changelake.plan.graph import Pipeline
 from changelake.plan.physical import PhysicalPlan, sink_changes
 from changelake.service.config import (ORIGIN_COLUMNS, ChangelakeConfig, MaintenanceSpec, SourceSpec, StartingTimestamp,
@@ -73,7 +72,7 @@ from changelake.service.quarantine import Quarantine
 from changelake.service.routing import Router, Target
 from changelake.service.views import pipeline_from_config
 from changelake.spark.compile import CHANGES_PART
-from changelake.spark.decode_stage import DecodeStage, split_null_keys
+from changelake.spark.decode_stage import DecodeStage, check_keys
 
 log = logging.getLogger(__name__)
 
@@ -517,9 +516,7 @@ class BatchProcessor:
                 f"source {route.spec.name!r}: the decoded rows have no column(s) {missing} that table "
                 f"{route.spec.table!r} uses as primary key; fix tables[].primary_key or the source's columns",
                 reason="missing-key")
-        split = split_key_changes(rows, key)
-        rows, bad = split_null_keys(split.changes, bad, key, f"table {route.spec.table!r}")
-        return rows, bad, split.moves
+        return check_keys(rows, bad, key, f"table {route.spec.table!r}")
 
     def _late_letters(self, late_rows: dict, batch_id: int, report: BatchReport
                       ) -> list[tuple[str, pa.Table, str | None]]:

@@ -32,9 +32,8 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
 from changelake.changelog import _SEQ_WIDTH, DEAD_LETTER_SCHEMA, KIND, SEQ, RowKind
-from changelake.key_changes import split_key_changes
 from changelake.spark.compile import CHANGES_PART
-from changelake.spark.decode_stage import SCHEMA, split_null_keys
+from changelake.spark.decode_stage import check_keys, moves_payload, payload_batch
 from changelake.spark.delta_sink_frames import POSITION, with_position
 from changelake.spark.payloads import from_ipc, to_ipc
 
@@ -68,17 +67,15 @@ class CheckRows:
                     out.append((route, part, payload))
                     continue
                 key, table = self.routes[route]
-                split = split_key_changes(from_ipc(payload), key)
-                rows, dead = split_null_keys(split.changes, DEAD_LETTER_SCHEMA.empty_table(), key, f"table {table!r}")
+                rows, dead, moves = check_keys(from_ipc(payload), DEAD_LETTER_SCHEMA.empty_table(), key,
+                                               f"table {table!r}")
                 if rows.num_rows:
                     out.append((route, ROWS_PART, to_ipc(rows)))
                 if dead.num_rows:
                     out.append((route, "dl", to_ipc(dead)))
-                if split.moves:
-                    out.append((route, "moves", to_ipc(pa.table({"moves": pa.array([split.moves], pa.int64())}))))
-            yield pa.RecordBatch.from_arrays(
-                [pa.array([o[0] for o in out], pa.int16()), pa.array([o[1] for o in out], pa.string()),
-                 pa.array([o[2] for o in out], pa.binary())], schema=SCHEMA)
+                if moves:
+                    out.append((route, "moves", moves_payload(moves)))
+            yield payload_batch(out)
 
 
 class _Typed:

@@ -99,20 +99,16 @@ class DecodeStage:
             result = route.decoder.decode(mine)
             rows, dead = result.rows, result.dead_letters.cast(DEAD_LETTER_SCHEMA)
             if self.graph_keys.get(i):
-                split = split_key_changes(rows, self.graph_keys[i])
-                if split.moves:
-                    out.append((i, "moves", to_ipc(pa.table({"moves": pa.array([split.moves], pa.int64())}))))
-                rows, dead = split_null_keys(split.changes, dead, self.graph_keys[i], f"source {route.spec.name!r}",
-                                             raw=mine)
+                rows, dead, moves = check_keys(rows, dead, self.graph_keys[i], f"source {route.spec.name!r}", raw=mine)
+                if moves:
+                    out.append((i, "moves", moves_payload(moves)))
             if rows.num_rows:
                 out.append((i, "rows", to_ipc(rows)))
             if dead.num_rows:
                 out.append((i, "dl", to_ipc(dead)))
             if result.truncates.num_rows:
                 out.append((i, "trunc", to_ipc(result.truncates)))
-        return pa.RecordBatch.from_arrays(
-            [pa.array([o[0] for o in out], pa.int16()), pa.array([o[1] for o in out], pa.string()),
-             pa.array([o[2] for o in out], pa.binary())], schema=SCHEMA)
+        return payload_batch(out)
 
     # --- driver side -------------------------------------------------------
     def split(self, out: pa.Table) -> tuple[dict[tuple[str, int], tuple[int, int]], dict[int, dict[str, pa.Table]]]:
@@ -162,6 +158,30 @@ class DecodingStreamReader(KafkaStreamReader):
 
     def read(self, partition: Any) -> Iterator[pa.RecordBatch]:
         return self.stage(super().read(partition))
+
+
+def payload_batch(payloads: Sequence[tuple[int, str, bytes]]) -> pa.RecordBatch:
+    """``(_route, part, payload)`` triples as one batch of :data:`SCHEMA`."""
+    return pa.RecordBatch.from_arrays(
+        [pa.array([o[0] for o in payloads], pa.int16()), pa.array([o[1] for o in payloads], pa.string()),
+         pa.array([o[2] for o in payloads], pa.binary())], schema=SCHEMA)
+
+
+def moves_payload(moves: int) -> bytes:
+    """The ``moves`` payload: how many updates a key check split (counted on the driver)."""
+    return to_ipc(pa.table({"moves": pa.array([moves], pa.int64())}))
+
+
+def check_keys(rows: pa.Table, dead: pa.Table, key: Sequence[str], what: str, *,
+               raw: pa.Table | None = None) -> tuple[pa.Table, pa.Table, int]:
+    """``rows`` made ready to be applied by ``key``: each update that changes the key split into a delete
+    and an insert (:func:`changelake.key_changes.split_key_changes`), then the rows whose key is null
+    moved to ``dead`` (:func:`split_null_keys`, ``what`` and ``raw`` as there). Returns the rows, the
+    dead letters and how many updates were split. The one check for graph sources (read task), framed
+    mirrors (``changelake.spark.batch_frames``) and collected mirrors (the service's batch processor)."""
+    split = split_key_changes(rows, key)
+    rows, dead = split_null_keys(split.changes, dead, key, what, raw=raw)
+    return rows, dead, split.moves
 
 
 def split_null_keys(rows: pa.Table, dead: pa.Table, key: Sequence[str], what: str, *,

@@ -62,7 +62,7 @@ from changelake.connectors.delta_sink_merge import (
     tombstone_merge,
 )
 from changelake.connectors.delta_sink_schema import DELETED_AT
-from changelake.errors import ConfigError, SinkCommitError
+from changelake.errors import ConfigError
 from changelake.spark import delta_sink_frames as frames
 
 log = logging.getLogger(__name__)
