@@ -68,7 +68,7 @@ from changelake.operators.group_aggregate import (
     mergeable,
 )
 from changelake.plan.physical import EVENT_TIME_OPS, PhysicalNode, PhysicalPlan
-from changelake.spark import reports
+from changelake.spark import binding, reports
 from changelake.spark.binding import (
     STATE_KERNEL_SNAPSHOT,
     NodeInfo,
@@ -452,7 +452,11 @@ def processor_class():
             if g < 0:
                 yield from self._pass(rows)
             else:
-                yield self._frame(self._kernel(g, rows))
+                binding.CLOCK.start()
+                frame = self._frame(self._kernel(g, rows))
+                binding.CLOCK.tick("to_pandas")
+                binding.CLOCK.write(node=self.node.id, bucket=g)
+                yield frame
 
         def _pass(self, rows):
             """Envelopes for later operators, sinks and the driver: unchanged, regrouped for the next operator."""
@@ -475,7 +479,9 @@ def processor_class():
             env.sent.extend(sent)
             if result.num_rows:
                 Router(self.chain).route(self.node.id, with_positions(result), env)
-            return env.batch()
+            batch = env.batch()
+            binding.CLOCK.tick("route")
+            return batch
 
         @staticmethod
         def _frame(batch: pa.RecordBatch):
