@@ -14,7 +14,8 @@ Lifecycle of a kernel (one instance holds the state of many keys)::
 
 from __future__ import annotations
 
-from typing import ClassVar, Iterator, TypeVar
+from collections.abc import Iterator
+from typing import ClassVar, Self, TypeVar
 
 import pyarrow as pa
 
@@ -111,6 +112,13 @@ class Kernel:
             out.extend(Kernel.process(self, table.slice(full), now=now))
         return out
 
+    def rebundle(self, size: int) -> None:
+        """Go on with mini-batch bundles of ``size`` rows, exactly as a kernel restored from this one's
+        snapshot with ``mini_batch_size=size`` would (the Spark binding folds each bucket's share of a
+        micro-batch as one bundle; a pending bundle fires once ``size`` rows are pending)."""
+        if self.mini_batch is not None:
+            self.mini_batch.size = size
+
     def on_watermark(self, watermark: int, *, now: int = 0) -> Changes:
         return self.flush(now=now)
 
@@ -147,7 +155,7 @@ class Kernel:
         return snapshot_stores(self.OPERATOR, self._all_stores())
 
     @classmethod
-    def restore(cls: type[K], config, data: bytes) -> K:
+    def restore(cls, config, data: bytes) -> Self:
         """A new kernel for ``config`` continuing from a :meth:`snapshot`."""
         op = cls(config)
         restore_stores(cls.OPERATOR, data, op._all_stores())

@@ -9,7 +9,9 @@ node::
              (bucket, part = input side, payload = the rows as Arrow IPC)
       -> groupBy(bucket).transformWithStateInPandas: per bucket touched by the micro-batch
              state  = ValueState STATE_KERNEL_SNAPSHOT (kernel snapshot bytes, or absent)
-             kernel = Kernel.restore(config, state) if present else Kernel(config)
+             kernel = the worker's cached kernel of the bucket if the state is the snapshot it
+                      stored (KernelCache), else Kernel.restore(config, state) if present, else
+                      Kernel(config)
              rows   = the bucket's payloads per side, each stably ordered by _seq
              out    = kernel.process(rows) + kernel.finish()   (a join: left rows, then right rows)
              state  = kernel.snapshot() if kernel.state_rows else cleared
@@ -40,8 +42,11 @@ bucket's share of a micro-batch is folded as one bundle.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
 import json
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -71,6 +76,48 @@ DATA, REPORT = 0, 1
 _STATE_SCHEMA = "snapshot BINARY"
 
 
+class StepClock:
+    """Opt-in phase timer of the bucket steps (``CHANGELAKE_STEP_PROFILE=<directory>``): CPU seconds of
+    the Python worker per phase of each step (``time.process_time``: on a shared machine, waiting for a
+    core is not counted), appended as one JSON line per step to ``<directory>/steps-<pid>.jsonl`` by the
+    Python worker that ran it. Off (one attribute test per phase) unless the variable is set."""
+
+    def __init__(self) -> None:
+        self.dir = os.environ.get("CHANGELAKE_STEP_PROFILE") or None
+        self.phases: dict[str, float] = {}
+        self._last = self._gc = 0.0
+        self.hit = False
+
+    def start(self) -> None:
+        if self.dir:
+            if self._on_gc not in gc.callbacks:
+                gc.callbacks.append(self._on_gc)
+            self.phases = {}
+            self._last = time.process_time()
+
+    def tick(self, phase: str) -> None:
+        if self.dir:
+            now = time.process_time()
+            self.phases[phase] = self.phases.get(phase, 0.0) + now - self._last
+            self._last = now
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        """Collector passes during a step, as their own figure ``(gc)`` (also inside the phases')."""
+        if phase == "start":
+            self._gc = time.process_time()
+        else:
+            self.phases["(gc)"] = self.phases.get("(gc)", 0.0) + time.process_time() - self._gc
+
+    def write(self, **facts) -> None:
+        if self.dir:
+            os.makedirs(self.dir, exist_ok=True)
+            with open(os.path.join(self.dir, f"steps-{os.getpid()}.jsonl"), "a") as f:
+                f.write(json.dumps({**facts, "hit": self.hit, **self.phases}) + "\n")
+
+
+CLOCK = StepClock()
+
+
 def _bundle_config(config: Any, rows: int) -> Any:
     """The config for one micro-batch: the bucket's rows form one mini-batch bundle."""
     if getattr(config, "mini_batch_size", None) is None:
@@ -81,21 +128,25 @@ def _bundle_config(config: Any, rows: int) -> Any:
 @dataclasses.dataclass
 class BucketStep:
     """What one bucket's step produced: the output changelog, the new snapshot (None: clear the
-    state), the number of state entries, and the kernel's figures."""
+    state), the number of state entries, the kernel's figures, and the kernel itself (in the state
+    the snapshot holds; None when no kernel holds exactly that state)."""
     out: pa.Table
     snapshot: bytes | None
     state_rows: int
     figures: dict
+    kernel: Any = dataclasses.field(default=None, repr=False)
 
 
 def run_bucket(kernel_cls: type, config: Any, snapshot: bytes | None, table: pa.Table | Sequence[pa.Table],
-               output_schema: pa.Schema, *, now: int = 0) -> BucketStep:
+               output_schema: pa.Schema, *, now: int = 0, kernel: Any = None) -> BucketStep:
     """One bucket's step: restore, process the micro-batch rows, finish, snapshot.
 
     ``table`` is the bucket's changelog rows, or for a join the pair (left rows, right rows).
+    ``kernel``: a kernel already holding exactly the state ``snapshot`` restores (see
+    :class:`KernelCache`), run instead of restoring one.
     Pure: usable and testable without Spark.
     """
-    return _run_segments(kernel_cls, config, snapshot, _segments(table), output_schema, now)
+    return _run_segments(kernel_cls, config, snapshot, _segments(table), output_schema, now, kernel)
 
 
 def _segments(table: pa.Table | Sequence[pa.Table]) -> list[tuple[str | None, pa.Table]]:
@@ -106,17 +157,30 @@ def _segments(table: pa.Table | Sequence[pa.Table]) -> list[tuple[str | None, pa
 
 
 def _run_segments(kernel_cls: type, config: Any, snapshot: bytes | None, segments: list[tuple[str | None, pa.Table]],
-                  output_schema: pa.Schema, now: int) -> BucketStep:
+                  output_schema: pa.Schema, now: int, kernel: Any = None) -> BucketStep:
     cfg = _bundle_config(config, sum(t.num_rows for _, t in segments))
-    kernel = kernel_cls.restore(cfg, snapshot) if snapshot is not None else kernel_cls(cfg)
+    CLOCK.tick("other")
+    if kernel is not None:
+        size = getattr(cfg, "mini_batch_size", None)
+        if size is not None:
+            kernel.rebundle(size)
+    elif snapshot is not None:
+        kernel = kernel_cls.restore(cfg, snapshot)
+    else:
+        kernel = kernel_cls(cfg)
+    CLOCK.tick("restore")
     out = Changes()
     for side, rows in segments:
         rows = _user_and_kind(rows)
         out.extend(kernel.process(rows, now=now) if side is None else kernel.process(rows, side=side, now=now))
     out.extend(kernel.finish(now=now))
     rows = kernel.state_rows           # a join counts its rows: once
+    CLOCK.tick("kernel")
     data = kernel.snapshot() if rows else None
-    return BucketStep(out.to_arrow(output_schema), data, rows, dict(kernel.take_figures()))
+    CLOCK.tick("snapshot")
+    table = out.to_arrow(output_schema)
+    CLOCK.tick("to_arrow")
+    return BucketStep(table, data, rows, dict(kernel.take_figures()), kernel)
 
 
 @dataclasses.dataclass
@@ -129,15 +193,17 @@ class Poisoned:
 
 def run_bucket_isolating(kernel_cls: type, config: Any, snapshot: bytes | None,
                          table: pa.Table | Sequence[pa.Table], output_schema: pa.Schema, *,
-                         now: int = 0) -> tuple[BucketStep, list[Poisoned]]:
+                         now: int = 0, kernel: Any = None) -> tuple[BucketStep, list[Poisoned]]:
     """:func:`run_bucket`, and when the kernel raises on the bucket's rows, the rows that make it raise
     are found by halving (each half from the state the half before it left) and set aside, so one bad
     change never stops the pipeline in a loop: the state and output are those of the other rows, in
     their order. A :class:`~changelake.errors.StateError` (a policy's deliberate stop) is not caught.
+    ``kernel`` (as :func:`run_bucket`'s) runs the first attempt only: after it raised, its state is
+    half-changed, and every later attempt restores from ``snapshot``.
     """
     steps: list[BucketStep] = []
     poisoned: list[Poisoned] = []
-    _isolate(kernel_cls, config, snapshot, _segments(table), output_schema, now, steps, poisoned)
+    _isolate(kernel_cls, config, snapshot, _segments(table), output_schema, now, steps, poisoned, kernel)
     if not poisoned:
         return steps[0], []
     if not steps:           # every row was bad: the state stays as it was
@@ -147,19 +213,23 @@ def run_bucket_isolating(kernel_cls: type, config: Any, snapshot: bytes | None,
     for step in steps:
         figures.update(step.figures)
     return BucketStep(pa.concat_tables([s.out for s in steps]), steps[-1].snapshot, steps[-1].state_rows,
-                      dict(figures)), poisoned
+                      dict(figures), steps[-1].kernel), poisoned
 
 
-def _isolate(kernel_cls, config, snapshot, segments, output_schema, now, steps, poisoned) -> None:
-    """Run ``segments`` from the state the last good step left (else ``snapshot``); when the kernel
-    raises, halve them, down to the single rows that make it raise (a bucket with no rows re-raises)."""
+def _isolate(kernel_cls, config, snapshot, segments, output_schema, now, steps, poisoned, kernel=None) -> None:
+    """Run ``segments`` from the state the last good step left (else ``snapshot``, or ``kernel``, which
+    holds it); when the kernel raises, halve them, down to the single rows that make it raise (a bucket
+    with no rows re-raises)."""
     snap = steps[-1].snapshot if steps else snapshot
     try:
-        steps.append(_run_segments(kernel_cls, config, snap, segments, output_schema, now))
+        steps.append(_run_segments(kernel_cls, config, snap, segments, output_schema, now, kernel))
         return
     except StateError:
         raise
     except Exception as exc:
+        if kernel is not None:       # the rows half-changed it: again from the stored state, as without one
+            _isolate(kernel_cls, config, snapshot, segments, output_schema, now, steps, poisoned)
+            return
         total = sum(t.num_rows for _, t in segments)
         if total == 0:
             raise
@@ -238,28 +308,130 @@ def poisoned_reports(info: NodeInfo, bad: Sequence[Poisoned]) -> list[reports.Re
     return out
 
 
+class KernelCache:
+    """Per Python worker: the kernel each (node, bucket) was left in by the last step this worker ran,
+    with the snapshot that step stored, so the next step of that bucket skips the restore.
+
+    A kernel is only ever reused when the bucket's stored snapshot is byte for byte the one it left (and
+    for the same kernel class and config): the state store is the truth. After a restart, a replayed
+    micro-batch, a failed or retried task, or a step of the bucket run by another worker, the stored bytes
+    differ from the cached ones (or the worker holds nothing) and the kernel is restored from the state as
+    before. An entry is taken out while its step runs and put back only once the new snapshot is stored,
+    so a step that raises leaves nothing behind. At most ``limit`` state entries are held per worker
+    (least recently used buckets dropped first).
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._entries: dict[tuple, tuple[type, Any, bytes, Any, int]] = {}
+        self._held = 0
+
+    def take(self, key: tuple, kernel_cls: type, config: Any, snapshot: bytes | None) -> Any:
+        """The kernel cached under ``key`` if it holds exactly ``snapshot``'s state; the entry leaves
+        the cache either way."""
+        entry = self._entries.pop(key, None)
+        if entry is None:
+            return None
+        cls, cfg, data, kernel, rows = entry
+        self._held -= rows
+        try:
+            same = cls is kernel_cls and snapshot is not None and data == snapshot and cfg == config
+        except (TypeError, ValueError):  # a config whose fields do not compare
+            same = False
+        return kernel if same else None
+
+    def put(self, key: tuple, kernel_cls: type, config: Any, snapshot: bytes, kernel: Any, rows: int) -> None:
+        if rows > self.limit:
+            return
+        self._entries[key] = (kernel_cls, config, snapshot, kernel, rows)
+        self._held += rows
+        while self._held > self.limit:             # dicts keep insertion order: the oldest first
+            oldest = next(iter(self._entries))
+            self._held -= self._entries.pop(oldest)[4]
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self._held = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+#: State entries (a join: rows) a Python worker keeps in kernels between micro-batches, at most.
+KERNEL_CACHE_ROWS = 500_000
+#: What one kept entry costs a worker, rounded up: a join row is ~710 bytes of Python objects plus ~95
+#: bytes of the kept snapshot (bench (b)'s orders; docs/state-design.md).
+ENTRY_BYTES = 1024
+
+
+def cache_rows(environ=os.environ) -> int:
+    """The worker's bound: :data:`KERNEL_CACHE_ROWS`, and with a memory cap on the Python workers
+    (``spark.executor.pyspark.memory``, which Spark hands them as ``PYSPARK_EXECUTOR_MEMORY_MB``) no
+    more than a third of it at :data:`ENTRY_BYTES` per entry."""
+    cap = environ.get("PYSPARK_EXECUTOR_MEMORY_MB", "")
+    if cap.isdigit():
+        return min(KERNEL_CACHE_ROWS, int(cap) * 1024 * 1024 // 3 // ENTRY_BYTES)
+    return KERNEL_CACHE_ROWS
+
+
+KERNELS = KernelCache(cache_rows())
+
+
+@contextlib.contextmanager
+def collector_paused():
+    """Python's cyclic garbage collector off for the block (back to what it was after it).
+
+    A bucket step allocates a kernel's whole state (a restore: every row, entry and key as a Python
+    object) and drops most of the previous one: the collector's young-generation passes then keep
+    promoting those objects and it runs a full collection every few steps, each traversing every
+    object the worker holds. Measured inside the Spark workers over bench (b)'s join buckets, that was
+    39% of the steps' CPU time (docs/state-design.md). Kernel state holds no reference cycles, so reference
+    counting frees it; what cycles a step does make are collected once the collector is back on.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def step_bucket(state, kernel_cls: type, config: Any, sides: Sequence[pa.Schema], envelopes, output_schema: pa.Schema,
-                info: NodeInfo, bucket: int, *, now: int, event_time: bool) -> tuple[pa.Table, list]:
+                info: NodeInfo, bucket: int, *, now: int, event_time: bool,
+                cache: KernelCache | None = None) -> tuple[pa.Table, list]:
     """One bucket's step inside a ``transformWithStateInPandas`` processor.
 
     ``envelopes`` are the bucket's ``(part, payload)`` pairs (part = input side, payload = Arrow IPC);
-    ``state`` is its ValueState :data:`STATE_KERNEL_SNAPSHOT`. The kernel restored from the state runs
-    the rows (poisoned rows set aside, :func:`run_bucket_isolating`), the state is updated or cleared,
-    and the bucket's output rows come back (an event-time join's late rows split off) with its reports:
-    late rows, state size, the kernel's figures, poisoned rows.
+    ``state`` is its ValueState :data:`STATE_KERNEL_SNAPSHOT`. The kernel restored from the state (or
+    taken from ``cache``, this worker's :data:`KERNELS`, when the state is the snapshot that kernel
+    left) runs the rows (poisoned rows set aside, :func:`run_bucket_isolating`) with the garbage
+    collector paused, the state is updated or cleared, and the bucket's output rows come back (an
+    event-time join's late rows split off) with its reports: late rows, state size, the kernel's
+    figures, poisoned rows.
     """
     parts: list[list[pa.Table]] = [[] for _ in sides]
     for part, payload in envelopes:
         parts[part].append(from_ipc(payload))
     tables = [pa.concat_tables(p).cast(schema) if p else schema.empty_table() for p, schema in zip(parts, sides)]
+    CLOCK.tick("inputs")
     stored = state.get()          # None when absent (one round trip to the JVM, not two)
     snapshot = bytes(stored[0]) if stored is not None else None
-    step, bad = run_bucket_isolating(kernel_cls, config, snapshot, tables[0] if len(tables) == 1 else tables,
-                                     output_schema, now=now)
+    CLOCK.tick("state_get")
+    cache = KERNELS if cache is None else cache
+    key = (info.node, bucket)
+    cached = cache.take(key, kernel_cls, config, snapshot)
+    CLOCK.hit = cached is not None
+    with collector_paused():
+        step, bad = run_bucket_isolating(kernel_cls, config, snapshot, tables[0] if len(tables) == 1 else tables,
+                                         output_schema, now=now, kernel=cached)
     if step.snapshot is None:
         state.clear()
     else:
         state.update((step.snapshot,))
+        if step.kernel is not None:
+            cache.put(key, kernel_cls, config, step.snapshot, step.kernel, step.state_rows)
+    CLOCK.tick("state_update")
     out, sent = step.out, []
     if event_time:
         out, late = split_late(out)

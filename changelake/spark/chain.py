@@ -16,10 +16,12 @@ node's output has exactly one reader: the operator after it in the chain. The qu
 An **envelope** is one row ``(g, target, bucket, part, payload)``: ``payload`` holds rows as Arrow
 IPC, addressed to ``target`` (a stateful node's position in the chain, a sink table, :data:`REPORTS`,
 or :data:`DRIVER`: a decode stage payload for the driver, passed through to the end), to state bucket ``bucket`` of that node and, for a join, to its input ``part``.
-``g`` is the group key of the next operator: the bucket for envelopes addressed to it, a negative
-pass-through group (``-1 - bucket mod PASS_GROUPS``) for every other envelope.
+``g`` is the group key of the next operator: the group number of the bucket for envelopes addressed to
+it, a negative pass-through group for every other envelope. The numbers come from the chain's
+:class:`~changelake.spark.groups.GroupLayout`, which spreads a node's buckets and the pass-through
+envelopes evenly over the shuffle partitions.
 
-Operator ``k`` groups by ``g``. A group ``g >= 0`` holds bucket ``g`` of node ``k``: the processor
+Operator ``k`` groups by ``g``. A group ``g >= 0`` holds one bucket of node ``k``: the processor
 restores the bucket's kernel from its state (one ``ValueState`` per bucket, as the binding), runs it
 over the bucket's rows ordered by ``_seq``, stores the snapshot, and hands the output to the
 **router**. A negative group is passed through unchanged (only ``g`` is recomputed for the next
@@ -41,10 +43,10 @@ figures, late rows, rejected rows, lookup figures) travel as envelopes addressed
 :data:`REPORTS` to the end of the chain, where ``Deliver`` hands them to the report channel.
 
 Checkpoint contract: the state of node ``k`` lives in the ``k``-th ``transformWithStateInPandas``
-operator of the query, in ValueState ``kernel-snapshot`` of group ``g`` = the bucket. The chain order
-(topological, the plan's node order), the bucket count per node and :func:`bucket_of` decide where a
-key's state is: a plan of another shape, other bucket counts or another bucket function need a new
-checkpoint.
+operator of the query, in ValueState ``kernel-snapshot`` of the bucket's group ``g``. The chain order
+(topological, the plan's node order), the bucket count per node, :func:`bucket_of` and the group layout
+(recorded in the checkpoint, :func:`~changelake.spark.groups.checkpoint_layout`) decide where a key's
+state is: a plan of another shape, other bucket counts or another bucket function need a new checkpoint.
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ from changelake.operators.group_aggregate import (
     mergeable,
 )
 from changelake.plan.physical import EVENT_TIME_OPS, PhysicalNode, PhysicalPlan
-from changelake.spark import reports
+from changelake.spark import binding, reports
 from changelake.spark.binding import (
     STATE_KERNEL_SNAPSHOT,
     NodeInfo,
@@ -76,6 +78,7 @@ from changelake.spark.binding import (
     with_positions,
 )
 from changelake.spark.buckets import split_by_bucket
+from changelake.spark.groups import GroupLayout
 from changelake.spark.payloads import from_ipc, to_ipc
 
 #: Spark DDL of an envelope (see the module docstring).
@@ -88,8 +91,6 @@ REPORTS = -1
 #: ``target`` of the decode stage's payloads for the driver (stats, dead letters, the rows of mirrored
 #: sources, ...): ``bucket`` = their ``_route``, ``part`` = their part's index in ``decode_stage.PARTS``.
 DRIVER = -2
-#: Pass-through groups per operator: envelopes not addressed to an operator cost it this many Python calls.
-PASS_GROUPS = 2
 #: ``part`` of a packed payload holding a sink table's changes (``_route`` is the table's index).
 CHANGES_PART = "changes"
 #: Name of the partial-accumulator column between the local and the global aggregate (not "_"-prefixed:
@@ -126,9 +127,12 @@ class Chain:
     buckets: Mapping[str, int]              # per stateful node (1 when its state has no key)
     two_phase: frozenset[str]               # aggregate nodes run local-global
     renames: Mapping[str, tuple[str, ...]]  # project nodes whose expressions are all column references: the inputs
+    groups: GroupLayout = dataclasses.field(default_factory=GroupLayout.legacy)   # bucket -> ``g``
 
     @classmethod
-    def of(cls, plan: PhysicalPlan, buckets: int | Mapping[str, int], default: int, two_phase: bool) -> Chain:
+    def of(cls, plan: PhysicalPlan, buckets: int | Mapping[str, int], default: int, two_phase: bool,
+           groups: GroupLayout | None = None) -> Chain:
+        """The chain of ``plan``; ``groups`` None: the old numbering (``g`` = the bucket)."""
         from changelake.plan import sql
 
         order = tuple(n.id for n in plan if n.stateful or n.op == "lookup_join")
@@ -145,7 +149,9 @@ class Chain:
                 columns = sql.column_references(n.projections, plan[n.inputs[0]].schema)
                 if columns is not None:
                     renames[n.id] = columns
-        return cls(plan, order, tuple(n.id for n in plan.sinks), per, phased, renames)
+        layout = GroupLayout(groups.partitions, max(per.values(), default=0)) if groups is not None else None
+        return cls(plan, order, tuple(n.id for n in plan.sinks), per, phased, renames,
+                   layout or GroupLayout.legacy())
 
     def target(self, node_id: str) -> int:
         if node_id in self.sinks:
@@ -215,16 +221,11 @@ class Envelopes:
         target = np.array(self.target, dtype=np.int16)
         bucket = np.array(self.bucket, dtype=np.int32)
         out = pa.RecordBatch.from_arrays(
-            [pa.array(next_group(target, bucket, self.next)), pa.array(target), pa.array(bucket),
+            [pa.array(self.chain.groups.next_group(target, bucket, self.next)), pa.array(target), pa.array(bucket),
              pa.array(np.array(self.part, dtype=np.int8)), pa.array(self.payload, pa.binary())],
             schema=ENVELOPE_ARROW)
         self.target, self.bucket, self.part, self.payload = [], [], [], []
         return out
-
-
-def next_group(target: np.ndarray, bucket: np.ndarray, position: int) -> np.ndarray:
-    """``g`` for operator ``position``: the bucket for its own envelopes, a pass-through group otherwise."""
-    return np.where(target == position, bucket, -1 - bucket % PASS_GROUPS).astype(np.int32)
 
 
 class Router:
@@ -319,7 +320,8 @@ class LookupStage:
                 mine.extend(batch.column(4).filter(pa.array(own)).to_pylist())
             if not own.all():
                 rest = batch.filter(pa.array(~own))
-                g = next_group(rest.column(1).to_numpy(), rest.column(2).to_numpy(), self.position + 1)
+                g = self.chain.groups.next_group(rest.column(1).to_numpy(), rest.column(2).to_numpy(),
+                                                 self.position + 1)
                 yield rest.set_column(0, "g", pa.array(g))
         if mine:
             schema = self.chain.side_schema(self.node, 0)
@@ -452,7 +454,12 @@ def processor_class():
             if g < 0:
                 yield from self._pass(rows)
             else:
-                yield self._frame(self._kernel(g, rows))
+                bucket = self.chain.groups.bucket(g)
+                binding.CLOCK.start()
+                frame = self._frame(self._kernel(bucket, rows))
+                binding.CLOCK.tick("to_pandas")
+                binding.CLOCK.write(node=self.node.id, bucket=bucket)
+                yield frame
 
         def _pass(self, rows):
             """Envelopes for later operators, sinks and the driver: unchanged, regrouped for the next operator."""
@@ -461,7 +468,8 @@ def processor_class():
             for frame in rows:
                 target = frame.iloc[:, 1].to_numpy(dtype=np.int16)
                 bucket = frame.iloc[:, 2].to_numpy(dtype=np.int32)
-                yield pd.DataFrame({"g": next_group(target, bucket, self.position + 1), "target": target,
+                yield pd.DataFrame({"g": self.chain.groups.next_group(target, bucket, self.position + 1),
+                                    "target": target,
                                     "bucket": bucket, "part": frame.iloc[:, 3].to_numpy(dtype=np.int8),
                                     "payload": frame.iloc[:, 4].to_numpy(dtype=object)})
 
@@ -475,7 +483,9 @@ def processor_class():
             env.sent.extend(sent)
             if result.num_rows:
                 Router(self.chain).route(self.node.id, with_positions(result), env)
-            return env.batch()
+            batch = env.batch()
+            binding.CLOCK.tick("route")
+            return batch
 
         @staticmethod
         def _frame(batch: pa.RecordBatch):
@@ -527,11 +537,12 @@ def _processing_time(timer_values) -> int:
 
 
 def compile_chain(plan: PhysicalPlan, sources: Mapping[str, Any], *, buckets: int | Mapping[str, int],
-                  default_buckets: int, channel: reports.ReportChannel | None, two_phase: bool):
+                  default_buckets: int, channel: reports.ReportChannel | None, two_phase: bool,
+                  groups: GroupLayout | None = None):
     """The packed changes of every sink table (``_route``, ``part``, ``payload``), through one chain of
     ``transformWithStateInPandas`` operators, one per stateful node, from one typed streaming DataFrame
     per source; and the table of each ``_route``."""
-    chain = Chain.of(plan, buckets, default_buckets, two_phase)
+    chain = Chain.of(plan, buckets, default_buckets, two_phase, groups)
     env = None
     for source, nodes in source_nodes(plan).items():
         routed = sources[source].mapInArrow(SourceRouter(chain, nodes), ENVELOPE)

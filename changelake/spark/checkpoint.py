@@ -18,7 +18,7 @@ Offsets = dict[str, dict[str, int]]
 
 def batch_end_offsets(checkpoint: str, batch_id: int) -> Offsets:
     """The end offsets of batch ``batch_id`` from the offset log ({} when it cannot be read)."""
-    fs, root = _filesystem(checkpoint)
+    fs, root = filesystem(checkpoint)
     try:
         with fs.open_input_stream(f"{root}/offsets/{batch_id}") as f:
             lines = f.read().decode().splitlines()
@@ -43,7 +43,7 @@ def last_committed_batch(checkpoint: str) -> tuple[int, datetime] | None:
     """(id, commit time) of the newest batch in the commit log, or None before the first."""
     from pyarrow import fs as pafs
 
-    fs, root = _filesystem(checkpoint)
+    fs, root = filesystem(checkpoint)
     try:
         infos = fs.get_file_info(pafs.FileSelector(f"{root}/commits", allow_not_found=True))
     except OSError:
@@ -58,7 +58,7 @@ def last_committed_batch(checkpoint: str) -> tuple[int, datetime] | None:
     return batch_id, finished
 
 
-def _filesystem(uri: str) -> tuple[Any, str]:
+def filesystem(uri: str) -> tuple[Any, str]:
     from pyarrow import fs as pafs
 
     if "://" not in uri:

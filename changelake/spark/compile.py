@@ -44,6 +44,7 @@ from changelake.errors import ConfigError
 from changelake.plan.physical import PhysicalPlan
 from changelake.spark.chain import CHANGES_PART, compile_chain, is_two_phase  # noqa: F401  (re-exported)
 from changelake.spark.decode_stage import SPARK_SCHEMA
+from changelake.spark.groups import GroupLayout
 from changelake.spark.reports import ReportChannel
 
 #: Buckets per stateful node unless the caller says otherwise (docs/state-design.md: B=32 for keys
@@ -53,7 +54,7 @@ DEFAULT_BUCKETS = 32
 
 def compile_packed(plan: PhysicalPlan, sources: Mapping[str, Any], *,
                    buckets: int | Mapping[str, int] = DEFAULT_BUCKETS, channel: ReportChannel | None = None,
-                   two_phase: bool = True) -> tuple[Any, list[str]]:
+                   two_phase: bool = True, groups: GroupLayout | None = None) -> tuple[Any, list[str]]:
     """Every sink table's changes as one DataFrame of IPC payloads (``PACKED_SCHEMA``), and the table
     name of each ``_route`` index.
 
@@ -64,13 +65,18 @@ def compile_packed(plan: PhysicalPlan, sources: Mapping[str, Any], *,
     id: state sizes, stale retractions, materializer corrections, the event-time joins' late rows,
     the lookup joins' figures (without it they are dropped). ``two_phase=False`` runs every
     aggregate one-phase (the global kernel's snapshots are the one-phase GroupAggregate's, so either
-    continues the other's state; the local step adds no state of its own).
+    continues the other's state; the local step adds no state of its own). ``groups``: the group layout
+    (:mod:`changelake.spark.groups`); None spreads the buckets over the session's shuffle partitions,
+    which suits a new checkpoint.
     """
     missing = sorted({n.source for n in plan.sources} - set(sources))
     if missing:
         raise ConfigError(f"no streaming DataFrame for source(s) {missing}")
+    if groups is None and sources:
+        spark = next(iter(sources.values())).sparkSession
+        groups = GroupLayout(int(spark.conf.get("spark.sql.shuffle.partitions")))
     return compile_chain(plan, sources, buckets=buckets, default_buckets=DEFAULT_BUCKETS, channel=channel,
-                         two_phase=two_phase)
+                         two_phase=two_phase, groups=groups)
 
 
 #: Spark schema of packed changes (the same columns as the decode stage's payloads).

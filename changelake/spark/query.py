@@ -39,6 +39,7 @@ from changelake.spark.checkpoint import batch_end_offsets
 from changelake.spark.compile import DEFAULT_BUCKETS
 from changelake.spark.decode_stage import SPARK_SCHEMA as DECODE_STAGE_SCHEMA
 from changelake.spark.decode_stage import decoding_source
+from changelake.spark.groups import GroupLayout, checkpoint_layout
 from changelake.spark.kafka_source import SOURCE_NAME, KafkaOptions, commit_group_offsets
 from changelake.spark.reports import ReportChannel
 
@@ -60,6 +61,8 @@ class PipelineQuery:
         #: framed tables that are collected all the same (a column type Spark has none for), warned once
         self._unfit: set[str] = set()
         self._chain: Chain | None = None        # the compiled graph (set by :meth:`source_stage`)
+        #: the chain's group numbering (set by :func:`start` from the checkpoint; None: the old one)
+        self.groups: GroupLayout | None = None
 
     def source_stage(self) -> Any:
         """What the Kafka read tasks run over the records they read: the pipeline's decode stage; with an
@@ -69,7 +72,7 @@ class PipelineQuery:
         if p.plan is None:
             return p.stage
         if self._chain is None:
-            self._chain = Chain.of(p.plan, p.buckets, DEFAULT_BUCKETS, two_phase=True)
+            self._chain = Chain.of(p.plan, p.buckets, DEFAULT_BUCKETS, two_phase=True, groups=self.groups)
         nodes = source_nodes(p.plan)
         envelopes = SourceEnvelopes(self._chain, {i: nodes[node.source] for i, node in p.graph_routes.items()},
                                     mirrored=[i for i in p.graph_routes if p.routes[i].spec.table is not None])
@@ -196,10 +199,12 @@ def start(spark: Any, query: PipelineQuery, *, name: str, checkpoint: str, reade
     offsets are committed to that consumer group after the batch's Delta commits."""
     if group_id is not None:
         query.after_batch = _GroupOffsets(checkpoint, reader_options, group_id)
-    # the source decodes in its read tasks: registered per query, as it carries this pipeline's decode stage
-    spark.dataSource.register(decoding_source(query.source_stage()))
     if query.processor.plan is not None:        # the operators' state (changelake.spark.binding)
         spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER)
+        # which group (so which shuffle partition) holds each state bucket: as the checkpoint recorded it
+        query.groups = checkpoint_layout(checkpoint, int(spark.conf.get("spark.sql.shuffle.partitions")))
+    # the source decodes in its read tasks: registered per query, as it carries this pipeline's decode stage
+    spark.dataSource.register(decoding_source(query.source_stage()))
     reader = spark.readStream.format(SOURCE_NAME)
     for k, v in reader_options.items():
         reader = reader.option(k, v)

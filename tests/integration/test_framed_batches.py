@@ -8,6 +8,7 @@ compared row for row.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import orjson
@@ -19,6 +20,7 @@ from changelake.connectors.delta_read import read_delta
 from changelake.service.config import parse_config
 from changelake.service.demo import demo_config, expected_views, verify, verify_views
 from changelake.service.pipeline import BatchProcessor, start_query
+from changelake.spark.groups import MARKER, GroupLayout
 
 from .helpers import write_history
 
@@ -71,6 +73,9 @@ def test_mirror_and_graph_tables_reduced_on_the_executors_equal_the_source_and_t
     on_executors = _run(spark, framed)
 
     assert set(on_executors.framed_tables()) == {*MIRRORS, *GRAPH}
+    # a new checkpoint spreads the state buckets over the session's 2 shuffle partitions, and records it
+    assert on_executors.query.groups == GroupLayout(2)
+    assert json.loads((Path(framed.pipeline.checkpoint) / MARKER).read_text()) == {"layout": "balanced", "partitions": 2}
     assert on_executors.totals.batch_id >= 1 and on_executors.last_report.framed_tables
     assert verify(framed, db.state) == {t: "ok" for t in db.state}
     assert verify_views(framed, expected_views(db.state)) == {t: "ok" for t in GRAPH}
