@@ -5,6 +5,10 @@
   when set; a testcontainers Kafka when a Docker engine answers; otherwise the
   embedded broker (librdkafka's mock cluster). Tests use fresh topic names.
 
+Every Spark driver JVM the tests start (this process's session, the CLI runs, the benchmarks' smoke
+runs) gets ``SPARK_SUBMIT_OPTS``: C1 only, the serial collector, and a class-data archive of Spark's
+classes (see ``pytest_collection_finish``); set the variable yourself to run them otherwise.
+
 Property tests explore new examples on every local run; under CI (``CI`` set) hypothesis runs
 derandomized, so a submission lands or not on its own merits, not on the draw. A failure found
 locally prints its seed (``--hypothesis-seed``) and is fixed, never skipped.
@@ -30,7 +34,57 @@ if os.environ.get("CI"):
 #: SIGKILL-and-restart test took 24% less CPU without them). Same bytecode, same results; a
 #: SPARK_SUBMIT_OPTS of your own is kept.
 TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+_OWN_JVM_OPTIONS = "SPARK_SUBMIT_OPTS" in os.environ
 os.environ.setdefault("SPARK_SUBMIT_OPTS", TEST_JVM_OPTIONS)
+#: the JVM's own notes about its class archive (e.g. one left from another Java) stay off the outputs tests read
+_QUIET_CDS = "-Xlog:cds=off,cds+dynamic=off,class+path=off"
+
+
+def pytest_collection_finish(session) -> None:
+    """When the selected tests start Spark drivers, they load Spark's classes from a class-data archive
+    (CDS) made once per machine, Java and pyspark (seconds; kept in the temp directory): a session
+    then starts on about half the CPU. Without it (it could not be made) they load them as usual."""
+    if _OWN_JVM_OPTIONS or not any(m in item.keywords for item in session.items for m in ("spark", "integration")):
+        return
+    archive = _spark_class_archive()
+    if archive is not None:
+        os.environ["SPARK_SUBMIT_OPTS"] = f"{TEST_JVM_OPTIONS} -XX:SharedArchiveFile={archive} {_QUIET_CDS}"
+
+
+def _spark_class_archive() -> str | None:
+    import hashlib
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    try:
+        import pyspark
+    except ImportError:
+        return None
+    java = os.path.join(os.environ["JAVA_HOME"], "bin", "java") if os.environ.get("JAVA_HOME") else shutil.which("java")
+    if java is None:
+        return None
+    key = hashlib.sha256(f"{os.path.realpath(java)}|{pyspark.__file__}|{pyspark.__version__}|{TEST_JVM_OPTIONS}"
+                         .encode()).hexdigest()[:16]
+    archive = os.path.join(tempfile.gettempdir(), f"changelake-tests-spark-{key}.jsa")
+    if os.path.exists(archive):
+        return archive
+    partial = f"{archive}.{os.getpid()}"
+    # a small session whose JVM writes the classes it loaded when it exits (after Python closed its stdin)
+    code = ("from pyspark import SparkContext; from pyspark.sql import SparkSession; "
+            "s = SparkSession.builder.master('local[1]').config('spark.ui.enabled', 'false').getOrCreate(); "
+            "s.range(100).selectExpr('sum(id)').collect(); jvm = SparkContext._gateway.proc; s.stop(); "
+            "jvm.stdin.close(); jvm.wait(timeout=300)")
+    env = {**os.environ, "SPARK_SUBMIT_OPTS": f"{TEST_JVM_OPTIONS} -XX:ArchiveClassesAtExit={partial} {_QUIET_CDS}"}
+    try:
+        subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, timeout=600, check=True)
+        os.replace(partial, archive)
+    except (OSError, subprocess.SubprocessError):
+        if os.path.exists(partial):
+            os.remove(partial)
+        return None
+    return archive
 
 _MIN_DOCKER_TIMEOUT_S = 3
 
