@@ -58,7 +58,7 @@ class KeyedState:
         entry = self._data.get(key)
         if entry is None:
             return default
-        if not self._alive(entry[1], now):
+        if self.ttl_ms > 0 and entry[1] + self.ttl_ms <= now:
             del self._data[key]
             return default
         return entry[0]
