@@ -6,7 +6,7 @@ run --available-now`` in a child process) mirrors the three tables and runs
 (product_id, order_id). The first run is killed with SIGKILL in the middle of batch 1, after one
 table's Delta commit; the restart continues from the checkpoint (operator state included). The
 graph tables must then equal the same query computed in batch by DuckDB over the source's final
-state, and a further restart must change nothing.
+state, and a further restart must change nothing (graph tables and mirrors).
 """
 
 from __future__ import annotations
@@ -111,3 +111,4 @@ def test_graph_pipeline_sigkill_then_restart_equals_batch_query(kafka, tmp_path)
     again = _run_pipeline(path)            # a further restart finds nothing new to do
     assert again.returncode == 0, again.stderr[-3000:]
     assert _actual(config) == want
+    assert verify(config, db.state) == {t: "ok" for t in db.state}
