@@ -41,10 +41,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="run the operator graph (--no-views: the three mirrors alone)")
     ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                     help="a Spark setting for the pipeline (pipeline.spark_conf), e.g. spark.sql.shuffle.partitions=2")
-    ap.add_argument("--quick", action="store_true", help="smoke run: 3,000 changes")
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke run: 1,500 changes after a snapshot of 600 rows, three micro-batches at the default --batch")
     args = ap.parse_args(argv)
-    changes = 3_000 if args.quick else args.changes
-    sizes = {"customers": 200, "products": 400, "orders": 600} if args.quick else \
+    changes = 1_500 if args.quick else args.changes
+    sizes = {"customers": 100, "products": 200, "orders": 300} if args.quick else \
         {"customers": 1_000, "products": 2_000, "orders": 3_000}
     print(f"machine: {machine()}")
     with tempfile.TemporaryDirectory() as tmp, EmbeddedBroker() as broker:

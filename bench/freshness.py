@@ -1,7 +1,7 @@
 """Freshness benchmark (issue 12): how long a change takes from Kafka to a committed Delta version.
 
     .venv/bin/python bench/freshness.py [--rate 2000] [--duration 300] [--keys 100000] [--no-graph]
-    .venv/bin/python bench/freshness.py --quick     # smoke run: 30 s at 200 events/s, 2,000 keys
+    .venv/bin/python bench/freshness.py --quick     # smoke run: 12 s at 200 events/s, 2,000 keys
 
 **What runs.** The embedded broker (librdkafka's mock cluster); a producer process that writes
 Debezium JSON changes of a ``products`` table (MySQL connector envelope, 8 columns) at a steady
@@ -369,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--drain", type=float, default=None,
                     help="seconds to wait for the pipeline to commit the rest after production (default: "
                          "max(60, duration))")
-    ap.add_argument("--quick", action="store_true", help="smoke run: 30 s at 200 events/s over 2,000 keys")
+    ap.add_argument("--quick", action="store_true", help="smoke run: 12 s at 200 events/s over 2,000 keys")
     ap.add_argument("--workdir", help="keep the run here (default: a temporary directory, removed)")
     ap.add_argument("--seed", type=int, default=12)
     ap.add_argument("--produce", action="store_true", help=argparse.SUPPRESS)   # the producer process
@@ -377,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.quick:
-        args.rate, args.duration, args.keys, args.topics = 200, 30, 2_000, 2
+        args.rate, args.duration, args.keys, args.topics = 200, 12, 2_000, 2
     if args.produce:
         return produce_main(args)
     drain_s = args.drain if args.drain is not None else max(60.0, args.duration)

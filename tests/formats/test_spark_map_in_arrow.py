@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import sys
-from pathlib import Path
-
 import pyarrow as pa
 import pytest
 
@@ -16,17 +12,12 @@ from tests.formats.helpers import change, records
 pytestmark = pytest.mark.spark
 
 
-def test_debezium_json_decoder_runs_in_map_in_arrow(monkeypatch) -> None:
-    pytest.importorskip("pyspark", reason="needs pyspark")
-    # Python workers: this interpreter, with this checkout importable
-    repo = str(Path(__file__).resolve().parents[2])
-    monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p))
-    from pyspark.sql import SparkSession
+def test_debezium_json_decoder_runs_in_map_in_arrow(spark) -> None:
+    """On the test process's one session (tests/conftest.py; its Python workers run this interpreter),
+    not a session of its own: starting and stopping one cost seconds, and a JVM started here would
+    have been the one every later Spark test ran in, without the session's settings."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    spark = (SparkSession.builder.master("local[2]").appName("changelake-formats-test")
-             .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2").getOrCreate())
     columns = sql_schema([("id", "BIGINT NOT NULL"), ("name", "STRING"), ("price", "DOUBLE")])
     decoder = make_decoder("debezium-json", columns=columns, options={"metadata": ["source.table"]})
     values = [change("c", after={"id": i, "name": f"n{i}", "price": i / 2}) for i in range(200)]
@@ -49,7 +40,6 @@ def test_debezium_json_decoder_runs_in_map_in_arrow(monkeypatch) -> None:
     got = pa.Table.from_batches(out._collect_as_arrow())
     key = ["_offset", "_kind"]
     assert got.num_rows == expected.num_rows == 202
-    spark.stop()
     assert got.select(["id", "name", "price", "source.table", "_kind", "_seq", "_offset"]).sort_by(
         [(k, "ascending") for k in key]).to_pylist() == expected.select(
         ["id", "name", "price", "source.table", "_kind", "_seq", "_offset"]).sort_by(
