@@ -14,7 +14,9 @@ Snapshot format (version 1)
 Arrow IPC stream bytes of one table with columns ``state`` (store name), ``key``
 and ``value`` (restricted pickle bytes, see :func:`encode_value`) and ``written_at``
 (int64 ms). The schema metadata carries the operator name and format version.
-One row per entry, so a binding can split a snapshot into hash buckets by key.
+One row per entry, so a binding can split a snapshot into hash buckets by key. A
+:class:`TrackedKeyedState` (a join side's rows) keeps its entries' pickles between snapshots and
+pickles again only the entries changed since: the bytes are the same.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ class KeyedState:
         entry = self._data.get(key)
         if entry is None:
             return default
-        if not self._alive(entry[1], now):
+        if self.ttl_ms > 0 and entry[1] + self.ttl_ms <= now:
             del self._data[key]
             return default
         return entry[0]
@@ -90,6 +92,72 @@ class KeyedState:
 
     def load(self, key: Any, value: Any, written_at: int) -> None:
         self._data[key] = [value, written_at]
+
+
+class TrackedKeyedState(KeyedState):
+    """A :class:`KeyedState` whose snapshot pickles again only the entries changed since the last one.
+
+    It keeps each entry's pickled key and value from the last snapshot; ``put``, ``delete``, ``load``,
+    ``clear`` and expiry forget them, and an owner that changes a value in place (a join side's rows of
+    a join key) calls :meth:`touch`. The snapshot's bytes are exactly those of a full one.
+    """
+
+    __slots__ = ("_encoded",)
+
+    def __init__(self, name: str, ttl_ms: int = 0) -> None:
+        super().__init__(name, ttl_ms)
+        self._encoded: dict[Any, tuple[bytes, bytes]] = {}
+
+    def touch(self, key: Any) -> None:
+        """``key``'s value was changed in place."""
+        self._encoded.pop(key, None)
+
+    def get(self, key: Any, now: int, default: Any = None) -> Any:
+        entry = self._data.get(key)
+        if entry is None:
+            return default
+        if self.ttl_ms > 0 and entry[1] + self.ttl_ms <= now:
+            del self._data[key]
+            self._encoded.pop(key, None)
+            return default
+        return entry[0]
+
+    def put(self, key: Any, value: Any, now: int) -> None:
+        self._data[key] = [value, now]
+        self._encoded.pop(key, None)
+
+    def delete(self, key: Any) -> None:
+        self._data.pop(key, None)
+        self._encoded.pop(key, None)
+
+    def expire(self, now: int) -> int:
+        if self.ttl_ms <= 0:
+            return 0
+        dead = [k for k, (_, w) in self._data.items() if not self._alive(w, now)]
+        for k in dead:
+            del self._data[k]
+            self._encoded.pop(k, None)
+        return len(dead)
+
+    def clear(self) -> None:
+        self._data.clear()
+        self._encoded.clear()
+
+    def load(self, key: Any, value: Any, written_at: int) -> None:
+        self._data[key] = [value, written_at]
+        self._encoded.pop(key, None)
+
+    def encoded(self) -> tuple[pa.Array, pa.Array]:
+        """Every entry's pickled key and value, in entry order (the changed ones pickled now)."""
+        enc = self._encoded
+        missing = [k for k in self._data if k not in enc]
+        if missing:
+            keys = _pickle_column(missing).to_pylist()
+            values = _pickle_column([self._data[k][0] for k in missing]).to_pylist()
+            enc.update(zip(missing, zip(keys, values)))
+        pairs = [enc[k] for k in self._data]
+        return (pa.array([p[0] for p in pairs], pa.large_binary()),
+                pa.array([p[1] for p in pairs], pa.large_binary()))
 
 
 # ---- value codec -------------------------------------------------------------------------------
@@ -163,17 +231,26 @@ _SNAPSHOT_SCHEMA = pa.schema([
 
 def snapshot_stores(operator: str, stores: list[KeyedState]) -> bytes:
     """Serialize ``stores`` to Arrow IPC stream bytes (format described in the module docstring)."""
-    names, keys, values, written = [], [], [], []
+    names, written = [], []
+    key_parts, value_parts = [], []
     for store in stores:
-        for k, v, w in store.entries():
+        n = len(names)
+        for _, _, w in store.entries():
             names.append(store.name)
-            keys.append(k)
-            values.append(v)
             written.append(w)
+        if isinstance(store, TrackedKeyedState):
+            k, v = store.encoded()
+        else:
+            entries = list(store.entries())
+            k, v = _pickle_column([e[0] for e in entries]), _pickle_column([e[1] for e in entries])
+        if len(names) > n:
+            key_parts.append(k)
+            value_parts.append(v)
+    keys = pa.concat_arrays(key_parts) if key_parts else _pickle_column([])
+    values = pa.concat_arrays(value_parts) if value_parts else _pickle_column([])
     schema = _SNAPSHOT_SCHEMA.with_metadata({"operator": operator, "format": SNAPSHOT_FORMAT_VERSION})
     table = pa.Table.from_arrays(
-        [pa.array(names, pa.string()), _pickle_column(keys), _pickle_column(values),
-         pa.array(written, pa.int64())], schema=schema)
+        [pa.array(names, pa.string()), keys, values, pa.array(written, pa.int64())], schema=schema)
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, schema) as writer:
         writer.write_table(table)

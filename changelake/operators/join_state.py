@@ -26,7 +26,7 @@ from typing import Literal
 
 from changelake.errors import ConfigError
 from changelake.operators._rows import project
-from changelake.operators._state import KeyedState
+from changelake.operators._state import TrackedKeyedState
 
 Layout = Literal["join_key_contains_unique_key", "has_unique_key", "no_unique_key"]
 LAYOUTS = ("join_key_contains_unique_key", "has_unique_key", "no_unique_key")
@@ -55,7 +55,8 @@ class JoinRecordView:
     def __init__(self, name: str, spec: InputSpec, ttl_ms: int) -> None:
         self.spec = spec
         self.ttl_ms = ttl_ms
-        self.store = KeyedState(name)  # value: {entry key: [row, count, assoc, written_at]}
+        #: value: {entry key: [row, count, assoc, written_at]}, changed in place: every change touches the key
+        self.store = TrackedKeyedState(name)
 
     def _entry_key(self, row: tuple):
         if self.spec.layout == "join_key_contains_unique_key":
@@ -72,6 +73,8 @@ class JoinRecordView:
             dead = [k for k, e in entries.items() if e[_WRITTEN] + self.ttl_ms <= now]
             for k in dead:
                 del entries[k]
+            if dead:
+                self.store.touch(jk)
             if not entries:
                 self.store.delete(jk)
                 return None
@@ -89,6 +92,8 @@ class JoinRecordView:
         if entries is None:
             entries = {}
             self.store.put(jk, entries, now)
+        else:
+            self.store.touch(jk)
         ek = self._entry_key(row)
         entry = entries.get(ek)
         if entry is not None and self.spec.layout == "no_unique_key":
@@ -107,6 +112,7 @@ class JoinRecordView:
         entry = entries.get(ek)
         if entry is None:
             return False
+        self.store.touch(jk)
         if entry[_COUNT] > 1:
             entry[_COUNT] -= 1
             entry[_WRITTEN] = now
@@ -120,6 +126,7 @@ class JoinRecordView:
         entries = self._entries(jk, now)
         entry = entries.get(self._entry_key(row)) if entries else None
         if entry is not None:
+            self.store.touch(jk)
             entry[_ASSOC] = assoc
             entry[_WRITTEN] = now
 

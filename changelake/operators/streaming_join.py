@@ -329,7 +329,7 @@ class StreamingJoin(_JoinBase):
             jk = tuple([row[i] for i in key])
             matches = matches_of.get(jk)
             if matches is None:
-                matches = ([] if any(v is None and f for v, f in zip(jk, null_filter))
+                matches = ([] if None in jk and any(v is None and f for v, f in zip(jk, null_filter))
                            else [o for o, _ in other.records(jk, now)])
                 matches_of[jk] = matches
             if kind == INSERT or kind == UPDATE_AFTER:

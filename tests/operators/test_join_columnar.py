@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from changelake.changelog import KIND
 from changelake.operators._join_bundle import fold_unique
 from changelake.operators._rows import Changes
-from changelake.operators._state import decode_value
+from changelake.operators._state import KeyedState, decode_value, snapshot_stores
 from changelake.operators.join_state import InputSpec
 from changelake.operators.streaming_join import (
     RowByRowStreamingJoin,
@@ -84,10 +84,23 @@ def _state(kernel):
         table["state"].to_pylist(), table["key"].to_pylist(), table["value"].to_pylist(), table["written_at"].to_pylist())]
 
 
+def _full_snapshot(kernel) -> bytes:
+    """The kernel's snapshot with every entry pickled afresh (a join side's store keeps the pickles of the
+    entries no change touched since its last snapshot)."""
+    plain = []
+    for store in kernel._all_stores():
+        copy = KeyedState(store.name, store.ttl_ms)
+        for k, v, w in store.entries():
+            copy.load(k, v, w)
+        plain.append(copy)
+    return snapshot_stores(kernel.OPERATOR, plain)
+
+
 STEP = st.one_of(
     st.tuples(st.just("batch"), st.sampled_from(["left", "right"]), st.booleans(),
               st.lists(st.tuples(KINDS, ROW), max_size=12)),
     st.tuples(st.just("restore"), st.none(), st.none(), st.none()),
+    st.tuples(st.just("snapshot"), st.none(), st.none(), st.none()),
     st.tuples(st.just("finish"), st.none(), st.none(), st.none()),
 )
 
@@ -106,12 +119,15 @@ def test_columnar_join_equals_row_by_row(join_type, left, right, size, filter_nu
                 outs.append(kernel.process(_batch(records, as_arrow), side=side, now=now).as_pairs())
             elif what == "finish":
                 outs.append(kernel.finish(now=now).as_pairs())
+            elif what == "snapshot":      # and go on with the kernel: the kept pickles of its entries
+                assert kernel.snapshot() == _full_snapshot(kernel)
             else:
                 kernels[i] = type(kernel).restore(config, kernel.snapshot())
         assert outs[:1] == outs[1:]
         assert kernels[0].take_figures() == kernels[1].take_figures()
     assert kernels[0].finish(now=len(steps)).as_pairs() == kernels[1].finish(now=len(steps)).as_pairs()
     assert _state(kernels[0]) == _state(kernels[1])
+    assert kernels[0].snapshot() == _full_snapshot(kernels[0])
     assert kernels[0].state_rows == kernels[1].state_rows
 
 
@@ -129,3 +145,35 @@ def test_fold_unique_equals_fold_bundle(records, key_is_unique):
     expected = [(k, r, len(g) == 2) for g in groups for k, r in g]
     positions, paired = fold_unique(kinds, unique, join)
     assert [(int(kinds[p]), rows[p], bool(q)) for p, q in zip(positions, paired)] == expected
+
+
+@pytest.mark.parametrize("layout", ["no_unique_key", "has_unique_key"])
+def test_a_join_sides_snapshot_pickles_again_every_key_a_change_touched(layout):
+    """Each change of a join key's rows in place (one more row, one retracted of several, an association
+    count, a row expired by TTL) is in the next snapshot, though the key's others were pickled before."""
+    from changelake.operators.join_state import JoinRecordView
+
+    view = JoinRecordView("side", InputSpec(layout, None if layout == "no_unique_key" else (1,)), 10)
+
+    def same() -> None:
+        copy = KeyedState("side")
+        for k, v, w in view.store.entries():
+            copy.load(k, v, w)
+        assert snapshot_stores("op", [view.store]) == snapshot_stores("op", [copy])
+
+    for ek in ("a", "b", "c"):
+        view.add((1,), (1, ek), 0)
+    view.add((2,), (2, "a"), 0)
+    same()
+    view.add((1,), (1, "d"), 1)
+    same()
+    assert view.retract((1,), (1, "a"), 2)
+    same()
+    view.update_assoc((1,), (1, "b"), 3, 3)
+    same()
+    view.add((1,), (1, "e"), 9)
+    same()
+    assert len(view.records((1,), 11)) == 2        # b and e were written at 3 and 9; c and d expired
+    same()
+    assert view.records((2,), 11) == []            # every row of key 2 expired: the key goes
+    same()
