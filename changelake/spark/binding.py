@@ -357,21 +357,28 @@ class KernelCache:
         return len(self._entries)
 
 
-#: State entries (a join: rows) a Python worker keeps in kernels between micro-batches, at most.
-KERNEL_CACHE_ROWS = 500_000
+#: State entries (a join: rows) a Python worker keeps in kernels between micro-batches, at most, unless
+#: ``CHANGELAKE_KERNEL_CACHE_ROWS`` (in the Python workers' environment) says otherwise. Off by default:
+#: on 2 cores, bench (b) at full size (quiet machine, 20:29-20:32 UTC) took 70.0 s with 500,000 against
+#: 60.1 s with 0. A task finds its bucket's kernel only when Spark hands it the worker that ran the
+#: bucket last (about half the time with two tasks), and the kernels a worker keeps slow the other
+#: stages that run in it (the aggregate's stage: 6.4 s against 2.6 s); docs/state-design.md.
+KERNEL_CACHE_ROWS = 0
 #: What one kept entry costs a worker, rounded up: a join row is ~710 bytes of Python objects plus ~95
 #: bytes of the kept snapshot (bench (b)'s orders; docs/state-design.md).
 ENTRY_BYTES = 1024
 
 
 def cache_rows(environ=os.environ) -> int:
-    """The worker's bound: :data:`KERNEL_CACHE_ROWS`, and with a memory cap on the Python workers
+    """The worker's bound: ``CHANGELAKE_KERNEL_CACHE_ROWS`` or :data:`KERNEL_CACHE_ROWS`, and with a memory cap on the Python workers
     (``spark.executor.pyspark.memory``, which Spark hands them as ``PYSPARK_EXECUTOR_MEMORY_MB``) no
     more than a third of it at :data:`ENTRY_BYTES` per entry."""
+    chosen = environ.get("CHANGELAKE_KERNEL_CACHE_ROWS", "").strip()
+    limit = int(chosen) if chosen.isdigit() else KERNEL_CACHE_ROWS
     cap = environ.get("PYSPARK_EXECUTOR_MEMORY_MB", "")
     if cap.isdigit():
-        return min(KERNEL_CACHE_ROWS, int(cap) * 1024 * 1024 // 3 // ENTRY_BYTES)
-    return KERNEL_CACHE_ROWS
+        return min(limit, int(cap) * 1024 * 1024 // 3 // ENTRY_BYTES)
+    return limit
 
 
 KERNELS = KernelCache(cache_rows())
