@@ -61,7 +61,7 @@ class KeyedState:
         if entry is None:
             return default
         if self.ttl_ms > 0 and entry[1] + self.ttl_ms <= now:
-            del self._data[key]
+            self.delete(key)
             return default
         return entry[0]
 
@@ -77,7 +77,7 @@ class KeyedState:
             return 0
         dead = [k for k, (_, w) in self._data.items() if not self._alive(w, now)]
         for k in dead:
-            del self._data[k]
+            self.delete(k)
         return len(dead)
 
     def clear(self) -> None:
@@ -112,32 +112,13 @@ class TrackedKeyedState(KeyedState):
         """``key``'s value was changed in place."""
         self._encoded.pop(key, None)
 
-    def get(self, key: Any, now: int, default: Any = None) -> Any:
-        entry = self._data.get(key)
-        if entry is None:
-            return default
-        if self.ttl_ms > 0 and entry[1] + self.ttl_ms <= now:
-            del self._data[key]
-            self._encoded.pop(key, None)
-            return default
-        return entry[0]
-
     def put(self, key: Any, value: Any, now: int) -> None:
         self._data[key] = [value, now]
         self._encoded.pop(key, None)
 
-    def delete(self, key: Any) -> None:
+    def delete(self, key: Any) -> None:         # also what an expired entry's get and expire call
         self._data.pop(key, None)
         self._encoded.pop(key, None)
-
-    def expire(self, now: int) -> int:
-        if self.ttl_ms <= 0:
-            return 0
-        dead = [k for k, (_, w) in self._data.items() if not self._alive(w, now)]
-        for k in dead:
-            del self._data[k]
-            self._encoded.pop(k, None)
-        return len(dead)
 
     def clear(self) -> None:
         self._data.clear()
