@@ -322,7 +322,9 @@ class LookupStage:
                 rest = batch.filter(pa.array(~own))
                 g = self.chain.groups.next_group(rest.column(1).to_numpy(), rest.column(2).to_numpy(),
                                                  self.position + 1)
-                yield rest.set_column(0, "g", pa.array(g))
+                # one schema for every batch this task yields: Spark hands the envelopes in as nullable
+                # columns, and the joined envelopes below are built as ENVELOPE_ARROW
+                yield pa.RecordBatch.from_arrays([pa.array(g), *rest.columns[1:]], schema=ENVELOPE_ARROW)
         if mine:
             schema = self.chain.side_schema(self.node, 0)
             rows = pa.concat_tables([from_ipc(p) for p in mine]).cast(schema)
