@@ -1,4 +1,5 @@
-"""A physical plan on Spark as one linear chain of stateful operators: each stateful node runs once.
+"""A physical plan on Spark as one linear chain of stateful operators: each stateful node runs once,
+the stateful nodes of one level of the graph in one operator.
 
 A DataFrame read by two consumers is planned twice by Spark, stateful operators and all, so a graph
 with fan-out cannot map one DataFrame to each node (docs/state-design.md). Here every stateful
@@ -6,22 +7,23 @@ node's output has exactly one reader: the operator after it in the chain. The qu
 
     the Kafka read tasks (RoutedStage): decoded rows -> envelopes (SourceEnvelopes; compile_packed's
     typed sources: a mapInArrow SourceRouter per source, unioned), driver payloads -> DRIVER envelopes
-      -> groupBy(g).transformWithStateInPandas(ChainProcessor 0)    stateful node 0
-      -> groupBy(g).transformWithStateInPandas(ChainProcessor 1)    stateful node 1
-      -> repartition(B, g).mapInArrow(LookupStage 2)               a lookup join
-      ...                                                          (topological order)
+      -> groupBy(g).transformWithStateInPandas(ChainProcessor 0)    the stateful nodes of level 1
+      -> repartition(B, g).mapInArrow(LookupStage 1)               a lookup join of level 2
+      -> groupBy(g).transformWithStateInPandas(ChainProcessor 2)    the stateful nodes of level 2
+      ...                                                          (:attr:`Chain.stages`)
       -> mapInArrow Deliver: sink envelopes -> packed table changes; driver envelopes -> the decode
          stage's payloads; report envelopes -> the channel
 
 An **envelope** is one row ``(g, target, bucket, part, payload)``: ``payload`` holds rows as Arrow
-IPC, addressed to ``target`` (a stateful node's position in the chain, a sink table, :data:`REPORTS`,
+IPC, addressed to ``target`` (a chain node's index in :attr:`Chain.order`, a sink table, :data:`REPORTS`,
 or :data:`DRIVER`: a decode stage payload for the driver, passed through to the end), to state bucket ``bucket`` of that node and, for a join, to its input ``part``.
-``g`` is the group key of the next operator: the group number of the bucket for envelopes addressed to
-it, a negative pass-through group for every other envelope. The numbers come from the chain's
+``g`` is the group key of the next operator: the group number of the bucket (offset by its node's range
+among the operator's buckets) for envelopes addressed to a node it runs, a negative pass-through group
+for every other envelope. The numbers come from the chain's
 :class:`~changelake.spark.groups.GroupLayout`, which spreads a node's buckets and the pass-through
 envelopes evenly over the shuffle partitions.
 
-Operator ``k`` groups by ``g``. A group ``g >= 0`` holds one bucket of node ``k``: the processor
+Operator ``k`` groups by ``g``. A group ``g >= 0`` holds one bucket of one of its nodes: the processor
 restores the bucket's kernel from its state (one ``ValueState`` per bucket, as the binding), runs it
 over the bucket's rows ordered by ``_seq``, stores the snapshot, and hands the output to the
 **router**. A negative group is passed through unchanged (only ``g`` is recomputed for the next
@@ -42,16 +44,18 @@ the largest event time of the rows sent) added here; and each sink table. Report
 figures, late rows, rejected rows, lookup figures) travel as envelopes addressed to
 :data:`REPORTS` to the end of the chain, where ``Deliver`` hands them to the report channel.
 
-Checkpoint contract: the state of node ``k`` lives in the ``k``-th ``transformWithStateInPandas``
-operator of the query, in ValueState ``kernel-snapshot`` of the bucket's group ``g``. The chain order
-(topological, the plan's node order), the bucket count per node, :func:`bucket_of` and the group layout
-(recorded in the checkpoint, :func:`~changelake.spark.groups.checkpoint_layout`) decide where a key's
-state is: a plan of another shape, other bucket counts or another bucket function need a new checkpoint.
+Checkpoint contract: a node's state lives in its stage's ``transformWithStateInPandas`` operator of the
+query, in ValueState ``kernel-snapshot`` of its bucket's group ``g``. The stages (per level, or one per
+node for checkpoints recorded before levels), the bucket count per node, :func:`bucket_of` and the group
+layout (recorded in the checkpoint, :func:`~changelake.spark.groups.checkpoint_layout`) decide where a
+key's state is: a plan of another shape, other bucket counts or another bucket function need a new
+checkpoint.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -120,14 +124,22 @@ def _changelog(schema: pa.Schema) -> pa.Schema:
 
 @dataclasses.dataclass(frozen=True)
 class Chain:
-    """What every router and operator of one compiled plan knows (pickled into the Python workers)."""
+    """What every router and operator of one compiled plan knows (pickled into the Python workers).
+
+    ``order`` numbers the chain's nodes (an envelope's ``target``); ``stages`` says which nodes each of
+    the query's operators runs, in the query's order. With a per-level layout a stage holds every
+    stateful node of one level of the graph (one more than the deepest chain node upstream of it), each
+    node's buckets one range of the stage's (``offsets``); a lookup join is a stage of its own. Else
+    each node is a stage, in ``order``."""
     plan: PhysicalPlan
-    order: tuple[str, ...]                  # stateful and lookup join node ids: the chain's operators, in order
+    order: tuple[str, ...]                  # stateful and lookup join node ids, topological; ``target`` = index
     sinks: tuple[str, ...]                  # sink node ids; ``target`` len(order) + i, ``_route`` i
     buckets: Mapping[str, int]              # per stateful node (1 when its state has no key)
     two_phase: frozenset[str]               # aggregate nodes run local-global
     renames: Mapping[str, tuple[str, ...]]  # project nodes whose expressions are all column references: the inputs
     groups: GroupLayout = dataclasses.field(default_factory=GroupLayout.legacy)   # bucket -> ``g``
+    stages: tuple[tuple[int, ...], ...] = ()  # per operator of the query: the ``order`` indexes it runs
+    offsets: tuple[int, ...] = ()           # per ``order`` index: its first bucket among its stage's
 
     @classmethod
     def of(cls, plan: PhysicalPlan, buckets: int | Mapping[str, int], default: int, two_phase: bool,
@@ -149,11 +161,50 @@ class Chain:
                 columns = sql.column_references(n.projections, plan[n.inputs[0]].schema)
                 if columns is not None:
                     renames[n.id] = columns
-        layout = GroupLayout(groups.partitions, max(per.values(), default=0)) if groups is not None else None
+        layout = groups if groups is not None else GroupLayout.legacy()
+        stages = _levels(plan, order) if layout.per_level else tuple((i,) for i in range(len(order)))
+        offsets = [0] * len(order)
+        for stage in stages:
+            first = 0
+            for i in stage:
+                offsets[i] = first
+                first += per[order[i]]
+        widest = max((sum(per[order[i]] for i in stage) for stage in stages), default=0)
         return cls(plan, order, tuple(n.id for n in plan.sinks), per, phased, renames,
-                   layout or GroupLayout.legacy())
+                   layout.with_buckets(widest), stages, tuple(offsets))
+
+    @functools.cached_property
+    def _stage_of(self) -> np.ndarray:
+        out = np.zeros(len(self.order), np.int64)
+        for s, stage in enumerate(self.stages):
+            out[list(stage)] = s
+        return out
+
+    def next_group(self, target: np.ndarray, bucket: np.ndarray, stage: int) -> np.ndarray:
+        """``g`` of envelopes (``target``, ``bucket``: node and its bucket) for the query's operator
+        ``stage``: the group of the node's bucket in it for envelopes of the nodes it runs, else a
+        pass-through group (:meth:`GroupLayout.next_group`)."""
+        target = np.asarray(target)
+        bucket = np.asarray(bucket, np.int64)
+        node = (target >= 0) & (target < len(self.order))
+        if self.groups.per_level and node.any():
+            at = target[node]
+            operator = np.full(len(target), -1, np.int64)
+            operator[node] = self._stage_of[at]
+            bucket = bucket.copy()
+            bucket[node] += np.asarray(self.offsets, np.int64)[at]
+            return self.groups.next_group(operator, bucket, stage)
+        return self.groups.next_group(np.where(node, target, -1), bucket, stage)
+
+    def stage_bucket(self, stage: int, bucket: int) -> tuple[int, int]:
+        """The ``order`` index of the node whose bucket is ``bucket`` of operator ``stage``, and its bucket."""
+        for i in reversed(self.stages[stage]):
+            if bucket >= self.offsets[i]:
+                return i, bucket - self.offsets[i]
+        raise KeyError(f"bucket {bucket} of operator {stage}")
 
     def target(self, node_id: str) -> int:
+        """An envelope's ``target`` for node ``node_id`` (a chain node or a sink)."""
         if node_id in self.sinks:
             return len(self.order) + self.sinks.index(node_id)
         return self.order.index(node_id)
@@ -182,6 +233,24 @@ class Chain:
         return _changelog(inp)
 
 
+def _levels(plan: PhysicalPlan, order: Sequence[str]) -> tuple[tuple[int, ...], ...]:
+    """The chain's stages, one per level: a chain node's level is one more than the deepest chain node
+    upstream of it. Per level, its lookup joins (a stage each, stateless), then its stateful nodes."""
+    index = {node_id: i for i, node_id in enumerate(order)}
+    depth: dict[str, int] = {}
+    for n in plan:
+        deepest = max((depth[i] for i in n.inputs), default=0)
+        depth[n.id] = deepest + 1 if n.id in index else deepest
+    stages: list[tuple[int, ...]] = []
+    for level in sorted({depth[i] for i in order}):
+        nodes = [index[i] for i in order if depth[i] == level]
+        stages.extend((i,) for i in nodes if plan[order[i]].op == "lookup_join")
+        stateful = tuple(i for i in nodes if plan[order[i]].op != "lookup_join")
+        if stateful:
+            stages.append(stateful)
+    return tuple(stages)
+
+
 #: Per Python worker: the lookup joiner of each lookup join node (by node id and config), whose cache
 #: outlives the task, so later micro-batches find their keys cached.
 _JOINERS: dict[tuple[str, Any], Any] = {}
@@ -198,10 +267,10 @@ def _joiner(node: PhysicalNode):
 
 
 class Envelopes:
-    """Envelopes being written by a router whose output operator ``position + 1`` reads next."""
+    """Envelopes being written by a router whose output operator ``stage + 1`` reads next."""
 
-    def __init__(self, chain: Chain, position: int) -> None:
-        self.chain, self.next = chain, position + 1
+    def __init__(self, chain: Chain, stage: int) -> None:
+        self.chain, self.next = chain, stage + 1
         self.target: list[int] = []
         self.bucket: list[int] = []
         self.part: list[int] = []
@@ -221,7 +290,7 @@ class Envelopes:
         target = np.array(self.target, dtype=np.int16)
         bucket = np.array(self.bucket, dtype=np.int32)
         out = pa.RecordBatch.from_arrays(
-            [pa.array(self.chain.groups.next_group(target, bucket, self.next)), pa.array(target), pa.array(bucket),
+            [pa.array(self.chain.next_group(target, bucket, self.next)), pa.array(target), pa.array(bucket),
              pa.array(np.array(self.part, dtype=np.int8)), pa.array(self.payload, pa.binary())],
             schema=ENVELOPE_ARROW)
         self.target, self.bucket, self.part, self.payload = [], [], [], []
@@ -307,9 +376,10 @@ class LookupStage:
     envelopes addressed to the node are joined in one call of this worker's cached joiner (so a key's
     rows of a micro-batch meet one lookup) and routed on; every other envelope passes through."""
 
-    def __init__(self, chain: Chain, position: int) -> None:
-        self.chain, self.position = chain, position
-        self.node = chain.plan[chain.order[position]]
+    def __init__(self, chain: Chain, stage: int) -> None:
+        (self.position,) = chain.stages[stage]
+        self.chain, self.stage = chain, stage
+        self.node = chain.plan[chain.order[self.position]]
 
     def __call__(self, batches):
         mine: list[bytes] = []
@@ -320,8 +390,7 @@ class LookupStage:
                 mine.extend(batch.column(4).filter(pa.array(own)).to_pylist())
             if not own.all():
                 rest = batch.filter(pa.array(~own))
-                g = self.chain.groups.next_group(rest.column(1).to_numpy(), rest.column(2).to_numpy(),
-                                                 self.position + 1)
+                g = self.chain.next_group(rest.column(1).to_numpy(), rest.column(2).to_numpy(), self.stage + 1)
                 # one schema for every batch this task yields: Spark hands the envelopes in as nullable
                 # columns, and the joined envelopes below are built as ENVELOPE_ARROW
                 yield pa.RecordBatch.from_arrays([pa.array(g), *rest.columns[1:]], schema=ENVELOPE_ARROW)
@@ -330,7 +399,7 @@ class LookupStage:
             rows = pa.concat_tables([from_ipc(p) for p in mine]).cast(schema)
             joiner = _joiner(self.node)
             joined = joiner.join(rows)
-            out = Envelopes(self.chain, self.position)
+            out = Envelopes(self.chain, self.stage)
             out.sent.append(reports.lookup_report(self.node.config.lookup.name, joiner.take_stats()))
             result = _changelog(self.node.schema)
             Router(self.chain).route(self.node.id, joined.select(result.names).cast(result), out)
@@ -432,21 +501,28 @@ class RoutedStage:
 _NULLABLE_ENVELOPE = pa.schema([f.with_nullable(True) for f in ENVELOPE_ARROW])
 
 
+class _StageNode:
+    """What a chain operator needs of one of its nodes to step its buckets."""
+
+    def __init__(self, chain: Chain, node: PhysicalNode) -> None:
+        self.id, self.config, self.output = node.id, node.config, node.schema
+        self.kernel_cls = EncodedGlobalGroupAggregate if node.id in chain.two_phase else kernel_class(node)
+        self.sides = [chain.side_schema(node, i) for i in range(len(node.inputs))]
+        self.info = NodeInfo(node.id, node.late_rows == "dead_letter")
+        self.event_time = node.op in EVENT_TIME_OPS
+
+
 def processor_class():
     """The ``StatefulProcessor`` class of the chain's operators (pyspark imported when called)."""
     from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
     class ChainProcessor(StatefulProcessor):
-        """Operator ``position`` of the chain: runs its node's kernel on its buckets, passes the rest on."""
+        """Operator ``stage`` of the chain: runs each of its nodes' kernels on their buckets, passes the
+        rest on."""
 
-        def __init__(self, chain: Chain, position: int, clock) -> None:
-            self.chain, self.position, self.clock = chain, position, clock
-            node = chain.plan[chain.order[position]]
-            self.node = node
-            self.kernel_cls = EncodedGlobalGroupAggregate if node.id in chain.two_phase else kernel_class(node)
-            self.sides = [chain.side_schema(node, i) for i in range(len(node.inputs))]
-            self.output = node.schema
-            self.info = NodeInfo(node.id, node.late_rows == "dead_letter")
+        def __init__(self, chain: Chain, stage: int, clock) -> None:
+            self.chain, self.stage, self.clock = chain, stage, clock
+            self.nodes = {i: _StageNode(chain, chain.plan[chain.order[i]]) for i in chain.stages[stage]}
 
         def init(self, handle) -> None:
             self.state = handle.getValueState(STATE_KERNEL_SNAPSHOT, _STATE_SCHEMA)
@@ -456,11 +532,12 @@ def processor_class():
             if g < 0:
                 yield from self._pass(rows)
             else:
-                bucket = self.chain.groups.bucket(g)
+                at, bucket = self.chain.stage_bucket(self.stage, self.chain.groups.bucket(g))
+                node = self.nodes[at]
                 binding.CLOCK.start()
-                frame = self._frame(self._kernel(bucket, rows))
+                frame = self._frame(self._kernel(node, bucket, rows))
                 binding.CLOCK.tick("to_pandas")
-                binding.CLOCK.write(node=self.node.id, bucket=bucket)
+                binding.CLOCK.write(node=node.id, bucket=bucket)
                 yield frame
 
         def _pass(self, rows):
@@ -470,21 +547,21 @@ def processor_class():
             for frame in rows:
                 target = frame.iloc[:, 1].to_numpy(dtype=np.int16)
                 bucket = frame.iloc[:, 2].to_numpy(dtype=np.int32)
-                yield pd.DataFrame({"g": self.chain.groups.next_group(target, bucket, self.position + 1),
+                yield pd.DataFrame({"g": self.chain.next_group(target, bucket, self.stage + 1),
                                     "target": target,
                                     "bucket": bucket, "part": frame.iloc[:, 3].to_numpy(dtype=np.int8),
                                     "payload": frame.iloc[:, 4].to_numpy(dtype=object)})
 
-        def _kernel(self, bucket: int, rows) -> pa.RecordBatch:
+        def _kernel(self, node: _StageNode, bucket: int, rows) -> pa.RecordBatch:
             envelopes = ((part, payload) for frame in rows
                          for part, payload in zip(frame.iloc[:, 3].tolist(), frame.iloc[:, 4].tolist()))
-            result, sent = step_bucket(self.state, self.kernel_cls, self.node.config, self.sides, envelopes,
-                                       self.output, self.info, bucket, now=self.clock(None),
-                                       event_time=self.node.op in EVENT_TIME_OPS)
-            env = Envelopes(self.chain, self.position)
+            result, sent = step_bucket(self.state, node.kernel_cls, node.config, node.sides, envelopes,
+                                       node.output, node.info, bucket, now=self.clock(None),
+                                       event_time=node.event_time)
+            env = Envelopes(self.chain, self.stage)
             env.sent.extend(sent)
             if result.num_rows:
-                Router(self.chain).route(self.node.id, with_positions(result), env)
+                Router(self.chain).route(node.id, with_positions(result), env)
             batch = env.batch()
             binding.CLOCK.tick("route")
             return batch
@@ -542,8 +619,9 @@ def compile_chain(plan: PhysicalPlan, sources: Mapping[str, Any], *, buckets: in
                   default_buckets: int, channel: reports.ReportChannel | None, two_phase: bool,
                   groups: GroupLayout | None = None):
     """The packed changes of every sink table (``_route``, ``part``, ``payload``), through one chain of
-    ``transformWithStateInPandas`` operators, one per stateful node, from one typed streaming DataFrame
-    per source; and the table of each ``_route``."""
+    ``transformWithStateInPandas`` operators, one per level of the graph with a per-level ``groups``
+    layout, else one per stateful node (:attr:`Chain.stages`), from one typed streaming DataFrame per
+    source; and the table of each ``_route``."""
     chain = Chain.of(plan, buckets, default_buckets, two_phase, groups)
     env = None
     for source, nodes in source_nodes(plan).items():
@@ -570,12 +648,13 @@ def run_chain(chain: Chain, env: Any, channel: reports.ReportChannel | None) -> 
 
     plan = chain.plan
     cls = processor_class()
-    for position, node_id in enumerate(chain.order):
+    for stage, nodes in enumerate(chain.stages):
+        node_id = chain.order[nodes[0]]
         if plan[node_id].op == "lookup_join":
             env = (env.repartition(chain.buckets[node_id], "g")
-                   .mapInArrow(LookupStage(chain, position), ENVELOPE))
+                   .mapInArrow(LookupStage(chain, stage), ENVELOPE))
             continue
         env = (env.groupBy("g")
-               .transformWithStateInPandas(statefulProcessor=cls(chain, position, _processing_time),
+               .transformWithStateInPandas(statefulProcessor=cls(chain, stage, _processing_time),
                                            outputStructType=ENVELOPE, outputMode="Append", timeMode="None"))
     return env.mapInArrow(Deliver(len(chain.order), channel), SPARK_SCHEMA)

@@ -13,6 +13,12 @@ the negative group of partition ``bucket mod P``. The numbering is part of the c
 bucket's state lives under its group number), so a checkpoint remembers its layout in
 ``<checkpoint>/changelake/groups.json``; a checkpoint written before it existed (an offset log and
 no such file) keeps the old numbering, ``g`` = the bucket (:meth:`GroupLayout.legacy`).
+
+The same record says how the chain's nodes share its operators (``stages``): ``"level"``, one
+operator per level of the graph, all stateful nodes of a level in it, each with its own range of the
+operator's buckets (:class:`changelake.spark.chain.Chain`); a checkpoint recorded without it ran one
+operator per stateful node and keeps that, since Spark keeps an operator's state by its place in the
+query.
 """
 
 from __future__ import annotations
@@ -55,12 +61,17 @@ def spark_partition(value: int, partitions: int) -> int:
 class GroupLayout:
     """Bucket -> group number of a node's state, and the pass-through groups (module docstring).
 
-    ``partitions`` None: the old numbering (``g`` = bucket; pass-through ``-1 - bucket mod 2``)."""
+    ``partitions`` None: the old numbering (``g`` = bucket; pass-through ``-1 - bucket mod 2``).
+    ``per_level``: the chain runs one operator per level of the graph, not one per stateful node
+    (default: for a balanced layout; the old numbering predates it)."""
 
-    def __init__(self, partitions: int | None, max_buckets: int = 0) -> None:
+    def __init__(self, partitions: int | None, max_buckets: int = 0, per_level: bool | None = None) -> None:
         if partitions is not None and partitions < 1:
             raise ValueError(f"shuffle partitions must be >= 1, got {partitions}")
+        if per_level and partitions is None:
+            raise ValueError("the old numbering runs one operator per stateful node")
         self.partitions = partitions
+        self.per_level = partitions is not None if per_level is None else per_level
         self._size = 0
         self._state = np.zeros(0, np.int32)
         self._pass = np.array([-1 - i for i in range(LEGACY_PASS_GROUPS)], np.int32)
@@ -104,7 +115,8 @@ class GroupLayout:
 
     def next_group(self, target: np.ndarray, bucket: np.ndarray, position: int) -> np.ndarray:
         """``g`` of each envelope for chain operator ``position``: its bucket's group for the envelopes
-        addressed to it, a pass-through group for every other."""
+        addressed to it, a pass-through group for every other (``target``: the operator each envelope is
+        addressed to, negative for none; ``bucket``: its bucket among that operator's)."""
         bucket = np.asarray(bucket, dtype=np.int64)
         g = self._pass[bucket % len(self._pass)]
         mine = np.asarray(target) == position
@@ -115,22 +127,30 @@ class GroupLayout:
         return g.astype(np.int32)
 
     def to_json(self) -> dict:
-        return {"layout": "balanced" if self.balanced else "legacy", "partitions": self.partitions}
+        out = {"layout": "balanced" if self.balanced else "legacy", "partitions": self.partitions}
+        if self.per_level:
+            out["stages"] = "level"
+        return out
+
+    def with_buckets(self, max_buckets: int) -> GroupLayout:
+        """The same layout with its tables built for ``max_buckets`` buckets per operator."""
+        return GroupLayout(self.partitions, max_buckets, self.per_level)
 
     def __repr__(self) -> str:
-        return f"GroupLayout(partitions={self.partitions})"
+        return f"GroupLayout(partitions={self.partitions}, per_level={self.per_level})"
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, GroupLayout) and other.partitions == self.partitions
+        return (isinstance(other, GroupLayout) and other.partitions == self.partitions
+                and other.per_level == self.per_level)
 
     def __hash__(self) -> int:
-        return hash(self.partitions)
+        return hash((self.partitions, self.per_level))
 
     def __getstate__(self) -> dict:          # workers rebuild the tables: a few ms, and nothing big pickled
-        return {"partitions": self.partitions, "max_buckets": self._size}
+        return {"partitions": self.partitions, "max_buckets": self._size, "per_level": self.per_level}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["partitions"], state["max_buckets"])
+        self.__init__(state["partitions"], state["max_buckets"], state.get("per_level", False))
 
 
 @lru_cache(maxsize=16)
@@ -175,10 +195,11 @@ def checkpoint_layout(checkpoint: str, partitions: int) -> GroupLayout:
             recorded = json.loads(f.read().decode())
         if recorded.get("layout") == "legacy":
             return GroupLayout.legacy()
-        if recorded.get("layout") != "balanced" or not isinstance(recorded.get("partitions"), int):
+        if (recorded.get("layout") != "balanced" or not isinstance(recorded.get("partitions"), int)
+                or recorded.get("stages", "node") not in ("node", "level")):
             raise ValueError(f"{checkpoint}: {MARKER} holds no layout this version knows: {recorded!r}; "
                              "was the checkpoint written by a newer changelake?")
-        return GroupLayout(recorded["partitions"])
+        return GroupLayout(recorded["partitions"], per_level=recorded.get("stages") == "level")
     offsets = fs.get_file_info(pafs.FileSelector(f"{root}/offsets", allow_not_found=True))
     layout = GroupLayout.legacy() if any(i.base_name.isdigit() for i in offsets) else GroupLayout(partitions)
     fs.create_dir(f"{root}/changelake", recursive=True)

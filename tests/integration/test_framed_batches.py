@@ -75,7 +75,8 @@ def test_mirror_and_graph_tables_reduced_on_the_executors_equal_the_source_and_t
     assert set(on_executors.framed_tables()) == {*MIRRORS, *GRAPH}
     # a new checkpoint spreads the state buckets over the session's 2 shuffle partitions, and records it
     assert on_executors.query.groups == GroupLayout(2)
-    assert json.loads((Path(framed.pipeline.checkpoint) / MARKER).read_text()) == {"layout": "balanced", "partitions": 2}
+    assert json.loads((Path(framed.pipeline.checkpoint) / MARKER).read_text()) == {"layout": "balanced", "partitions": 2,
+                                                                                   "stages": "level"}
     assert on_executors.totals.batch_id >= 1 and on_executors.last_report.framed_tables
     assert verify(framed, db.state) == {t: "ok" for t in db.state}
     assert verify_views(framed, expected_views(db.state)) == {t: "ok" for t in GRAPH}

@@ -1,4 +1,4 @@
-"""The chain's group numbering is recorded with the checkpoint and kept across restarts.
+"""The chain's group numbering and operators are recorded with the checkpoint and kept across restarts.
 
 A new checkpoint spreads each node's state buckets evenly over the shuffle partitions
 (:mod:`changelake.spark.groups`); a checkpoint written before that numbering existed (an offset log
@@ -45,10 +45,13 @@ def _run(spark, config) -> BatchProcessor:
     return processor
 
 
-def test_a_checkpoint_without_a_recorded_layout_keeps_its_numbering(spark, kafka, tmp_path):
-    """Half of a history runs with the old numbering, the record of it is removed (as a checkpoint of the
-    previous version has none), the rest runs: the restart finds every bucket's state, so the graph tables
-    equal the batch query over the final database. (A new checkpoint's balanced layout: test_framed_batches.)"""
+@pytest.mark.parametrize("before", ["legacy", "per-node"])
+def test_a_checkpoint_keeps_the_numbering_and_the_operators_it_was_written_with(spark, kafka, tmp_path, before):
+    """Half of a history runs the way an earlier version ran it, the rest runs after a restart: the restart
+    finds every bucket's state, so the graph tables equal the batch query over the final database.
+    ``legacy``: g = the bucket, one operator per stateful node, and no record (the record is removed, as a
+    checkpoint of that version has none). ``per-node``: balanced groups recorded without ``stages``, one
+    operator per stateful node. (A new checkpoint's layout, per level: test_framed_batches.)"""
     prefix = kafka.topic("groups")
     db = InventoryDatabase(seed=47)
     messages = [inv.Message(m.topic.replace(inv.SERVER, prefix, 1), m.key, m.value)
@@ -56,19 +59,23 @@ def test_a_checkpoint_without_a_recorded_layout_keeps_its_numbering(spark, kafka
                                     changes=200, redeliver=20)]
     half = len(messages) // 2
 
-    # a checkpoint as the version before the layout wrote it: g = the bucket, and no record of it
     old = _config(kafka.bootstrap_servers, tmp_path / "old", prefix)
     marker = Path(old.pipeline.checkpoint) / MARKER
     marker.parent.mkdir(parents=True)
-    marker.write_text(json.dumps({"layout": "legacy", "partitions": None}))
+    record = {"layout": "legacy", "partitions": None} if before == "legacy" else {"layout": "balanced", "partitions": 2}
+    marker.write_text(json.dumps(record))
     produce(iter(messages[:half]), kafka.bootstrap_servers)
     first = _run(spark, old)
-    assert not first.query.groups.balanced
-    marker.unlink()
+    assert first.query.groups.balanced == (before == "per-node") and not first.query.groups.per_level
+    operators = len(first.query._chain.stages)
+    assert operators == len(first.query._chain.order), "one operator per stateful node"
+    if before == "legacy":
+        marker.unlink()
 
     produce(iter(messages[half:]), kafka.bootstrap_servers)
     again = _run(spark, old)
-    assert not again.query.groups.balanced, "an old checkpoint must keep g = the bucket"
-    assert json.loads(marker.read_text())["layout"] == "legacy"          # and now records it
+    assert again.query.groups == first.query.groups, "a checkpoint must keep the layout it was written with"
+    assert len(again.query._chain.stages) == operators
+    assert json.loads(marker.read_text()) == record                    # recorded (again, for legacy)
     assert verify(old, db.state) == {t: "ok" for t in db.state}
     assert verify_views(old, expected_views(db.state)) == {t: "ok" for t in GRAPH}

@@ -48,6 +48,7 @@ def test_a_layout_is_one_to_one_keeps_its_numbers_as_buckets_grow_and_survives_p
     assert [small.state_group(b) for b in range(200)] == groups        # grows on demand, same numbers
     assert [large.bucket(g) for g in groups] == list(range(200))
     copy = pickle.loads(pickle.dumps(large))
+    assert copy == large and copy.per_level == (partitions is not None)
     target, bucket = np.array([0, 1, 0, -2, 3]), np.array([5, 7, 199, 3, 0])
     assert np.array_equal(copy.next_group(target, bucket, 0), large.next_group(target, bucket, 0))
     g = large.next_group(target, bucket, 0)
@@ -66,8 +67,15 @@ def test_the_legacy_layout_is_the_old_numbering():
 def test_the_checkpoint_records_its_layout(tmp_path):
     new = tmp_path / "new"
     assert checkpoint_layout(str(new), 3) == GroupLayout(3)
-    assert json.loads((new / MARKER).read_text()) == {"layout": "balanced", "partitions": 3}
+    assert json.loads((new / MARKER).read_text()) == {"layout": "balanced", "partitions": 3, "stages": "level"}
     assert checkpoint_layout(str(new), 8) == GroupLayout(3)          # the session's count no longer matters
+    assert checkpoint_layout(str(new), 8).per_level
+
+    per_node = tmp_path / "per-node"                                 # recorded before per-level operators
+    (per_node / MARKER).parent.mkdir(parents=True)
+    (per_node / MARKER).write_text(json.dumps({"layout": "balanced", "partitions": 2}))
+    assert checkpoint_layout(str(per_node), 4) == GroupLayout(2, per_level=False)
+    assert not checkpoint_layout(str(per_node), 4).per_level
 
     old = tmp_path / "old"
     (old / "offsets").mkdir(parents=True)
@@ -79,5 +87,8 @@ def test_the_checkpoint_records_its_layout(tmp_path):
     future = tmp_path / "future"
     (future / MARKER).parent.mkdir(parents=True)
     (future / MARKER).write_text(json.dumps({"layout": "striped", "partitions": 2}))
+    with pytest.raises(ValueError, match="newer changelake"):
+        checkpoint_layout(str(future), 2)
+    (future / MARKER).write_text(json.dumps({"layout": "balanced", "partitions": 2, "stages": "fused"}))
     with pytest.raises(ValueError, match="newer changelake"):
         checkpoint_layout(str(future), 2)

@@ -2,8 +2,9 @@
 
 One streaming query (file sources, one parquet file per source and micro-batch, foreachBatch,
 availableNow) runs normalize -> filter -> join -> aggregate -> top-n plus a materialized sink:
-six transformWithStateInPandas operators chained in one query, one per stateful node although
-two of them have two consumers each (the executed plan is counted). Every sink table, folded as
+six stateful nodes in four transformWithStateInPandas operators chained in one query, one per level
+of the graph, each node once although two of them have two consumers each (the executed plan is
+counted). Every sink table, folded as
 the Delta sink folds it (latest change per key, -U ignored), must equal the LocalRunner's;
 the aggregate's changes must equal it per key and in order.
 """
@@ -144,6 +145,15 @@ def spark_changes(spark, tmp_path, plan, channel, operators: list | None = None
     return out, actions
 
 
+def levels(plan) -> int:
+    """How many stateful operators the chain runs ``plan`` in on a new checkpoint: one per level of the
+    graph (which nodes share one: tests/spark/test_chain_stages.py)."""
+    from changelake.spark.chain import Chain
+    from changelake.spark.groups import GroupLayout
+
+    return len(Chain.of(plan, 3, 3, True, GroupLayout(2)).stages)
+
+
 def stateful_operators(query) -> int:
     """How many transformWithStateInPandas operators the executed plan of ``query``'s last batch holds."""
     return query._jsq.streamingQuery().lastExecution().executedPlan().toString().count("TransformWithStateInPySpark")
@@ -158,8 +168,9 @@ def test_spark_executor_equals_local_runner(rocksdb, tmp_path):
     operators: list[int] = []
     got, actions = spark_changes(rocksdb, tmp_path, plan, channel, operators)
     assert actions == [0, 1, 2]
-    # enriched and by_category have two consumers each; every stateful node still runs once per batch
-    assert operators == [sum(n.stateful for n in plan)] == [6]
+    # enriched and by_category have two consumers each; every stateful node still runs once per batch:
+    # 6 stateful nodes on 4 levels, one operator per level (docs/state-design.md, "Running a plan on Spark")
+    assert sum(n.stateful for n in plan) == 6 and operators == [levels(plan)] == [4]
     for table, key in keys(plan).items():
         assert fold(got[table], key) == fold(want[table], key), table
         assert fold(want[table], key), f"{table}: the input should leave rows in it"

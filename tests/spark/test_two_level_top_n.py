@@ -10,7 +10,7 @@ import pytest
 from changelake.plan import Pipeline
 from changelake.plan.local import LocalRunner
 
-from .test_plan_spark import ORDERS, PRODUCTS, fold, keys, local_changes, spark_changes
+from .test_plan_spark import ORDERS, PRODUCTS, fold, keys, levels, local_changes, spark_changes
 
 pytestmark = pytest.mark.spark
 
@@ -36,7 +36,8 @@ def test_two_level_top_n_on_spark_equals_local_runner_and_single_level(rocksdb, 
     single = local_changes(single_plan, LocalRunner(single_plan))
     operators: list[int] = []
     got, actions = spark_changes(rocksdb, tmp_path, plan, None, operators)
-    assert operators == [sum(n.stateful for n in plan)]
+    # 6 stateful nodes, each once: the normalizes, the level-1 Top-Ns, the level-2 merges
+    assert sum(n.stateful for n in plan) == 6 and operators == [levels(plan)] == [3]
     assert actions == [0, 1, 2]
     for table, key in keys(plan).items():
         assert fold(want[table], key), f"{table}: the input should leave rows in it"

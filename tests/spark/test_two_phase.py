@@ -19,7 +19,7 @@ from changelake.plan import Pipeline
 from changelake.plan.local import LocalRunner
 from changelake.spark.chain import Chain
 from changelake.spark.compile import is_two_phase
-from tests.spark.test_plan_spark import ORDERS, PRODUCTS, fold, keys, local_changes, spark_changes
+from tests.spark.test_plan_spark import ORDERS, PRODUCTS, fold, keys, levels, local_changes, spark_changes
 
 pytestmark = pytest.mark.spark
 
@@ -78,7 +78,8 @@ def test_two_phase_equals_local_runner(rocksdb, tmp_path):
     want = local_changes(plan, LocalRunner(plan))
     operators: list[int] = []
     got, actions = spark_changes(rocksdb, tmp_path, plan, None, operators)
-    assert operators == [sum(n.stateful for n in plan)]
+    # 4 stateful nodes, each once: the normalizes, then both aggregates
+    assert sum(n.stateful for n in plan) == 4 and operators == [levels(plan)] == [2]
     assert actions == [0, 1, 2]
     for table, key in keys(plan).items():
         assert fold(got[table], key) == fold(want[table], key), table
