@@ -93,6 +93,10 @@ class KeyedState:
     def load(self, key: Any, value: Any, written_at: int) -> None:
         self._data[key] = [value, written_at]
 
+    def encoded(self) -> tuple[pa.Array, pa.Array]:
+        """Every entry's pickled key and value, in entry order."""
+        return _pickle_column(list(self._data)), _pickle_column([e[0] for e in self._data.values()])
+
 
 class TrackedKeyedState(KeyedState):
     """A :class:`KeyedState` whose snapshot pickles again only the entries changed since the last one.
@@ -215,18 +219,13 @@ def snapshot_stores(operator: str, stores: list[KeyedState]) -> bytes:
     names, written = [], []
     key_parts, value_parts = [], []
     for store in stores:
-        n = len(names)
-        for _, _, w in store.entries():
-            names.append(store.name)
-            written.append(w)
-        if isinstance(store, TrackedKeyedState):
-            k, v = store.encoded()
-        else:
-            entries = list(store.entries())
-            k, v = _pickle_column([e[0] for e in entries]), _pickle_column([e[1] for e in entries])
-        if len(names) > n:
-            key_parts.append(k)
-            value_parts.append(v)
+        if not len(store):
+            continue
+        names.extend([store.name] * len(store))
+        written.extend(w for _, _, w in store.entries())
+        k, v = store.encoded()
+        key_parts.append(k)
+        value_parts.append(v)
     keys = pa.concat_arrays(key_parts) if key_parts else _pickle_column([])
     values = pa.concat_arrays(value_parts) if value_parts else _pickle_column([])
     schema = _SNAPSHOT_SCHEMA.with_metadata({"operator": operator, "format": SNAPSHOT_FORMAT_VERSION})
