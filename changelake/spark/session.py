@@ -47,6 +47,9 @@ DEFAULTS: Mapping[str, str] = {
     "spark.sql.streaming.stopGracefullyOnShutdown": "true",
     # Python workers connect back to the JVM; on a loaded 2-core machine 15 s (the default) is not enough
     "spark.python.authenticate.socketTimeout": "120s",
+    # pyspark's daemon, importing pyspark from the installed package rather than Spark's zip, which
+    # Python compiles again in every worker process (changelake/spark/worker_daemon.py)
+    "spark.python.daemon.module": "changelake.spark.worker_daemon",
 }
 
 
