@@ -30,6 +30,8 @@ from typing import Any, Mapping
 
 from pyspark.sql import SparkSession
 
+from changelake.spark import worker_python
+
 log = logging.getLogger(__name__)
 
 _DELTA_JAR_GLOB = "delta-spark_*.jar"
@@ -48,8 +50,8 @@ DEFAULTS: Mapping[str, str] = {
     # Python workers connect back to the JVM; on a loaded 2-core machine 15 s (the default) is not enough
     "spark.python.authenticate.socketTimeout": "120s",
     # pyspark's daemon, importing pyspark from the installed package rather than Spark's zip, which
-    # Python compiles again in every worker process (changelake/spark/worker_daemon.py)
-    "spark.python.daemon.module": "changelake.spark.worker_daemon",
+    # Python compiles again in every worker process (changelake/spark/worker_python.py)
+    "spark.python.daemon.module": "changelake.spark.worker_python",
 }
 
 
@@ -176,7 +178,8 @@ def build_session(*, app_name: str = "changelake", master: str | None = None,
                   launcher: Mapping[str, str] | None = None) -> SparkSession:
     """A Spark session for one pipeline, with the settings of the module docstring's precedence.
 
-    Python workers use this interpreter (so executors see the same packages) and Delta's SQL
+    Python workers use this interpreter (through ``changelake-worker-python`` where it is installed beside
+    it: changelake/spark/worker_python.py) and Delta's SQL
     extensions are enabled when its jars are present.
     """
     launcher = launcher_settings() if launcher is None else launcher
@@ -184,7 +187,9 @@ def build_session(*, app_name: str = "changelake", master: str | None = None,
     for key, (mine, theirs) in sorted(settings.overridden.items()):
         log.warning("the pipeline's %s=%s does not apply: the Spark launcher (spark-submit, spark-defaults.conf "
                     "or the environment) sets %s; remove one of the two", key, mine, theirs)
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    # Spark's Python processes run this interpreter (so they see the same packages), through the script
+    # that imports pyspark from the installed package (changelake/spark/worker_python.py) where installed
+    os.environ.setdefault("PYSPARK_PYTHON", worker_python.script_path() or sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     local = settings.master.startswith("local")
     if local:

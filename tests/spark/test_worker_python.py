@@ -1,5 +1,5 @@
 """The session's Python workers import pyspark from the installed package, compiled once, not from
-Spark's zip (changelake/spark/worker_daemon.py)."""
+Spark's zip (changelake/spark/worker_python.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import os
 
 import pyspark
 import pytest
+
+from changelake.spark import worker_python
 
 pytestmark = pytest.mark.spark
 
@@ -30,7 +32,10 @@ def test_workers_import_the_installed_pyspark(spark):
         pytest.skip(f"pyspark at {installed} is not pip's layout (no python/lib/pyspark.zip inside the package)")
     rows = (spark.range(4, numPartitions=2).mapInArrow(_where_pyspark_comes_from, "pyspark string, zips string")
             .distinct().collect())
-    assert {r.pyspark for r in rows} == {pyspark.__file__}
+    assert {os.path.realpath(r.pyspark) for r in rows} == {os.path.realpath(pyspark.__file__)}
     assert {r.zips for r in rows} == {""}
+    script = worker_python.script_path()
+    if script is not None and os.environ.get("PYSPARK_PYTHON") == script:
+        assert spark.sparkContext.pythonExec == script
     # and they compute: a Python UDF's answer comes back
     assert sorted(spark.range(3).mapInArrow(lambda it: it, "id long").toPandas()["id"]) == [0, 1, 2]

@@ -1,0 +1,106 @@
+"""Spark's Python processes start without Spark's zips of an installed pyspark on the path, and nothing else changes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from changelake.spark import worker_python
+from changelake.spark.session import DEFAULTS, session_settings
+
+pytestmark = pytest.mark.unit
+
+
+def _pip_layout(root, py4j_version="0.10.9.9"):
+    """``SPARK_HOME`` as pip installs pyspark: the package, with Spark's zips under python/lib."""
+    package = root / "site-packages" / "pyspark"
+    lib = package / "python" / "lib"
+    lib.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    zips = [str(lib / "pyspark.zip"), str(lib / f"py4j-{py4j_version}-src.zip")]
+    return zips, str(root / "site-packages")
+
+
+def test_the_zips_of_an_installed_pyspark_are_dropped(tmp_path, monkeypatch):
+    monkeypatch.setattr(worker_python, "_installed_version", {"py4j": "0.10.9.9"}.get)
+    zips, site = _pip_layout(tmp_path)
+    path = zips + ["/usr/lib/python311.zip", "/work/user-code.zip", site]
+    assert worker_python.redundant_zips(path) == zips
+
+
+def test_a_spark_distributions_zips_are_its_only_copy_and_stay(tmp_path, monkeypatch):
+    monkeypatch.setattr(worker_python, "_installed_version", {"py4j": "0.10.9.9"}.get)
+    lib = tmp_path / "spark-4.2.0-bin-hadoop3" / "python" / "lib"       # SPARK_HOME=/opt/spark-...
+    lib.mkdir(parents=True)
+    path = [str(lib / "pyspark.zip"), str(lib / "py4j-0.10.9.9-src.zip")]
+    assert worker_python.redundant_zips(path) == []
+
+
+def test_py4j_stays_on_the_zip_when_the_installed_one_is_another_version(tmp_path, monkeypatch):
+    zips, _ = _pip_layout(tmp_path, py4j_version="0.10.9.9")
+    monkeypatch.setattr(worker_python, "_installed_version", {"py4j": "0.10.9.7"}.get)
+    assert worker_python.redundant_zips(zips) == zips[:1]
+    monkeypatch.setattr(worker_python, "_installed_version", lambda name: None)
+    assert worker_python.redundant_zips(zips) == zips[:1]
+
+
+def test_the_daemon_is_a_code_default_the_user_can_replace():
+    assert session_settings(master=None, conf=None, launcher={}).conf["spark.python.daemon.module"] == \
+        "changelake.spark.worker_python" == DEFAULTS["spark.python.daemon.module"]
+    mine = session_settings(master=None, conf={"spark.python.daemon.module": "pyspark.daemon"}, launcher={})
+    assert mine.conf["spark.python.daemon.module"] == "pyspark.daemon"
+
+
+def test_starting_the_module_imports_no_pyspark_before_the_path_is_set():
+    """What ``python -m changelake.spark.worker_python`` and the console script import before they set
+    the path: no pyspark, so the zips cannot have been read yet."""
+    code = ("import sys, runpy; import changelake.spark.worker_python as d; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('pyspark', 'py4j')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def _script():
+    script = worker_python.script_path()
+    if script is None:
+        pytest.skip(f"{worker_python.SCRIPT} is not installed beside {sys.executable} (pip install -e . makes it)")
+    return script
+
+
+def test_the_script_runs_a_module_as_python_m_does(tmp_path):
+    (tmp_path / "probe.py").write_text(
+        "import sys, json\n"
+        "print(json.dumps({'name': __name__, 'argv': sys.argv, 'path0': sys.path[0],\n"
+        "                  'pyspark_zip': [p for p in sys.path if p.endswith('pyspark.zip')]}))\n")
+    expected = subprocess.run([sys.executable, "-m", "probe", "a", "--b"], cwd=tmp_path, capture_output=True,
+                              text=True, check=True).stdout
+    got = subprocess.run([_script(), "-m", "probe", "a", "--b"], cwd=tmp_path, capture_output=True,
+                         text=True, check=True).stdout
+    assert got == expected
+    assert '"name": "__main__"' in got and '"a", "--b"' in got
+
+
+def test_the_script_takes_spark_zips_off_the_path_before_the_module_runs(tmp_path):
+    import pyspark
+
+    lib = os.path.join(os.path.dirname(pyspark.__file__), "python", "lib")
+    zips = [os.path.join(lib, "pyspark.zip")] + [os.path.join(lib, n) for n in os.listdir(lib) if n.startswith("py4j")]
+    if not os.path.isfile(zips[0]):
+        pytest.skip(f"pyspark at {os.path.dirname(pyspark.__file__)} is not pip's layout (no python/lib/pyspark.zip)")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(zips + [os.environ.get("PYTHONPATH", "")])}
+    (tmp_path / "probe.py").write_text("import sys, pyspark\nprint(pyspark.__file__)\n")
+    plain = subprocess.run([sys.executable, "-m", "probe"], cwd=tmp_path, env=env, capture_output=True,
+                           text=True, check=True).stdout.strip()
+    fixed = subprocess.run([_script(), "-m", "probe"], cwd=tmp_path, env=env, capture_output=True,
+                           text=True, check=True).stdout.strip()
+    assert plain.startswith(zips[0])                 # what Spark's PYTHONPATH does to plain python
+    assert os.path.realpath(fixed) == os.path.realpath(pyspark.__file__)
+
+
+def test_any_other_command_line_is_plain_python():
+    out = subprocess.run([_script(), "-c", "import sys; print(sys.argv[1:], 6 * 7)", "x"], capture_output=True,
+                         text=True, check=True)
+    assert out.stdout.strip() == "['x'] 42"
