@@ -90,7 +90,12 @@ class KeyedState:
         for k, (v, w) in self._data.items():
             yield k, v, w
 
-    def load(self, key: Any, value: Any, written_at: int) -> None:
+    def values(self) -> Iterator[Any]:
+        """Every entry's value, in entry order (expired ones included, as :meth:`entries`)."""
+        return (e[0] for e in self._data.values())
+
+    def load(self, key: Any, value: Any, written_at: int, encoded: tuple[bytes, bytes] | None = None) -> None:
+        """Restore one entry; ``encoded``: its pickled key and value as the snapshot holds them."""
         self._data[key] = [value, written_at]
 
     def encoded(self) -> tuple[pa.Array, pa.Array]:
@@ -101,9 +106,10 @@ class KeyedState:
 class TrackedKeyedState(KeyedState):
     """A :class:`KeyedState` whose snapshot pickles again only the entries changed since the last one.
 
-    It keeps each entry's pickled key and value from the last snapshot; ``put``, ``delete``, ``load``,
-    ``clear`` and expiry forget them, and an owner that changes a value in place (a join side's rows of
-    a join key) calls :meth:`touch`. The snapshot's bytes are exactly those of a full one.
+    It keeps each entry's pickled key and value from the last snapshot, or from the snapshot it was
+    restored from; ``put``, ``delete``, ``clear`` and expiry forget them, and an owner that changes a
+    value in place (a join side's rows of a join key) calls :meth:`touch`. The snapshot's bytes are
+    exactly those of a full one.
     """
 
     __slots__ = ("_encoded",)
@@ -128,9 +134,14 @@ class TrackedKeyedState(KeyedState):
         self._data.clear()
         self._encoded.clear()
 
-    def load(self, key: Any, value: Any, written_at: int) -> None:
+    def load(self, key: Any, value: Any, written_at: int, encoded: tuple[bytes, bytes] | None = None) -> None:
+        """Restore one entry; its pickles from the snapshot (``encoded``) are kept, so that the next
+        snapshot pickles only the entries changed after the restore."""
         self._data[key] = [value, written_at]
-        self._encoded.pop(key, None)
+        if encoded is None:
+            self._encoded.pop(key, None)
+        else:
+            self._encoded[key] = encoded
 
     def encoded(self) -> tuple[pa.Array, pa.Array]:
         """Every entry's pickled key and value, in entry order (the changed ones pickled now)."""
@@ -251,12 +262,16 @@ def restore_stores(operator: str, data: bytes, stores: list[KeyedState]) -> None
     names = table.column("state").to_pylist()
     written = table.column("written_at").to_pylist()
     keys, values = _pickles(table.column("key")), _pickles(table.column("value"))
+    # a tracked store keeps each entry's pickles: its next snapshot pickles only what changed
+    pickles = (zip(table.column("key").to_pylist(), table.column("value").to_pylist())
+               if any(isinstance(s, TrackedKeyedState) for s in stores) else None)
     for name, w in zip(names, written):
         store = by_name.get(name)
         if store is None:
             raise StateError(f"snapshot holds unknown state {name!r} for {operator}; "
                              f"known states: {sorted(by_name)} (a renamed state needs a migration)")
-        store.load(keys.load(), values.load(), w)
+        encoded = next(pickles) if pickles is not None else None
+        store.load(keys.load(), values.load(), w, encoded if isinstance(store, TrackedKeyedState) else None)
 
 
 def _pickles(column: pa.ChunkedArray) -> pickle.Unpickler:

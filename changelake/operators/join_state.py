@@ -141,4 +141,7 @@ class JoinRecordView:
         return dropped
 
     def __len__(self) -> int:
-        return sum(sum(e[_COUNT] for e in entries.values()) for _, entries, _ in self.store.entries())
+        """The rows kept (a row with count n counted n times)."""
+        if self.spec.layout != "no_unique_key":      # a unique key: every entry one row, count 1
+            return sum(map(len, self.store.values()))
+        return sum(e[_COUNT] for entries in self.store.values() for e in entries.values())
