@@ -131,6 +131,19 @@ def test_entrypoint_is_a_project_script() -> None:
     assert entrypoint[0] in PYPROJECT["project"]["scripts"]
 
 
+def test_spark_starts_its_python_processes_through_the_project_script() -> None:
+    """Spark's Python processes run ``changelake-worker-python`` (pyspark imported compiled, not from
+    Spark's zip: changelake/spark/worker_python.py), a script the builder's ``pip install`` puts in the
+    venv the runtime stage copies; the driver is the venv's Python."""
+    env = dict(part.partition("=")[::2] for part in _last("runtime", "ENV").split())
+    workers = Path(env["PYSPARK_PYTHON"])
+    assert workers.name in PYPROJECT["project"]["scripts"]
+    assert workers.name == "changelake-worker-python"
+    assert str(workers.parent) == env["VIRTUAL_ENV"] + "/bin" == str(Path(env["PYSPARK_DRIVER_PYTHON"]).parent)
+    copies = [args.split() for w, args in STAGES["runtime"] if w == "COPY"]
+    assert ["--from=builder", env["VIRTUAL_ENV"], env["VIRTUAL_ENV"]] in copies
+
+
 def test_cmd_runs_the_config_the_chart_mounts(render: Any) -> None:
     cmd = _exec_form(_last("runtime", "CMD"))
     sts = one(render({}), "StatefulSet")
