@@ -270,8 +270,7 @@ def restore_stores(operator: str, data: bytes, stores: list[KeyedState]) -> None
         if store is None:
             raise StateError(f"snapshot holds unknown state {name!r} for {operator}; "
                              f"known states: {sorted(by_name)} (a renamed state needs a migration)")
-        encoded = next(pickles) if pickles is not None else None
-        store.load(keys.load(), values.load(), w, encoded if isinstance(store, TrackedKeyedState) else None)
+        store.load(keys.load(), values.load(), w, next(pickles) if pickles is not None else None)
 
 
 def _pickles(column: pa.ChunkedArray) -> pickle.Unpickler:

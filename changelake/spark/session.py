@@ -179,8 +179,7 @@ def build_session(*, app_name: str = "changelake", master: str | None = None,
     """A Spark session for one pipeline, with the settings of the module docstring's precedence.
 
     Python workers use this interpreter (through ``changelake-worker-python`` where it is installed beside
-    it: changelake/spark/worker_python.py) and Delta's SQL
-    extensions are enabled when its jars are present.
+    it: changelake/spark/worker_python.py) and Delta's SQL extensions are enabled when its jars are present.
     """
     launcher = launcher_settings() if launcher is None else launcher
     settings = session_settings(master=master, conf=conf, launcher=launcher)
