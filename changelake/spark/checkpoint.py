@@ -4,6 +4,8 @@
 source with the offsets the batch ends at (the Kafka source's ``{topic: {partition: offset}}``).
 ``<checkpoint>/commits/<batch id>`` exists once the batch is done. Both are written by Spark; this
 module only reads them (local paths, or object-store URIs pyarrow knows: s3a:// is read as s3://).
+
+It also chooses how Spark writes a checkpoint on the local filesystem (:func:`use_local_file_manager`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,13 @@ from pathlib import Path
 from typing import Any
 
 Offsets = dict[str, dict[str, int]]
+
+#: The Spark setting naming the class that writes a query's checkpoint files (offset and commit logs,
+#: the state stores' files on the executors).
+FILE_MANAGER = "spark.sql.streaming.checkpointFileManagerClass"
+#: Spark's manager over Hadoop's ``FileSystem`` API: for a local path, a temporary file renamed into place
+#: with rename(2), which replaces the target atomically.
+LOCAL_FILE_MANAGER = "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
 
 
 def batch_end_offsets(checkpoint: str, batch_id: int) -> Offsets:
@@ -56,6 +65,36 @@ def last_committed_batch(checkpoint: str) -> tuple[int, datetime] | None:
     if finished.tzinfo is None:
         finished = finished.replace(tzinfo=timezone.utc)
     return batch_id, finished
+
+
+def is_local(uri: str) -> bool:
+    """True for a checkpoint on the local filesystem: a plain path or a ``file:`` URI."""
+    scheme, sep, _ = uri.partition(":")
+    return not sep or scheme.lower() == "file" or (len(scheme) == 1 and scheme.isalpha())  # C:\\... on Windows
+
+
+def use_local_file_manager(spark: Any, checkpoint: str) -> bool:
+    """Let Spark write a local checkpoint through :data:`LOCAL_FILE_MANAGER`; returns whether it will.
+
+    Spark's default manager writes through Hadoop's ``FileContext``, whose local filesystem starts a
+    ``readlink`` process for every file status it takes: four processes per file written, ~40 ms a file
+    from a JVM of this size. A micro-batch writes its offset and commit logs on the driver and, per
+    stateful operator and task, the state store's new files, so that was ~0.3 s of a 2 s micro-batch of
+    the demo graph (docs/benchmarks.md, "Fixed cost per micro-batch"). The ``FileSystem``-based manager
+    writes the same files the same way (a temporary file, then a rename) without them. Spark checks
+    that a batch's log file does not exist before it renames instead of failing the rename, which
+    differs only when two runs share one checkpoint at once, which Spark does not support either way.
+
+    A manager chosen at the session's start (the launcher's or the pipeline's ``spark_conf``) is left
+    as it is, and so is any checkpoint elsewhere (HDFS, object stores): there the default stays.
+    """
+    if spark.sparkContext.getConf().contains(FILE_MANAGER):
+        return spark.conf.get(FILE_MANAGER) == LOCAL_FILE_MANAGER
+    if is_local(checkpoint):
+        spark.conf.set(FILE_MANAGER, LOCAL_FILE_MANAGER)
+        return True
+    spark.conf.unset(FILE_MANAGER)      # one session may run queries over several checkpoints
+    return False
 
 
 def filesystem(uri: str) -> tuple[Any, str]:

@@ -35,7 +35,7 @@ import pyarrow.compute as pc
 from changelake.changelog import KIND, SEQ
 from changelake.spark.batch_frames import CheckRows, FramedBatch, TableFrame, count_kinds, spark_schema
 from changelake.spark.chain import Chain, RoutedStage, SourceEnvelopes, run_chain, source_nodes
-from changelake.spark.checkpoint import batch_end_offsets
+from changelake.spark.checkpoint import batch_end_offsets, use_local_file_manager
 from changelake.spark.compile import DEFAULT_BUCKETS
 from changelake.spark.decode_stage import SPARK_SCHEMA as DECODE_STAGE_SCHEMA
 from changelake.spark.decode_stage import decoding_source
@@ -203,6 +203,7 @@ def start(spark: Any, query: PipelineQuery, *, name: str, checkpoint: str, reade
         spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER)
         # which group (so which shuffle partition) holds each state bucket: as the checkpoint recorded it
         query.groups = checkpoint_layout(checkpoint, int(spark.conf.get("spark.sql.shuffle.partitions")))
+    use_local_file_manager(spark, checkpoint)       # set before the query takes its Hadoop configuration
     # the source decodes in its read tasks: registered per query, as it carries this pipeline's decode stage
     spark.dataSource.register(decoding_source(query.source_stage()))
     reader = spark.readStream.format(SOURCE_NAME)
