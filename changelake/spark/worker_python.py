@@ -78,6 +78,9 @@ def interpreter_main(argv: list[str] | None = None) -> None:
     _drop_redundant_zips()
     sys.path[0] = os.getcwd()            # where ``python -m`` puts the working directory (not the script's)
     sys.argv = [args[1], *args[2:]]
+    if args[1] == __name__:             # the daemon module setting, through this script: already imported
+        daemon_main()
+        return
     import runpy
 
     runpy.run_module(args[1], run_name="__main__", alter_sys=True)

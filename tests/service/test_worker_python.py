@@ -104,3 +104,13 @@ def test_any_other_command_line_is_plain_python():
     out = subprocess.run([_script(), "-c", "import sys; print(sys.argv[1:], 6 * 7)", "x"], capture_output=True,
                          text=True, check=True)
     assert out.stdout.strip() == "['x'] 42"
+
+
+def test_the_daemon_module_through_the_script_starts_pyspark_s_daemon_without_a_warning():
+    """Spark runs ``changelake-worker-python -m changelake.spark.worker_python`` (the script and the daemon
+    setting together): the daemon starts (it writes its port) and runpy does not warn that the module
+    was imported twice. With stdin closed the daemon stops at once."""
+    out = subprocess.run([_script(), "-m", "changelake.spark.worker_python"], stdin=subprocess.DEVNULL,
+                         capture_output=True, timeout=60)
+    assert len(out.stdout) >= 4, out.stderr.decode()          # pyspark.daemon: its port, as a 4-byte int
+    assert b"RuntimeWarning" not in out.stderr, out.stderr.decode()
