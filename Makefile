@@ -10,6 +10,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'
+	$(VENV)/bin/changelake jvm-archive || echo "(Spark will start without a class archive: see the line above)"
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 

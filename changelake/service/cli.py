@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -89,6 +91,11 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--to-topic", action=_EnvDefault, envvar="CHANGELAKE_DLQ_TO_TOPIC",
                      help="produce to this topic instead of each message's own")
     rep.add_argument("--dry-run", action="store_true", help="count what would be replayed, send nothing")
+
+    arc = sub.add_parser("jvm-archive", help="write the Spark JVM's class-data-sharing archive (a faster start): "
+                         "runs the demo on a few changes once")
+    arc.add_argument("--changes", type=int, default=1500, help="changes the demo run goes through")
+    arc.add_argument("--child", metavar="WORKDIR", help=argparse.SUPPRESS)     # the run whose JVM dumps it
 
     sub.add_parser("version", help="print the changelake, Spark and Delta versions")
     return parser
@@ -179,7 +186,39 @@ def _dispatch(args: argparse.Namespace) -> int:
         from changelake.service.demo import run_demo
         return run_demo(workdir=Path(args.workdir), changes=int(args.changes), seed=int(args.seed),
                         metrics_port=int(args.metrics_port), out=sys.stdout)
+    if args.command == "jvm-archive":
+        return _jvm_archive(args)
     raise AssertionError(args.command)
+
+
+def _jvm_archive(args: argparse.Namespace) -> int:
+    """Write the archive of changelake/spark/jvm_archive.py; ``--child``: the demo run whose JVM dumps it."""
+    import io
+
+    from changelake.spark import jvm_archive
+    if args.child is not None:
+        from changelake.service.demo import run_demo
+        out = io.StringIO()
+        rc = run_demo(workdir=Path(args.child), changes=args.changes, metrics_port=0, out=out)
+        jvm_archive.stop_jvm()
+        if rc != 0:
+            print(out.getvalue(), file=sys.stderr)
+        return rc
+    path = jvm_archive.archive_path()
+    if path is None:
+        print(f"changelake: {jvm_archive.ENV}=off: no JVM archive written", file=sys.stderr)
+        return 2
+    started = time.monotonic()
+    print(f"writing the Spark JVM's class-data-sharing archive to {path} (a demo run on {args.changes:,} changes)")
+    try:
+        jvm_archive.write([sys.executable, "-m", "changelake.service.cli", "jvm-archive",
+                           "--changes", str(args.changes), "--child"], path)
+    except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
+        print(f"changelake: no JVM archive written: {exc}", file=sys.stderr)
+        return 1
+    print(f"wrote {path} ({path.stat().st_size / 2**20:,.0f} MiB) in {time.monotonic() - started:.0f}s; "
+          f"Spark sessions started here use it (set {jvm_archive.ENV}=off to turn it off)")
+    return 0
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ from typing import Any, Mapping
 
 from pyspark.sql import SparkSession
 
-from changelake.spark import worker_python
+from changelake.spark import jvm_archive, worker_python
 
 log = logging.getLogger(__name__)
 
@@ -210,6 +210,10 @@ def build_session(*, app_name: str = "changelake", master: str | None = None,
         for key in ("spark.driver.host", "spark.driver.bindAddress"):
             if key not in launcher:
                 chosen.setdefault(key, "127.0.0.1")
+    options = jvm_archive.java_options(launcher.get("spark.driver.extraJavaOptions", ""),
+                                       chosen.get("spark.driver.extraJavaOptions", ""))
+    if options and _starts_a_jvm() and _JAVA_OPTIONS not in launcher and _JAVA_OPTIONS not in chosen:
+        chosen[_JAVA_OPTIONS] = options      # Spark's classes from the archive (changelake/spark/jvm_archive.py)
     if delta_jars_on_classpath():
         chosen.setdefault("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
         chosen.setdefault("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
@@ -218,6 +222,17 @@ def build_session(*, app_name: str = "changelake", master: str | None = None,
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+#: the driver JVM's options that Spark's launcher puts before ``spark.driver.extraJavaOptions``
+_JAVA_OPTIONS = "spark.driver.defaultJavaOptions"
+
+
+def _starts_a_jvm() -> bool:
+    """True when ``getOrCreate`` will launch the driver JVM: not under spark-submit, no session running."""
+    from pyspark import SparkContext
+
+    return not os.environ.get("PYSPARK_GATEWAY_PORT") and SparkContext._active_spark_context is None
 
 
 def master_cores(master: str) -> int | None:

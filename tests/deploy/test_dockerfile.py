@@ -229,3 +229,20 @@ def test_shellcheck_accepts_the_image_scripts() -> None:
     assert scripts
     result = subprocess.run([_tool("shellcheck"), *scripts], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_image_writes_the_jvm_class_archive_where_its_sessions_look_for_it() -> None:
+    """The runtime stage writes Spark's class archive (changelake/spark/jvm_archive.py) after Spark's jars are in
+    place (the JVM checks the archive against them) to the path ``CHANGELAKE_JVM_ARCHIVE`` names, readable by the
+    non-root user; a build where it cannot be written goes on without it."""
+    env = dict(part.partition("=")[::2] for part in _last("runtime", "ENV").split())
+    archive = env["CHANGELAKE_JVM_ARCHIVE"]
+    steps = STAGES["runtime"]
+    writes = [i for i, (w, args) in enumerate(steps) if w == "RUN" and "changelake jvm-archive" in args]
+    assert len(writes) == 1
+    jars = [i for i, (w, args) in enumerate(steps) if w == "COPY" and "/jars/" in args]
+    assert jars and jars[-1] < writes[0]
+    assert f"mkdir -p {Path(archive).parent}" in steps[writes[0]][1]
+    assert "||" in steps[writes[0]][1]                  # no archive: the image still builds
+    users = [i for i, (w, _) in enumerate(steps) if w == "USER"]
+    assert writes[0] < users[-1]                         # written as root, into a directory the user only reads
