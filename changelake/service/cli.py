@@ -94,8 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     arc = sub.add_parser("jvm-archive", help="write the Spark JVM's class-data-sharing archive (a faster start): "
                          "runs the demo on a few changes once")
-    arc.add_argument("--changes", type=int, default=1500, help="changes the demo run goes through")
-    arc.add_argument("--child", metavar="WORKDIR", help=argparse.SUPPRESS)     # the run whose JVM dumps it
+    arc.add_argument("--changes", action=_EnvDefault, envvar="CHANGELAKE_JVM_ARCHIVE_CHANGES", default="1500",
+                     help="changes the demo run goes through")
 
     sub.add_parser("version", help="print the changelake, Spark and Delta versions")
     return parser
@@ -192,14 +192,17 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 
 def _jvm_archive(args: argparse.Namespace) -> int:
-    """Write the archive of changelake/spark/jvm_archive.py; ``--child``: the demo run whose JVM dumps it."""
+    """Write the archive of changelake/spark/jvm_archive.py (in the child that ``write`` starts: the demo run
+    whose JVM dumps it)."""
     import io
 
     from changelake.spark import jvm_archive
-    if args.child is not None:
+    changes = int(args.changes)
+    child = os.environ.get(jvm_archive.CHILD_ENV)
+    if child:           # the run whose JVM dumps the archive (jvm_archive.write starts it)
         from changelake.service.demo import run_demo
         out = io.StringIO()
-        rc = run_demo(workdir=Path(args.child), changes=args.changes, metrics_port=0, out=out)
+        rc = run_demo(workdir=Path(child), changes=changes, metrics_port=0, out=out)
         jvm_archive.stop_jvm()
         if rc != 0:
             print(out.getvalue(), file=sys.stderr)
@@ -209,10 +212,10 @@ def _jvm_archive(args: argparse.Namespace) -> int:
         print(f"changelake: {jvm_archive.ENV}=off: no JVM archive written", file=sys.stderr)
         return 2
     started = time.monotonic()
-    print(f"writing the Spark JVM's class-data-sharing archive to {path} (a demo run on {args.changes:,} changes)")
+    print(f"writing the Spark JVM's class-data-sharing archive to {path} (a demo run on {changes:,} changes)")
     try:
-        jvm_archive.write([sys.executable, "-m", "changelake.service.cli", "jvm-archive",
-                           "--changes", str(args.changes), "--child"], path)
+        jvm_archive.write([sys.executable, "-m", "changelake.service.cli", "jvm-archive", "--changes", str(changes)],
+                          path)
     except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
         print(f"changelake: no JVM archive written: {exc}", file=sys.stderr)
         return 1

@@ -30,8 +30,8 @@ from pathlib import Path
 ENV = "CHANGELAKE_JVM_ARCHIVE"
 #: set for the child of :func:`write`: where its JVM dumps the archive when it exits
 DUMP_ENV = "CHANGELAKE_JVM_ARCHIVE_DUMP"
-#: the child of :func:`write` prints this and its JVM's process id
-PID_LINE = "changelake-jvm-archive-pid:"
+#: set for the child of :func:`write`: its working directory
+CHILD_ENV = "CHANGELAKE_JVM_ARCHIVE_CHILD"
 #: the JVM's CDS messages (an archive that does not fit) stay off the pipeline's output
 QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
 
@@ -100,12 +100,12 @@ def write(command: list[str], path: Path | None = None, *, timeout: float = 900.
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="changelake-jvm-archive-") as tmp:
         dump = Path(tmp) / "spark.jsa"
-        env = {**os.environ, DUMP_ENV: str(dump)}
+        env = {**os.environ, DUMP_ENV: str(dump), CHILD_ENV: str(Path(tmp) / "work")}
         env.pop(ENV, None)
         for name in _OPTION_VARIABLES:          # the run dumps the classes: no other archive of its own
             if name in env:
                 env[name] = _CDS_OPTION.sub(" ", env[name]).strip()
-        child = subprocess.run([*command, str(Path(tmp) / "work")], env=env, capture_output=True, text=True,
+        child = subprocess.run(command, env=env, capture_output=True, text=True,
                                timeout=timeout)
         if child.returncode != 0:
             raise RuntimeError(f"the run that writes the JVM archive failed (exit {child.returncode}):\n"
