@@ -44,13 +44,15 @@ def _java() -> str:
 
 
 def default_path() -> Path:
-    """``<cache>/changelake/spark-<hash>.jsa``: the hash of the java binary and pyspark's jar directory."""
+    """``<cache>/changelake/spark-<hash>.jsa``: the hash of the java binary and pyspark's jar directory (its
+    path and its jars)."""
     import pyspark
 
     jars = Path(pyspark.__file__).parent / "jars"
     names = sorted(p.name for p in jars.glob("*.jar")) if jars.is_dir() else []
     spark_home = os.environ.get("SPARK_HOME", "")
-    key = "\n".join([_java(), pyspark.__version__, spark_home, *names]).encode()
+    # the jars' directory too: the JVM checks the classpath's paths, so each venv gets its own archive
+    key = "\n".join([_java(), pyspark.__version__, spark_home, str(jars.resolve()), *names]).encode()
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     return cache / "changelake" / f"spark-{hashlib.sha256(key).hexdigest()[:16]}.jsa"
 

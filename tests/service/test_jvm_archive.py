@@ -28,6 +28,10 @@ def test_the_default_path_is_in_the_user_cache_and_depends_on_the_java(no_archiv
     assert jvm_archive.archive_path() == first
     monkeypatch.setenv("JAVA_HOME", str(tmp_path / "another-jdk"))
     assert jvm_archive.default_path() != first          # another JDK looks for its own archive
+    monkeypatch.delenv("JAVA_HOME")
+    import pyspark
+    monkeypatch.setattr(pyspark, "__file__", str(tmp_path / "other-venv" / "pyspark" / "__init__.py"))
+    assert jvm_archive.default_path() != first          # so does another venv's pyspark (other jar paths)
 
 
 @pytest.mark.unit
