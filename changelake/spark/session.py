@@ -210,10 +210,11 @@ def build_session(*, app_name: str = "changelake", master: str | None = None,
         for key in ("spark.driver.host", "spark.driver.bindAddress"):
             if key not in launcher:
                 chosen.setdefault(key, "127.0.0.1")
-    options = jvm_archive.java_options(launcher.get("spark.driver.extraJavaOptions", ""),
-                                       chosen.get("spark.driver.extraJavaOptions", ""))
-    if options and _starts_a_jvm() and _JAVA_OPTIONS not in launcher and _JAVA_OPTIONS not in chosen:
-        chosen[_JAVA_OPTIONS] = options      # Spark's classes from the archive (changelake/spark/jvm_archive.py)
+    if _JAVA_OPTIONS not in launcher and _JAVA_OPTIONS not in chosen and _starts_a_jvm():
+        options = jvm_archive.java_options(launcher.get("spark.driver.extraJavaOptions", ""),
+                                           chosen.get("spark.driver.extraJavaOptions", ""))
+        if options:         # Spark's classes from the archive (changelake/spark/jvm_archive.py)
+            chosen[_JAVA_OPTIONS] = options
     if delta_jars_on_classpath():
         chosen.setdefault("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
         chosen.setdefault("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
