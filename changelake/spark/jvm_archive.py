@@ -26,6 +26,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from changelake.spark import jvm_options
+
 #: the archive's path, or ``off``
 ENV = "CHANGELAKE_JVM_ARCHIVE"
 #: set for the child of :func:`write`: where its JVM dumps the archive when it exits
@@ -67,15 +69,13 @@ def archive_path() -> Path | None:
 
 #: JVM options that choose the class-data sharing themselves
 _CDS_OPTION = re.compile(r"(?:^|\s)(-XX:SharedArchiveFile=\S*|-XX:ArchiveClassesAtExit=\S*|-Xshare:\S*|-XX:[+-]AutoCreateSharedArchive)")
-#: where a launcher gives the driver JVM options of its own
-_OPTION_VARIABLES = ("SPARK_SUBMIT_OPTS", "JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS")
 
 
 def chooses_its_own(*options: str) -> bool:
-    """True when JVM options already given (``options``, or the environment's :data:`_OPTION_VARIABLES`)
-    decide the class-data sharing: then changelake adds none of its own."""
-    given = [*options, *(os.environ.get(v, "") for v in _OPTION_VARIABLES)]
-    return any(_CDS_OPTION.search(o or "") for o in given)
+    """True when JVM options already given (``options``, or the environment's
+    :data:`~changelake.spark.jvm_options.OPTION_VARIABLES`) decide the class-data sharing: then changelake
+    adds none of its own."""
+    return jvm_options.chooses(_CDS_OPTION, *options)
 
 
 def java_options(*given: str) -> str | None:
@@ -104,7 +104,7 @@ def write(command: list[str], path: Path | None = None, *, timeout: float = 900.
         dump = Path(tmp) / "spark.jsa"
         env = {**os.environ, DUMP_ENV: str(dump), CHILD_ENV: str(Path(tmp) / "work")}
         env.pop(ENV, None)
-        for name in _OPTION_VARIABLES:          # the run dumps the classes: no other archive of its own
+        for name in jvm_options.OPTION_VARIABLES:          # the run dumps the classes: no other archive of its own
             if name in env:
                 env[name] = _CDS_OPTION.sub(" ", env[name]).strip()
         child = subprocess.run(command, env=env, capture_output=True, text=True,

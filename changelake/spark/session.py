@@ -7,7 +7,9 @@ A setting comes from one of three places; the first that sets a key wins:
                     in ``SPARK_CONF_DIR`` (the chart's StatefulSet), ``PYSPARK_SUBMIT_ARGS``, and
                     ``SPARK_DRIVER_MEMORY`` (for ``spark.driver.memory``)
 2. the pipeline     ``pipeline.master`` and ``pipeline.spark_conf`` of the YAML
-3. code defaults    :data:`DEFAULTS`, ``local[2]``, and one shuffle partition per core of the master
+3. code defaults    :data:`DEFAULTS`, ``local[2]``, one shuffle partition per core of the master, and
+                    the driver JVM's options (:func:`driver_java_options`: the class archive; on a
+                    local master the parallel collector), each unless the user's JVM options choose it
 ==================  ==================================================================================
 
 A YAML setting that the launcher overrides is logged as a warning, so that nobody wonders why it
@@ -30,7 +32,7 @@ from typing import Any, Mapping
 
 from pyspark.sql import SparkSession
 
-from changelake.spark import jvm_archive, worker_python
+from changelake.spark import jvm_archive, jvm_options, worker_python
 
 log = logging.getLogger(__name__)
 
@@ -211,9 +213,9 @@ def build_session(*, app_name: str = "changelake", master: str | None = None,
             if key not in launcher:
                 chosen.setdefault(key, "127.0.0.1")
     if _JAVA_OPTIONS not in launcher and _JAVA_OPTIONS not in chosen and _starts_a_jvm():
-        options = jvm_archive.java_options(launcher.get("spark.driver.extraJavaOptions", ""),
-                                           chosen.get("spark.driver.extraJavaOptions", ""))
-        if options:         # Spark's classes from the archive (changelake/spark/jvm_archive.py)
+        options = driver_java_options(settings.master, launcher.get("spark.driver.extraJavaOptions", ""),
+                                      chosen.get("spark.driver.extraJavaOptions", ""))
+        if options:
             chosen[_JAVA_OPTIONS] = options
     if delta_jars_on_classpath():
         chosen.setdefault("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
@@ -227,6 +229,15 @@ def build_session(*, app_name: str = "changelake", master: str | None = None,
 
 #: the driver JVM's options that Spark's launcher puts before ``spark.driver.extraJavaOptions``
 _JAVA_OPTIONS = "spark.driver.defaultJavaOptions"
+
+
+def driver_java_options(master: str, *given: str) -> str | None:
+    """The options of a driver JVM this process starts for ``master`` (``given``: the
+    ``spark.driver.extraJavaOptions`` in effect): Spark's classes from the archive
+    (changelake/spark/jvm_archive.py) and, on a local master, the parallel collector
+    (changelake/spark/jvm_options.py), each unless the user's options choose it; None: neither."""
+    parts = [jvm_archive.java_options(*given), jvm_options.collector(master, *given)]
+    return " ".join(p for p in parts if p) or None
 
 
 def _starts_a_jvm() -> bool:

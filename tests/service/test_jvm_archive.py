@@ -83,8 +83,11 @@ import json, os, sys, time
 from changelake.spark.session import build_session
 t = time.monotonic()
 spark = build_session(app_name="archive-probe", master="local[1]", ui=False)
-args = list(spark._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())
-print(json.dumps({"args": args, "rows": spark.range(3).count(), "start_s": time.monotonic() - t}))
+management = spark._jvm.java.lang.management.ManagementFactory
+args = list(management.getRuntimeMXBean().getInputArguments())
+collectors = [bean.getName() for bean in management.getGarbageCollectorMXBeans()]
+print(json.dumps({"args": args, "collectors": collectors, "rows": spark.range(3).count(),
+                  "start_s": time.monotonic() - t}))
 """
 
 
@@ -115,5 +118,10 @@ def test_jvm_archive_writes_an_archive_that_a_new_session_maps_in(tmp_path):
 
     mapped = _probe(env)
     assert f"-XX:SharedArchiveFile={archive}" in mapped["args"] and mapped["rows"] == 3
-    plain = _probe({**env, jvm_archive.ENV: "off"})
+    # a local master's driver JVM runs the parallel collector (changelake/spark/jvm_options.py), the archive
+    # (dumped by a JVM that ran it too) mapped in beside it
+    assert "-XX:+UseParallelGC" in mapped["args"] and "PS Scavenge" in mapped["collectors"]
+    # a collector of the user's (here the way the tests give theirs) wins, and the JVM starts: no second one
+    plain = _probe({**env, jvm_archive.ENV: "off", "SPARK_SUBMIT_OPTS": "-XX:+UseSerialGC"})
     assert not any(a.startswith("-XX:SharedArchiveFile") for a in plain["args"]) and plain["rows"] == 3
+    assert "-XX:+UseParallelGC" not in plain["args"] and "MarkSweepCompact" in plain["collectors"]

@@ -1,0 +1,53 @@
+"""The options changelake gives a driver JVM it starts itself, and how options of the user's win over them.
+
+Two are chosen here, each only where nothing the user gave chooses the same thing:
+
+* the class-data-sharing archive (:mod:`changelake.spark.jvm_archive`);
+* on a local master (``local``, ``local[N]``: the driver JVM also runs every task), the parallel
+  collector, :data:`LOCAL_COLLECTOR`. The JVM picks G1 on a machine of 2 cores and 2 GB or more; on the
+  2-core machine of docs/benchmarks.md the parallel collector took query (a) of ``bench/operators.py``
+  from 22.3-22.7 s to 20.6-21.6 s and (b) from 38.0-40.8 s to 36.2-40.4 s (three alternated pairs), and
+  left a micro-batch of the demo graph (1.62-1.69 s against 1.68-1.69 s) and the 10,000 events/s mirror
+  freshness (p99 1.99 s against 2.00 s) where they were: G1's concurrent threads share the task threads'
+  cores, and a micro-batch's garbage dies young. A cluster's executors are other JVMs, left alone.
+
+What the user gave: ``spark.driver.extraJavaOptions`` (the launcher's or the pipeline's) and the variables
+Spark's launcher and the JVM read options from, :data:`OPTION_VARIABLES`. A collector chosen there (any
+``-XX:+Use...GC``) wins; two collectors in one JVM's options stop it from starting.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+#: where a launcher gives the driver JVM options of its own (besides ``spark.driver.extraJavaOptions``)
+OPTION_VARIABLES = ("SPARK_SUBMIT_OPTS", "JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS")
+
+#: the collector of a local master's driver JVM (module docstring)
+LOCAL_COLLECTOR = "-XX:+UseParallelGC"
+
+_COLLECTOR_OPTION = re.compile(r"(?:^|\s)-XX:[+-]Use\w*GC(?=\s|$)")
+
+
+def given(*options: str) -> list[str]:
+    """``options`` and the environment's :data:`OPTION_VARIABLES`: every JVM option the user gave."""
+    return [o for o in (*options, *(os.environ.get(v, "") for v in OPTION_VARIABLES)) if o]
+
+
+def chooses(pattern: re.Pattern, *options: str) -> bool:
+    """True when an option the user gave (:func:`given`) matches ``pattern``."""
+    return any(pattern.search(o) for o in given(*options))
+
+
+def runs_tasks(master: str) -> bool:
+    """True for a master whose tasks run in the driver JVM: ``local``, ``local[N]``, ``local[N,F]``, ``local[*]``."""
+    return master == "local" or master.startswith("local[")
+
+
+def collector(master: str, *options: str) -> str | None:
+    """The collector option for a new driver JVM of ``master``, or None: not a local master, or ``options``
+    (``spark.driver.extraJavaOptions``) or the environment choose a collector themselves."""
+    if not runs_tasks(master) or chooses(_COLLECTOR_OPTION, *options):
+        return None
+    return LOCAL_COLLECTOR

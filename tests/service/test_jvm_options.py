@@ -1,0 +1,62 @@
+"""The options changelake gives a driver JVM it starts (changelake/spark/jvm_options.py and
+``session.driver_java_options``): the parallel collector on a local master, and the user's options winning."""
+
+from __future__ import annotations
+
+import pytest
+
+from changelake.spark import jvm_archive, jvm_options
+from changelake.spark.session import driver_java_options
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture(autouse=True)
+def no_option_env(monkeypatch):
+    for name in (jvm_archive.ENV, jvm_archive.DUMP_ENV, *jvm_options.OPTION_VARIABLES):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(jvm_archive.ENV, "off")
+
+
+@pytest.mark.parametrize("master", ["local", "local[2]", "local[*]", "local[4,3]"])
+def test_a_local_masters_driver_runs_the_parallel_collector(master):
+    assert jvm_options.collector(master) == "-XX:+UseParallelGC"
+    assert driver_java_options(master) == "-XX:+UseParallelGC"
+
+
+@pytest.mark.parametrize("master", ["local-cluster[2,1,1024]", "yarn", "k8s://https://kubernetes:443",
+                                    "spark://host:7077"])
+def test_a_cluster_masters_driver_is_left_alone(master):
+    # the tasks run in the executors' JVMs; the driver's collector stays the JVM's choice
+    assert jvm_options.collector(master) is None
+    assert driver_java_options(master) is None
+
+
+@pytest.mark.parametrize("theirs", ["-XX:+UseG1GC", "-Xmx4g -XX:+UseZGC -XX:+ZGenerational", "-XX:+UseSerialGC",
+                                    "-XX:-UseParallelGC", "-XX:+UseShenandoahGC -Xss4m"])
+def test_a_collector_in_the_extra_java_options_wins(theirs):
+    # two collectors in one JVM's options stop it from starting ("conflicting collector combinations")
+    assert jvm_options.collector("local[2]", theirs) is None
+    assert jvm_options.collector("local[2]", "", theirs) is None       # the pipeline's, beside the launcher's
+
+
+@pytest.mark.parametrize("variable", jvm_options.OPTION_VARIABLES)
+def test_a_collector_in_the_launchers_environment_wins(monkeypatch, variable):
+    monkeypatch.setenv(variable, "-Dx=1 -XX:+UseG1GC")
+    assert jvm_options.collector("local[2]") is None
+
+
+def test_options_that_only_tune_a_collector_do_not_choose_one():
+    assert jvm_options.collector("local[2]", "-XX:MaxGCPauseMillis=100 -XX:ParallelGCThreads=2 -Xmx2g") \
+        == "-XX:+UseParallelGC"
+
+
+def test_the_archive_and_the_collector_together(monkeypatch, tmp_path):
+    archive = tmp_path / "spark.jsa"
+    archive.write_bytes(b"x")
+    monkeypatch.setenv(jvm_archive.ENV, str(archive))
+    options = driver_java_options("local[2]").split()
+    assert f"-XX:SharedArchiveFile={archive}" in options and "-XX:+UseParallelGC" in options
+    # the user's collector drops only the collector, their archive choice only the archive
+    assert driver_java_options("local[2]", "-XX:+UseG1GC").split() == jvm_archive.java_options().split()
+    assert driver_java_options("local[2]", "-Xshare:off") == "-XX:+UseParallelGC"
