@@ -1,9 +1,10 @@
-"""The options changelake gives a driver JVM it starts itself, and how options of the user's win over them.
+"""The JVM options the user gave a driver JVM changelake starts itself, and the collector changelake adds.
 
-Two are chosen here, each only where nothing the user gave chooses the same thing:
+:func:`changelake.spark.session.driver_java_options` gives a new driver JVM two options, each only where
+nothing the user gave chooses the same thing (:func:`chooses`):
 
 * the class-data-sharing archive (:mod:`changelake.spark.jvm_archive`);
-* on a local master (``local``, ``local[N]``: the driver JVM also runs every task), the parallel
+* here, on a local master (``local``, ``local[N]``: the driver JVM also runs every task), the parallel
   collector, :data:`LOCAL_COLLECTOR`. The JVM picks G1 on a machine of 2 cores and 2 GB or more; on the
   2-core machine of docs/benchmarks.md the parallel collector took query (a) of ``bench/operators.py``
   from 22.3-22.7 s to 20.6-21.6 s and (b) from 38.0-40.8 s to 36.2-40.4 s (three alternated pairs), and
