@@ -56,6 +56,7 @@ import pyarrow.compute as pc
 import pyarrow.types as pat
 
 from changelake.changelog import OFFSET, PARTITION, SEQ, TOPIC
+from changelake.errors import DecodeError
 
 _WIDTH = 20
 
@@ -257,15 +258,26 @@ def by_column(table: pa.Table, column: str, *, offset: str = OFFSET) -> pa.Table
     return table.set_column(table.schema.get_field_index(SEQ), pa.field(SEQ, pa.string(), nullable=False), tokens)
 
 
-def apply_sequence_by(table: pa.Table, sequence_by: Any, *, partition: str = PARTITION,
-                      offset: str = OFFSET) -> pa.Table:
-    """``table`` with ``_seq`` as ``sequence_by`` says: ``source`` (or None) unchanged, ``kafka``, or
-    ``{"column": name}`` (a table without that column, such as truncates, gets Kafka tokens)."""
+def sequence_column(sequence_by: Any) -> str | None:
+    """The column of ``sequence_by: {column: name}`` (a mapping or the config's model), else None."""
+    if isinstance(sequence_by, Mapping):
+        return sequence_by.get("column")
+    return getattr(sequence_by, "column", None)
+
+
+def apply_sequence_by(rows: pa.Table, sequence_by: Any) -> pa.Table:
+    """Changelog rows with ``_seq`` as ``sequence_by`` says: ``source`` (or None) unchanged, ``kafka``, or a
+    column (which the rows must have)."""
     if sequence_by in (None, "source"):
-        return table
-    if isinstance(sequence_by, Mapping) and sequence_by.get("column") in table.column_names:
-        return by_column(table, sequence_by["column"], offset=offset)
-    return by_kafka(table, partition=partition, offset=offset)
+        return rows
+    column = sequence_column(sequence_by)
+    if column is None:
+        return by_kafka(rows)
+    if column not in rows.column_names:
+        raise DecodeError(f"sequence_by names column {column!r}, but the source's rows have no such column "
+                          f"(they have {[c for c in rows.column_names if not c.startswith('_')]}); fix the "
+                          "source's sequence_by")
+    return by_column(rows, column)
 
 
 def merge_states(found: Iterable[Mapping[tuple[str, int], PartitionEpoch]]) -> dict[tuple[str, int], PartitionEpoch]:
@@ -277,3 +289,42 @@ def merge_states(found: Iterable[Mapping[tuple[str, int], PartitionEpoch]]) -> d
                 out[key] = state
     return out
 
+
+
+def resequenced(sequencer: Sequencer, rows: pa.Table, truncates: pa.Table, positions: pa.Table,
+                sequence_by: Any) -> tuple[pa.Table, pa.Table]:
+    """A decoded batch's rows and truncates (``changelog.TRUNCATE_SCHEMA``) with ``_seq`` as the source's
+    ``sequence_by`` says; by the source position, the epoch ordinals of ``sequencer`` (advanced here)."""
+    if sequence_by not in (None, "source"):      # a truncate has no row: its Kafka position
+        return apply_sequence_by(rows, sequence_by), by_kafka(truncates, partition="partition", offset="offset")
+    walked = sequencer.walk(positions)
+    return (with_ordinals(rows, walked),
+            with_ordinals(truncates, walked, topic="topic", partition="partition", offset="offset"))
+
+
+#: the epoch states a decode reports to the driver, one row per partition
+STATES_SCHEMA = pa.schema([pa.field("topic", pa.string()), pa.field("partition", pa.int32()),
+                           pa.field("at", pa.int64()), pa.field("ordinal", pa.int64()),
+                           pa.field("marker", pa.string()), pa.field("order", pa.int64()), pa.field("ts", pa.int64())])
+#: the epoch changes a decode found, one row each
+CHANGES_SCHEMA = pa.schema([pa.field("topic", pa.string()), pa.field("partition", pa.int32()),
+                            pa.field("offset", pa.int64()), pa.field("ordinal", pa.int64()),
+                            pa.field("reason", pa.string()), pa.field("before", pa.string()),
+                            pa.field("after", pa.string())])
+
+
+def states_table(states: Mapping[tuple[str, int], PartitionEpoch]) -> pa.Table:
+    return pa.Table.from_pylist([{"topic": t, "partition": p, **s.to_json()} for (t, p), s in sorted(states.items())],
+                                schema=STATES_SCHEMA)
+
+
+def states_of(table: pa.Table) -> dict[tuple[str, int], PartitionEpoch]:
+    return {(r.pop("topic"), r.pop("partition")): PartitionEpoch.from_json(r) for r in table.to_pylist()}
+
+
+def changes_table(changes: Iterable[EpochChange]) -> pa.Table:
+    return pa.Table.from_pylist([asdict(c) for c in changes], schema=CHANGES_SCHEMA)
+
+
+def changes_of(table: pa.Table) -> list[EpochChange]:
+    return [EpochChange(**r) for r in table.to_pylist()]
