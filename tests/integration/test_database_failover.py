@@ -16,6 +16,11 @@ the order the changes were made), and the epoch changes are counted per source.
 
 from __future__ import annotations
 
+import json
+import re
+import subprocess
+from pathlib import Path
+
 import orjson
 import pytest
 import yaml
@@ -142,3 +147,17 @@ def test_every_change_of_a_failover_history_applies(kafka, tmp_path):
     assert "mysql_schema: new epoch" in logged and "server_id 1 to server_id 2" in logged
     assert "mysql_gtid: new epoch" in logged and "position went back" in logged
     assert "postgres: new epoch" in logged
+
+    # docs/operations.md, "Database failover": its commands find the epochs kept in the checkpoint
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
+    section = doc.split("## Database failover", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```bash\n(.*?)```", section, re.S).group(1).splitlines()
+    assert block[0].startswith("changelake run --available-now -c pipeline.yaml")
+    shown = subprocess.run(["bash", "-c", "\n".join(block[1:])], capture_output=True, text=True, check=True,
+                           env={"CHECKPOINT": str(tmp_path / "ckpt"), "PATH": "/usr/bin:/bin"})
+    newest, states = shown.stdout.split("\n", 1)
+    assert newest.endswith(".json")
+    epochs = json.loads(states)
+    for name in ("schema", "gtid", "pg"):
+        ordinals = [state["ordinal"] for state in epochs[topics[name]].values()]
+        assert max(ordinals) >= 1, (name, epochs[topics[name]])
