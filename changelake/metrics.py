@@ -35,6 +35,12 @@ KEY_CHANGES = Counter(
     "changelake_key_changes_total",
     "Updates that changed the row's primary key, applied as a delete of the old key and an insert of the new "
     "one, by source (changelake.key_changes).", ["source"], registry=REGISTRY)
+SOURCE_EPOCHS = Counter(
+    "changelake_source_epoch_changes_total",
+    "Times a source's log positions started a new epoch in a Kafka partition (reason new-server: a failover "
+    "to another server; position-reset: the position went back while the source time went on, as after RESET "
+    "MASTER or a restore). Later changes are ordered after all earlier ones (docs/operations.md, 'Database "
+    "failover').", ["source", "reason"], registry=REGISTRY)
 EXPIRED_OFFSETS = Counter(
     "changelake_expired_offsets_skipped_total",
     "Offsets that had expired from Kafka (below the low watermark) before they were read: data lost upstream.",

@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 from changelake.changelog import DEAD_LETTER_SCHEMA, METADATA_FIELDS, TRUNCATE_SCHEMA
 from changelake.formats.base import DecodeResult
 from changelake.formats.convert import to_arrow
+from changelake.formats.sequence import POSITIONS_SCHEMA
 from changelake.types import type_change
 
 _KIND_TYPE = pa.int8()
@@ -105,6 +106,7 @@ class ChangeCollector:
         self.dead: list[tuple[int, str, str]] = []
         self.skipped: Counter[str] = Counter()
         self.truncates: list[tuple[int, str, str | None, str | None]] = []   # record, seq, db, table
+        self.positions: list[tuple[int, str | None, int | None, int | None]] = []  # record, marker, order, ts
 
     def message(self, record: int, seq: str, source_ts: int | None, db: str | None, table: str | None,
                 meta: Sequence[Any] = ()) -> int:
@@ -133,6 +135,10 @@ class ChangeCollector:
         """A TRUNCATE message at ``seq`` (its position) of ``db``.``table``."""
         self.truncates.append((record, seq, db if isinstance(db, str) else None,
                                table if isinstance(table, str) else None))
+
+    def position(self, record: int, marker: str | None, order: int | None, ts: int | None) -> None:
+        """The log position of a message (``changelake.formats.sequence``: its epoch rule reads these)."""
+        self.positions.append((record, marker, order, ts))
 
     # --- assembly ----------------------------------------------------------------
 
@@ -196,7 +202,8 @@ class ChangeCollector:
             for m, (reason, error) in bad_msgs.items():
                 dead.append((self.msg_record[m], reason, error))
         return DecodeResult(rows=rows, dead_letters=dead_letters(self.records, dead),
-                            skipped=dict(self.skipped), truncates=truncates(self.records, self.truncates))
+                            skipped=dict(self.skipped), truncates=truncates(self.records, self.truncates),
+                            positions=positions(self.records, self.positions))
 
 
 def _transpose(images: list[dict], names: list[str]) -> list[Sequence[Any]]:
@@ -255,6 +262,18 @@ def truncates(records: pa.Table, found: list[tuple[int, str, str | None, str | N
         [*(picked.column(n).combine_chunks() for n in ("topic", "partition", "offset")),
          pa.array([t[1] for t in found], pa.string()), pa.array([t[2] for t in found], pa.string()),
          pa.array([t[3] for t in found], pa.string())], schema=TRUNCATE_SCHEMA)
+
+
+def positions(records: pa.Table, found: list[tuple[int, str | None, int | None, int | None]]) -> pa.Table:
+    """Position rows (:data:`~changelake.formats.sequence.POSITIONS_SCHEMA`) for ``(record, marker, order, ts)``."""
+    if not found:
+        return POSITIONS_SCHEMA.empty_table()
+    idx = pa.array([t[0] for t in found], type=pa.int64())
+    picked = records.select(["topic", "partition", "offset"]).take(idx)
+    return pa.Table.from_arrays(
+        [*(picked.column(n).combine_chunks() for n in ("topic", "partition", "offset")),
+         pa.array([t[1] for t in found], pa.string()), pa.array([t[2] for t in found], pa.int64()),
+         pa.array([t[3] for t in found], pa.int64())], schema=POSITIONS_SCHEMA)
 
 
 def infer_columns(images: list[dict]) -> list[ColumnSpec]:
@@ -326,7 +345,8 @@ def merge_results(results: Sequence[DecodeResult]) -> DecodeResult:
         skipped.update(r.skipped)
     return DecodeResult(rows=pa.concat_tables([r.rows for r in results]),
                         dead_letters=pa.concat_tables([r.dead_letters for r in results]),
-                        skipped=dict(skipped), truncates=pa.concat_tables([r.truncates for r in results]))
+                        skipped=dict(skipped), truncates=pa.concat_tables([r.truncates for r in results]),
+                        positions=pa.concat_tables([r.positions for r in results]))
 
 
 class SchemaMixin:

@@ -20,6 +20,7 @@ from typing import Protocol
 import pyarrow as pa
 
 from changelake.changelog import DEAD_LETTER_SCHEMA, TRUNCATE_SCHEMA
+from changelake.formats.sequence import POSITIONS_SCHEMA
 
 #: reasons a dead letter can carry (bounded: they become metric label values)
 REASONS = (
@@ -44,6 +45,9 @@ class DecodeResult:
     #: TRUNCATE messages (:data:`~changelake.changelog.TRUNCATE_SCHEMA`) of a source whose
     #: ``on_truncate`` is apply or skip; the pipeline counts them and applies them (apply)
     truncates: pa.Table = field(default_factory=TRUNCATE_SCHEMA.empty_table)
+    #: per message with a log position: its server marker, order and source time
+    #: (:data:`changelake.formats.sequence.POSITIONS_SCHEMA`), read by the epoch rule of that module
+    positions: pa.Table = field(default_factory=POSITIONS_SCHEMA.empty_table)
 
     @staticmethod
     def empty_dead_letters() -> pa.Table:

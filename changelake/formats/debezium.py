@@ -29,6 +29,7 @@ from changelake.changelog import RowKind, seq_from_kafka, seq_from_log_position
 from changelake.formats.assemble import ChangeCollector, ColumnSpec, MetaColumn, Reject
 from changelake.formats.convert import unscaled_decimal
 from changelake.formats.options import Option
+from changelake.formats.sequence import binlog_order, mysql_marker
 
 INSERT, UPDATE_BEFORE, UPDATE_AFTER, DELETE = (int(k) for k in RowKind)
 
@@ -90,10 +91,12 @@ def collect_event(out: ChangeCollector, record: int, payload: dict, *, schema: A
     if op == "t":
         truncate(out, record, sequence(source, partition, offset), db, table, on_truncate=on_truncate,
                  what="a TRUNCATE event (op 't')")
+        log_position(out, record, source)
         return None
     got = changes(op, payload.get("before"), payload.get("after"), upsert=upsert)
     if isinstance(got, str):
         return got
+    log_position(out, record, source)
     values = [metadata_value(m.key, payload, source, schema) for m in meta] if meta else ()
     msg = out.message(record, sequence(source, partition, offset), ts if type(ts) is int else None,
                       db if isinstance(db, str) else None, table if isinstance(table, str) else None, values)
@@ -136,6 +139,38 @@ def sequence(source: Any, partition: int, offset: int) -> str:
         if type(lsn) is int and lsn >= 0:
             return seq_from_log_position(lsn, offset=offset)
     return seq_from_kafka(partition, offset)
+
+
+def log_position(out: ChangeCollector, record: int, source: Any) -> None:
+    """Register the message's log position for the epoch rule (``changelake.formats.sequence``): MySQL's
+    server (``server_id``, else the GTID's server UUID) and binlog order; PostgreSQL's last commit LSN
+    (``sequence``), else its LSN. Nothing for a message without a position."""
+    if type(source) is not dict:
+        return
+    ts = source.get("ts_ms")
+    ts = ts if type(ts) is int else None
+    file, pos = source.get("file"), source.get("pos")
+    if type(file) is str and type(pos) is int and pos >= 0:
+        suffix = file[file.rfind(".") + 1:]
+        if suffix.isdigit():
+            out.position(record, mysql_marker(source.get("server_id"), source.get("gtid")),
+                         binlog_order(int(suffix), pos), ts)
+        return
+    lsn = source.get("lsn")
+    if type(lsn) is int and lsn >= 0:
+        out.position(record, None, commit_lsn(source.get("sequence"), lsn), ts)
+
+
+def commit_lsn(sequence_field: Any, lsn: int) -> int:
+    """The last commit LSN from Debezium PostgreSQL's ``sequence`` (``["<last commit lsn>", "<lsn>"]``): it
+    grows along the log in commit order, where a change's own LSN does not (interleaved transactions)."""
+    if isinstance(sequence_field, str) and sequence_field.startswith("["):
+        try:
+            first = orjson.loads(sequence_field)[0]
+            return int(first) if first is not None else lsn
+        except (ValueError, TypeError, IndexError):
+            return lsn
+    return lsn
 
 
 # --- readable metadata (Flink's keys) --------------------------------------------------

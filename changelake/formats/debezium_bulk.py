@@ -25,10 +25,12 @@ from changelake.changelog import DEAD_LETTER_SCHEMA, METADATA_FIELDS
 from changelake.formats.assemble import ColumnSpec, MetaColumn
 from changelake.formats.base import DecodeResult
 from changelake.formats.convert import _rescale, outside, to_float
+from changelake.formats.sequence import POSITIONS_SCHEMA
 
 _SOURCE = pa.struct([("ts_ms", pa.int64()), ("db", pa.string()), ("schema", pa.string()),
                      ("table", pa.string()), ("file", pa.string()), ("pos", pa.int64()), ("row", pa.int64()),
-                     ("lsn", pa.int64())])
+                     ("lsn", pa.int64()), ("server_id", pa.int64()), ("gtid", pa.string()),
+                     ("sequence", pa.string())])
 #: declared wire encodings the JSON reader enforces itself: it refuses any value of another JSON type
 #: (an ``int`` encoding reads int64, ``decimal-text`` reads strings); text timestamps and bytes go
 #: message by message
@@ -231,7 +233,9 @@ def assemble(body: pa.StructArray, records: pa.Table, idx: np.ndarray, specs: Se
     rows = pa.Table.from_arrays(arrays, schema=pa.schema(fields))
     tombstones = records.num_rows - n
     skipped = {"tombstone": tombstones} if tombstones else {}
-    return DecodeResult(rows=rows, dead_letters=DEAD_LETTER_SCHEMA.empty_table(), skipped=skipped)
+    found = _positions(source, records, idx, _field(source, "ts_ms"))
+    return DecodeResult(rows=rows, dead_letters=DEAD_LETTER_SCHEMA.empty_table(), skipped=skipped,
+                        positions=found)
 
 
 def _field(struct: pa.StructArray, name: str) -> pa.Array:
@@ -320,6 +324,33 @@ def _sequences(source: pa.StructArray, partitions: pa.Array, offsets: pa.Array) 
     seq_kafka = pc.binary_join_element_wise("k", _pad(partitions, 5), off, "")
     use_lsn = pc.fill_null(pc.greater_equal(lsn, 0), False)
     return pc.if_else(pc.fill_null(binlog, False), seq_binlog, pc.if_else(use_lsn, seq_lsn, seq_kafka))
+
+
+def _positions(source: pa.StructArray, records: pa.Table, idx: np.ndarray, ts: pa.Array) -> pa.Table:
+    """The messages' log positions for the epoch rule, column-wise: the same as
+    :func:`changelake.formats.debezium.log_position` (a differential test holds them equal)."""
+    files = _field(source, "file").cast(pa.string())
+    pos = _field(source, "pos").cast(pa.int64())
+    lsn = _field(source, "lsn").cast(pa.int64())
+    suffix = pc.struct_field(pc.extract_regex(files, r"\.(?P<n>[0-9]+)$"), "n").cast(pa.int64())
+    binlog = pc.fill_null(pc.and_kleene(pc.is_valid(suffix), pc.greater_equal(pos, 0)), False)
+    use_lsn = pc.and_(pc.invert(binlog), pc.fill_null(pc.greater_equal(lsn, 0), False))
+    keep = pc.or_(binlog, use_lsn)
+    if not pc.any(keep).as_py():
+        return POSITIONS_SCHEMA.empty_table()
+    server = _field(source, "server_id").cast(pa.int64())
+    uuid = pc.struct_field(pc.extract_regex(_field(source, "gtid").cast(pa.string()), r"^(?P<u>[^:]+):"), "u")
+    marker = pc.if_else(pc.fill_null(pc.greater(server, 0), False),
+                        pc.binary_join_element_wise("server_id ", server.cast(pa.string()), ""),
+                        pc.binary_join_element_wise("server_uuid ", uuid, ""))
+    committed = pc.struct_field(pc.extract_regex(_field(source, "sequence").cast(pa.string()),
+                                                 r'^\[\s*"?(?P<c>[0-9]+)'), "c").cast(pa.int64())
+    order = pc.if_else(binlog, pc.add(pc.shift_left(suffix, 32), pos), pc.coalesce(committed, lsn))
+    marker = pc.if_else(binlog, marker, pa.nulls(len(marker), pa.string()))
+    where = records.select(["topic", "partition", "offset"]).take(pa.array(idx))
+    table = pa.Table.from_arrays([*(where.column(c).combine_chunks() for c in ("topic", "partition", "offset")),
+                                  marker, order, ts.cast(pa.int64())], schema=POSITIONS_SCHEMA)
+    return table.filter(keep)
 
 
 _WIDTH = 20

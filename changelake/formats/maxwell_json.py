@@ -10,7 +10,8 @@ One message, one row::
 
 ``bootstrap-insert`` (Maxwell's snapshot rows) reads as ``insert``. ``_seq`` comes
 from ``position`` (``mysql-bin.000003:1234``, present with Maxwell's
-``output_binlog_position``) plus ``xoffset``, else the Kafka position.
+``output_binlog_position``) plus ``xoffset``, else the Kafka position; its epoch
+(``changelake.formats.sequence``) is ``server_id`` (Maxwell's ``output_server_id``).
 ``_source_ts`` is ``ts`` (seconds) as milliseconds.
 """
 
@@ -27,6 +28,7 @@ from changelake.formats.canal_json import merged_before
 from changelake.formats.debezium import DELETE, INSERT, UPDATE_AFTER, UPDATE_BEFORE
 from changelake.formats.jsonbase import JsonChangelogDecoder
 from changelake.formats.options import Option, json_format_options, parse_options
+from changelake.formats.sequence import binlog_order, mysql_marker
 
 FORMAT = "maxwell-json"
 
@@ -54,6 +56,19 @@ def sequence(obj: dict, partition: int, offset: int) -> str:
     return seq_from_kafka(partition, offset)
 
 
+def log_position(out: ChangeCollector, record: int, obj: dict) -> None:
+    """The message's binlog position and server (``server_id``, written with Maxwell's ``output_server_id``)
+    for the epoch rule (``changelake.formats.sequence``)."""
+    position = obj.get("position")
+    if isinstance(position, str) and ":" in position:
+        file, _, pos = position.rpartition(":")
+        suffix = file[file.rfind(".") + 1:]
+        if suffix.isdigit() and pos.isdigit():
+            ts = obj.get("ts")
+            out.position(record, mysql_marker(obj.get("server_id"), None), binlog_order(int(suffix), int(pos)),
+                         ts * 1000 if type(ts) is int else None)
+
+
 class MaxwellJsonDecoder(JsonChangelogDecoder):
     format_name = FORMAT
     metadata_types = METADATA_TYPES
@@ -79,6 +94,7 @@ class MaxwellJsonDecoder(JsonChangelogDecoder):
         ts = obj.get("ts")
         database, table = obj.get("database"), obj.get("table")
         meta = [self._meta_value(m.key, obj) for m in self._meta] if self._meta else ()
+        log_position(out, record, obj)
         msg = out.message(record, sequence(obj, partition, offset), ts * 1000 if type(ts) is int else None,
                           database if isinstance(database, str) else None,
                           table if isinstance(table, str) else None, meta)

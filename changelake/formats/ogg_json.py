@@ -96,6 +96,8 @@ class OggJsonDecoder(JsonChangelogDecoder):
         pos = obj.get("pos")
         seq = (seq_from_log_position(int(pos), offset=offset) if isinstance(pos, str) and pos.isdigit()
                else seq_from_kafka(partition, offset))
+        if isinstance(pos, str) and pos.isdigit() and int(pos) < 2 ** 63:
+            out.position(record, None, int(pos), _epoch_ms(obj.get("op_ts")))     # the epoch rule's input
         table = obj.get("table")
         schema_name, table_name = None, None
         if isinstance(table, str):

@@ -105,6 +105,12 @@ def _check_columns(columns: Any) -> Any:
     return columns
 
 
+class SequenceColumn(_Model):
+    """``sequence_by: {column: updated_at}``: a user column (integer, date or timestamp) orders each key's changes."""
+
+    column: str
+
+
 class StartingTimestamp(_Model):
     """``starting_offsets: {timestamp: 2026-11-01T00:00:00Z}``: each partition starts at its first record whose
     Kafka timestamp is at or after this moment (a time without a zone is UTC); a partition with none starts
@@ -266,6 +272,11 @@ class SourceSpec(_Model):
                                         "is the largest event_time seen minus this (default 0)")
     append_only: bool = Field(False, description="the source only inserts (facts, events); an update or delete "
                               "from it is an error. Interval joins and a temporal join's facts need it")
+    sequence_by: Literal["source", "kafka"] | SequenceColumn = Field(
+        "source", description="what orders a key's changes: source (the database log position, compared within "
+        "one server epoch; a failover or log reset starts a newer epoch, docs/formats.md 'Ordering'), kafka (the "
+        "Kafka offset within the partition), or {column: name} (an integer, date or timestamp column; ties by "
+        "offset). Changing it for an existing table needs a new table")
     unavailable_value: str | None = Field(
         UNAVAILABLE_VALUE, description="the text the connector writes for a value it did not send (Debezium's "
         "unavailable.value.placeholder: an unchanged TOASTed Postgres column); such a value keeps the stored one "
@@ -321,6 +332,31 @@ class SourceSpec(_Model):
             except re.error as exc:
                 raise ValueError(f"topic_pattern is not a valid regular expression: {exc}") from None
         return self
+
+
+def _sequence_by_problems(i: int, s: SourceSpec) -> list[tuple[tuple, str]]:
+    """``sequence_by: {column: c}`` must name a declared column of an integer, date or timestamp type (without
+    declared columns the decoder checks it on the first batch)."""
+    if not isinstance(s.sequence_by, SequenceColumn):
+        return []
+    from changelake.formats.encodings import source_schema
+    from changelake.formats.sequence import column_fits
+
+    where = ("sources", i, "sequence_by", "column")
+    name = s.sequence_by.column
+    if s.route is not None:
+        return [(where, f"source {s.name!r} is routed: its tables have different columns, so sequence_by cannot "
+                        "name a column; use source or kafka")]
+    if s.columns is None:
+        return []
+    if name not in s.columns:
+        return [(where, f"source {s.name!r}: sequence_by names column {name!r}, which is not among its columns "
+                        f"{sorted(s.columns)}{_did_you_mean(name, list(s.columns))}")]
+    type_ = source_schema({name: s.columns[name]}).field(name).type
+    if not column_fits(type_):
+        return [(where, f"source {s.name!r}: sequence_by column {name!r} is {type_}; it must be an integer, date or "
+                        "timestamp column (or use sequence_by: kafka)")]
+    return []
 
 
 def _yaml_on(cls, data: Any) -> Any:
@@ -644,6 +680,7 @@ class ChangelakeConfig(_Model):
                                  f"source {s.name!r} has on_truncate: apply, but its table {s.table!r} is a history "
                                  "table (history: scd2), which keeps every version and does not apply truncates. "
                                  "Set on_truncate: skip or fail"))
+            problems.extend(_sequence_by_problems(i, s))
             if s.table is None and s.route is None and s.name not in read:
                 problems.append((("sources", i), f"source {s.name!r} has no 'table' and no view or table reads it"))
         for i, v in enumerate(self.views):

@@ -62,11 +62,13 @@ from changelake.formats.assemble import dead_letters
 from changelake.formats.encodings import source_schema
 from changelake.formats.message_key import key_shapes
 from changelake.formats.origin import Origin
+from changelake.formats.sequence import by_kafka
 from changelake.plan.graph import Pipeline
 from changelake.plan.physical import PhysicalPlan, sink_changes
 from changelake.service.config import (ORIGIN_COLUMNS, ChangelakeConfig, MaintenanceSpec, SourceSpec, StartingTimestamp,
                                        TableSpecModel, parse_duration)
 from changelake.service.dead_letter_paths import DeadLetterPaths
+from changelake.service.epochs import EpochBook
 from changelake.service.key_inference import TableKeys
 from changelake.service.quarantine import Quarantine
 from changelake.service.routing import Router, Target
@@ -98,6 +100,7 @@ class BatchReport:
     key_changes: dict[str, int] = field(default_factory=dict)           # source -> updates that moved a row
     truncates: dict[str, int] = field(default_factory=dict)             # source -> TRUNCATE messages read
     expired: int = 0
+    epochs: dict[str, int] = field(default_factory=dict)                # source -> epoch changes found
     committed_tables: list[str] = field(default_factory=list)
     framed_tables: list[str] = field(default_factory=list)              # reduced on the executors (frames)
     seconds: float = 0.0
@@ -152,6 +155,7 @@ class BatchProcessor:
         self._pool: ThreadPoolExecutor | None = None     # the concurrent Delta commits, started on first use
         self.dead_letters = DeadLetterPaths(config)
         self.quarantine = Quarantine(config, self.keys)
+        self.epochs = EpochBook(config.pipeline.checkpoint)
         #: table -> columns its source's last schema dropped, for the sink (set per batch)
         self._dropped: dict[str, tuple[str, ...]] = {}
         self.stage = DecodeStage(self.routes, graph_keys={i: n.upsert_key or () for i, n in self.graph_routes.items()})
@@ -243,6 +247,8 @@ class BatchProcessor:
         (``changelake.spark.batch_frames.TableFrame``: a DataFrame and its counts per kind); ``out``
         then holds their dead letters, key-change counts and truncates, not their rows."""
         stats, parts = self.stage.split(out)
+        for i, got in parts.items():
+            self.epochs.take(self.routes[i].spec.name, got)
         self._dropped = {}
         self.keys.learn(_key_shapes(self.routes, parts))
         graph_changes = {self.graph_tables[i]: got.pop(CHANGES_PART) for i, got in parts.items()
@@ -263,7 +269,8 @@ class BatchProcessor:
                 if route.spec.table is not None:
                     self.quarantine.prepare(route.spec.table, route.decoder)
                 result = route.decoder.decode(got["raw"])
-                rows, dead = result.rows, result.dead_letters
+                rows, found = self.epochs.resequence(route.spec.name, route.spec.sequence_by, result, got["raw"])
+                dead = result.dead_letters
                 if route.spec.table is not None:
                     screened = self.quarantine.screen(route.spec.table, source=route.spec.name, decoder=route.decoder,
                                                       raw=got["raw"], rows=rows, dead_letters=dead)
@@ -271,15 +278,18 @@ class BatchProcessor:
                     if screened.dropped:
                         self._dropped[route.spec.table] = screened.dropped
                 decoded.append((route, rows, dead))
-                if result.truncates.num_rows:
-                    truncates.append((route, result.truncates))
+                if found.num_rows:
+                    truncates.append((route, found))
             rows = got.get("rows")
             dead = got.get("dl")
             if rows is not None or dead is not None:
                 decoded.append((route, rows if rows is not None else _empty(route),
                                 dead if dead is not None else DEAD_LETTER_SCHEMA.empty_table()))
         decoded.extend(self._rejected(rejected))
-        return self._apply(stats, decoded, batch_id, graph_changes, late_rows, moves, truncates, frames or {})
+        epochs = self.epochs.settle(batch_id)       # recorded before the Delta commits: a replay reads them
+        report = self._apply(stats, decoded, batch_id, graph_changes, late_rows, moves, truncates, frames or {})
+        report.epochs = epochs
+        return report
 
     def _route_raw(self, route: "_Route", raw: pa.Table
                    ) -> tuple[list[tuple["_Route", pa.Table, pa.Table]], list[tuple["_Route", pa.Table]]]:
@@ -299,6 +309,7 @@ class BatchProcessor:
             except DecodeError as exc:      # e.g. a source table without a primary key: only its changes wait
                 keyless[name] = str(exc)
         truncates = []
+        positions = []
         for target, origin, records in split.groups:
             table = self.table_routes[target.table]
             if target.table in keyless or self.keys.key_of(target.table) is None:
@@ -310,6 +321,7 @@ class BatchProcessor:
             origin_columns = self.routers[route.spec.name].rules[target.rule].origin_columns
             self.quarantine.prepare(target.table, table.decoder, added=ORIGIN_COLUMNS if origin_columns else ())
             result = table.decoder.decode(records)
+            positions.append(result.positions)
             screened = self.quarantine.screen(target.table, source=route.spec.name, decoder=table.decoder,
                                               raw=records, rows=result.rows, dead_letters=result.dead_letters,
                                               added=ORIGIN_COLUMNS if origin_columns else ())
@@ -321,6 +333,13 @@ class BatchProcessor:
             decoded.append((table, rows, screened.dead_letters))
             if result.truncates.num_rows:
                 truncates.append((table, result.truncates))
+        if route.spec.sequence_by == "source":         # one walk over every table's messages, in Kafka order
+            self.epochs.walk(route.spec.name, raw, positions)
+            decoded = [(t, self.epochs.ordered(rows), dead) for t, rows, dead in decoded]
+            truncates = [(t, self.epochs.ordered(found, truncates=True)) for t, found in truncates]
+        elif route.spec.sequence_by == "kafka":
+            decoded = [(t, by_kafka(rows), dead) for t, rows, dead in decoded]
+            truncates = [(t, by_kafka(found, partition="partition", offset="offset")) for t, found in truncates]
         return decoded, truncates
 
     def _table_route(self, route: "_Route", target: Target) -> "_Route":
@@ -679,6 +698,7 @@ def kafka_reader_options(config: ChangelakeConfig) -> dict[str, str]:
     if any(v != "earliest" for v in starting.values()):
         opts["startingOffsets"] = json.dumps(starting)
     opts["readTasks"] = str(config.pipeline.read_tasks)
+    opts["sequenceState"] = config.pipeline.checkpoint     # the partitions' epoch states (service.epochs)
     if config.pipeline.max_records_per_batch:
         opts["maxRecordsPerTrigger"] = str(config.pipeline.max_records_per_batch)
     for k, v in config.kafka.plain_properties().items():

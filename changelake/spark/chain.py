@@ -492,6 +492,10 @@ class RoutedStage:
     def __init__(self, stage: Any, envelopes: SourceEnvelopes) -> None:
         self.stage, self.envelopes = stage, envelopes
 
+    def begin(self, epochs: dict) -> None:
+        """The read task's partitions' epoch states at their start (:meth:`DecodeStage.begin`)."""
+        self.stage.begin(epochs)
+
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         # a Python data source's batches must match its DDL's Arrow schema exactly: nullable columns
         for batch in self.envelopes(self.stage(batches)):

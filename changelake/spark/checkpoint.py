@@ -106,3 +106,71 @@ def filesystem(uri: str) -> tuple[Any, str]:
     if scheme in ("s3a", "s3n"):
         uri = f"s3://{rest}"
     return pafs.FileSystem.from_uri(uri)
+
+
+# --- epoch states of the sources' partitions (changelake.formats.sequence) ----------------------------
+
+#: ``<checkpoint>/sequence_epochs/<batch id>.json``: every partition's epoch state after that batch,
+#: ``{topic: {partition: PartitionEpoch as JSON}}``, written by the driver before the batch's Delta commits
+EPOCHS_DIR = "sequence_epochs"
+_EPOCH_FILES_KEPT = 20
+
+
+def _epoch_files(checkpoint: str) -> tuple[Any, str, list[int]]:
+    from pyarrow import fs as pafs
+
+    fs, root = filesystem(checkpoint)
+    try:
+        infos = fs.get_file_info(pafs.FileSelector(f"{root}/{EPOCHS_DIR}", allow_not_found=True))
+    except OSError:
+        return fs, root, []
+    ids = sorted((int(i.base_name[:-5]) for i in infos
+                  if i.base_name.endswith(".json") and i.base_name[:-5].isdigit()), reverse=True)
+    return fs, root, ids
+
+
+def _read_epochs(fs: Any, root: str, batch_id: int) -> dict[str, dict[str, dict]]:
+    try:
+        with fs.open_input_stream(f"{root}/{EPOCHS_DIR}/{batch_id}.json") as f:
+            data = json.loads(f.read().decode())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def epochs_at(checkpoint: str, wanted: dict[tuple[str, int], int]) -> dict[tuple[str, int], dict]:
+    """Per (topic, partition), the epoch state (JSON) that holds at the offset asked for: from the newest
+    file whose entry for it is not beyond that offset (a batch replayed after a crash finds the state its
+    first run started from). Partitions with none are left out (they start at epoch 0)."""
+    if not wanted:
+        return {}
+    fs, root, ids = _epoch_files(checkpoint)
+    found: dict[tuple[str, int], dict] = {}
+    for batch_id in ids:
+        data = _read_epochs(fs, root, batch_id)
+        for (topic, p), offset in wanted.items():
+            entry = data.get(topic, {}).get(str(p))
+            if (topic, p) not in found and isinstance(entry, dict) and int(entry.get("at", 0)) <= offset:
+                found[(topic, p)] = entry
+        if len(found) == len(wanted):
+            break
+    return found
+
+
+def write_epochs(checkpoint: str, batch_id: int, states: dict[tuple[str, int], dict]) -> None:
+    """Record the partitions' epoch states after batch ``batch_id`` (on top of those of the batch before it)."""
+    fs, root, ids = _epoch_files(checkpoint)
+    earlier = next((i for i in ids if i < batch_id), None)
+    data = _read_epochs(fs, root, earlier) if earlier is not None else {}
+    for (topic, p), state in states.items():
+        data.setdefault(topic, {})[str(p)] = state
+    fs.create_dir(f"{root}/{EPOCHS_DIR}", recursive=True)
+    tmp = f"{root}/{EPOCHS_DIR}/.{batch_id}.json.tmp"
+    with fs.open_output_stream(tmp) as f:
+        f.write(json.dumps(data, sort_keys=True).encode())
+    fs.move(tmp, f"{root}/{EPOCHS_DIR}/{batch_id}.json")
+    for old in [i for i in ids if i != batch_id][_EPOCH_FILES_KEPT:]:
+        try:
+            fs.delete_file(f"{root}/{EPOCHS_DIR}/{old}.json")
+        except OSError:
+            pass

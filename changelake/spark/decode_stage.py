@@ -28,6 +28,9 @@ a few seconds as IPC payloads on 2 cores). Each output row is one payload:
            time (no ``columns`` configured): decoded on the driver
 ``keys``   the distinct message-key field lists of route ``_route``, while its table's
            primary key is still to be learnt (``learn_keys``)
+``epochs``   the epoch state of each partition route ``_route`` decoded, at the end of the task
+             (``changelake.formats.sequence.STATES_SCHEMA``): recorded in the checkpoint by the driver
+``epochchg`` the epoch changes found there (``CHANGES_SCHEMA``): logged and counted by the driver
 =========  ==========================================================================
 """
 
@@ -41,6 +44,7 @@ import pyarrow.compute as pc
 
 from changelake.changelog import DEAD_LETTER_SCHEMA, OFFSET, PARTITION, TOPIC
 from changelake.formats.message_key import key_shapes
+from changelake.formats.sequence import PartitionEpoch, Sequencer, changes_table, resequenced, states_table
 from changelake.key_changes import split_key_changes
 from changelake.spark.kafka_source import ARROW_SCHEMA, KafkaOptions, KafkaSource, KafkaStreamReader, split_markers
 from changelake.spark.payloads import from_ipc, to_ipc
@@ -49,7 +53,7 @@ SCHEMA = pa.schema([pa.field("_route", pa.int16()), pa.field("part", pa.string()
 SPARK_SCHEMA = "_route smallint, part string, payload binary"
 #: every ``part`` a payload can have (the stage's, and the graph tables' ``changes``): an envelope addressed
 #: to the driver carries its part as an index into this tuple (``changelake.spark.chain.DRIVER``)
-PARTS = ("stats", "rows", "moves", "dl", "trunc", "raw", "keys", "changes")
+PARTS = ("stats", "rows", "moves", "dl", "trunc", "raw", "keys", "changes", "epochs", "epochchg")
 STATS_SCHEMA = pa.schema([pa.field("topic", pa.string()), pa.field("partition", pa.int32()),
                           pa.field("records", pa.int64()), pa.field("expired", pa.int64())])
 
@@ -66,6 +70,19 @@ class DecodeStage:
                                 if getattr(r.decoder, "output_schema", None) is not None}
         #: routes whose message keys are inspected (their table's primary key is not known yet)
         self.learn_keys: set[int] = set()
+        #: the read task's partitions' epoch states at their start (:meth:`begin`), and per route its sequencer
+        self._start: dict[tuple[str, int], dict] = {}
+        self._sequencers: dict[int, Sequencer] = {}
+
+    def begin(self, epochs: dict[tuple[str, int], dict]) -> None:
+        """In a read task, before its records: the epoch states its partitions start from."""
+        self._start = dict(epochs)
+        self._sequencers = {}
+
+    def sequencer(self, route: int) -> Sequencer:
+        if route not in self._sequencers:
+            self._sequencers[route] = Sequencer({k: PartitionEpoch.from_json(v) for k, v in self._start.items()})
+        return self._sequencers[route]
 
     # --- executor side -----------------------------------------------------
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -79,6 +96,11 @@ class DecodeStage:
                 pending, size = [], 0
         if pending:
             yield self._process(pending)
+        epochs = [(i, "epochs", to_ipc(states_table(q.end_states()))) for i, q in self._sequencers.items()
+                  if q.states]
+        epochs += [(i, "epochchg", to_ipc(changes_table(q.changes))) for i, q in self._sequencers.items() if q.changes]
+        if epochs:
+            yield payload_batch(epochs)
 
     def _process(self, batches: list[pa.RecordBatch]) -> pa.RecordBatch:
         table = pa.Table.from_batches(batches).cast(ARROW_SCHEMA)
@@ -97,7 +119,9 @@ class DecodeStage:
                 out.append((i, "raw", to_ipc(mine)))
                 continue
             result = route.decoder.decode(mine)
-            rows, dead = result.rows, result.dead_letters.cast(DEAD_LETTER_SCHEMA)
+            rows, truncates = resequenced(self.sequencer(i), result.rows, result.truncates, result.positions,
+                                          getattr(route.spec, "sequence_by", "source"))
+            dead = result.dead_letters.cast(DEAD_LETTER_SCHEMA)
             if self.graph_keys.get(i):
                 rows, dead, moves = check_keys(rows, dead, self.graph_keys[i], f"source {route.spec.name!r}", raw=mine)
                 if moves:
@@ -106,8 +130,8 @@ class DecodeStage:
                 out.append((i, "rows", to_ipc(rows)))
             if dead.num_rows:
                 out.append((i, "dl", to_ipc(dead)))
-            if result.truncates.num_rows:
-                out.append((i, "trunc", to_ipc(result.truncates)))
+            if truncates.num_rows:
+                out.append((i, "trunc", to_ipc(truncates)))
         return payload_batch(out)
 
     # --- driver side -------------------------------------------------------
@@ -157,6 +181,9 @@ class DecodingStreamReader(KafkaStreamReader):
         self.stage = stage
 
     def read(self, partition: Any) -> Iterator[pa.RecordBatch]:
+        begin = getattr(self.stage, "begin", None)
+        if begin is not None:
+            begin({(r.topic, r.partition): r.epoch for r in getattr(partition, "ranges", ()) if r.epoch})
         return self.stage(super().read(partition))
 
 

@@ -25,6 +25,8 @@ Options (all strings, as Spark passes them):
 ``maxRecordsPerTrigger``   admission control: at most this many records per micro-batch
 ``readTimeoutMs``          give up reading a planned range after this long without progress
 ``readTasks``              Spark tasks per micro-batch (default 2); partition ranges are packed into them
+``sequenceState``          the pipeline's checkpoint: each range carries its partition's epoch state at
+                           its start (``changelake.formats.sequence``), read there
 ``kafka.<property>``       passed to the consumer (``kafka.security.protocol``, ``kafka.sasl.*``,
                            ``kafka.ssl.*``)
 =========================  ===============================================================
@@ -89,6 +91,7 @@ class KafkaOptions:
     read_timeout_ms: int
     read_tasks: int
     consumer_properties: Mapping[str, str]
+    sequence_state: str | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> "KafkaOptions":
@@ -122,6 +125,7 @@ class KafkaOptions:
             read_timeout_ms=int(opts.get("readtimeoutms", "120000")),
             read_tasks=max(1, int(opts.get("readtasks", "2"))),
             consumer_properties=props,
+            sequence_state=opts.get("sequencestate") or None,
         )
 
     def consumer_config(self) -> dict[str, Any]:
@@ -159,12 +163,14 @@ class KafkaSource(DataSource):
 class KafkaRange(InputPartition):
     """One Kafka partition's offsets ``[start, end)`` for one micro-batch: one Spark task."""
 
-    def __init__(self, topic: str, partition: int, start: int, end: int) -> None:
+    def __init__(self, topic: str, partition: int, start: int, end: int, epoch: dict | None = None) -> None:
         super().__init__((topic, partition, start, end))
         self.topic = topic
         self.partition = partition
         self.start = start
         self.end = end
+        #: the partition's epoch state at ``start`` (``changelake.formats.sequence.PartitionEpoch`` as JSON)
+        self.epoch = epoch
 
 
 class KafkaReadTask(InputPartition):
@@ -350,6 +356,12 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 s = start.get(topic, {}).get(p, 0)
                 if e > s:
                     ranges.append(KafkaRange(topic, int(p), s, e))
+        if self.options.sequence_state and ranges:
+            from changelake.spark.checkpoint import epochs_at
+
+            found = epochs_at(self.options.sequence_state, {(r.topic, r.partition): r.start for r in ranges})
+            for r in ranges:
+                r.epoch = found.get((r.topic, r.partition))
         return pack_ranges(ranges, self.options.read_tasks)
 
     def commit(self, end: Offsets) -> None:

@@ -190,3 +190,27 @@ def test_a_value_from_a_reference_or_a_secret_file_says_so(tmp_path):
                                                  f'kafka: {{bootstrap_servers: "localhost:9092"}}\n'
                                                  f'metrics: {{port_file: {secret}}}'))
     assert any(p.startswith("metrics.port:") and f"[secret file {secret} (" in p for p in problems), problems
+
+
+_SEQUENCE_BY = """
+pipeline: {id: inv, checkpoint: /tmp/ckpt}
+kafka: {bootstrap_servers: "localhost:9092"}
+sources:
+  - {name: a, topics: [a], table: a, columns: {id: bigint, updated_at: timestamp, note: string}, sequence_by: SEQ}
+tables: [{name: a, primary_key: [id]}]
+"""
+
+
+@pytest.mark.parametrize("sequence_by, wanted", [
+    ("source", None), ("kafka", None), ("{column: updated_at}", None),
+    ("{column: updated}", "sources.0.sequence_by.column: source 'a': sequence_by names column 'updated', which is not "
+                          "among its columns"),
+    ("{column: note}", "sources.0.sequence_by.column: source 'a': sequence_by column 'note' is string; it must be"),
+])
+def test_validate_checks_the_sequence_by_column(tmp_path, sequence_by, wanted):
+    problems = _validate(tmp_path, _SEQUENCE_BY.replace("SEQ", sequence_by))
+    if wanted is None:
+        assert problems == []
+    else:
+        assert len(problems) == 1 and problems[0].startswith(wanted), problems
+        assert "updated_at" in problems[0] or "kafka" in problems[0]
