@@ -135,6 +135,9 @@ def _load(args: argparse.Namespace) -> Any:
     from changelake.service.config import load_config
 
     config = load_config(args.config)
+    if config.logging.row_values:
+        from changelake.log_values import ENV
+        os.environ[ENV] = "1"       # before Spark starts: its local workers inherit it
     if args.log_level is None or args.log_format is None:
         configure_logging(args.log_level or config.logging.level, args.log_format or config.logging.format)
     return config

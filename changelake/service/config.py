@@ -542,6 +542,10 @@ class LoggingSettings(_Model):
                                             "logger, msg, exception); --log-format or CHANGELAKE_LOG_FORMAT wins")
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
         "INFO", description="the service's log level; --log-level or CHANGELAKE_LOG_LEVEL wins")
+    row_values: bool = Field(False, description="show row values in log lines and errors about a row (stale "
+                             "retractions, values that do not fit a column); off: keys and counts only. Sets "
+                             "CHANGELAKE_LOG_ROW_VALUES=1 for the process and its Spark workers (a cluster's "
+                             "executors: spark.executorEnv.CHANGELAKE_LOG_ROW_VALUES)")
 
     @field_validator("format", "level", mode="before")
     @classmethod
