@@ -10,7 +10,8 @@ from deltalake import write_deltalake
 from changelake.changelog import DEAD_LETTER_SCHEMA
 from changelake.connectors.dead_letters import DeadLetterStore
 from changelake.service.config import parse_config
-from changelake.service.dlq import replay
+from changelake.errors import ConfigError
+from changelake.service.dlq import Filters, replay
 
 pytestmark = pytest.mark.unit
 
@@ -39,11 +40,12 @@ def test_replay_narrows_to_one_table_of_a_routed_source(tmp_path):
     store.append(_letters([4, 5]), source="db", batch_id=1, table="orders")
     store.append(_letters([6], reason="unrouted"), source="db", batch_id=2, table=None)
 
-    assert replay(config, dry_run=True, table="items").remaining_by_reason == {"schema-incompatible": 3}
-    assert replay(config, dry_run=True, table="orders").remaining_by_reason == {"schema-incompatible": 2}
-    assert replay(config, dry_run=True, table="nope").remaining_by_reason == {}
-    assert replay(config, dry_run=True).remaining_by_reason == {"schema-incompatible": 5, "unrouted": 1}
-    assert replay(config, dry_run=True, reason="unrouted", table="items").remaining_by_reason == {}
+    assert replay(config, Filters(table="items"), dry_run=True).by_reason == {"schema-incompatible": 3}
+    assert replay(config, Filters(table="orders"), dry_run=True).by_reason == {"schema-incompatible": 2}
+    with pytest.raises(ConfigError, match="unknown table 'itemz': did you mean 'items'"):
+        replay(config, Filters(table="itemz"), dry_run=True)
+    assert replay(config, dry_run=True).by_reason == {"schema-incompatible": 5, "unrouted": 1}
+    assert replay(config, Filters(reason="unrouted", table="items"), dry_run=True).by_reason == {}
 
 
 def test_a_quarantine_table_written_before_letters_named_their_table_still_replays(tmp_path):
@@ -53,5 +55,4 @@ def test_a_quarantine_table_written_before_letters_named_their_table_still_repla
         .append_column("batch_id", pa.array([0, 0], pa.int64()))           # no "table" column
     write_deltalake(config.dead_letter_path(), old)
 
-    assert replay(config, dry_run=True).remaining_by_reason == {"schema-incompatible": 2}
-    assert replay(config, dry_run=True, table="items").remaining_by_reason == {}
+    assert replay(config, dry_run=True).by_reason == {"schema-incompatible": 2}
