@@ -571,8 +571,6 @@ def _record_batch(rng: KafkaRange, msgs: list[Any], offsets: list[int], expired:
 def _replayed_batch(rng: KafkaRange, msgs: list[Any], offsets: list[int], expired: int, *,
                     pipeline: str) -> pa.RecordBatch:
     """Records of a replay topic at their original positions; those another pipeline replayed are left out."""
-    from confluent_kafka import Message
-
     rows = []
     for msg, offset in zip(msgs, offsets):
         h = {k: (v or b"").decode("utf-8", "replace") for k, v in msg.headers() or ()
@@ -581,7 +579,7 @@ def _replayed_batch(rng: KafkaRange, msgs: list[Any], offsets: list[int], expire
             continue
         topic, partition, original = h.get("changelake.topic"), h.get("changelake.partition"), \
             h.get("changelake.offset")
-        kind, ts = Message.timestamp(msg)
+        kind, ts = msg.timestamp()
         if topic and partition and original and partition.isdigit() and original.isdigit():
             position = (topic, int(partition), int(original))
         else:
