@@ -227,8 +227,8 @@ def _apply_pre(values: Sequence[Any], pre: Callable[[Any], Any], name: str, row_
             out.append(pre(v))
         except Exception as exc:  # noqa: BLE001 - any failure of a value is a dead letter, never a crash
             bad_msgs.setdefault(row_msg[i], ("schema-mismatch", f"column {name!r}: value {shown(v)} cannot be "
-                                                                f"read: {error_text(exc)}; fix the producer or the declared "
-                                                                f"column type"))
+                                                                f"read: {error_text(exc)}; fix the producer or the "
+                                                                "declared column type"))
             out.append(None)
     return out
 

@@ -125,8 +125,8 @@ class Deduplicate(Kernel):
     # -- per row ---------------------------------------------------------------------------------
     def _check_insert(self, kind: int, row: tuple) -> None:
         if kind != INSERT and self.config.input_insert_only:
-            raise StateError(f"Deduplicate got {RowKind(kind).short} ({shown_row(row)}) but is configured for an insert-only "
-                             "input; set input_insert_only: false (keep='last' on processing time only)")
+            raise StateError(f"Deduplicate got {RowKind(kind).short} ({shown_row(row)}) but is configured for an "
+                             "insert-only input; set input_insert_only: false (keep='last' on processing time only)")
 
     def _wins(self, pre: tuple | None, row: tuple) -> bool:
         if pre is None:

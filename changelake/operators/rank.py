@@ -159,8 +159,8 @@ class TopNBase(Kernel):
 
     def _require_insert(self, kind: int, row: tuple) -> None:
         if kind != INSERT:
-            raise StateError(f"{type(self).__name__} got {RowKind(kind).short} ({shown_row(row)}) but accepts insert-only "
-                             "input; use strategy 'retract' (or 'update' for upserts)")
+            raise StateError(f"{type(self).__name__} got {RowKind(kind).short} ({shown_row(row)}) but accepts "
+                             "insert-only input; use strategy 'retract' (or 'update' for upserts)")
 
     # -- emit helpers ---------------------------------------------------------------------------
     def in_rank_end(self, rank: int) -> bool:

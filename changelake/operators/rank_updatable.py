@@ -29,8 +29,8 @@ class UpdatableTopN(TopNBase):
 
     def _one(self, kind: int, row: tuple, now: int) -> None:
         if not is_accumulate(kind):
-            raise StateError(f"UpdatableTopN got {RowKind(kind).short} ({shown_row(row)}); it accepts only +I/+U upserts. "
-                             "Use strategy 'retract' for a changelog with retractions")
+            raise StateError(f"UpdatableTopN got {RowKind(kind).short} ({shown_row(row)}); it accepts only +I/+U "
+                             "upserts. Use strategy 'retract' for a changelog with retractions")
         st = self._partition(row, now, lambda: {"rows": {}, "buffer": []})
         self._rows: dict = st["rows"]
         buf = TopNBuffer(self.order, st["buffer"])

@@ -360,7 +360,8 @@ class BatchProcessor:
                 "value": r.row.encode(), "reason": "operator-error",
                 "error": (f"view {r.node!r} could not process this {r.side} input row (position {r.seq}): "
                           f"{r.error}. The row was set aside and the pipeline went on; fix the value or the "
-                          "view; `changelake dlq show` shows the row (a decoded row, not a message: it is not replayed)")})
+                          "view; `changelake dlq show` shows the row (a decoded row, not a message: it is not "
+                          "replayed)")})
         out = []
         for source, letters in by_source.items():
             route = self._route_of(source)
