@@ -1,6 +1,7 @@
 """The package's floors: leaves on the ground, no import that climbs, pyspark only in the Spark wing.
 
-    ground      changelog, errors, types, metrics, durations, key_changes  (import nothing of ours but the ground)
+    ground      changelog, errors, types, metrics, durations, key_changes, log_values  (import nothing of ours but
+                the ground)
     formats     decoders
     connectors  the Delta sink (delta-rs), dead letters, lookup sources, the embedded broker
     operators   the kernels (may use connectors' lookup sources)
@@ -25,7 +26,8 @@ import pytest
 pytestmark = pytest.mark.unit
 
 PACKAGE = Path(__file__).resolve().parents[1] / "changelake"
-GROUND = {"changelog", "errors", "types", "metrics", "durations", "key_changes", "__init__", "__version__"}
+GROUND = {"changelog", "errors", "types", "metrics", "durations", "key_changes", "log_values", "__init__",
+          "__version__"}
 MAY_IMPORT = {
     "ground": GROUND,
     "formats": GROUND,

@@ -57,6 +57,13 @@ LEDGER_SCHEMA = pa.schema([pa.field("batch_id", pa.int64()), pa.field("topic", p
 #: (and optionally ``table``, string: the table a letter was meant for, null for none)
 LETTER_SCHEMA = DEAD_LETTER_SCHEMA.append(pa.field("source", pa.string())).append(
     pa.field("dead_letter_topic", pa.string()))
+#: what :func:`read_letters` returns (``timestamp`` as epoch ms here)
+READ_SCHEMA = pa.schema([pa.field("topic", pa.string()), pa.field("partition", pa.int32()),
+                         pa.field("offset", pa.int64()), pa.field("timestamp", pa.int64()),
+                         pa.field("key", pa.binary()), pa.field("value", pa.binary()), pa.field("reason", pa.string()),
+                         pa.field("error", pa.string()), pa.field("source", pa.string()),
+                         pa.field("table", pa.string()), pa.field("batch_id", pa.int64()),
+                         pa.field("store", pa.string())])
 _TIMEOUT_S = 60
 
 
@@ -194,6 +201,26 @@ class DeadLetterTopic:
                 key = (msg.topic(), msg.partition())
                 ends[key] = max(ends.get(key, -1), msg.offset() + 1)
         return ends or None
+
+
+def read_letters(client_conf: Mapping[str, Any], topics: list[str], *, pipeline_id: str) -> pa.Table:
+    """The committed dead letters of ``pipeline_id`` in ``topics`` (LETTER_SCHEMA minus ``dead_letter_topic``,
+    plus ``table``, ``batch_id`` and ``store``: the dead-letter topic it is in), positions from the headers."""
+    rows = []
+    for msg in read_topics(client_conf, topics):
+        h = header_dict(msg.headers())
+        if h.get("pipeline") != pipeline_id:
+            continue
+        kind, ms = msg.timestamp()
+        rows.append({"topic": h.get("topic"), "partition": _int(h.get("partition")), "offset": _int(h.get("offset")),
+                     "timestamp": ms if kind else None, "key": msg.key(), "value": msg.value(),
+                     "reason": h.get("reason", ""), "error": h.get("error", ""), "source": h.get("source"),
+                     "table": h.get("table"), "batch_id": _int(h.get("batch")), "store": msg.topic()})
+    return pa.Table.from_pylist(rows, schema=READ_SCHEMA)
+
+
+def _int(text: str | None) -> int | None:
+    return int(text) if text is not None and text.lstrip("-").isdigit() else None
 
 
 def read_topics(client_conf: Mapping[str, Any], topics: list[str], *,

@@ -12,6 +12,7 @@ import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 from changelake.changelog import DEAD_LETTER_SCHEMA
+from changelake.connectors.delta_read import read_delta
 
 STORE_SCHEMA = DEAD_LETTER_SCHEMA.append(pa.field("source", pa.string())).append(
     pa.field("pipeline_id", pa.string())).append(pa.field("batch_id", pa.int64())).append(
@@ -49,3 +50,12 @@ class DeadLetterStore:
             return -1
         version = DeltaTable(self.path, storage_options=self._storage_options).transaction_version(self._app_id)
         return -1 if version is None else version
+
+    def read(self) -> pa.Table:
+        """Every letter of the store (STORE_SCHEMA; empty when there is no table). A store written before the
+        ``table`` column existed reads it as null."""
+        if not DeltaTable.is_deltatable(self.path, storage_options=self._storage_options):
+            return STORE_SCHEMA.empty_table()
+        kept = read_delta(self.path, storage_options=self._storage_options)
+        return pa.table({f.name: kept[f.name].cast(f.type) if f.name in kept.column_names
+                         else pa.nulls(kept.num_rows, f.type) for f in STORE_SCHEMA})

@@ -25,8 +25,9 @@ import pyarrow.compute as pc
 
 from changelake.changelog import DEAD_LETTER_SCHEMA, METADATA_FIELDS, TRUNCATE_SCHEMA
 from changelake.formats.base import DecodeResult
-from changelake.formats.convert import to_arrow
+from changelake.formats.convert import error_text, to_arrow
 from changelake.formats.sequence import POSITIONS_SCHEMA
+from changelake.log_values import shown
 from changelake.types import type_change
 
 _KIND_TYPE = pa.int8()
@@ -232,9 +233,9 @@ def _apply_pre(values: Sequence[Any], pre: Callable[[Any], Any], name: str, row_
         try:
             out.append(pre(v))
         except Exception as exc:  # noqa: BLE001 - any failure of a value is a dead letter, never a crash
-            bad_msgs.setdefault(row_msg[i], ("schema-mismatch", f"column {name!r}: value {v!r:.80} cannot be "
-                                                                f"read: {exc}; fix the producer or the declared "
-                                                                f"column type"))
+            bad_msgs.setdefault(row_msg[i], ("schema-mismatch", f"column {name!r}: value {shown(v)} cannot be "
+                                                                f"read: {error_text(exc)}; fix the producer or the "
+                                                                "declared column type"))
             out.append(None)
     return out
 

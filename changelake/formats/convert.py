@@ -34,6 +34,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.types as pat
 
+from changelake.log_values import row_values_in_logs, shown
+
 _EPOCH = dt.datetime(1970, 1, 1)
 _EPOCH_UTC = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 _UNIT_PER_SECOND = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}
@@ -153,12 +155,17 @@ _UNIT_NAME = {"d": "days since 1970-01-01", "s": "seconds", "ms": "milliseconds"
               "ns": "nanoseconds"}
 
 
+def error_text(exc: BaseException) -> str:
+    """An exception's text for a dead letter's error: ours (:class:`Unfit`) say what is wrong without the value;
+    others (Python's, Arrow's) may quote it, so they are named by type unless row values are on."""
+    if isinstance(exc, Unfit) or row_values_in_logs():
+        return str(exc) or type(exc).__name__
+    return type(exc).__name__
+
+
 def _describe(value: Any, target: pa.DataType, exc: BaseException) -> str:
-    shown = repr(value)
-    if len(shown) > 80:
-        shown = shown[:77] + "..."
-    detail = str(exc) or type(exc).__name__
-    return f"value {shown} ({type(value).__name__}) does not fit {target}: {detail}"
+    detail = error_text(exc)
+    return f"value {shown(value)} ({type(value).__name__}) does not fit {target}: {detail}"
 
 
 #: the Arrow type Arrow must infer for a declared wire encoding to take the fast path

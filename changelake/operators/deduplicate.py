@@ -51,6 +51,7 @@ import pyarrow.compute as pc
 
 from changelake.changelog import RowKind, user_columns
 from changelake.errors import ConfigError, StateError
+from changelake.log_values import shown_row
 from changelake.operators import changelog_mode as cm
 from changelake.operators._base import Kernel, MiniBatchBuffer
 from changelake.operators._rows import DELETE, INSERT, UPDATE_AFTER, UPDATE_BEFORE, Changes, is_accumulate, project
@@ -124,8 +125,8 @@ class Deduplicate(Kernel):
     # -- per row ---------------------------------------------------------------------------------
     def _check_insert(self, kind: int, row: tuple) -> None:
         if kind != INSERT and self.config.input_insert_only:
-            raise StateError(f"Deduplicate got {RowKind(kind).short} {row!r} but is configured for an insert-only "
-                             "input; set input_insert_only: false (keep='last' on processing time only)")
+            raise StateError(f"Deduplicate got {RowKind(kind).short} ({shown_row(row)}) but is configured for an "
+                             "insert-only input; set input_insert_only: false (keep='last' on processing time only)")
 
     def _wins(self, pre: tuple | None, row: tuple) -> bool:
         if pre is None:
@@ -168,7 +169,7 @@ class Deduplicate(Kernel):
             row = fill_unavailable(row, pre, self._unavailable)
         if not is_accumulate(kind):
             if pre is None:
-                self.stale(lambda: f"{RowKind(kind).short} {row!r} found no row for key {key!r}")
+                self.stale(lambda: f"{RowKind(kind).short} ({shown_row(row)}) found no row for key {key!r}")
                 return
             state.delete(key)
             out.emit(DELETE, pre)

@@ -35,6 +35,7 @@ import pyarrow as pa
 
 from changelake.changelog import KIND, user_columns
 from changelake.errors import ConfigError
+from changelake.log_values import shown_row
 from changelake.operators import changelog_mode as cm
 from changelake.operators._base import Kernel, MiniBatchBuffer
 from changelake.operators._group_fold import GroupDeltas, fold, partial, vectorisable
@@ -216,7 +217,7 @@ class GroupAggregate(_GroupEmitter):
             skip = 0
             while skip < len(rows) and not is_accumulate(rows[skip][0]):
                 kind, row = rows[skip]
-                self.stale(lambda: f"retraction of {row!r} found no group state for key {key!r}")
+                self.stale(lambda: f"retraction ({shown_row(row)}) found no group state for key {key!r}")
                 skip += 1
             rows = rows[skip:]
             if not rows:

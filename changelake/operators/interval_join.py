@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from changelake.errors import ConfigError
+from changelake.log_values import shown_row
 from changelake.operators import changelog_mode as cm
 from changelake.operators._base import Kernel
 from changelake.operators._event_time import (
@@ -118,7 +119,8 @@ class TimeBoundedJoin(Kernel):
             if kind not in accepts:
                 raise ValueError(f"{self.config.name}: the {side} input sent a {_kind_name(kind)} row, but this "
                                  "operator joins only inserts there; declare the source append_only (its updates and "
-                                 f"deletes are errors) or join the rows with a regular join instead. Row: {row!r}")
+                                 f"deletes are errors) or join the rows with a regular join instead. "
+                                 f"Row: {shown_row(row)}")
             if t is None or t < watermark:
                 out.emit(LATE_LEFT_KIND if s == 0 else LATE_RIGHT_KIND, self.padded(row, s))
                 continue

@@ -40,6 +40,7 @@ import pyarrow as pa
 
 from changelake.changelog import RowKind
 from changelake.errors import ConfigError, StateError
+from changelake.log_values import shown_row
 from changelake.operators import changelog_mode as cm
 from changelake.operators._base import Kernel
 from changelake.operators._rows import DELETE, INSERT, UPDATE_AFTER, UPDATE_BEFORE, Changes, project
@@ -158,8 +159,8 @@ class TopNBase(Kernel):
 
     def _require_insert(self, kind: int, row: tuple) -> None:
         if kind != INSERT:
-            raise StateError(f"{type(self).__name__} got {RowKind(kind).short} {row!r} but accepts insert-only "
-                             "input; use strategy 'retract' (or 'update' for upserts)")
+            raise StateError(f"{type(self).__name__} got {RowKind(kind).short} ({shown_row(row)}) but accepts "
+                             "insert-only input; use strategy 'retract' (or 'update' for upserts)")
 
     # -- emit helpers ---------------------------------------------------------------------------
     def in_rank_end(self, rank: int) -> bool:

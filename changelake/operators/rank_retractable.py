@@ -16,6 +16,7 @@ Emission rules::
 
 from __future__ import annotations
 
+from changelake.log_values import shown_row
 from changelake.operators._rows import is_accumulate
 from changelake.operators._topn_buffer import TopNBuffer
 from changelake.operators.rank import TopNBase
@@ -40,7 +41,7 @@ class RetractableTopN(TopNBase):
             else:
                 removed = self._retract_unranked(sk, row, buf)
             if not removed and not buf.remove_item(sk, row):
-                self.stale(lambda: f"retraction of {row!r} found no such row in its Top-N partition")
+                self.stale(lambda: f"retraction ({shown_row(row)}) found no such row in its Top-N partition")
         if buf.entries:
             self._save(row, st, now)
         else:

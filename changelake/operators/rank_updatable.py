@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from changelake.errors import StateError
 from changelake.changelog import RowKind
+from changelake.log_values import shown, shown_row
 from changelake.operators._rows import is_accumulate, project
 from changelake.operators._topn_buffer import TopNBuffer
 from changelake.operators.rank import TopNBase
@@ -28,8 +29,8 @@ class UpdatableTopN(TopNBase):
 
     def _one(self, kind: int, row: tuple, now: int) -> None:
         if not is_accumulate(kind):
-            raise StateError(f"UpdatableTopN got {RowKind(kind).short} {row!r}; it accepts only +I/+U upserts. "
-                             "Use strategy 'retract' for a changelog with retractions")
+            raise StateError(f"UpdatableTopN got {RowKind(kind).short} ({shown_row(row)}); it accepts only +I/+U "
+                             "upserts. Use strategy 'retract' for a changelog with retractions")
         st = self._partition(row, now, lambda: {"rows": {}, "buffer": []})
         self._rows: dict = st["rows"]
         buf = TopNBuffer(self.order, st["buffer"])
@@ -97,7 +98,7 @@ class UpdatableTopN(TopNBase):
         if cmp < 0:
             self._emit_ranked(sk, row, buf, old_sk, old, old_rank)
             return
-        self.stale(lambda: f"row key {rk!r}: sort key got worse ({old_sk!r} -> {sk!r}); the input breaks the "
+        self.stale(lambda: f"row key {rk!r}: sort key got worse ({shown(old_sk)} -> {shown(sk)}); the input breaks the "
                            "monotonic sort key this Top-N strategy relies on (upstream state expired?)")
         self._emit_worse(row, self._row_number(sk, rk, buf), old, old_rank, buf)
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from changelake.errors import ConfigError
+from changelake.log_values import shown_row
 from changelake.operators import changelog_mode as cm
 from changelake.operators._base import Kernel
 from changelake.operators._rows import DELETE, INSERT, UPDATE_AFTER, Changes, is_accumulate, project
@@ -82,7 +83,7 @@ class SinkUpsertMaterializer(Kernel):
                 store.put(key, alive, now)
                 continue
             if pos < 0:
-                self.stale(lambda: f"retraction of {row!r} found no row for sink key {key!r}")
+                self.stale(lambda: f"retraction ({shown_row(row)}) found no row for sink key {key!r}")
                 continue
             alive = alive[:pos] + alive[pos + 1:]
             if not alive:

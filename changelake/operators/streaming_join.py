@@ -42,6 +42,7 @@ import pyarrow as pa
 
 from changelake.changelog import RowKind
 from changelake.errors import ConfigError
+from changelake.log_values import shown_row
 from changelake.operators import _join_bundle as columnar
 from changelake.operators import changelog_mode as cm
 from changelake.operators._base import Kernel, MiniBatchBuffer
@@ -153,9 +154,9 @@ class _JoinBase(Kernel):
             return found
         return [(o, a) for o, a in found if (cond(row, o) if is_left else cond(o, row))]
 
-    def _stale(self, kind: int, row: tuple, is_left: bool) -> None:
-        self.stale(lambda: f"{RowKind(kind).short} {row!r} on the {'left' if is_left else 'right'} input "
-                           "found no stored row to retract")
+    def _stale(self, kind: int, row: tuple, is_left: bool, jk: tuple) -> None:
+        self.stale(lambda: f"{RowKind(kind).short} ({shown_row(row)}) on the {'left' if is_left else 'right'} input "
+                           f"found no stored row to retract for join key {jk!r}")
 
     def _element(self, kind: int, row: tuple, is_left: bool, now: int, out: Changes) -> None:
         raise NotImplementedError
@@ -228,7 +229,7 @@ class StreamingJoin(_JoinBase):
             mine.add(jk, row, now, len(matches) if my_outer else 0)
             return
         if not suppress and not mine.retract(jk, row, now):
-            self._stale(kind, row, is_left)
+            self._stale(kind, row, is_left, jk)
         if not matches:
             if my_outer:
                 out.emit(DELETE, self._padded(row, is_left))
@@ -335,7 +336,7 @@ class StreamingJoin(_JoinBase):
             if kind == INSERT or kind == UPDATE_AFTER:
                 mine.add(jk, row, now, 0)
             elif not suppress and not mine.retract(jk, row, now):
-                self._stale(kind, row, is_left)
+                self._stale(kind, row, is_left, jk)
             if matches:
                 kinds.extend([kind] * len(matches))
                 rows.extend([row + o for o in matches] if is_left else [o + row for o in matches])
@@ -429,7 +430,7 @@ class StreamingSemiAntiJoin(_JoinBase):
             if is_accumulate(kind):
                 self.left.add(jk, row, now, len(matches))
             elif not self.left.retract(jk, row, now):
-                self._stale(kind, row, is_left)
+                self._stale(kind, row, is_left, jk)
             return
         if is_accumulate(kind):
             self.right.add(jk, row, now)
@@ -439,7 +440,7 @@ class StreamingSemiAntiJoin(_JoinBase):
                 self.left.update_assoc(jk, left_row, a + 1, now)
             return
         if not self.right.retract(jk, row, now):
-            self._stale(kind, row, is_left)
+            self._stale(kind, row, is_left, jk)
         for left_row, a in matches:
             if a == 1:
                 out.emit(INSERT if self._anti else DELETE, left_row)

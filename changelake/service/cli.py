@@ -6,6 +6,7 @@ Every option can also be set through the environment variable shown in ``--help`
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import subprocess
 import sys
@@ -39,6 +40,19 @@ class _EnvDefault(argparse.Action):
 def _config_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("-c", "--config", action=_EnvDefault, envvar="CHANGELAKE_CONFIG", required=True,
                    help="pipeline YAML file")
+
+
+def _dlq_filters(p: argparse.ArgumentParser) -> None:
+    _config_option(p)
+    for flag, what in (("--source", "of this source (sources[].name)"),
+                       ("--reason", "with this reason (malformed, schema-mismatch, unrouted, ...)"),
+                       ("--table", "meant for this table (e.g. one quarantined table of a routed source)"),
+                       ("--topic", "read from this topic"), ("--partition", "read from this partition"),
+                       ("--min-offset", "at or after this offset"), ("--max-offset", "at or before this offset"),
+                       ("--since", "with a Kafka timestamp at or after this (ISO 8601 or epoch ms)"),
+                       ("--until", "with a Kafka timestamp at or before this (ISO 8601 or epoch ms)")):
+        name = flag[2:].upper().replace("-", "_")
+        p.add_argument(flag, action=_EnvDefault, envvar=f"CHANGELAKE_DLQ_{name}", help=f"only dead letters {what}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -78,19 +92,25 @@ def build_parser() -> argparse.ArgumentParser:
     exp = sub.add_parser("explain", help="print the pipeline's operator graph with changelog modes")
     _config_option(exp)
 
-    dlq = sub.add_parser("dlq", help="dead letters: replay quarantined messages once their cause is fixed")
+    dlq = sub.add_parser("dlq", help="dead letters: list, show, and replay them once their cause is fixed")
     dlq_sub = dlq.add_subparsers(dest="dlq_command", required=True, metavar="DLQ_COMMAND")
-    rep = dlq_sub.add_parser("replay", help="produce quarantined messages again to their topic (once each)")
-    _config_option(rep)
-    rep.add_argument("--source", action=_EnvDefault, envvar="CHANGELAKE_DLQ_SOURCE",
-                     help="only dead letters of this source")
-    rep.add_argument("--reason", action=_EnvDefault, envvar="CHANGELAKE_DLQ_REASON",
-                     help="only dead letters with this reason (malformed, schema-mismatch, ...)")
-    rep.add_argument("--table", action=_EnvDefault, envvar="CHANGELAKE_DLQ_TABLE",
-                     help="only dead letters meant for this table (e.g. one quarantined table of a routed source)")
-    rep.add_argument("--to-topic", action=_EnvDefault, envvar="CHANGELAKE_DLQ_TO_TOPIC",
-                     help="produce to this topic instead of each message's own")
+    lst = dlq_sub.add_parser("list", help="the dead letters, one line each (position, source, table, reason, ...)")
+    _dlq_filters(lst)
+    lst.add_argument("--limit", action=_EnvDefault, envvar="CHANGELAKE_DLQ_LIMIT", default="50",
+                     help="lines shown (0: all); --json prints all")
+    lst.add_argument("--json", action="store_true", help="a JSON array (no key/value bytes: see show)")
+    show = dlq_sub.add_parser("show", help="every field of dead letters, key and value included")
+    show.add_argument("position", nargs="?", help="topic/partition/offset, as list prints it (else: the filters)")
+    _dlq_filters(show)
+    show.add_argument("--json", action="store_true", help="a JSON array with key and value (text and base64)")
+    rep = dlq_sub.add_parser("replay", help="produce dead letters again, to the source's replay topic that the "
+                             "pipeline reads (once each)")
+    _dlq_filters(rep)
+    rep.add_argument("--force", action="store_true",
+                     help="also send letters whose reason cannot succeed again (malformed, unknown-op)")
+    rep.add_argument("--again", action="store_true", help="also send letters that were replayed before")
     rep.add_argument("--dry-run", action="store_true", help="count what would be replayed, send nothing")
+    rep.add_argument("--json", action="store_true", help="the outcome as JSON")
 
     arc = sub.add_parser("jvm-archive", help="write the Spark JVM's class-data-sharing archive (a faster start): "
                          "runs the demo on a few changes once")
@@ -135,6 +155,9 @@ def _load(args: argparse.Namespace) -> Any:
     from changelake.service.config import load_config
 
     config = load_config(args.config)
+    if config.logging.row_values:
+        from changelake.log_values import ENV
+        os.environ[ENV] = "1"       # before Spark starts: its local workers inherit it
     if args.log_level is None or args.log_format is None:
         configure_logging(args.log_level or config.logging.level, args.log_format or config.logging.format)
     return config
@@ -166,15 +189,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(explain(_load(args)))
         return 0
     if args.command == "dlq":
-        from changelake.service.dlq import replay
-        result = replay(_load(args), source=args.source, reason=args.reason, table=args.table,
-                        to_topic=args.to_topic, dry_run=args.dry_run)
-        if args.dry_run:
-            print(f"would replay {sum(result.remaining_by_reason.values())} dead letter(s) "
-                  f"{result.remaining_by_reason}; {result.already_replayed} already replayed")
-        else:
-            print(f"replayed {result.replayed} dead letter(s); {result.already_replayed} already replayed before")
-        return 0
+        return _dlq(args)
     if args.command == "run":
         from changelake.service.runner import PipelineRunner
         config = _load(args)
@@ -189,6 +204,51 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "jvm-archive":
         return _jvm_archive(args)
     raise AssertionError(args.command)
+
+
+def _dlq(args: argparse.Namespace) -> int:
+    from changelake.service import dlq
+
+    def number(flag: str, text: str | None) -> int | None:
+        if text is None:
+            return None
+        if not text.lstrip("-").isdigit():
+            raise ConfigError(f"{flag} {text!r}: give a whole number")
+        return int(text)
+
+    where = dlq.Filters(source=args.source, reason=args.reason, table=args.table, topic=args.topic,
+                        partition=number("--partition", args.partition),
+                        min_offset=number("--min-offset", args.min_offset),
+                        max_offset=number("--max-offset", args.max_offset), since=args.since, until=args.until)
+    config = _load(args)
+    if args.dlq_command == "list":
+        letters = dlq.list_letters(config, where)
+        print(dlq.as_json(letters, payload=False) if args.json else
+              dlq.format_list(letters, limit=number("--limit", args.limit) or None))
+        return 0
+    if args.dlq_command == "show":
+        if args.position:
+            at = dlq.parse_position(args.position)
+            where = dataclasses.replace(where, topic=at.topic, partition=at.partition, min_offset=at.min_offset,
+                                        max_offset=at.max_offset)
+        letters = dlq.list_letters(config, where)
+        print(dlq.as_json(letters, payload=True) if args.json else dlq.format_show(letters))
+        return 0 if letters or not args.position else 1
+    result = dlq.replay(config, where, force=args.force, again=args.again, dry_run=args.dry_run)
+    if args.json:
+        print(dlq.result_json(result, dry_run=args.dry_run))
+        return 0
+    sent = sum(result.by_reason.values())
+    print(f"{'would replay' if args.dry_run else 'replayed'} {sent} dead letter(s)"
+          + (f" {result.by_reason} to {', '.join(sorted(result.topics))}" if sent else ""))
+    if result.already_replayed:
+        print(f"{result.already_replayed} already replayed, not sent again (--again sends them)")
+    if result.refused:
+        refused = ", ".join(f"{k} {v}" for k, v in sorted(result.refused.items()))
+        print(f"refused {sum(result.refused.values())} whose reason cannot succeed again ({refused}); "
+              "--force sends malformed and unknown-op letters anyway; late and operator-error letters hold "
+              "the decoded row, not the message, and are never sent")
+    return 0
 
 
 def _jvm_archive(args: argparse.Namespace) -> int:

@@ -229,6 +229,8 @@ class RouteRule(TableSettings):
 
 #: the columns ``origin_columns: true`` adds (the change's own database and table)
 ORIGIN_COLUMNS = ("source_db", "source_table")
+#: ``changelake dlq replay`` writes a dead letter of topic T to T + this, unless the source names a replay_topic
+REPLAY_SUFFIX = ".replay"
 
 
 class SourceSpec(_Model):
@@ -258,6 +260,10 @@ class SourceSpec(_Model):
         "'Schema changes')")
     dead_letter_topic: str | None = Field(None, description="Kafka topic for this source's dead letters "
                                           "(overrides dead_letter.topic); else the dead-letter Delta table")
+    replay_topic: str | None = Field(None, description="the topic `changelake dlq replay` produces this source's "
+                                     "dead letters to, read by the pipeline as part of this source with each "
+                                     "message's original position (docs/operations.md, 'Dead letters'); default: "
+                                     "<topic>.replay for each of its topics")
     table: str | None = Field(None, description="mirror the source into this table; omit when only views read it")
     route: list[RouteRule] | None = Field(None, min_length=1, description="route each change to a table named "
                                           "from the change's own database and table, created on first sight "
@@ -331,7 +337,25 @@ class SourceSpec(_Model):
                 re.compile(self.topic_pattern)
             except re.error as exc:
                 raise ValueError(f"topic_pattern is not a valid regular expression: {exc}") from None
+        if self.replay_topic is not None and (self.replay_topic in (self.topics or ()) or (
+                self.topic_pattern is not None and re.fullmatch(self.topic_pattern, self.replay_topic))):
+            raise ValueError(f"replay_topic {self.replay_topic!r} is one of the source's own topics; replays go to a "
+                             "topic of the pipeline's own (default <topic>.replay), never to the database's")
+        if self.replay_topic is not None and self.replay_topic == self.dead_letter_topic:
+            raise ValueError("replay_topic and dead_letter_topic must differ")
         return self
+
+    def replay_topic_for(self, topic: str) -> str:
+        """Where ``changelake dlq replay`` sends a dead letter read from ``topic``."""
+        return self.replay_topic or topic + REPLAY_SUFFIX
+
+    def replay_topic_regex(self) -> str:
+        """A regular expression that fully matches this source's replay topics (those of a pattern as well)."""
+        if self.replay_topic is not None:
+            return re.escape(self.replay_topic)
+        if self.topic_pattern is not None:
+            return f"(?:{self.topic_pattern}){re.escape(REPLAY_SUFFIX)}"
+        return "|".join(re.escape(t + REPLAY_SUFFIX) for t in self.topics or ())
 
 
 def _sequence_by_problems(i: int, s: SourceSpec) -> list[tuple[tuple, str]]:
@@ -578,6 +602,10 @@ class LoggingSettings(_Model):
                                             "logger, msg, exception); --log-format or CHANGELAKE_LOG_FORMAT wins")
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
         "INFO", description="the service's log level; --log-level or CHANGELAKE_LOG_LEVEL wins")
+    row_values: bool = Field(False, description="show row values in log lines and errors about a row (stale "
+                             "retractions, values that do not fit a column); off: keys and counts only. Sets "
+                             "CHANGELAKE_LOG_ROW_VALUES=1 for the process and its Spark workers (a cluster's "
+                             "executors: spark.executorEnv.CHANGELAKE_LOG_ROW_VALUES)")
 
     @field_validator("format", "level", mode="before")
     @classmethod

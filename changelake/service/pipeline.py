@@ -113,9 +113,13 @@ class _Route:
                                     options=spec.decoder_options())
         self._rx = re.compile(spec.topic_pattern) if spec.topic_pattern else None
         self._topics = frozenset(spec.topics or ())
+        self._replay_rx = re.compile(spec.replay_topic_regex())
 
     def matches(self, topic: str) -> bool:
-        return topic in self._topics if self._rx is None else bool(self._rx.fullmatch(topic))
+        """The source reads ``topic``: one of its own, or its replay topic (a replayed message has its original
+        topic from its headers; only one produced there by hand keeps the replay topic's)."""
+        return (topic in self._topics if self._rx is None else bool(self._rx.fullmatch(topic))) or \
+            bool(self._replay_rx.fullmatch(topic))
 
 
 _NO_GRAPH: Any = object()
@@ -375,7 +379,8 @@ class BatchProcessor:
                 "value": r.row.encode(), "reason": "operator-error",
                 "error": (f"view {r.node!r} could not process this {r.side} input row (position {r.seq}): "
                           f"{r.error}. The row was set aside and the pipeline went on; fix the value or the "
-                          "view, then `changelake dlq replay` delivers it again")})
+                          "view; `changelake dlq show` shows the row (a decoded row, not a message: it is not "
+                          "replayed)")})
         out = []
         for source, letters in by_source.items():
             route = self._route_of(source)
@@ -697,6 +702,8 @@ def kafka_reader_options(config: ChangelakeConfig) -> dict[str, str]:
                 starting[t] = s.starting_offsets
     if any(v != "earliest" for v in starting.values()):
         opts["startingOffsets"] = json.dumps(starting)
+    opts["replayTopics"] = "|".join(f"(?:{s.replay_topic_regex()})" for s in config.sources)
+    opts["replayPipeline"] = config.pipeline.id
     opts["readTasks"] = str(config.pipeline.read_tasks)
     opts["sequenceState"] = config.pipeline.checkpoint     # the partitions' epoch states (service.epochs)
     if config.pipeline.max_records_per_batch:

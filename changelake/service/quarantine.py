@@ -36,6 +36,7 @@ from deltalake.exceptions import TableNotFoundError
 from changelake import metrics
 from changelake.changelog import DEAD_LETTER_SCHEMA, OFFSET, PARTITION, TOPIC, user_columns
 from changelake.connectors.delta_sink_schema import ColumnChange, column_changes
+from changelake.log_values import shown
 from changelake.service.config import ChangelakeConfig, TableSpecModel
 from changelake.service.key_inference import TableKeys
 
@@ -179,7 +180,7 @@ def convert(rows: pa.Table, dead_letters: pa.Table, raw: pa.Table, types: dict[s
     for name, target in types.items():
         for i, value in _uncastable(rows[name], target):
             key = (rows[TOPIC][i].as_py(), rows[PARTITION][i].as_py(), rows[OFFSET][i].as_py())
-            bad.setdefault(key, f"column {name!r}: value {value!r:.80} does not fit the table's type {target}; "
+            bad.setdefault(key, f"column {name!r}: value {shown(value)} does not fit the table's type {target}; "
                                 f"table {table!r} keeps its type under its schema_change behaviour. Choose "
                                 "evolve, try_evolve or lenient to widen the column, then replay this dead letter")
     if bad:

@@ -27,6 +27,11 @@ Options (all strings, as Spark passes them):
 ``readTasks``              Spark tasks per micro-batch (default 2); partition ranges are packed into them
 ``sequenceState``          the pipeline's checkpoint: each range carries its partition's epoch state at
                            its start (``changelake.formats.sequence``), read there
+``replayTopics``           a regular expression over the topics ``changelake dlq replay`` writes to: those
+                           that exist are read too (a new one from its start), and each of their records
+                           takes its original topic, partition and offset from its headers (below)
+``replayPipeline``         the pipeline id: a replayed record whose ``changelake.pipeline`` header names
+                           another pipeline (one sharing the replay topic) is not read
 ``kafka.<property>``       passed to the consumer (``kafka.security.protocol``, ``kafka.sasl.*``,
                            ``kafka.ssl.*``)
 =========================  ===============================================================
@@ -36,11 +41,18 @@ plus ``expired`` (int64): the number of offsets before this record that had
 already been deleted from Kafka when the read started (data lost upstream).
 When a whole planned range has expired, the reader emits one marker row with
 ``offset = -1`` carrying only that count. :func:`split_markers` separates them.
+
+A replayed record (``changelake dlq replay``, service/dlq.py) carries where it was first read in
+the headers ``changelake.topic``, ``changelake.partition`` and ``changelake.offset``; its row has
+that position instead of the replay topic's, so it is decoded as part of its source with the
+ordering token (``_seq``) it would have had, and a dead letter of it names the same position again.
+A record of a replay topic without those headers keeps its own position.
 """
 
 from __future__ import annotations
 
 import bisect
+import functools
 import json
 import logging
 import re
@@ -92,6 +104,8 @@ class KafkaOptions:
     read_tasks: int
     consumer_properties: Mapping[str, str]
     sequence_state: str | None = None
+    replay_topics: str | None = None
+    replay_pipeline: str | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> "KafkaOptions":
@@ -105,11 +119,12 @@ class KafkaOptions:
         if bool(topics) == bool(pattern):
             raise SourceError("give the Kafka source exactly one of 'topics' (a comma-separated list) "
                               "or 'topicPattern' (a regular expression)")
-        if pattern is not None:
-            try:
-                re.compile(pattern)
-            except re.error as exc:
-                raise SourceError(f"topicPattern {pattern!r} is not a valid regular expression: {exc}") from None
+        for option, value in (("topicPattern", pattern), ("replayTopics", opts.get("replaytopics"))):
+            if value:
+                try:
+                    re.compile(value)
+                except re.error as exc:
+                    raise SourceError(f"{option} {value!r} is not a valid regular expression: {exc}") from None
         limit = opts.get("maxrecordspertrigger")
         max_records = int(limit) if limit else None
         if max_records is not None and max_records <= 0:
@@ -126,7 +141,13 @@ class KafkaOptions:
             read_tasks=max(1, int(opts.get("readtasks", "2"))),
             consumer_properties=props,
             sequence_state=opts.get("sequencestate") or None,
+            replay_topics=opts.get("replaytopics") or None,
+            replay_pipeline=opts.get("replaypipeline") or None,
         )
+
+    def is_replay(self, topic: str) -> bool:
+        """``topic`` is one of the pipeline's replay topics."""
+        return self.replay_topics is not None and _regex(self.replay_topics).fullmatch(topic) is not None
 
     def consumer_config(self) -> dict[str, Any]:
         conf: dict[str, Any] = {
@@ -229,6 +250,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             names = sorted(t for t in md.topics if rx.fullmatch(t) and not t.startswith("__"))
         else:
             names = list(self.options.topics)
+        # replay topics that exist (changelake dlq replay creates them); a new one is read from its start
+        names += sorted(t for t in md.topics if t not in names and self.options.is_replay(t)
+                        and md.topics[t].error is None and md.topics[t].partitions)
         out: list[tuple[str, int]] = []
         for name in names:
             topic = md.topics.get(name)
@@ -378,6 +402,11 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             yield from read_range(self.options, rng)
 
 
+@functools.lru_cache(maxsize=8)
+def _regex(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern)
+
+
 def commit_group_offsets(options: KafkaOptions, group_id: str, end: Offsets) -> None:
     """Commit ``end`` (the next offset to read, per partition) to consumer group ``group_id`` without
     joining it. Informational: a failure is logged, never raised."""
@@ -487,7 +516,8 @@ def read_range(options: KafkaOptions, rng: KafkaRange) -> Iterator[pa.RecordBatc
             last_progress = time.monotonic()
             msgs, offsets, position = _records_in_range(msgs, rng, position)
             if msgs:
-                yield _record_batch(rng, msgs, offsets, pending_expired)
+                yield _record_batch(rng, msgs, offsets, pending_expired,
+                                    replayed=(options.replay_pipeline or "") if options.is_replay(rng.topic) else None)
                 pending_expired = 0
         if pending_expired:
             yield _marker_batch(rng, pending_expired)
@@ -525,11 +555,15 @@ def _records_in_range(msgs: list[Any], rng: KafkaRange, position: int) -> tuple[
     return msgs, offsets, position
 
 
-def _record_batch(rng: KafkaRange, msgs: list[Any], offsets: list[int], expired: int) -> pa.RecordBatch:
+def _record_batch(rng: KafkaRange, msgs: list[Any], offsets: list[int], expired: int, *,
+                  replayed: str | None = None) -> pa.RecordBatch:
     """``msgs`` (records of ``rng``'s partition) as one batch of :data:`ARROW_SCHEMA`; ``expired`` goes on
-    the first row (the offsets lost before it)."""
+    the first row (the offsets lost before it). ``replayed`` (the pipeline id): ``rng`` is a replay topic,
+    whose records take their original position from their headers (module doc)."""
     from confluent_kafka import Message
 
+    if replayed is not None:
+        return _replayed_batch(rng, msgs, offsets, expired, pipeline=replayed)
     n = len(msgs)
     # a timestamp of type 0 (TIMESTAMP_NOT_AVAILABLE) is no time
     stamps = [ts if kind else None for kind, ts in map(Message.timestamp, msgs)]
@@ -544,6 +578,31 @@ def _record_batch(rng: KafkaRange, msgs: list[Any], offsets: list[int], expired:
         pa.array(list(map(Message.value, msgs)), pa.binary()),
         pa.array(lost),
     ], schema=ARROW_SCHEMA)
+
+
+def _replayed_batch(rng: KafkaRange, msgs: list[Any], offsets: list[int], expired: int, *,
+                    pipeline: str) -> pa.RecordBatch:
+    """Records of a replay topic at their original positions; those another pipeline replayed are left out."""
+    rows = []
+    for msg, offset in zip(msgs, offsets):
+        h = {k: (v or b"").decode("utf-8", "replace") for k, v in msg.headers() or ()
+             if k.startswith("changelake.")}
+        if pipeline and h.get("changelake.pipeline", pipeline) != pipeline:
+            continue
+        topic, partition, original = h.get("changelake.topic"), h.get("changelake.partition"), \
+            h.get("changelake.offset")
+        kind, ts = msg.timestamp()
+        if topic and partition and original and partition.isdigit() and original.isdigit():
+            position = (topic, int(partition), int(original))
+        else:
+            position = (rng.topic, rng.partition, offset)
+        rows.append({"topic": position[0], "partition": position[1], "offset": position[2],
+                     "timestamp": ts if kind else None, "key": msg.key(), "value": msg.value(), EXPIRED: 0})
+    if rows:
+        rows[0][EXPIRED] = expired
+    elif expired:
+        return _marker_batch(rng, expired)
+    return pa.RecordBatch.from_pylist(rows, schema=ARROW_SCHEMA)
 
 
 def _marker_batch(rng: KafkaRange, expired: int) -> pa.RecordBatch:

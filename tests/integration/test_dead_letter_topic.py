@@ -62,13 +62,22 @@ def test_bad_messages_go_to_the_dead_letter_topic_with_bytes_and_headers(spark, 
     again.dead_letters.write(letters, batch_id=0)
     assert len(_letters_in(kafka.bootstrap_servers, dlq_topic)) == 3
 
-    # changelake dlq replay reads the topic: each letter is sent back to its topic once
-    from changelake.service.dlq import replay
-    assert replay(config, dry_run=True).remaining_by_reason == {"malformed": 2, "unknown-op": 1}
-    assert replay(config).replayed == 3
-    assert replay(config).replayed == 0
-    replayed = [m for m in _letters_in(kafka.bootstrap_servers, topic) if m.headers()]
+    # changelake dlq list / replay read the topic; these reasons cannot succeed again: sent only when forced,
+    # to the source's replay topic (never its own), once each
+    from changelake.service.dlq import Filters, list_letters, replay
+    listed = list_letters(config, Filters(source="products"))
+    assert sorted(r["offset"] for r in listed) == sorted(int(header_dict(m.headers())["offset"]) for m in got)
+    assert {r["store"] for r in listed} == {dlq_topic} and {r["replay"] for r in listed} == {"force"}
+    refused = replay(config, dry_run=True)
+    assert (refused.by_reason, refused.refused) == ({}, {"malformed": 2, "unknown-op": 1})
+    assert replay(config, force=True, dry_run=True).by_reason == {"malformed": 2, "unknown-op": 1}
+    assert replay(config, force=True).replayed == 3
+    assert replay(config, force=True).replayed == 0
+    assert not [m for m in _letters_in(kafka.bootstrap_servers, topic) if m.headers()]
+    replayed = _letters_in(kafka.bootstrap_servers, f"{topic}.replay")
     assert sorted(m.value() for m in replayed) == sorted(bad.values())
+    assert {(header_dict(m.headers())["topic"], header_dict(m.headers())["source"]) for m in replayed} == \
+        {(topic, "products")}
 
 
 def _letter(topic: str, partition: int, offset: int) -> pa.Table:

@@ -142,3 +142,16 @@ def test_the_yaml_logging_section_sets_json_logs_unless_a_flag_or_variable_says_
     finally:
         from changelake.service.logs import configure_logging
         configure_logging("INFO", "text")
+
+
+def test_the_yaml_logging_row_values_turns_row_values_on_for_the_process(tmp_path, monkeypatch):
+    from changelake.log_values import ENV, row_values_in_logs, shown_row
+
+    monkeypatch.setenv(ENV, "")         # (restored after the test, though the command sets it)
+    path = tmp_path / "p.yaml"
+    path.write_text(GOOD)
+    assert main(["explain", "-c", str(path)]) == 0
+    assert not row_values_in_logs() and "secret" not in shown_row((1, "secret"))
+    path.write_text(GOOD + "logging: {row_values: true}\n")
+    assert main(["explain", "-c", str(path)]) == 0
+    assert row_values_in_logs() and "secret" in shown_row((1, "secret"))

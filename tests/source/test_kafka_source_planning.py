@@ -139,3 +139,33 @@ def test_a_source_starting_at_a_time_asks_for_it_in_epoch_ms():
     assert json.loads(opts["startingOffsets"]) == {"a": {"timestamp": 1793491200000}, "b": {"timestamp": 1793491200000}}
     with pytest.raises(ConfigError, match="needs 'topics'"):
         config({"topic_pattern": "a.*", "starting_offsets": {"timestamp": "2026-11-01T00:00:00Z"}})
+
+
+class _Msg:
+    def __init__(self, headers, value=b"v"):
+        self._headers, self._value = headers, value
+
+    def headers(self):
+        return self._headers
+
+    def timestamp(self):
+        return (1, 1_700_000_000_000)
+
+    def key(self):
+        return b"k"
+
+    def value(self):
+        return self._value
+
+
+def test_replayed_records_take_their_original_position_and_other_pipelines_replays_are_left_out():
+    from changelake.spark.kafka_source import KafkaRange, _record_batch
+
+    def h(pipeline, offset):
+        return [("changelake.topic", b"db.t"), ("changelake.partition", b"2"),
+                ("changelake.offset", str(offset).encode()), ("changelake.pipeline", pipeline.encode())]
+
+    msgs = [_Msg(h("p1", 17)), _Msg(h("other", 18)), _Msg(None, b"by hand"), _Msg(h("p1", 5))]
+    batch = _record_batch(KafkaRange("db.t.replay", 0, 0, 4), msgs, [0, 1, 2, 3], 0, replayed="p1")
+    assert [(r["topic"], r["partition"], r["offset"], r["value"]) for r in batch.to_pylist()] == [
+        ("db.t", 2, 17, b"v"), ("db.t.replay", 0, 2, b"by hand"), ("db.t", 2, 5, b"v")]
