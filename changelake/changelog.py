@@ -128,13 +128,40 @@ def seq_from_log_position(*parts: int, offset: int) -> str:
     return f"l{body}{offset:0{_SEQ_WIDTH}d}"
 
 
-def with_batch_seq(changes: pa.Table, batch_id: int) -> pa.Table:
-    """``changes`` (an operator's output, in order) with ``_seq`` = batch id and position.
+#: Batch ids of one checkpoint generation below this: :func:`commit_position` packs both into one int64.
+GENERATION_SPAN = 1 << 40
+
+
+def commit_position(batch_id: int, generation: int = 0) -> int:
+    """Where a micro-batch stands in a pipeline's life: its checkpoint's generation, then its batch id.
+
+    A new checkpoint restarts its batch ids at 0; its generation is higher than every earlier one's
+    (``changelake.service.lifecycle``), so its batches come after theirs. Generation 0 is the
+    checkpoints recorded before generations existed: their positions are their batch ids, as before.
+    The position is the Delta transaction version of every sink commit and the ``b`` part of a view's
+    ``_seq`` (:func:`with_batch_seq`).
+    """
+    if not 0 <= batch_id < GENERATION_SPAN:
+        raise ValueError(f"batch id {batch_id} is outside [0, 2^40)")
+    if generation < 0:
+        raise ValueError(f"checkpoint generation must be >= 0, got {generation}")
+    return generation * GENERATION_SPAN + batch_id
+
+
+def split_commit_position(position: int) -> tuple[int, int]:
+    """(generation, batch id) of a :func:`commit_position`."""
+    return divmod(position, GENERATION_SPAN)
+
+
+def with_batch_seq(changes: pa.Table, batch_id: int, generation: int = 0) -> pa.Table:
+    """``changes`` (an operator's output, in order) with ``_seq`` = commit position and row position.
 
     Operators emit new rows with no log position; what orders them for the sink is the
-    micro-batch they come from and, within it, their position (a key's changes are in order).
+    micro-batch they come from (its :func:`commit_position`: a newer checkpoint's batches after
+    an older one's) and, within it, their position (a key's changes are in order).
     """
-    seqs = pa.array([f"b{batch_id:0{_SEQ_WIDTH}d}{i:0{_SEQ_WIDTH}d}" for i in range(changes.num_rows)], pa.string())
+    at = commit_position(batch_id, generation)
+    seqs = pa.array([f"b{at:0{_SEQ_WIDTH}d}{i:0{_SEQ_WIDTH}d}" for i in range(changes.num_rows)], pa.string())
     if SEQ in changes.column_names:
         return changes.set_column(changes.schema.get_field_index(SEQ), SEQ, seqs)
     return changes.append_column(SEQ, seqs)

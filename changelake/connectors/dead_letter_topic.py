@@ -1,4 +1,4 @@
-"""Dead letters to a Kafka topic, once per (pipeline id, batch id).
+"""Dead letters to a Kafka topic, once per (pipeline id, checkpoint generation, batch id).
 
 Each dead letter is produced with its raw key and value bytes (and the original
 timestamp) and these headers, all UTF-8 text:
@@ -15,12 +15,14 @@ header                      value
 ``changelake.table``        the table it was meant for (absent when none: a routed message no rule took)
 ``changelake.pipeline``     the pipeline id
 ``changelake.batch``        the micro-batch id (decimal)
+``changelake.generation``   the checkpoint's generation (decimal; absent: 0, before generations)
 ==========================  ====================================================
 
 Exactly once per batch::
 
-    ledger records batch id b (Delta txn, app id changelake:<pipeline>:dead-letter-topic) -> skip (replay)
-    first batch of this process: the topic already holds letters of (pipeline, b) -> record b, skip
+    ledger records batch b's commit position (Delta txn, app id changelake:<pipeline>:dead-letter-topic;
+        changelog.commit_position) -> skip (replay); a position ahead of b's -> refuse (connectors.commits)
+    first batch of this process: the topic already holds letters of (pipeline, generation, b) -> record b, skip
     begin Kafka transaction (transactional.id changelake-<pipeline>-dead-letters)
       produce every letter of the batch
     commit the transaction; record b and the end offsets in the ledger
@@ -44,7 +46,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
-from changelake.changelog import DEAD_LETTER_SCHEMA
+from changelake.changelog import DEAD_LETTER_SCHEMA, commit_position
+from changelake.connectors.commits import check_position
 from changelake.connectors.delta_read import read_delta
 from changelake.errors import SinkCommitError
 
@@ -67,11 +70,12 @@ READ_SCHEMA = pa.schema([pa.field("topic", pa.string()), pa.field("partition", p
 _TIMEOUT_S = 60
 
 
-def letter_headers(letter: Mapping[str, Any], *, pipeline_id: str, batch_id: int) -> list[tuple[str, bytes]]:
+def letter_headers(letter: Mapping[str, Any], *, pipeline_id: str, batch_id: int,
+                   generation: int = 0) -> list[tuple[str, bytes]]:
     """Kafka headers of one dead letter (a row of LETTER_SCHEMA as a dict)."""
     fields = {"reason": letter["reason"], "error": letter["error"], "topic": letter["topic"],
               "partition": letter["partition"], "offset": letter["offset"], "source": letter["source"],
-              "pipeline": pipeline_id, "batch": batch_id}
+              "pipeline": pipeline_id, "batch": batch_id, "generation": generation}
     if letter.get("table"):
         fields["table"] = letter["table"]
     return [(HEADER_PREFIX + k, str(v).encode()) for k, v in fields.items()]
@@ -86,8 +90,9 @@ class DeadLetterTopic:
     """Produces dead letters to Kafka topics in one transaction per batch."""
 
     def __init__(self, *, bootstrap_servers: str, properties: Mapping[str, str], pipeline_id: str,
-                 ledger_path: str, storage_options: Mapping[str, str] | None = None) -> None:
+                 ledger_path: str, storage_options: Mapping[str, str] | None = None, generation: int = 0) -> None:
         self.pipeline_id = pipeline_id
+        self.generation = generation
         self.ledger_path = ledger_path
         self._app_id = f"changelake:{pipeline_id}:dead-letter-topic"
         self._client_conf = {"bootstrap.servers": bootstrap_servers, "log_level": 3, **properties}
@@ -97,7 +102,11 @@ class DeadLetterTopic:
 
     def write(self, letters: pa.Table, *, batch_id: int) -> bool:
         """Produce ``letters`` (LETTER_SCHEMA); False when this batch's letters are already in Kafka."""
-        if letters.num_rows == 0 or self._recorded_batch() >= batch_id:
+        if letters.num_rows == 0:
+            return False
+        recorded = self._recorded_batch()
+        if check_position(None if recorded < 0 else recorded, generation=self.generation, batch_id=batch_id,
+                          what=f"the dead-letter ledger {self.ledger_path}") == "replay":
             return False
         topics = pc.unique(letters["dead_letter_topic"]).to_pylist()
         if not self._recovered:
@@ -132,7 +141,8 @@ class DeadLetterTopic:
             for letter in letters.to_pylist():
                 ts = letter["timestamp"]
                 producer.produce(letter["dead_letter_topic"], key=letter["key"], value=letter["value"],
-                                 headers=letter_headers(letter, pipeline_id=self.pipeline_id, batch_id=batch_id),
+                                 headers=letter_headers(letter, pipeline_id=self.pipeline_id, batch_id=batch_id,
+                                                        generation=self.generation),
                                  timestamp=int(ts.timestamp() * 1000) if ts is not None else 0,
                                  on_delivery=delivered)
                 producer.poll(0)
@@ -176,7 +186,8 @@ class DeadLetterTopic:
                           "topic": [t for (t, _), _ in rows], "partition": pa.array([p for (_, p), _ in rows], pa.int32()),
                           "end_offset": pa.array([e for _, e in rows], pa.int64())}, schema=LEDGER_SCHEMA)
         write_deltalake(self.ledger_path, table, mode="append", storage_options=self._storage_options,
-                        commit_properties=CommitProperties(app_transactions=[Transaction(self._app_id, batch_id)]))
+                        commit_properties=CommitProperties(app_transactions=[
+                            Transaction(self._app_id, commit_position(batch_id, self.generation))]))
 
     def _recorded_ends(self) -> dict[tuple[str, int], int]:
         if not DeltaTable.is_deltatable(self.ledger_path, storage_options=self._storage_options):
@@ -194,10 +205,11 @@ class DeadLetterTopic:
         """End offsets of this pipeline's letters of ``batch_id`` found in ``topics`` after the ledger's
         last recorded offsets, or None when there are none."""
         ends: dict[tuple[str, int], int] = {}
-        want = {"pipeline": self.pipeline_id, "batch": str(batch_id)}
+        want = {"pipeline": self.pipeline_id, "batch": str(batch_id), "generation": str(self.generation)}
         for msg in read_topics(self._client_conf, topics, start=self._recorded_ends()):
             h = header_dict(msg.headers())
-            if h.get("pipeline") == want["pipeline"] and h.get("batch") == want["batch"]:
+            if (h.get("pipeline") == want["pipeline"] and h.get("batch") == want["batch"]
+                    and h.get("generation", "0") == want["generation"]):
                 key = (msg.topic(), msg.partition())
                 ends[key] = max(ends.get(key, -1), msg.offset() + 1)
         return ends or None

@@ -2,8 +2,10 @@
 
 Each row keeps the raw key and value bytes, the Kafka position, a bounded
 ``reason`` and the ``error`` text, plus the pipeline id and batch id. Appends
-are idempotent per (pipeline id, batch id) through Delta transaction ids, so a
-batch replayed after a crash does not quarantine its messages twice.
+are idempotent per (pipeline id, checkpoint generation, batch id) through Delta transaction ids
+(the batch's commit position, with the rule of :mod:`changelake.connectors.commits`), so a
+batch replayed after a crash does not quarantine its messages twice, and a new checkpoint's
+batches are written after an older one's.
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ from __future__ import annotations
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
-from changelake.changelog import DEAD_LETTER_SCHEMA
+from changelake.changelog import DEAD_LETTER_SCHEMA, commit_position
+from changelake.connectors.commits import check_position
 from changelake.connectors.delta_read import read_delta
 
 STORE_SCHEMA = DEAD_LETTER_SCHEMA.append(pa.field("source", pa.string())).append(
@@ -20,9 +23,11 @@ STORE_SCHEMA = DEAD_LETTER_SCHEMA.append(pa.field("source", pa.string())).append
 
 
 class DeadLetterStore:
-    def __init__(self, path: str, *, pipeline_id: str, storage_options: dict[str, str] | None = None) -> None:
+    def __init__(self, path: str, *, pipeline_id: str, storage_options: dict[str, str] | None = None,
+                 generation: int = 0) -> None:
         self.path = path
         self.pipeline_id = pipeline_id
+        self.generation = generation
         self._app_id = f"changelake:{pipeline_id}:dead-letters"
         self._storage_options = storage_options or None
 
@@ -32,8 +37,11 @@ class DeadLetterStore:
         when this batch was already written. A store written before the ``table`` column existed gets it."""
         if letters.num_rows == 0:
             return False
-        if self._committed_version() >= batch_id:
+        recorded = self._committed_version()
+        if check_position(None if recorded < 0 else recorded, generation=self.generation, batch_id=batch_id,
+                          what=f"the dead-letter table {self.path}") == "replay":
             return False
+        version = commit_position(batch_id, self.generation)
         n = letters.num_rows
         src = source if isinstance(source, (pa.Array, pa.ChunkedArray)) else pa.array([source] * n, pa.string())
         meant = table if isinstance(table, (pa.Array, pa.ChunkedArray)) else pa.array([table] * n, pa.string())
@@ -42,7 +50,7 @@ class DeadLetterStore:
             .append_column("batch_id", pa.array([batch_id] * n, pa.int64())).append_column("table", meant)
         write_deltalake(self.path, rows.cast(STORE_SCHEMA), mode="append", schema_mode="merge",
                         storage_options=self._storage_options,
-                        commit_properties=CommitProperties(app_transactions=[Transaction(self._app_id, batch_id)]))
+                        commit_properties=CommitProperties(app_transactions=[Transaction(self._app_id, version)]))
         return True
 
     def _committed_version(self) -> int:

@@ -7,10 +7,14 @@ called once per micro-batch from Spark's ``foreachBatch`` on the driver::
                      pipeline_id="orders-cdc", spark=spark)
     result = sink.apply(changes, batch_id=batch_id)
 
-Per batch (see ``docs/sink.md``)::
+Per batch (see ``docs/sink.md``); v = the batch's commit position (checkpoint generation, batch id;
+``changelog.commit_position``), the transaction version of both commits::
 
-    main table records txn (app_id, v) with v >= batch_id -> skip: committed=False (replay)
+    the table's recorded txn (app_id) against v (``connectors.commits``): the batch is there -> skip:
+        committed=False (a replay after a restart); the table is ahead of the checkpoint -> refuse
     create the table / add new nullable columns when needed
+    a view's table (replace_on_new_generation) written by an older checkpoint generation: this batch's
+        MERGE also deletes every row it does not hold (the new checkpoint's views start from nothing)
     a truncate newer than the table's -> record its position, delete the rows older than it
     drop changes older than the table's truncate position (delta_sink_kernel)
     reduce to the latest change per key (delta_sink_kernel)
@@ -40,7 +44,8 @@ import pyarrow as pa
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
-from changelake.changelog import KIND, SEQ
+from changelake.changelog import KIND, SEQ, commit_position, split_commit_position
+from changelake.connectors.commits import check_position, describe
 from changelake.connectors.delta_sink_kernel import (
     align_to_table,
     check_truncate_order,
@@ -130,6 +135,9 @@ class TableSpec:
     track_history: tuple[str, ...] | None = None
     #: what the table does when its source's columns change (``delta_sink_schema`` module doc)
     schema_change: str = "lenient"
+    #: a view's table: the first commit of a newer checkpoint generation replaces its rows (the new
+    #: checkpoint's operators start empty, so their output is the whole view; rows it lacks are stale)
+    replace_on_new_generation: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.primary_key, str) or not self.primary_key:
@@ -157,6 +165,8 @@ class TableSpec:
             raise ConfigError(f"table {self.name}: tombstone_retention must be positive")
         if self.history not in (None, "scd2"):
             raise ConfigError(f"table {self.name}: history must be scd2 or unset, got {self.history!r}")
+        if self.replace_on_new_generation and self.history is not None:
+            raise ConfigError(f"table {self.name}: a history table keeps its versions; it is not replaced")
         if self.track_history is not None:
             if self.history is None:
                 raise ConfigError(f"table {self.name}: track_history applies to history tables; add history: scd2")
@@ -211,6 +221,7 @@ class _Begun:
     truncated: int                 # rows a truncate of this batch deleted
     horizon: str | None            # the table's truncate position: older changes are dropped
     skip: tuple[str, ...] = ()     # batch columns not written (schema_change: ignored or dropped columns)
+    replace: bool = False          # the MERGE also deletes the rows the batch does not hold
 
 
 @dataclass(frozen=True)
@@ -226,18 +237,21 @@ class DeltaUpsertSink(abc.ABC):
     """Upsert-by-primary-key sink for one Delta table; the engine subclasses do the I/O.
 
     Transaction state, schema and properties are read through delta-rs for both
-    engines (a log-only read); data is read and written by the engine.
+    engines (a log-only read); data is read and written by the engine. ``generation``: the running
+    checkpoint's generation (``changelake.service.lifecycle``); the engine methods' ``batch_id`` is the
+    batch's commit position (``changelog.commit_position``), the transaction version they record.
     """
 
     engine: ClassVar[str]
 
     def __init__(self, spec: TableSpec, *, pipeline_id: str, clock: Callable[[], datetime],
-                 max_commit_retries: int) -> None:
+                 max_commit_retries: int, generation: int = 0) -> None:
         if not pipeline_id:
             raise ConfigError("pipeline_id must be non-empty: it keys the sink's exactly-once commits")
         self.spec = spec
         self.pipeline_id = pipeline_id
         self.app_id = f"changelake:{pipeline_id}:{spec.name}"
+        self.generation = generation
         self.tombstone_path = spec.resolved_tombstone_path
         self._clock = clock
         self._max_commit_retries = max_commit_retries
@@ -252,7 +266,7 @@ class DeltaUpsertSink(abc.ABC):
 
     def apply(self, changes: pa.Table, *, batch_id: int, truncate_at: str | None = None,
               dropped_columns: Sequence[str] = ()) -> ApplyResult:
-        """Merge one changelog batch; exactly once per (pipeline id, table, batch id).
+        """Merge one changelog batch; exactly once per (pipeline id, table, checkpoint generation, batch id).
 
         ``truncate_at``: the position (``_seq``) of the latest truncate of the table read in this batch
         (``on_truncate: apply``): rows and changes older than it go, newer ones apply.
@@ -274,7 +288,8 @@ class DeltaUpsertSink(abc.ABC):
         changes = validate_changes(changes, primary_key=self.spec.primary_key, table=self.spec.name,
                                    nullable_key=self.spec.nullable_key)
         dropped = tuple(dropped_columns)
-        return self._committing(batch_id, lambda: self._apply_once(changes, batch_id, truncate_at, dropped))
+        version = commit_position(batch_id, self.generation)
+        return self._committing(batch_id, lambda: self._apply_once(changes, version, truncate_at, dropped))
 
     def _committing(self, batch_id: int,
                     once: Callable[[], tuple[ApplyResult, MergeCounts | None]]) -> ApplyResult:
@@ -328,7 +343,16 @@ class DeltaUpsertSink(abc.ABC):
         return None if state is None else state.version
 
     def committed_batch_id(self) -> int | None:
-        """Greatest batch id committed to the table by this pipeline, or None."""
+        """Greatest batch id of this sink's checkpoint generation committed to the table, or None (also
+        when another generation wrote last: :meth:`committed_position`)."""
+        position = self.committed_position()
+        if position is None:
+            return None
+        generation, batch = split_commit_position(position)
+        return batch if generation == self.generation else None
+
+    def committed_position(self) -> int | None:
+        """The commit position (``changelog.commit_position``) the table last recorded for this pipeline."""
         state = self._state(self.spec.path)
         return None if state is None else state.txn_version
 
@@ -363,7 +387,7 @@ class DeltaUpsertSink(abc.ABC):
         source = split.table_changes
         unavailable = {c: sql_literal(placeholder_value(source.schema.field(c).type, spec.unavailable_value))
                        for c in unavailable_columns(source, spec.unavailable_value)}
-        counts = self._merge_table(source, batch_id=batch_id, unavailable=unavailable)
+        counts = self._merge_table(source, batch_id=batch_id, unavailable=unavailable, replace=begun.replace)
         n_deletes = count_deletes(source)
         return self._result(counts, upserts_sent=source.num_rows - n_deletes, stale_deletes=split.stale_deletes,
                             resurrections_prevented=split.resurrections_prevented,
@@ -375,12 +399,19 @@ class DeltaUpsertSink(abc.ABC):
         committed), the table's creation or contract check and schema changes, the truncate."""
         spec = self.spec
         state = self._state(spec.path)
-        if state is not None and state.txn_version is not None and batch_id <= state.txn_version:
+        generation, batch = split_commit_position(batch_id)
+        recorded = None if state is None else state.txn_version
+        if check_position(recorded, generation=generation, batch_id=batch, what=f"table {spec.name}") == "replay":
             metrics.REPLAYED_BATCHES.labels(table=spec.name).inc()
-            log.info("table %s: batch %d already committed (recorded %d), skipped",
-                     spec.name, batch_id, state.txn_version)
+            log.info("table %s: %s already committed (a replay after a restart), not written again",
+                     spec.name, describe(batch_id))
             return ApplyResult(committed=False, upserts=0, deletes=0, stale_ignored=0,
                                resurrections_prevented=0, table_version=state.version)
+        replace = (spec.replace_on_new_generation and recorded is not None
+                   and split_commit_position(recorded)[0] < generation)
+        if replace:
+            log.info("table %s: written by %s; this checkpoint (generation %d) recomputes the view, so its first "
+                     "commit replaces the table's rows", spec.name, describe(recorded), generation)
 
         fields = stored_fields(schema)
         if state is None:
@@ -410,7 +441,8 @@ class DeltaUpsertSink(abc.ABC):
             self._change_schema(state, plan)
 
         truncated, horizon = self._truncate(state, truncate_at)
-        return _Begun(target_schema=plan.target_schema, truncated=truncated, horizon=horizon, skip=plan.skip)
+        return _Begun(target_schema=plan.target_schema, truncated=truncated, horizon=horizon, skip=plan.skip,
+                      replace=replace)
 
     def _tombstone_state(self) -> "_TableState | None":
         """The tombstone table's state (None before its first tombstone), its contract checked once."""
@@ -655,9 +687,11 @@ class DeltaUpsertSink(abc.ABC):
         """Record -D rows and clear the tombstones of newer +I/+U rows, in one commit with the txn."""
 
     @abc.abstractmethod
-    def _merge_table(self, changes: pa.Table, *, batch_id: int, unavailable: Mapping[str, str] = {}) -> MergeCounts:
+    def _merge_table(self, changes: pa.Table, *, batch_id: int, unavailable: Mapping[str, str] = {},
+                     replace: bool = False) -> MergeCounts:
         """MERGE into the sink table in one commit that records the txn, even when nothing changes
-        (``unavailable``: column -> placeholder literal, see ``delta_sink_merge.table_merge``)."""
+        (``unavailable``: column -> placeholder literal, see ``delta_sink_merge.table_merge``; ``replace``:
+        the same commit deletes every row ``changes`` has no key of)."""
 
     @abc.abstractmethod
     def _delete_tombstones_before(self, cutoff: datetime) -> int:
@@ -704,12 +738,14 @@ def _due(last: datetime | None, every: timedelta, now: datetime) -> bool:
 
 
 def open_sink(spec: TableSpec, *, pipeline_id: str, engine: Engine = "auto",
-              clock: Callable[[], datetime] | None = None, max_commit_retries: int = 3) -> DeltaUpsertSink:
+              clock: Callable[[], datetime] | None = None, max_commit_retries: int = 3,
+              generation: int = 0) -> DeltaUpsertSink:
     """Open the delta-rs sink for one table (no JVM).
 
     ``engine`` "auto" and "delta-rs" both mean delta-rs here; the delta-spark engine needs a Spark
     session, so it is opened by :func:`changelake.spark.delta_sink.open_sink`, which chooses between
     the two. ``clock`` returns the current UTC time (tombstone timestamps and expiry; tests inject one).
+    ``generation``: the running checkpoint's generation (:class:`DeltaUpsertSink`).
     """
     clock = clock or (lambda: datetime.now(timezone.utc))
     if engine not in ("auto", "delta-rs", "delta-spark"):
@@ -720,7 +756,9 @@ def open_sink(spec: TableSpec, *, pipeline_id: str, engine: Engine = "auto",
     if spec.history is not None:
         from changelake.connectors.delta_history import DeltaRsHistorySink
 
-        return DeltaRsHistorySink(spec, pipeline_id=pipeline_id, clock=clock, max_commit_retries=max_commit_retries)
+        return DeltaRsHistorySink(spec, pipeline_id=pipeline_id, clock=clock, max_commit_retries=max_commit_retries,
+                                  generation=generation)
     from changelake.connectors.delta_sink_rs import DeltaRsSink
 
-    return DeltaRsSink(spec, pipeline_id=pipeline_id, clock=clock, max_commit_retries=max_commit_retries)
+    return DeltaRsSink(spec, pipeline_id=pipeline_id, clock=clock, max_commit_retries=max_commit_retries,
+                       generation=generation)

@@ -7,6 +7,7 @@ Target alias ``t``, source alias ``s``; the source carries ``_kind``::
                                                    whose value is the placeholder keeps t's value)
       matched,     s is -D,    t._seq < s._seq  -> DELETE
       not matched, s is +I/+U                    -> INSERT (a placeholder of ``unavailable``: NULL)
+      not matched by source (``replace`` only)   -> DELETE (a view's table replaced by a new checkpoint)
     tombstone MERGE ON key
       matched,     s is -D,    t._seq < s._seq  -> UPDATE _seq, _deleted_at   (a newer delete)
       matched,     s is +I/+U, t._seq < s._seq  -> DELETE                      (a newer re-insert)
@@ -99,6 +100,7 @@ class MergeClauses:
     delete_when: str
     insert_when: str
     insert_values: Mapping[str, str]
+    delete_unmatched: bool = False          # also WHEN NOT MATCHED BY SOURCE THEN DELETE
 
 
 def _assign(columns: Sequence[str], quote: Quote) -> dict[str, str]:
@@ -117,9 +119,10 @@ def key_predicate(primary_key: Sequence[str], quote: Quote, *, nullable: Mapping
 def table_merge(primary_key: Sequence[str], columns: Sequence[str], quote: Quote, *,
                 nullable: Mapping[str, pa.DataType] = _NONE,
                 null_safe_equal: NullSafeEqual | None = None,
-                unavailable: Mapping[str, str] = _NONE) -> MergeClauses:
+                unavailable: Mapping[str, str] = _NONE, replace: bool = False) -> MergeClauses:
     """The sink table's MERGE; ``columns`` are the stored columns (the source's, minus ``_kind``);
-    ``unavailable``: column -> SQL literal of the placeholder a change holds where its value was not sent."""
+    ``unavailable``: column -> SQL literal of the placeholder a change holds where its value was not sent;
+    ``replace``: the rows no change matches are deleted."""
     values = _assign(columns, quote)
     update, insert = dict(values), dict(values)
     for c, literal in unavailable.items():
@@ -129,7 +132,7 @@ def table_merge(primary_key: Sequence[str], columns: Sequence[str], quote: Quote
     return MergeClauses(on=key_predicate(primary_key, quote, nullable=nullable, null_safe_equal=null_safe_equal),
                         update_when=f"{IS_UPSERT} AND {NEWER}", update_set=update,
                         delete_when=f"{IS_DELETE} AND {NEWER}",
-                        insert_when=IS_UPSERT, insert_values=insert)
+                        insert_when=IS_UPSERT, insert_values=insert, delete_unmatched=replace)
 
 
 def sql_literal(value: str | bytes) -> str:

@@ -91,26 +91,30 @@ class DeltaRsSink(DeltaUpsertSink):
         # key-clustered changes in docs/benchmarks-sink.md; equal on random keys) -- unless a key
         # column holds values those filters get wrong (buffered_merge_is_exact).
         buffered = buffered_merge_is_exact(changes.schema, self.spec.primary_key)
-        return (table.merge(changes, clauses.on, source_alias="s", target_alias="t", streamed_exec=not buffered,
-                            commit_properties=self._commit(batch_id))
-                .when_matched_update(dict(clauses.update_set), predicate=clauses.update_when)
-                .when_matched_delete(predicate=clauses.delete_when)
-                .when_not_matched_insert(dict(clauses.insert_values), predicate=clauses.insert_when)
-                .execute())
+        merge = (table.merge(changes, clauses.on, source_alias="s", target_alias="t", streamed_exec=not buffered,
+                             commit_properties=self._commit(batch_id))
+                 .when_matched_update(dict(clauses.update_set), predicate=clauses.update_when)
+                 .when_matched_delete(predicate=clauses.delete_when)
+                 .when_not_matched_insert(dict(clauses.insert_values), predicate=clauses.insert_when))
+        if clauses.delete_unmatched:
+            merge = merge.when_not_matched_by_source_delete()
+        return merge.execute()
 
     def _merge_tombstones(self, changes: pa.Table, *, batch_id: int) -> None:
         clauses = tombstone_merge(self.spec.primary_key, quote, nullable=self._nullable_key_types(changes),
                                   null_safe_equal=datafusion_null_safe_equal)
         self._merge(self._log(self.tombstone_path), changes, clauses, batch_id)
 
-    def _merge_table(self, changes: pa.Table, *, batch_id: int, unavailable: Mapping[str, str] = {}) -> MergeCounts:
+    def _merge_table(self, changes: pa.Table, *, batch_id: int, unavailable: Mapping[str, str] = {},
+                     replace: bool = False) -> MergeCounts:
         table = self._log(self.spec.path)
         before = table.version()
         inserted = updated = deleted = 0
-        if changes.num_rows:
+        if changes.num_rows or replace:
             columns = [c for c in changes.column_names if c != KIND]
             clauses = table_merge(self.spec.primary_key, columns, quote, nullable=self._nullable_key_types(changes),
-                                  null_safe_equal=datafusion_null_safe_equal, unavailable=unavailable)
+                                  null_safe_equal=datafusion_null_safe_equal, unavailable=unavailable,
+                                  replace=replace)
             stats = self._merge(table, changes, clauses, batch_id)
             inserted = stats["num_target_rows_inserted"]
             updated = stats["num_target_rows_updated"]

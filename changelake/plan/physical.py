@@ -136,16 +136,16 @@ class PhysicalPlan:
         return [n for n in self.nodes if node_id in n.inputs]
 
 
-def sink_changes(changes: pa.Table, *, primary_key: Sequence[str], batch_id: int) -> pa.Table:
+def sink_changes(changes: pa.Table, *, primary_key: Sequence[str], batch_id: int, generation: int = 0) -> pa.Table:
     """A sink node's output of one micro-batch, ready for the Delta upsert sink.
 
-    ``changes`` must list each key's changes in order. They get a ``_seq`` from the batch id and
-    their position, and a key whose last change is a ``-U`` gets that row as a ``-D``: the row
+    ``changes`` must list each key's changes in order. They get a ``_seq`` from the batch's commit
+    position (checkpoint generation and batch id) and their position, and a key whose last change is a ``-U`` gets that row as a ``-D``: the row
     was retracted and no ``+U`` replaced it under this key (the sink ignores ``-U``, which is
     right for a before-image followed by its after-image, not for an operator's retraction whose
     new row went to another key or was filtered out).
     """
-    out = with_batch_seq(changes, batch_id)
+    out = with_batch_seq(changes, batch_id, generation)
     kinds = out[KIND]
     ub = pa.scalar(int(RowKind.UPDATE_BEFORE), pa.int8())
     if out.num_rows == 0 or not pc.any(pc.equal(kinds, ub)).as_py():

@@ -26,7 +26,8 @@ Every micro-batch runs :meth:`BatchProcessor.process_decoded` (pure Arrow, no Sp
 5. apply each table's changes (and truncate) through its idempotent Delta sink, the tables at once
    (``BatchProcessor._commit_tables``).
 
-Every write is keyed by (pipeline id, batch id) through Delta transaction ids and
+Every write is keyed by (pipeline id, checkpoint generation, batch id) through Delta transaction ids
+(``connectors.commits``; the generation is decided at start by ``service.lifecycle``) and
 Spark only advances its offsets after the batch function returns, so a crash
 anywhere in between replays the batch, and the replay writes nothing twice. The
 operators' state store versions are per batch too: a replayed batch recomputes from
@@ -177,6 +178,21 @@ class BatchProcessor:
         self.routed_tables: dict[str, TableSpecModel] = {}
         self.last_report: BatchReport | None = None
         self.totals = BatchReport(batch_id=-1)
+        #: the checkpoint's generation (``changelake.service.lifecycle``; set by :meth:`start_generation`)
+        self.generation = 0
+        #: graph tables an older checkpoint generation wrote: this one's first commit replaces them, even
+        #: when the view has no change in it
+        self.replacing: set[str] = set()
+
+    def start_generation(self, generation: int, replaced: Sequence[str] = ()) -> None:
+        """Run as checkpoint generation ``generation`` (every write's commit position); ``replaced``: the
+        graph tables an older generation wrote, each replaced by its first commit."""
+        self.generation = generation
+        self.replacing = set(replaced)
+        self.dead_letters.store.generation = generation
+        self.dead_letters.topic.generation = generation
+        for sink in self.sinks.values():
+            sink.generation = generation
 
     def _table_model(self, name: str) -> TableSpecModel:
         return self.routed_tables[name] if name in self.routed_tables else self.config.table(name)
@@ -200,6 +216,7 @@ class BatchProcessor:
             nullable = next((n.nullable_key for n in self.plan.sinks if n.table == name), ()) if self.plan else ()
             # a mirror's changes may hold its sources' placeholder for values not sent (graph tables' never do)
             unavailable = next((r.spec.unavailable_value for r in self._all_routes() if r.spec.table == name), None)
+            graph_table = self.plan is not None and any(n.table == name for n in self.plan.sinks)
             spec = TableSpec(name=name, path=self._table_path(name), primary_key=self.keys.key_of(name),
                              partition_by=tuple(t.partition_by), nullable_key=nullable, unavailable_value=unavailable,
                              tombstone_retention=timedelta(seconds=parse_duration(t.tombstone_retention)),
@@ -207,8 +224,10 @@ class BatchProcessor:
                              history=t.history,
                              track_history=None if t.track_history is None else tuple(t.track_history),
                              schema_change=self._schema_change_of(name),
+                             replace_on_new_generation=graph_table and t.history is None,
                              storage_options=self.config.storage.plain_options())
-            opened = dict(pipeline_id=self.config.pipeline.id, engine=self.config.storage.engine)
+            opened = dict(pipeline_id=self.config.pipeline.id, engine=self.config.storage.engine,
+                          generation=self.generation)
             if self._spark is None:
                 self.sinks[name] = open_sink(spec, **opened)
             else:   # the Spark wing chooses between delta-spark and delta-rs
@@ -433,9 +452,12 @@ class BatchProcessor:
         empty = {r.spec.table: r for r in self._all_routes() if r.spec.table in truncate_at}
         for name in truncate_at.keys() - per_table.keys():
             per_table[name] = [_empty(empty[name])]
-        for name, changes in (graph_changes or {}).items():
+        graph_changes = dict(graph_changes or {})
+        for name in self.replacing - graph_changes.keys() - frames.keys():
+            graph_changes[name] = _empty_changes(self.plan, name)        # replaced even with no row
+        for name, changes in graph_changes.items():
             pk = self.config.table(name).primary_key
-            out = graph_sink_changes(changes, primary_key=pk, batch_id=batch_id)
+            out = graph_sink_changes(changes, primary_key=pk, batch_id=batch_id, generation=self.generation)
             if self.config.table(name).history is not None:
                 # a view's history has one version per batch and key: the batch's intermediate rows
                 # are the order the operators ran in, not states the source went through
@@ -465,6 +487,7 @@ class BatchProcessor:
         at_once = not frames and all(getattr(self.sinks[n], "engine", None) == "delta-rs" for n, _ in commits)
         results = self._commit_tables(commits, batch_id, at_once=at_once)
         report.committed_tables.extend(name for name, _ in commits if results[name].committed)
+        self.replacing -= {name for name, _ in commits}
         _fault("after-sinks", batch_id)
         report.seconds = time.monotonic() - started
         self.last_report = report
@@ -627,16 +650,24 @@ def with_origin_columns(rows: pa.Table, origin: Origin, *, table: str) -> pa.Tab
     return rows
 
 
-def graph_sink_changes(changes: pa.Table, *, primary_key: Sequence[str], batch_id: int) -> pa.Table:
+def graph_sink_changes(changes: pa.Table, *, primary_key: Sequence[str], batch_id: int,
+                       generation: int = 0) -> pa.Table:
     """A graph table's collected changes of one batch, ready for the Delta sink.
 
     The payloads of the executors' tasks arrive in no particular order; sorted stably by the
     ``_seq`` the graph gave them (the last kernel's output positions), each key's changes are in
     the order that kernel emitted them. Then :func:`~changelake.plan.physical.sink_changes`:
-    ``_seq`` from the batch id and position (after every earlier batch), a lone ``-U`` as ``-D``.
+    ``_seq`` from the batch's commit position and the row's (after every earlier batch, also an older
+    checkpoint generation's), a lone ``-U`` as ``-D``.
     """
     changes = changes.sort_by([(SEQ, "ascending")]) if changes.num_rows > 1 else changes
-    return sink_changes(changes, primary_key=primary_key, batch_id=batch_id)
+    return sink_changes(changes, primary_key=primary_key, batch_id=batch_id, generation=generation)
+
+
+def _empty_changes(plan: PhysicalPlan, table: str) -> pa.Table:
+    """No change for graph table ``table``, with its columns."""
+    schema = next(n.schema for n in plan.sinks if n.table == table)
+    return schema.append(pa.field(KIND, pa.int8())).append(pa.field(SEQ, pa.string())).empty_table()
 
 
 def _key_shapes(routes: list["_Route"], parts: dict[int, dict[str, pa.Table]]) -> dict[str, list[pa.Table]]:
@@ -718,7 +749,12 @@ def start_query(spark: Any, config: ChangelakeConfig, processor: BatchProcessor,
     """Start ``processor``'s streaming query (:mod:`changelake.spark.query`); returns Spark's StreamingQuery."""
     from changelake.spark.query import PipelineQuery, start
 
+    from changelake.service.lifecycle import prepare
+    from changelake.spark.compile import DEFAULT_BUCKETS
+
     once = config.pipeline.available_now if available_now is None else available_now
+    begun = prepare(config, processor.plan, buckets=processor.buckets, default_buckets=DEFAULT_BUCKETS)
+    processor.start_generation(begun.generation, sorted(begun.replaced))
     processor.query = PipelineQuery(processor, read_tasks=config.pipeline.read_tasks)
     return start(spark, processor.query, name=config.pipeline.id, checkpoint=config.pipeline.checkpoint,
                  reader_options=kafka_reader_options(config), available_now=once,

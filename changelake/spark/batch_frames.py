@@ -31,7 +31,7 @@ from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
-from changelake.changelog import _SEQ_WIDTH, DEAD_LETTER_SCHEMA, KIND, SEQ, RowKind
+from changelake.changelog import _SEQ_WIDTH, DEAD_LETTER_SCHEMA, KIND, SEQ, RowKind, commit_position
 from changelake.spark.compile import CHANGES_PART
 from changelake.spark.decode_stage import check_keys, moves_payload, payload_batch
 from changelake.spark.delta_sink_frames import POSITION, with_position
@@ -111,7 +111,7 @@ def typed_rows(batch: DataFrame, routes: Mapping[int, pa.Schema], part: str) -> 
     return out
 
 
-def sink_changes(changes: DataFrame, *, primary_key: Sequence[str], batch_id: int) -> DataFrame:
+def sink_changes(changes: DataFrame, *, primary_key: Sequence[str], batch_id: int, generation: int = 0) -> DataFrame:
     """:func:`changelake.plan.physical.sink_changes` of a graph table's changes (``graph_sink_changes``):
     per key, in the order of the ``_seq`` the graph gave them (ties: batch order), ``_seq`` from the batch
     id and the change's rank in its key (after every earlier batch), and a key's last change, when
@@ -123,7 +123,7 @@ def sink_changes(changes: DataFrame, *, primary_key: Sequence[str], batch_id: in
     last = F.count(F.lit(1)).over(Window.partitionBy(*key))
     lone_retraction = (n == last) & (F.col(KIND) == int(RowKind.UPDATE_BEFORE))
     kind = F.when(lone_retraction, F.lit(int(RowKind.DELETE))).otherwise(F.col(KIND)).cast("byte")
-    seq = F.concat(F.lit(f"b{batch_id:0{_SEQ_WIDTH}d}"), F.lpad(n.cast("string"), _SEQ_WIDTH, "0"))
+    seq = F.concat(F.lit(f"b{commit_position(batch_id, generation):0{_SEQ_WIDTH}d}"), F.lpad(n.cast("string"), _SEQ_WIDTH, "0"))
     others = [F.col("`" + c.replace("`", "``") + "`") for c in changes.columns if c not in (KIND, SEQ)]
     return ranked.select(*others, kind.alias(KIND), seq.alias(SEQ))
 
@@ -161,7 +161,8 @@ class FramedBatch:
             is_framed = is_framed | ((F.col("part") == CHANGES_PART) & F.col("_route").isin(list(self.graph)))
         return is_framed
 
-    def tables(self, checked: DataFrame, present: set[tuple[int, str]], batch_id: int) -> dict[str, DataFrame]:
+    def tables(self, checked: DataFrame, present: set[tuple[int, str]], batch_id: int,
+               generation: int = 0) -> dict[str, DataFrame]:
         """The framed tables that have payloads in the batch (``present``: their (route, part)), each as
         one DataFrame of changes (not yet persisted or counted)."""
         mirrors: dict[str, dict[int, pa.Schema]] = {}
@@ -172,5 +173,5 @@ class FramedBatch:
         for route, (table, key, schema) in self.graph.items():
             if (route, CHANGES_PART) in present:
                 out[table] = sink_changes(typed_rows(checked, {route: schema}, CHANGES_PART), primary_key=key,
-                                          batch_id=batch_id)
+                                          batch_id=batch_id, generation=generation)
         return out

@@ -37,7 +37,7 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
-from changelake.changelog import KIND, SEQ
+from changelake.changelog import KIND, SEQ, commit_position
 from changelake.connectors.delta_sink import (
     DELTA_SPARK_CATALOG,
     DELTA_SPARK_CLASS,
@@ -100,7 +100,8 @@ class FrameBatches:
         changes = frames.with_position(changes)
         frames.validate_frame(changes, primary_key=spec.primary_key, nullable_key=spec.nullable_key, table=spec.name)
         dropped = tuple(dropped_columns)
-        return self._committing(batch_id, lambda: self._apply_frame_once(changes, batch_id, truncate_at, dropped))
+        version = commit_position(batch_id, self.generation)
+        return self._committing(batch_id, lambda: self._apply_frame_once(changes, version, truncate_at, dropped))
 
     def _apply_frame_once(self, changes: Any, batch_id: int, truncate_at: str | None,
                           dropped_columns: tuple[str, ...]) -> tuple[ApplyResult, MergeCounts | None]:
@@ -134,8 +135,9 @@ class DeltaSparkSink(FrameBatches, DeltaUpsertSink):
     engine = "delta-spark"
 
     def __init__(self, spec, *, pipeline_id: str, spark: Any, clock: Callable[[], datetime],
-                 max_commit_retries: int) -> None:
-        super().__init__(spec, pipeline_id=pipeline_id, clock=clock, max_commit_retries=max_commit_retries)
+                 max_commit_retries: int, generation: int = 0) -> None:
+        super().__init__(spec, pipeline_id=pipeline_id, clock=clock, max_commit_retries=max_commit_retries,
+                         generation=generation)
         self._session = spark.newSession()
         self._txn_lock = threading.Lock()
 
@@ -160,7 +162,7 @@ class DeltaSparkSink(FrameBatches, DeltaUpsertSink):
                 unavailable = {c: sql_literal(placeholder_value(schema.field(c).type, spec.unavailable_value))
                                for c in frames.text_columns(source)}
             counts = self._merge_table(source, batch_id=batch_id, unavailable=unavailable,
-                                       empty=counted.table_changes == 0)
+                                       empty=counted.table_changes == 0, replace=begun.replace)
         finally:
             split.flagged.unpersist()
         return self._result(counts, upserts_sent=counted.table_changes - counted.table_deletes,
@@ -243,12 +245,14 @@ class DeltaSparkSink(FrameBatches, DeltaUpsertSink):
 
     def _merge(self, path: str, changes: pa.Table, clauses: MergeClauses, batch_id: int) -> None:
         with self._txn(batch_id):
-            (self._delta(path).alias("t")
-             .merge(self._frame(changes).alias("s"), clauses.on)
-             .whenMatchedUpdate(condition=clauses.update_when, set=dict(clauses.update_set))
-             .whenMatchedDelete(condition=clauses.delete_when)
-             .whenNotMatchedInsert(condition=clauses.insert_when, values=dict(clauses.insert_values))
-             .execute())
+            merge = (self._delta(path).alias("t")
+                     .merge(self._frame(changes).alias("s"), clauses.on)
+                     .whenMatchedUpdate(condition=clauses.update_when, set=dict(clauses.update_set))
+                     .whenMatchedDelete(condition=clauses.delete_when)
+                     .whenNotMatchedInsert(condition=clauses.insert_when, values=dict(clauses.insert_values)))
+            if clauses.delete_unmatched:
+                merge = merge.whenNotMatchedBySourceDelete()
+            merge.execute()
 
     def _merge_tombstones(self, changes: pa.Table, *, batch_id: int) -> None:
         clauses = tombstone_merge(self.spec.primary_key, backtick, nullable=self._nullable_key_types(changes),
@@ -256,13 +260,13 @@ class DeltaSparkSink(FrameBatches, DeltaUpsertSink):
         self._merge(self.tombstone_path, changes, clauses, batch_id)
 
     def _merge_table(self, changes, *, batch_id: int, unavailable: Mapping[str, str] = {},
-                     empty: bool | None = None) -> MergeCounts:
+                     empty: bool | None = None, replace: bool = False) -> MergeCounts:
         path = self.spec.path
         before = self._require_state(path).version
-        if not (changes.num_rows == 0 if empty is None else empty):
+        if replace or not (changes.num_rows == 0 if empty is None else empty):
             columns = [c for c in self._arrow_schema(changes).names if c != KIND]
             clauses = table_merge(self.spec.primary_key, columns, backtick, nullable=self._nullable_key_types(changes),
-                                  null_safe_equal=spark_null_safe_equal, unavailable=unavailable)
+                                  null_safe_equal=spark_null_safe_equal, unavailable=unavailable, replace=replace)
             self._merge(path, changes, clauses, batch_id)
         state = self._require_state(path)
         stats = self._metrics_of_commit(path, state.version) if state.version > before else {}
@@ -356,13 +360,15 @@ def delta_spark_missing(spark: Any) -> str | None:
 
 
 def open_sink(spec: TableSpec, *, pipeline_id: str, engine: Engine = "auto", spark: Any = None,
-              clock: Callable[[], datetime] | None = None, max_commit_retries: int = 3) -> DeltaUpsertSink:
+              clock: Callable[[], datetime] | None = None, max_commit_retries: int = 3,
+              generation: int = 0) -> DeltaUpsertSink:
     """Open the sink for one table.
 
     ``engine="auto"`` picks delta-spark when ``spark`` is given and the Delta jars and
     session extension are present in it, else delta-rs. With ``spark``, an upsert table's sink
     (either engine) also takes DataFrames (``apply_frame``). ``clock`` returns the
-    current UTC time (tombstone timestamps and expiry; tests inject one).
+    current UTC time (tombstone timestamps and expiry; tests inject one). ``generation``: the running
+    checkpoint's generation (``DeltaUpsertSink``).
     """
     if engine not in ("auto", "delta-rs", "delta-spark"):
         raise ConfigError(f"unknown sink engine {engine!r}; expected auto, delta-rs or delta-spark")
@@ -373,13 +379,13 @@ def open_sink(spec: TableSpec, *, pipeline_id: str, engine: Engine = "auto", spa
             log.info("table %s: history tables are written with delta-rs (engine delta-spark applies to "
                      "upsert tables)", spec.name)
         return open_rs_sink(spec, pipeline_id=pipeline_id, engine="delta-rs", clock=clock,
-                            max_commit_retries=max_commit_retries)
+                            max_commit_retries=max_commit_retries, generation=generation)
     if engine in ("auto", "delta-spark"):
         missing = delta_spark_missing(spark)
         if missing is None:
             return DeltaSparkSink(spec, pipeline_id=pipeline_id, spark=spark,
                                   clock=clock or (lambda: datetime.now(timezone.utc)),
-                                  max_commit_retries=max_commit_retries)
+                                  max_commit_retries=max_commit_retries, generation=generation)
         if engine == "delta-spark":
             raise ConfigError(f"sink engine delta-spark is not available: {missing}. Start Spark with "
                               f"--packages {DELTA_SPARK_PACKAGE}, spark.sql.extensions={DELTA_SPARK_EXTENSION} "
@@ -388,10 +394,10 @@ def open_sink(spec: TableSpec, *, pipeline_id: str, engine: Engine = "auto", spa
             log.info("table %s: using delta-rs (delta-spark unavailable: %s)", spec.name, missing)
     if spark is None:
         return open_rs_sink(spec, pipeline_id=pipeline_id, engine="delta-rs", clock=clock,
-                            max_commit_retries=max_commit_retries)
+                            max_commit_retries=max_commit_retries, generation=generation)
     # delta-rs with a Spark session: ``apply`` as without one, and ``apply_frame`` for batches reduced on Spark
     return DeltaRsFrameSink(spec, pipeline_id=pipeline_id, clock=clock or (lambda: datetime.now(timezone.utc)),
-                            max_commit_retries=max_commit_retries)
+                            max_commit_retries=max_commit_retries, generation=generation)
 
 
 def _arrow(schema: Any) -> pa.Schema:

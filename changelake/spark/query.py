@@ -160,7 +160,7 @@ class PipelineQuery:
             present = {(r, part) for r, part, f in zip(out["_route"].to_pylist(), out["part"].to_pylist(),
                                                       out["framed"].to_pylist()) if f}
             out = out.filter(pc.invert(out["framed"])).drop_columns(["framed"])
-            tables = framed.tables(checked, present, batch_id)
+            tables = framed.tables(checked, present, batch_id, getattr(self.processor, "generation", 0))
             for changes in tables.values():
                 changes.persist()
                 persisted.append(changes)

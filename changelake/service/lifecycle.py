@@ -1,0 +1,282 @@
+"""A pipeline's checkpoint against its lake at start: every restart is safe, or refused with what to do.
+
+A checkpoint records, once, in ``<checkpoint>/changelake/lineage.json``: its **generation** (a new
+checkpoint gets one more than the newest generation the pipeline's tables recorded; batch ids restart
+at 0 with it, and every write carries the pair as its commit position, ``changelog.commit_position``,
+so a new checkpoint's writes come after an older one's: ``connectors.commits``), the fingerprint of
+each graph table's views and the fingerprint of the operators' state (:mod:`changelake.plan.fingerprint`).
+
+At start (:func:`prepare`), before the query reads anything::
+
+    checkpoint                     lake                                      start
+    new (no offset log)            nothing written by this pipeline          generation 0
+    new                            written by generations up to g            generation g + 1: mirrors upsert
+                                                                              by _seq; each view recomputed from
+                                                                              its sources, its table replaced by
+                                                                              its first commit -- refused when a
+                                                                              source it reads does not start at
+                                                                              earliest, or the table keeps history
+    existing, recorded             the same views and state                  its generation
+    existing, recorded             a view added or changed, or the state     refused: start a new checkpoint
+                                   moved (a stateful view added, removed,
+                                   reordered; buckets, two_level)
+    existing, recorded             a view whose table is no longer written   its generation (logged)
+    existing, not recorded         (a checkpoint of an older changelake)     generation 0, recorded now (views
+                                                                              changed before cannot be told)
+    any                            a table written by a newer generation,    refused (connectors.commits)
+                                   or by this one at a batch beyond the
+                                   checkpoint's last committed one + 1
+
+The tables looked at: the configured tables, the Delta tables directly under ``storage.root`` (a routed
+source's), the dead-letter table and the dead-letter topic's ledger. A routed table elsewhere is checked by
+its sink at its first commit, by the same rule.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from deltalake import DeltaTable
+
+from changelake.changelog import split_commit_position
+from changelake.connectors.commits import RESTART_DOC, describe
+from changelake.errors import ChangelakeError
+from changelake.plan.fingerprint import state_fingerprint, table_fingerprints
+from changelake.plan.physical import PhysicalPlan
+from changelake.service.config import ChangelakeConfig
+from changelake.service.dead_letter_paths import ledger_path
+from changelake.spark.checkpoint import filesystem, last_committed_batch
+
+log = logging.getLogger(__name__)
+
+RECORD = "changelake/lineage.json"
+
+
+class RestartRefused(ChangelakeError):
+    """The checkpoint does not fit the pipeline's tables or views; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class Lineage:
+    """What a checkpoint records of itself (module docstring)."""
+
+    generation: int
+    views: dict[str, str] = field(default_factory=dict)     # graph table -> fingerprint of its views
+    state: str | None = None                                 # fingerprint of the operators' state
+    created: str = ""
+
+    def to_json(self) -> dict:
+        return {"generation": self.generation, "views": self.views, "state": self.state, "created": self.created}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], where: str) -> "Lineage":
+        if not isinstance(data.get("generation"), int) or not isinstance(data.get("views", {}), dict):
+            raise RestartRefused(f"{where} holds no checkpoint record this version knows: {dict(data)!r}; was the "
+                                 "checkpoint written by a newer changelake?")
+        return cls(generation=data["generation"], views=dict(data.get("views", {})), state=data.get("state"),
+                   created=str(data.get("created", "")))
+
+
+@dataclass(frozen=True)
+class Start:
+    """What :func:`prepare` decided: the checkpoint's generation, and the graph tables an older generation
+    wrote, which this one's first commit replaces."""
+
+    generation: int
+    replaced: frozenset[str] = frozenset()
+    new_checkpoint: bool = False
+
+
+def prepare(config: ChangelakeConfig, plan: PhysicalPlan | None, *, buckets: int | Mapping[str, int] = 32,
+            default_buckets: int = 32) -> Start:
+    """Check the checkpoint against the lake and the views (module docstring); record it when it is new.
+    Raises :class:`RestartRefused` with what to do."""
+    checkpoint = config.pipeline.checkpoint
+    recorded = read_lineage(checkpoint)
+    last = last_committed_batch(checkpoint)
+    existing = recorded is not None or _has_offsets(checkpoint)
+    positions = dict(_recorded_positions(config))
+    views = table_fingerprints(plan) if plan is not None else {}
+    state = state_fingerprint(plan, buckets, default_buckets) if plan is not None else None
+
+    if recorded is not None:
+        generation = recorded.generation
+        _check_views(config, recorded, views, state)
+    elif existing:
+        generation = 0
+        if views:
+            log.warning("checkpoint %s was created by an older changelake, which recorded no view fingerprints: "
+                        "changes to the views made before this start cannot be told; recording the views now",
+                        checkpoint)
+    else:
+        generations = [split_commit_position(p)[0] for p in positions.values()]
+        generation = max(generations) + 1 if generations else 0
+
+    _check_positions(positions, generation, -1 if last is None else last[0], checkpoint)
+    graph_tables = {n.table for n in plan.sinks} if plan is not None else set()
+    replaced = frozenset(t for t in graph_tables
+                         if t in positions and split_commit_position(positions[t])[0] < generation)
+    if replaced:
+        _check_recomputable(config, plan, replaced, generation, positions)
+    if recorded is None or recorded.views != views or recorded.state != state:
+        created = recorded.created if recorded is not None else datetime.now(timezone.utc).isoformat()
+        write_lineage(checkpoint, Lineage(generation=generation, views=views, state=state, created=created))
+    if not existing and positions:
+        log.info("new checkpoint %s on a lake this pipeline wrote before (up to %s): generation %d; its writes "
+                 "come after the older checkpoints'", checkpoint, describe(max(positions.values())), generation)
+    return Start(generation=generation, replaced=replaced, new_checkpoint=not existing)
+
+
+def _check_views(config: ChangelakeConfig, recorded: Lineage, views: Mapping[str, str], state: str | None) -> None:
+    added = sorted(set(views) - set(recorded.views))
+    changed = sorted(t for t in views if t in recorded.views and views[t] != recorded.views[t])
+    removed = sorted(set(recorded.views) - set(views))
+    if not added and not changed and (state == recorded.state or recorded.state is None and state is None):
+        for table in removed:
+            log.info("table %s is no longer written by this pipeline (its view was removed); its rows stay", table)
+        return
+    what = "; ".join(f"{label}: {', '.join(tables)}" for label, tables in
+                     (("added", added), ("changed", changed), ("removed", removed)) if tables)
+    raise RestartRefused(
+        f"the views changed since checkpoint {config.pipeline.checkpoint} was created (graph tables {what or 'the same'}"
+        f"{'; the operators state moved' if state != recorded.state else ''}): the checkpoint's operator state "
+        "belongs to the old views, and a new or changed view would start empty and write wrong numbers. Start a "
+        "new checkpoint: move the checkpoint directory away (or set pipeline.checkpoint to a new path) and run "
+        "again. The new checkpoint re-reads every source from its starting_offsets (keep them at earliest), "
+        "mirrored tables keep their rows, and each view's table is replaced by the view's recomputed rows in its "
+        f"first commit ({RESTART_DOC})")
+
+
+def _check_positions(positions: Mapping[str, int], generation: int, last: int, checkpoint: str) -> None:
+    """Refuse a checkpoint that is older than a table it (or a newer checkpoint) wrote."""
+    for what, position in sorted(positions.items()):
+        g, b = split_commit_position(position)
+        if g > generation:
+            raise RestartRefused(
+                f"{_label(what)} was written by a newer checkpoint ({describe(position)}) than {checkpoint} "
+                f"(generation {generation}): running it would write older changes over newer ones. Run the "
+                f"pipeline with the newer checkpoint, or move this one away to start a new one ({RESTART_DOC})")
+        if g == generation and b > last + 1:
+            raise RestartRefused(
+                f"{_label(what)} already holds {describe(position)}, but checkpoint {checkpoint} (the same "
+                f"generation) has committed {'no batch' if last < 0 else f'batches up to {last}'}: the checkpoint "
+                "is older than the tables it wrote (restored from a backup? or created by a changelake that did "
+                "not record generations, after an earlier checkpoint?). Its batches would be taken for replays and "
+                "skipped. Move the checkpoint away and run again: a new checkpoint gets a new generation and "
+                f"re-reads the sources ({RESTART_DOC})")
+
+
+def _check_recomputable(config: ChangelakeConfig, plan: PhysicalPlan, replaced: frozenset[str], generation: int,
+                        positions: Mapping[str, int]) -> None:
+    """A view recomputed by a new checkpoint is right only when it reads every source from the start."""
+    for table in sorted(replaced):
+        if config.table(table).history is not None:
+            raise RestartRefused(
+                f"table {table} keeps the history of its view (history: scd2) and was written by "
+                f"{describe(positions[table])}: a new checkpoint recomputes the view, which would add every "
+                f"version again. Keep running the checkpoint that wrote it, or move the table away ({RESTART_DOC})")
+        sink = next(n for n in plan.sinks if n.table == table)
+        starts = {s.name: s.starting_offsets for s in config.sources}
+        late = sorted(s for s in _sources_of(plan, sink.id) if starts.get(s) != "earliest")
+        if late:
+            raise RestartRefused(
+                f"table {table} was written by {describe(positions[table])}; this new checkpoint (generation "
+                f"{generation}) recomputes its view from the sources, but source(s) {', '.join(late)} do not start "
+                "at earliest (starting_offsets), so the view would count only the changes read from there. Set "
+                "starting_offsets: earliest on them (the topics must still hold every change), or keep running "
+                f"the checkpoint that wrote the table ({RESTART_DOC})")
+        log.info("table %s: written by %s; this checkpoint recomputes its view from the sources and replaces the "
+                 "table's rows in its first commit", table, describe(positions[table]))
+
+
+def _sources_of(plan: PhysicalPlan, node_id: str) -> set[str]:
+    node = plan[node_id]
+    if node.op == "source":
+        return {node.source}
+    return set().union(*(_sources_of(plan, i) for i in node.inputs))
+
+
+def _label(what: str) -> str:
+    return what if what.startswith("the ") else f"table {what}"
+
+
+def _recorded_positions(config: ChangelakeConfig) -> Iterator[tuple[str, int]]:
+    """(table name, or 'the dead-letter table ...', commit position) of every write this pipeline recorded."""
+    pid = config.pipeline.id
+    options = config.storage.plain_options() or None
+    seen: set[str] = set()
+    candidates = [(t.name, config.table_path(t.name)) for t in config.tables]
+    candidates += [(name, path) for name, path in _tables_under(config.storage.root)]
+    for name, path in candidates:
+        if name in seen:
+            continue
+        seen.add(name)
+        position = _txn(path, f"changelake:{pid}:{name}", options)
+        if position is not None:
+            yield name, position
+    for what, path, app in ((f"the dead-letter table {config.dead_letter_path()}", config.dead_letter_path(),
+                             "dead-letters"),
+                            (f"the dead-letter ledger {ledger_path(config)}", ledger_path(config), "dead-letter-topic")):
+        position = _txn(path, f"changelake:{pid}:{app}", options)
+        if position is not None:
+            yield what, position
+
+
+def _tables_under(root: str) -> Iterator[tuple[str, str]]:
+    """(directory name, URI) of the Delta tables directly under ``root``."""
+    from pyarrow import fs as pafs
+
+    try:
+        fs, base = filesystem(root)
+        infos = fs.get_file_info(pafs.FileSelector(base, allow_not_found=True))
+    except (OSError, ValueError):
+        return
+    for info in infos:
+        if info.type == pafs.FileType.Directory and not info.base_name.startswith("_"):
+            log_dir = fs.get_file_info(f"{info.path}/_delta_log")
+            if log_dir.type == pafs.FileType.Directory:
+                yield info.base_name, (root.rstrip("/") + "/" + info.base_name if "://" in root else info.path)
+
+
+def _txn(path: str, app_id: str, options: Mapping[str, str] | None) -> int | None:
+    try:
+        if not DeltaTable.is_deltatable(path, storage_options=options):
+            return None
+        return DeltaTable(path, storage_options=options).transaction_version(app_id)
+    except OSError:
+        return None
+
+
+def _has_offsets(checkpoint: str) -> bool:
+    from pyarrow import fs as pafs
+
+    fs, root = filesystem(checkpoint)
+    try:
+        infos = fs.get_file_info(pafs.FileSelector(f"{root}/offsets", allow_not_found=True))
+    except OSError:
+        return False
+    return any(i.base_name.isdigit() for i in infos)
+
+
+def read_lineage(checkpoint: str) -> Lineage | None:
+    """The checkpoint's record, or None when it has none (new, or written by an older changelake)."""
+    from pyarrow import fs as pafs
+
+    fs, root = filesystem(checkpoint)
+    path = f"{root}/{RECORD}"
+    if fs.get_file_info(path).type != pafs.FileType.File:
+        return None
+    with fs.open_input_stream(path) as f:
+        return Lineage.from_json(json.loads(f.read().decode()), f"{checkpoint}/{RECORD}")
+
+
+def write_lineage(checkpoint: str, lineage: Lineage) -> None:
+    fs, root = filesystem(checkpoint)
+    fs.create_dir(f"{root}/changelake", recursive=True)
+    with fs.open_output_stream(f"{root}/{RECORD}") as f:
+        f.write(json.dumps(lineage.to_json(), indent=1).encode())

@@ -1,0 +1,132 @@
+"""Changing a running pipeline (docs/operations.md, "Changing a running pipeline"), through the CLI.
+
+* A new checkpoint on a lake an older checkpoint wrote: the changes produced since land in the mirrors
+  and the view's table (generation 1 writes after generation 0's batches, the view is recomputed and its
+  table replaced), and the old checkpoint, run again, is refused.
+* A view added and one changed on an existing checkpoint: refused, naming the views and the fix; the fix
+  (a new checkpoint) gives tables equal to the batch query over the source's final state.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import duckdb
+import pyarrow as pa
+import pytest
+import yaml
+
+import changelake.service.inventory as inv
+from changelake.changelog import GENERATION_SPAN
+from changelake.connectors.delta_read import read_delta
+from changelake.service.config import load_config
+from changelake.service.demo import verify
+
+from .helpers import write_history
+from .test_graph_pipeline import graph_config
+
+pytestmark = [pytest.mark.integration, pytest.mark.kafka, pytest.mark.spark]
+
+JOIN = {"name": "enriched", "join": {"left": "orders", "right": "products", "on": {"product_id": "id"}}}
+BY_CATEGORY = {"name": "by_category", "from": "enriched", "group_by": ["category"],
+               "aggregates": {"orders": "count(*)", "quantity": "sum(quantity)"}}
+SETTINGS = {"spark_conf": {"spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2"}}
+SALES = """SELECT p.category, count(*)::BIGINT AS orders, sum(o.quantity)::BIGINT AS quantity{extra}
+           FROM orders o JOIN products p ON o.product_id = p.id GROUP BY p.category"""
+
+
+def run(path, *, checkpoint: str | None = None) -> subprocess.CompletedProcess:
+    """``changelake run --available-now -c path`` (the checkpoint overridden from the environment)."""
+    env = {k: v for k, v in os.environ.items() if k != "CHANGELAKE_FAULT"}
+    if checkpoint:
+        env["CHANGELAKE_PIPELINE__CHECKPOINT"] = checkpoint
+    return subprocess.run([sys.executable, "-m", "changelake.service.cli", "--log-level", "WARNING", "run",
+                           "--available-now", "-c", str(path)], env=env, capture_output=True, text=True, timeout=900)
+
+
+def more_changes(db: inv.InventoryDatabase, servers: str, prefix: str, n: int) -> None:
+    """``n`` further changes of the simulated database, new products among them."""
+    msgs = [m for _ in range(n) for m in db.change(insert_ratio=0.3)]
+    inv.produce((inv.Message(m.topic.replace(inv.SERVER, prefix, 1), m.key, m.value) for m in msgs), servers)
+
+
+def truth(db, sql: str) -> set[tuple]:
+    con = duckdb.connect()
+    for name in ("orders", "products"):
+        con.register(name, pa.Table.from_pylist(list(db.state[name].values())))
+    rows = {tuple(r) for r in con.sql(sql).fetchall()}
+    con.close()
+    return rows
+
+
+def table_rows(config, table: str, columns: list[str]) -> set[tuple]:
+    return {tuple(r[c] for c in columns) for r in read_delta(config.table_path(table), columns=columns).to_pylist()}
+
+
+def test_a_new_checkpoint_on_an_existing_lake_lands_the_new_changes_and_the_old_one_is_refused(kafka, tmp_path):
+    prefix = kafka.topic("newck")
+    db = write_history(kafka.bootstrap_servers, seed=11, changes=150, topic_prefix=prefix, redeliver=10,
+                       sizes={"customers": 5, "products": 12, "orders": 30})
+    graph = {"views": [JOIN, BY_CATEGORY], "tables": [{"name": "category_sales", "from": "by_category",
+                                                         "primary_key": ["category"]}], "pipeline": SETTINGS}
+    config, path = graph_config(kafka.bootstrap_servers, tmp_path, prefix, graph)
+    columns = ["category", "orders", "quantity"]
+    first = run(path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert table_rows(config, "category_sales", columns) == truth(db, SALES.format(extra=""))
+
+    more_changes(db, kafka.bootstrap_servers, prefix, 60)
+    checkpoint = config.pipeline.checkpoint
+    shutil.move(checkpoint, checkpoint + ".gen0")           # docs/operations.md: start a new checkpoint
+    second = run(path)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert verify(config, db.state) == {t: "ok" for t in db.state}
+    assert table_rows(config, "category_sales", columns) == truth(db, SALES.format(extra=""))
+    lineage = json.loads((tmp_path / "checkpoints" / config.pipeline.id / "changelake" / "lineage.json").read_text())
+    assert lineage["generation"] == 1
+    seqs = read_delta(config.table_path("category_sales"), columns=["_seq"])["_seq"].to_pylist()
+    assert all(int(s[1:21]) >= GENERATION_SPAN for s in seqs), "every view row is the new generation's"
+
+    stale = run(path, checkpoint=checkpoint + ".gen0")       # the old checkpoint, run again: refused
+    assert stale.returncode == 2, stale.stderr[-3000:]
+    assert "newer checkpoint" in stale.stderr and "Changing a running pipeline" in stale.stderr
+    assert verify(config, db.state) == {t: "ok" for t in db.state}
+
+
+def test_a_view_added_and_one_changed_on_a_checkpoint_are_refused_and_a_new_checkpoint_rebuilds_them(
+        kafka, tmp_path):
+    prefix = kafka.topic("views")
+    db = write_history(kafka.bootstrap_servers, seed=12, changes=150, topic_prefix=prefix, redeliver=10,
+                       sizes={"customers": 5, "products": 12, "orders": 30})
+    graph = {"views": [JOIN, BY_CATEGORY], "tables": [{"name": "category_sales", "from": "by_category",
+                                                         "primary_key": ["category"]}], "pipeline": SETTINGS}
+    config, path = graph_config(kafka.bootstrap_servers, tmp_path, prefix, graph)
+    first = run(path)
+    assert first.returncode == 0, first.stderr[-3000:]
+
+    data = yaml.safe_load(path.read_text())                 # by_category changed, lines added
+    data["views"][1]["aggregates"]["biggest"] = "max(quantity)"
+    data["views"].append({"name": "lines", "from": "enriched", "select": ["order_id", "product_id", "category"]})
+    data["tables"].append({"name": "order_lines", "from": "lines", "primary_key": ["order_id"]})
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    config = load_config(path)
+    more_changes(db, kafka.bootstrap_servers, prefix, 40)
+
+    refused = run(path)
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    assert "added: order_lines" in refused.stderr and "changed: category_sales" in refused.stderr
+    assert "move the checkpoint directory away" in refused.stderr
+    assert not (tmp_path / "lake" / "order_lines").exists(), "nothing written before the refusal"
+
+    shutil.move(config.pipeline.checkpoint, config.pipeline.checkpoint + ".gen0")
+    rebuilt = run(path)
+    assert rebuilt.returncode == 0, rebuilt.stderr[-3000:]
+    assert table_rows(config, "category_sales", ["category", "orders", "quantity", "biggest"]) == truth(
+        db, SALES.format(extra=", max(o.quantity)::BIGINT AS biggest"))
+    assert table_rows(config, "order_lines", ["order_id", "product_id", "category"]) == truth(
+        db, "SELECT o.order_id, o.product_id, p.category FROM orders o JOIN products p ON o.product_id = p.id")
+    assert verify(config, db.state) == {t: "ok" for t in db.state}

@@ -1,0 +1,106 @@
+"""The start check of changelake.service.lifecycle, without Spark: a checkpoint's generation, and the
+refusals (a checkpoint behind its tables, an older one, changed views, a view that cannot be recomputed)."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+import yaml
+
+from changelake.connectors.delta_sink import TableSpec, open_sink
+from changelake.service.config import load_config
+from changelake.service.lifecycle import RestartRefused, prepare, read_lineage
+from changelake.service.views import pipeline_from_config
+
+from ..integration.helpers import pipeline_config
+
+pytestmark = pytest.mark.unit
+
+VIEWS = [{"name": "enriched", "join": {"left": "orders", "right": "products", "on": {"product_id": "id"}}},
+         {"name": "by_category", "from": "enriched", "group_by": ["category"],
+          "aggregates": {"orders": "count(*)"}}]
+
+
+def config_with_views(tmp_path, views=VIEWS, **source_options):
+    _, path = pipeline_config("localhost:1", tmp_path, topic_prefix="lc")
+    data = yaml.safe_load(path.read_text())
+    data["views"] = views
+    data["tables"].append({"name": "category_sales", "from": "by_category", "primary_key": ["category"]})
+    for s in data["sources"]:
+        s["primary_key"] = ["order_id" if s["name"] == "orders" else "id"]
+        s.update(source_options)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return load_config(path)
+
+
+def start(config):
+    graph = pipeline_from_config(config)
+    return prepare(config, graph.plan() if graph else None)
+
+
+def new_checkpoint(config, path):
+    return config.model_copy(update={"pipeline": config.pipeline.model_copy(update={"checkpoint": str(path)})})
+
+
+def write(config, table: str, *, batch_id: int, generation: int = 0) -> None:
+    sink = open_sink(TableSpec(name=table, path=config.table_path(table), primary_key=("id",)),
+                     pipeline_id=config.pipeline.id, generation=generation)
+    sink.apply(pa.table({"id": [1], "_kind": pa.array([0], pa.int8()), "_seq": ["s1"]}), batch_id=batch_id)
+
+
+def committed(config, batch_id: int) -> None:
+    """Pretend Spark committed batches up to ``batch_id`` in the checkpoint."""
+    from pathlib import Path
+
+    root = Path(config.pipeline.checkpoint)
+    for log in ("offsets", "commits"):
+        (root / log).mkdir(parents=True, exist_ok=True)
+        for b in range(batch_id + 1):
+            (root / log / str(b)).write_text("v1\n{}\n")
+
+
+def test_a_new_checkpoint_on_a_fresh_lake_is_generation_0_and_on_a_written_lake_the_next(tmp_path):
+    config = config_with_views(tmp_path)
+    assert start(config).generation == 0
+    assert read_lineage(config.pipeline.checkpoint).views.keys() == {"category_sales"}
+
+    write(config, "orders", batch_id=7)
+    write(config, "category_sales", batch_id=7)
+    begun = start(new_checkpoint(config, tmp_path / "ck2"))
+    assert begun.generation == 1 and begun.replaced == {"category_sales"} and begun.new_checkpoint
+
+
+def test_a_checkpoint_behind_the_batches_it_wrote_is_refused(tmp_path):
+    config = config_with_views(tmp_path)
+    committed(config, 3)
+    write(config, "orders", batch_id=4)                     # a replay of batch 4 is fine
+    assert start(config).generation == 0
+    write(config, "orders", batch_id=9)
+    with pytest.raises(RestartRefused, match="table orders already holds batch 9 .*older than the tables"):
+        start(config)
+
+
+def test_an_older_checkpoint_is_refused_once_a_newer_one_wrote(tmp_path):
+    config = config_with_views(tmp_path)
+    committed(config, 2)
+    start(config)
+    write(config, "products", batch_id=0, generation=1)
+    with pytest.raises(RestartRefused, match="newer checkpoint .*generation 1"):
+        start(config)
+
+
+def test_changed_views_on_an_existing_checkpoint_are_refused_and_a_removed_table_is_not(tmp_path):
+    config = config_with_views(tmp_path)
+    start(config)
+    changed = [VIEWS[0], {**VIEWS[1], "aggregates": {"orders": "count(*)", "n": "sum(quantity)"}}]
+    edited = config_with_views(tmp_path, views=changed)
+    with pytest.raises(RestartRefused, match="changed: category_sales.*operators state moved.*move the checkpoint"):
+        start(edited)
+    assert start(config).generation == 0                    # the recorded views still run
+
+
+def test_a_view_that_a_new_checkpoint_cannot_recompute_is_refused(tmp_path):
+    config = config_with_views(tmp_path, starting_offsets="latest")
+    write(config, "category_sales", batch_id=3)
+    with pytest.raises(RestartRefused, match="source.* orders, products do not start at earliest"):
+        start(new_checkpoint(config, tmp_path / "ck2"))
