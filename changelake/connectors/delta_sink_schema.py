@@ -64,6 +64,8 @@ PROP_TRUNCATED_BEFORE = "changelake.truncatedBefore"
 PROP_HISTORY = "changelake.history"
 #: JSON list of a history table's tracked columns; absent when every column is tracked
 PROP_TRACK_HISTORY = "changelake.trackHistory"
+#: the source position (``_seq``) of the schema the table last changed for (``schema_positions``)
+PROP_SCHEMA_POSITION = "changelake.schemaPosition"
 
 #: Column of the tombstone table holding when the delete was committed.
 DELETED_AT = "_deleted_at"
