@@ -39,7 +39,8 @@ from deltalake.exceptions import TableNotFoundError
 
 from changelake import metrics
 from changelake.changelog import DEAD_LETTER_SCHEMA, OFFSET, PARTITION, TOPIC, user_columns
-from changelake.connectors.schema_positions import PROP_SCHEMA_POSITION, SourceSchema, follow, schema_positions
+from changelake.connectors.schema_positions import (PROP_SCHEMA_POSITION, SourceSchema, follow, position_order,
+                                                     schema_positions)
 from changelake.service.config import ChangelakeConfig, TableSpecModel
 from changelake.service.key_inference import TableKeys
 
@@ -130,12 +131,18 @@ class Quarantine:
         meta = {m.column for m in getattr(decoder, "_meta", ())} | set(added)     # not source columns
         schemas = _source_schemas(decoder, raw, rows, meta)
         columns = self.table_columns(table)
-        if columns is None:     # the batch creates the table: it records the newest position as its schema's
-            return Screened(rows, dead_letters,
-                            position=max((s.position for s in schemas if s.position is not None), default=None))
+        recorded = self.schema_position(table) if columns is not None else None
+        if columns is None:     # the batch creates the table: from its oldest schema, then what follows it
+            placed = [s for s in schemas if s.position is not None]
+            if not placed:
+                return Screened(rows, dead_letters)
+            newest = max(placed, key=lambda s: s.position)
+            oldest = min((s for s in placed if position_order(s.position, newest.position) != "unordered"),
+                         key=lambda s: s.position)
+            columns, recorded = oldest.columns, oldest.position
         columns = pa.schema([f for f in columns if f.name not in meta])
         behaviour = self._behaviour(table)
-        followed = follow(columns, schemas, recorded=self.schema_position(table), behaviour=behaviour,
+        followed = follow(columns, schemas, recorded=recorded, behaviour=behaviour,
                           primary_key=self.keys.key_of(table) or (), partition_by=self._spec(table).partition_by,
                           drops=any(s.position is not None for s in schemas))
         if followed.refused:
@@ -155,7 +162,7 @@ class Quarantine:
                 metrics.SCHEMA_CHANGES_NOT_APPLIED.labels(table=table, kind=c.kind, outcome=c.outcome).inc()
         if followed.older:
             log.info("table %s: %d schema(s) of source %s older than the table's (position %s) written as they are",
-                     table, followed.older, source, self.schema_position(table))
+                     table, followed.older, source, recorded)
         rows, dead_letters = conform(rows, dead_letters, raw, followed.target, meta=meta, table=table)
         return Screened(rows, dead_letters, followed.dropped, followed.position)
 
