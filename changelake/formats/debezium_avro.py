@@ -14,7 +14,8 @@ Schema evolution, when the columns come from the writer schemas (no ``columns``
 declared). Before a batch is decoded, every writer schema it uses is read: the
 decoder reads with every column seen so far (a dropped one reads null), a widened
 type with its new type, then the new columns (:func:`~changelake.formats.assemble.evolve_specs`),
-and lists the batch's writer schemas as columns in ``source_schemas``. What the table
+and lists the batch's writer schemas as columns in ``source_schemas`` (each record's in
+``record_schemas``, so that the table follows the schema of the newest position). What the table
 does with them (add, widen, drop, keep, quarantine) is its ``schema_change`` behaviour
 (:mod:`changelake.connectors.delta_sink_schema`), applied by the pipeline.
 """
