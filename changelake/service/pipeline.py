@@ -428,6 +428,7 @@ class BatchProcessor:
         _fault("before-sinks", batch_id)
         self.dead_letters.write(letters, batch_id=batch_id)
         commits = []
+        positions = dict(self._positions)       # the newest schema positions, known to the screen once committed
         for name, parts in sorted(per_table.items()):
             frame = frames.get(name)
             if frame is None:
@@ -448,6 +449,7 @@ class BatchProcessor:
         # Arrow batches on delta-rs commit at once; DataFrames (Spark jobs of this batch) one after another
         at_once = not frames and all(getattr(self.sinks[n], "engine", None) == "delta-rs" for n, _ in commits)
         results = self._commit_tables(commits, batch_id, at_once=at_once)
+        self.quarantine.advance(positions)
         report.committed_tables.extend(name for name, _ in commits if results[name].committed)
         _fault("after-sinks", batch_id)
         report.seconds = time.monotonic() - started

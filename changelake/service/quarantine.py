@@ -34,11 +34,13 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import DeltaTable
+from deltalake import DeltaTable, QueryBuilder
 from deltalake.exceptions import TableNotFoundError
 
 from changelake import metrics
-from changelake.changelog import DEAD_LETTER_SCHEMA, OFFSET, PARTITION, TOPIC, user_columns
+from changelake.changelog import DEAD_LETTER_SCHEMA, OFFSET, PARTITION, SEQ, TOPIC, user_columns
+from changelake.connectors.delta_sink_kernel import kafka_partition_prefix
+from changelake.connectors.delta_sink_schema import PROP_TOMBSTONES
 from changelake.connectors.schema_positions import (PROP_SCHEMA_POSITION, SourceSchema, follow, position_order,
                                                      schema_positions)
 from changelake.service.config import ChangelakeConfig, TableSpecModel
@@ -70,6 +72,8 @@ class Quarantine:
         self.tables: dict[str, str] = {}
         self._logs: dict[str, DeltaTable] = {}
         self._adopted: set[tuple[str, int]] = set()
+        #: table -> the newest source position it applied (:meth:`schema_position`)
+        self._newest: dict[str, str | None] = {}
         #: routed tables (created on first sight): their tables[] entry and their source's schema_change
         self._routed: dict[str, tuple[TableSpecModel, str]] = {}
         for t in config.tables:
@@ -116,11 +120,41 @@ class Quarantine:
             adopt(columns)
 
     def schema_position(self, table: str) -> str | None:
-        """The source position of the schema ``table`` last changed for (None: none recorded); read after
-        :meth:`table_columns`, from the same snapshot of the table's log."""
-        path = self._spec(table).path or self.config.table_path(table)
-        log_ = self._logs.get(path)
-        return None if log_ is None else log_.metadata().configuration.get(PROP_SCHEMA_POSITION)
+        """The newest source position ``table`` has applied (None: nothing known): kept in memory as batches
+        commit (:meth:`advance`); at the first sight of an existing table, the newest of its recorded
+        ``changelake.schemaPosition`` and the ``_seq`` of its rows and tombstones. Read after :meth:`table_columns`."""
+        if table not in self._newest:
+            path = self._spec(table).path or self.config.table_path(table)
+            log_ = self._logs.get(path)
+            if log_ is None:
+                return None
+            props = log_.metadata().configuration
+            recorded = props.get(PROP_SCHEMA_POSITION)
+            found = [recorded] if recorded is not None else []
+            logs = [log_]
+            if props.get(PROP_TOMBSTONES):
+                try:
+                    logs.append(DeltaTable(props[PROP_TOMBSTONES], storage_options=self.storage))
+                except TableNotFoundError:
+                    pass
+            prefix = kafka_partition_prefix(recorded) if recorded is not None else None
+            where = f" WHERE {SEQ} LIKE '{prefix}%'" if prefix is not None else ""
+            for one in logs:
+                got = pa.table(QueryBuilder().register("t", one).execute(f'SELECT max("{SEQ}") AS m FROM t{where}'))
+                if got.num_rows and got["m"][0].as_py() is not None:
+                    found.append(got["m"][0].as_py())
+            self._newest[table] = None
+            for p in found:
+                self.advance({table: p})
+        return self._newest[table]
+
+    def advance(self, positions: dict[str, str]) -> None:
+        """After a batch committed: each table's newest position applied, where it is newer than the known one
+        (a Kafka position only within the known one's partition)."""
+        for table, position in positions.items():
+            known = self._newest.get(table)
+            if known is None or position_order(position, known) == "newer":
+                self._newest[table] = position
 
     def screen(self, table: str, *, source: str, decoder: Any, raw: pa.Table, rows: pa.Table,
                dead_letters: pa.Table, added: tuple[str, ...] = ()) -> Screened:
