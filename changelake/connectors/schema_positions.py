@@ -4,14 +4,15 @@ one read last.
 A table's source may bring several schemas in one batch, and schemas older than the one the table took:
 a partition behind the others still holds changes made before an ALTER, a re-delivered message carries the
 schema of its day. Each schema of a batch has a position: the newest ``_seq`` among the batch's changes
-read with it. The table records, as table property ``changelake.schemaPosition``, the position of the
-schema it last changed for (set before it changes, in the batch that brings the change, and when the
-table is created). A schema of the batch then is:
+read with it. It is compared with the newest position the table has applied (the pipeline keeps it as
+batches commit; after a restart: the newest of the table property ``changelake.schemaPosition``, which the
+sink sets when it creates the table and before it changes its columns, and the ``_seq`` of the table's rows
+and tombstones; ``changelake.service.quarantine``). A schema of the batch then is:
 
 =========================================  ============  =====================================================
 its position against the recorded one       schema is     what the table takes from it (:func:`follow`)
 =========================================  ============  =====================================================
-none recorded yet, or newer or equal        newer         every change (add, widen, narrow, drop, other type
+none known yet, or newer or equal           newer         every change (add, widen, narrow, drop, other type
                                                           change), in position order, as the table's
                                                           ``schema_change`` behaviour says
 older                                       older         nothing: its changes are written as they are
