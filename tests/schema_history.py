@@ -90,7 +90,9 @@ class SchemaHistory:
         if what == "add":
             self._next_col += 1
             name = f"c{self._next_col}"
-            self.columns.append((name, rnd.choice(["int16" if not self.avro else "int32", "string"])))
+            # schema-less: a field first seen only as null (a before-image) is typed string, so new ones are strings
+            self.columns.append((name, "string" if self.schemaless else rnd.choice(
+                ["int16" if not self.avro else "int32", "string"])))
             self.ddl.append((self._pos, f"add {name}"))
         elif what == "widen":
             i = rnd.choice([i for i, (_, t) in enumerate(self.columns) if i and t in WIDER])

@@ -62,7 +62,7 @@ def _drops() -> float:
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                    HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**20), partitions=st.integers(1, 4), changes=st.integers(6, 36),
-       ddl=st.integers(0, 4), redeliver=st.integers(0, 6), most=st.integers(1, 6),
+       ddl=st.integers(0, 6), redeliver=st.integers(0, 6), most=st.integers(1, 6),
        behaviour=st.sampled_from(BEHAVIOURS), fmt=st.sampled_from(tuple(FORMATS)),
        kind=st.sampled_from(("mirror", "routed", "history")))
 def test_a_table_follows_the_newest_schema_whatever_order_the_partitions_deliver(
