@@ -36,6 +36,7 @@ from changelake.connectors.delta_sink_rs import DeltaRsSink
 from changelake.connectors.delta_sink_schema import (
     DELETED_AT_TYPE,
     PROP_HISTORY,
+    PROP_SCHEMA_POSITION,
     PROP_TRACK_HISTORY,
     stored_fields,
     table_properties,
@@ -70,13 +71,14 @@ class DeltaRsHistorySink(DeltaRsSink):
     """SCD type 2 history table written with delta-rs."""
 
     def _apply_once(self, changes: pa.Table, batch_id: int, truncate_at: str | None = None,
-                    dropped_columns: tuple[str, ...] = ()) -> tuple[ApplyResult, MergeCounts | None]:
+                    dropped_columns: tuple[str, ...] = (), schema_position: str | None = None
+                    ) -> tuple[ApplyResult, MergeCounts | None]:
         spec = self.spec
         if truncate_at is not None:
             raise SinkCommitError(f"table {spec.name} is a history table (history: scd2), which does not apply "
                                   "truncates; set the source's on_truncate to skip or fail")
-        self._prepare_history_table(changes.schema)
-        begun = self._begin(changes.schema, batch_id, None, dropped_columns)     # replay check, schema changes
+        self._prepare_history_table(changes.schema, schema_position)
+        begun = self._begin(changes.schema, batch_id, None, dropped_columns, schema_position)   # replay, schema
         if isinstance(begun, ApplyResult):
             return begun, None
         if begun.skip:
@@ -115,9 +117,10 @@ class DeltaRsHistorySink(DeltaRsSink):
                              stale_ignored=0, resurrections_prevented=0, table_version=counts.version)
         return result, counts
 
-    def _prepare_history_table(self, schema: pa.Schema) -> None:
-        """Create the table with its interval columns and history properties, or check (once) that an
-        existing one tracks the declared columns; the rest of the contract is the upsert table's."""
+    def _prepare_history_table(self, schema: pa.Schema, schema_position: str | None = None) -> None:
+        """Create the table with its interval columns and history properties (and the position of the
+        schema it is created with), or check (once) that an existing one tracks the declared columns; the
+        rest of the contract is the upsert table's."""
         spec = self.spec
         state = self._state(spec.path)
         wanted = history_properties(spec.track_history)
@@ -130,6 +133,7 @@ class DeltaRsHistorySink(DeltaRsSink):
                                       f"{missing} named by partition_by / track_history; fix the table's config")
             self._create_table(pa.schema([f.with_nullable(True) for f in fields] + list(INTERVAL_FIELDS)),
                                properties={**spec.properties, **wanted,
+                                           **({PROP_SCHEMA_POSITION: schema_position} if schema_position else {}),
                                            **table_properties(spec.primary_key, self.tombstone_path)})
             self._require_state(spec.path)
         elif not self._contract_checked and state.properties.get(PROP_HISTORY) == "scd2":

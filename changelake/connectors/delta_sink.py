@@ -62,6 +62,7 @@ from changelake.connectors.delta_sink_kernel import (
 )
 from changelake.connectors.delta_sink_merge import sql_literal
 from changelake.connectors.delta_sink_schema import (
+    PROP_SCHEMA_POSITION,
     PROP_TRUNCATED_BEFORE,
     SchemaPlan,
     check_table_contract,
@@ -265,13 +266,15 @@ class DeltaUpsertSink(abc.ABC):
     # --- public -----------------------------------------------------------------
 
     def apply(self, changes: pa.Table, *, batch_id: int, truncate_at: str | None = None,
-              dropped_columns: Sequence[str] = ()) -> ApplyResult:
+              dropped_columns: Sequence[str] = (), schema_position: str | None = None) -> ApplyResult:
         """Merge one changelog batch; exactly once per (pipeline id, table, checkpoint generation, batch id).
 
         ``truncate_at``: the position (``_seq``) of the latest truncate of the table read in this batch
         (``on_truncate: apply``): rows and changes older than it go, newer ones apply.
         ``dropped_columns``: table columns the source's schema no longer has (``TableSpec.schema_change``
-        says what happens to them).
+        says what happens to them). ``schema_position``: the source position of the schema the batch's
+        columns follow; recorded (property ``changelake.schemaPosition``) when the table is created or its
+        columns change, before they change (``changelake.connectors.schema_positions``).
         """
         if batch_id < 0:
             raise ValueError(f"batch_id must be >= 0, got {batch_id}")
@@ -289,7 +292,8 @@ class DeltaUpsertSink(abc.ABC):
                                    nullable_key=self.spec.nullable_key)
         dropped = tuple(dropped_columns)
         version = commit_position(batch_id, self.generation)
-        return self._committing(batch_id, lambda: self._apply_once(changes, version, truncate_at, dropped))
+        return self._committing(batch_id, lambda: self._apply_once(changes, version, truncate_at, dropped,
+                                                                   schema_position))
 
     def _committing(self, batch_id: int,
                     once: Callable[[], tuple[ApplyResult, MergeCounts | None]]) -> ApplyResult:
@@ -359,8 +363,9 @@ class DeltaUpsertSink(abc.ABC):
     # --- the flow ----------------------------------------------------------------
 
     def _apply_once(self, changes: pa.Table, batch_id: int, truncate_at: str | None = None,
-                    dropped_columns: tuple[str, ...] = ()) -> tuple[ApplyResult, MergeCounts | None]:
-        begun = self._begin(changes.schema, batch_id, truncate_at, dropped_columns)
+                    dropped_columns: tuple[str, ...] = (), schema_position: str | None = None
+                    ) -> tuple[ApplyResult, MergeCounts | None]:
+        begun = self._begin(changes.schema, batch_id, truncate_at, dropped_columns, schema_position)
         if isinstance(begun, ApplyResult):
             return begun, None
         if begun.skip:
@@ -394,7 +399,7 @@ class DeltaUpsertSink(abc.ABC):
                             truncated=begun.truncated, before_truncate=before_truncate), counts
 
     def _begin(self, schema: pa.Schema, batch_id: int, truncate_at: str | None,
-               dropped_columns: tuple[str, ...] = ()) -> "ApplyResult | _Begun":
+               dropped_columns: tuple[str, ...] = (), schema_position: str | None = None) -> "ApplyResult | _Begun":
         """Everything before the batch's rows are read: the replay check (its result when the batch was
         committed), the table's creation or contract check and schema changes, the truncate."""
         spec = self.spec
@@ -419,8 +424,9 @@ class DeltaUpsertSink(abc.ABC):
             if missing:
                 raise SinkCommitError(f"cannot create table {spec.path} partitioned by {list(spec.partition_by)}: "
                                       f"the batch has no column(s) {missing}; fix partition_by or the pipeline")
+            position = {PROP_SCHEMA_POSITION: schema_position} if schema_position is not None else {}
             self._create_table(pa.schema([f.with_nullable(True) for f in fields]),
-                               properties={**spec.properties,
+                               properties={**spec.properties, **position,
                                            **table_properties(spec.primary_key, self.tombstone_path)})
             state = self._require_state(spec.path)
         elif not self._contract_checked:
@@ -438,6 +444,10 @@ class DeltaUpsertSink(abc.ABC):
                            behaviour=spec.schema_change, dropped=dropped_columns, primary_key=spec.primary_key,
                            partition_by=spec.partition_by)
         if plan.new_fields or plan.rewrites:
+            if schema_position is not None and state.properties.get(PROP_SCHEMA_POSITION) != schema_position:
+                # first: a replay after a crash between the two finds the position, and the change still to make
+                self._set_properties({PROP_SCHEMA_POSITION: schema_position})
+                state = self._require_state(spec.path)
             self._change_schema(state, plan)
 
         truncated, horizon = self._truncate(state, truncate_at)

@@ -8,9 +8,10 @@ and are not stored.
 
 Schema changes (:func:`schema_plan`, the one home of the rule). The source's columns
 (a new writer schema, a new Connect schema in a JSON envelope, a new field of
-schema-less JSON) are compared with the table's user columns; what happens to each
-difference is the table's ``schema_change`` behaviour (Flink CDC's
-``schema.change.behavior``):
+schema-less JSON) are compared with the table's user columns; which of a batch's schemas
+count, and in what order, is the source position's rule (:mod:`changelake.connectors.schema_positions`:
+an older schema than the table's changes nothing); what happens to each difference is the
+table's ``schema_change`` behaviour (Flink CDC's ``schema.change.behavior``):
 
 ===========================  ========  ==========  ========  ========  =========
 change of the source          evolve    try_evolve  lenient   ignore    exception
@@ -64,6 +65,8 @@ PROP_TRUNCATED_BEFORE = "changelake.truncatedBefore"
 PROP_HISTORY = "changelake.history"
 #: JSON list of a history table's tracked columns; absent when every column is tracked
 PROP_TRACK_HISTORY = "changelake.trackHistory"
+#: the source position (``_seq``) of the schema the table last changed for (``schema_positions``)
+PROP_SCHEMA_POSITION = "changelake.schemaPosition"
 
 #: Column of the tombstone table holding when the delete was committed.
 DELETED_AT = "_deleted_at"

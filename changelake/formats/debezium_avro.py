@@ -14,7 +14,8 @@ Schema evolution, when the columns come from the writer schemas (no ``columns``
 declared). Before a batch is decoded, every writer schema it uses is read: the
 decoder reads with every column seen so far (a dropped one reads null), a widened
 type with its new type, then the new columns (:func:`~changelake.formats.assemble.evolve_specs`),
-and lists the batch's writer schemas as columns in ``source_schemas``. What the table
+and lists the batch's writer schemas as columns in ``source_schemas`` (each record's in
+``record_schemas``, so that the table follows the schema of the newest position). What the table
 does with them (add, widen, drop, keep, quarantine) is its ``schema_change`` behaviour
 (:mod:`changelake.connectors.delta_sink_schema`), applied by the pipeline.
 """
@@ -93,6 +94,8 @@ class DebeziumAvroDecoder(SchemaMixin):
         self._key = opts["key"]
         #: the distinct writer schemas (as user columns) of the last decoded batch, in order of appearance
         self.source_schemas: list[pa.Schema] = []
+        #: per record of the last decoded batch: the index of its writer schema in ``source_schemas`` (null: none)
+        self.record_schemas: pa.Array | None = None
 
     def __getstate__(self) -> dict:
         # the registry client holds connections: executors create their own
@@ -149,7 +152,7 @@ class DebeziumAvroDecoder(SchemaMixin):
         """Healthy chunks of one writer schema go through the bulk path (when polars is
         installed); the others, message by message through fastavro."""
         with gc_paused():
-            self._read_writer_schemas(records)
+            self.record_schemas = self._read_writer_schemas(records)
             results = []
             for start in range(0, max(records.num_rows, 1), CHUNK):
                 chunk = records.slice(start, CHUNK)
@@ -157,12 +160,18 @@ class DebeziumAvroDecoder(SchemaMixin):
                 results.append(result if result is not None else self._decode(chunk))
             return merge_results(results)
 
-    def _read_writer_schemas(self, records: pa.Table) -> None:
+    def _read_writer_schemas(self, records: pa.Table) -> pa.Array:
         """Fetch every writer schema the batch uses before decoding it, so that the whole batch is read
-        with the evolved columns (or quarantined)."""
+        with the evolved columns (or quarantined). Returns each record's writer schema as an index into
+        ``source_schemas`` (null: none known)."""
         self.source_schemas = []
-        heads = pc.unique(pc.binary_slice(records.column("value"), 0, 5).combine_chunks()).to_pylist()
-        for head in (h for h in heads if h and len(h) == 5 and h[0] == 0):   # in order of first appearance
+        heads = pc.binary_slice(records.column("value"), 0, 5).combine_chunks()
+        unique = pc.unique(heads)
+        index: list[int | None] = []
+        for head in unique.to_pylist():   # in order of first appearance
+            index.append(None)
+            if not (head and len(head) == 5 and head[0] == 0):
+                continue
             schema_id = int.from_bytes(head[1:5], "big")
             try:
                 self._writer_schema(schema_id)
@@ -171,8 +180,12 @@ class DebeziumAvroDecoder(SchemaMixin):
             columns = self._columns_by_id.get(schema_id)
             if columns:
                 schema = pa.schema([pa.field(c.name, c.type) for c in columns.values()])
-                if not any(schema.equals(s) for s in self.source_schemas):
+                found = next((i for i, s in enumerate(self.source_schemas) if schema.equals(s)), None)
+                if found is None:
+                    found = len(self.source_schemas)
                     self.source_schemas.append(schema)
+                index[-1] = found
+        return pa.array(index, pa.int32()).take(pc.index_in(heads, unique))
 
     def _bulk(self, chunk: pa.Table) -> DecodeResult | None:
         values = chunk.column("value").combine_chunks()

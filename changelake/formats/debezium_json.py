@@ -60,6 +60,9 @@ class DebeziumJsonDecoder(JsonChangelogDecoder):
         self._last_fields: list | None = None
         #: the distinct row schemas (user columns) the envelopes of the last decoded batch carried, in order
         self.source_schemas: list[pa.Schema] = []
+        #: per record of the last decoded batch: the index of its schema in ``source_schemas`` (null: none)
+        self.record_schemas: pa.Array | None = None
+        self._last_schema: pa.Schema | None = None
         self._envelope_seen = False
         self._plan: BulkPlan | None = None
         self._plan_envelope = False
@@ -69,9 +72,9 @@ class DebeziumJsonDecoder(JsonChangelogDecoder):
     def decode(self, records: pa.Table) -> DecodeResult:
         """Chunks that are healthy go through the bulk path; the others, message by message."""
         with gc_paused():
-            self.source_schemas, self._last_fields = [], None
+            self.source_schemas, self._last_fields, self.record_schemas = [], None, None
             if self._declared is None and (self.schema_include or self._envelope_seen):
-                self._read_envelope_schemas(records)
+                self.record_schemas = self._read_envelope_schemas(records)
             results = []
             for start in range(0, max(records.num_rows, 1), CHUNK):
                 chunk = records.slice(start, CHUNK)
@@ -83,6 +86,8 @@ class DebeziumJsonDecoder(JsonChangelogDecoder):
                 if result is None:
                     result = self._decode(chunk)
                 results.append(result)
+            if self.record_schemas is None and self.source_schemas:     # the first envelopes, learnt one by one
+                self.record_schemas = self._read_envelope_schemas(records, learn=False)
             return merge_results(results)
 
     def _try_bulk(self) -> bool:
@@ -121,28 +126,46 @@ class DebeziumJsonDecoder(JsonChangelogDecoder):
         return dbz.collect_event(out, record, payload, schema=schema, meta=self._meta, partition=partition,
                                  offset=offset, upsert=self.upsert, on_truncate=self.on_truncate)
 
-    def _read_envelope_schemas(self, records: pa.Table) -> None:
+    def _read_envelope_schemas(self, records: pa.Table, *, learn: bool = True) -> pa.Array:
         """Learn every distinct envelope schema of the batch before decoding it, so that the whole batch,
-        bulk chunks too, is read with the columns it brings (the JSON converter writes ``schema`` first)."""
-        heads = pc.replace_substring_regex(records.column("value"), r'(?s),\s*"payload"\s*:.*$', "}")
-        for head in pc.unique(heads.combine_chunks()).to_pylist():
+        bulk chunks too, is read with the columns it brings (the JSON converter writes ``schema`` first).
+        Returns each record's schema as an index into ``source_schemas`` (null: no envelope schema)."""
+        heads = pc.replace_substring_regex(records.column("value"), r'(?s),\s*"payload"\s*:.*$', "}").combine_chunks()
+        unique = pc.unique(heads)
+        index: list[int | None] = []
+        for head in unique.to_pylist():
             try:
                 obj = orjson.loads(head) if head else None
             except orjson.JSONDecodeError:
-                continue
+                obj = None
+            schema = None
             if isinstance(obj, dict) and isinstance(obj.get("schema"), dict):
-                self._learn(obj["schema"])
+                schema = self._learn(obj["schema"]) if learn else self._row_schema(obj["schema"])[1]
+            index.append(next((i for i, s in enumerate(self.source_schemas) if s.equals(schema)), None)
+                         if schema is not None else None)
+        return pa.array(index, pa.int32()).take(pc.index_in(heads, unique))
 
-    def _learn(self, envelope_schema: Any) -> None:
+    @staticmethod
+    def _row_schema(envelope_schema: Any) -> tuple[list[ColumnSpec], pa.Schema | None]:
         fields = dbz.row_fields(envelope_schema)
-        if fields is None or fields == self._last_fields:
-            return
+        if fields is None:
+            return [], None
+        columns = [dbz.connect_column(f["field"], f) for f in fields if isinstance(f.get("field"), str)]
+        return columns, pa.schema([pa.field(c.name, c.type) for c in columns])
+
+    def _learn(self, envelope_schema: Any) -> pa.Schema | None:
+        """Read the columns of an envelope's schema; returns them as a schema (None: the envelope has none)."""
+        fields = dbz.row_fields(envelope_schema)
+        if fields is None:
+            return None
+        if fields == self._last_fields:
+            return self._last_schema
         self._last_fields = fields
         self._seen_fields = len(fields)
-        columns = [dbz.connect_column(f["field"], f) for f in fields if isinstance(f.get("field"), str)]
+        columns, schema = self._row_schema(envelope_schema)
+        self._last_schema = schema
         for spec in columns:
             self._seen[spec.name] = spec
-        schema = pa.schema([pa.field(c.name, c.type) for c in columns])
         if not any(schema.equals(s) for s in self.source_schemas):
             self.source_schemas.append(schema)
         if self._specs is None:
@@ -151,3 +174,4 @@ class DebeziumJsonDecoder(JsonChangelogDecoder):
             self._specs = [dbz.with_source_encoding(s, self._seen.get(s.name)) for s in self._specs]
         else:
             self._specs = evolve_specs(self._specs, columns)
+        return schema

@@ -161,8 +161,10 @@ class BatchProcessor:
         self.dead_letters = DeadLetterPaths(config)
         self.quarantine = Quarantine(config, self.keys)
         self.epochs = EpochBook(config.pipeline.checkpoint)
-        #: table -> columns its source's last schema dropped, for the sink (set per batch)
+        #: table -> columns its source's newest schema dropped, for the sink (set per batch)
         self._dropped: dict[str, tuple[str, ...]] = {}
+        #: table -> the source position of the newest schema it takes from the batch, for the sink (per batch)
+        self._positions: dict[str, str] = {}
         self.stage = DecodeStage(self.routes, graph_keys={i: n.upsert_key or () for i, n in self.graph_routes.items()})
         # The stage goes to the executors once, with the query: routes whose table's key is unknown at
         # start report their message keys' fields every batch; the first batch that has some teaches it.
@@ -272,7 +274,7 @@ class BatchProcessor:
         stats, parts = self.stage.split(out)
         for i, got in parts.items():
             self.epochs.take(self.routes[i].spec.name, got)
-        self._dropped = {}
+        self._dropped, self._positions = {}, {}
         self.keys.learn(_key_shapes(self.routes, parts))
         graph_changes = {self.graph_tables[i]: got.pop(CHANGES_PART) for i, got in parts.items()
                          if CHANGES_PART in got}
@@ -298,8 +300,7 @@ class BatchProcessor:
                     screened = self.quarantine.screen(route.spec.table, source=route.spec.name, decoder=route.decoder,
                                                       raw=got["raw"], rows=rows, dead_letters=dead)
                     rows, dead = screened.rows, screened.dead_letters
-                    if screened.dropped:
-                        self._dropped[route.spec.table] = screened.dropped
+                    self._note_schema(route.spec.table, screened)
                 decoded.append((route, rows, dead))
                 if found.num_rows:
                     truncates.append((route, found))
@@ -349,8 +350,7 @@ class BatchProcessor:
                                               raw=records, rows=result.rows, dead_letters=result.dead_letters,
                                               added=ORIGIN_COLUMNS if origin_columns else ())
             rows = screened.rows
-            if screened.dropped:
-                self._dropped[target.table] = screened.dropped
+            self._note_schema(target.table, screened)
             if origin_columns:
                 rows = with_origin_columns(rows, origin, table=target.table)
             decoded.append((table, rows, screened.dead_letters))
@@ -364,6 +364,13 @@ class BatchProcessor:
             decoded = [(t, by_kafka(rows), dead) for t, rows, dead in decoded]
             truncates = [(t, by_kafka(found, partition="partition", offset="offset")) for t, found in truncates]
         return decoded, truncates
+
+    def _note_schema(self, table: str, screened: Any) -> None:
+        """What the sink needs of a screened batch's schemas: the columns to drop, the position to record."""
+        if screened.dropped:
+            self._dropped[table] = screened.dropped
+        if screened.position is not None:
+            self._positions[table] = screened.position
 
     def _table_route(self, route: "_Route", target: Target) -> "_Route":
         """The route of a routed table (created on first sight): the source's settings, its own decoder."""
@@ -467,6 +474,7 @@ class BatchProcessor:
         _fault("before-sinks", batch_id)
         self.dead_letters.write(letters, batch_id=batch_id)
         commits = []
+        positions = dict(self._positions)       # the newest schema positions, known to the screen once committed
         for name, parts in sorted(per_table.items()):
             frame = frames.get(name)
             if frame is None:
@@ -482,10 +490,12 @@ class BatchProcessor:
             for kind, n in kinds.items():
                 metrics.CHANGES_IN.labels(name, kind).inc(n)
             commits.append((name, functools.partial(apply, changes, batch_id=batch_id, truncate_at=truncate_at.get(name),
-                                                    dropped_columns=self._dropped.pop(name, ()))))
+                                                    dropped_columns=self._dropped.pop(name, ()),
+                                                    schema_position=self._positions.pop(name, None))))
         # Arrow batches on delta-rs commit at once; DataFrames (Spark jobs of this batch) one after another
         at_once = not frames and all(getattr(self.sinks[n], "engine", None) == "delta-rs" for n, _ in commits)
         results = self._commit_tables(commits, batch_id, at_once=at_once)
+        self.quarantine.advance(positions)
         report.committed_tables.extend(name for name, _ in commits if results[name].committed)
         self.replacing -= {name for name, _ in commits}
         _fault("after-sinks", batch_id)

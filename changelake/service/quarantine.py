@@ -3,8 +3,10 @@ quarantined by a change their ``schema_change`` behaviour refuses, while the oth
 
 For a source decoded on the driver (its columns come from the messages: a Connect schema in
 the JSON envelope, Avro writer schemas, or the fields of schema-less JSON), each batch's source
-columns are compared with the table's (:func:`~changelake.connectors.delta_sink_schema.column_changes`;
-the table of outcomes is in :mod:`changelake.connectors.delta_sink_schema`):
+schemas are compared with the table's columns in the order of their source positions, never in the
+order they were read (:func:`~changelake.connectors.schema_positions.follow`: a schema older than the
+one the table took changes nothing; the table of outcomes per change is in
+:mod:`changelake.connectors.delta_sink_schema`):
 
 * refuse: the table is quarantined. Every message of the batch for it, and of every later batch
   until a restart, is a dead letter with reason ``schema-incompatible`` and its raw bytes
@@ -13,13 +15,15 @@ the table of outcomes is in :mod:`changelake.connectors.delta_sink_schema`):
   ``changelake_table_quarantined{table}`` is 1.
 * convert: the column keeps the table's type; a message with a value it cannot hold is a dead
   letter (``schema-mismatch``), the others are written.
-* keep, skip: counted in ``changelake_schema_changes_not_applied_total``; the sink does the rest.
+* keep, skip: counted in ``changelake_schema_changes_not_applied_total``.
 * apply: the sink changes the table (:class:`~changelake.connectors.delta_sink.DeltaUpsertSink`),
-  logs and counts it (``changelake_schema_changes_total``).
+  logs and counts it (``changelake_schema_changes_total``), and records the position of the schema it
+  changed for (``Screened.position``).
 
-Dropped columns are known only from a schema (the last one of the batch): a field that
-schema-less JSON stops sending just reads NULL. The functions take one table at a time, so a
-source routed to many tables screens each (:meth:`Quarantine.screen`).
+The rows then carry exactly the columns the table takes, in its types (:func:`conform`). Dropped columns
+are known only from a schema (the newest one): a field that schema-less JSON stops sending just reads
+NULL. The functions take one table at a time, so a source routed to many tables screens each
+(:meth:`Quarantine.screen`).
 """
 
 from __future__ import annotations
@@ -30,12 +34,15 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import DeltaTable
+from deltalake import DeltaTable, QueryBuilder
 from deltalake.exceptions import TableNotFoundError
 
 from changelake import metrics
-from changelake.changelog import DEAD_LETTER_SCHEMA, OFFSET, PARTITION, TOPIC, user_columns
-from changelake.connectors.delta_sink_schema import ColumnChange, column_changes
+from changelake.changelog import DEAD_LETTER_SCHEMA, OFFSET, PARTITION, SEQ, TOPIC, user_columns
+from changelake.connectors.delta_sink_kernel import kafka_partition_prefix
+from changelake.connectors.delta_sink_schema import PROP_TOMBSTONES
+from changelake.connectors.schema_positions import (PROP_SCHEMA_POSITION, SourceSchema, follow, position_order,
+                                                     schema_positions)
 from changelake.log_values import shown
 from changelake.service.config import ChangelakeConfig, TableSpecModel
 from changelake.service.key_inference import TableKeys
@@ -53,6 +60,8 @@ class Screened:
     rows: pa.Table
     dead_letters: pa.Table
     dropped: tuple[str, ...] = ()
+    #: the source position of the newest schema the table takes from the batch, to record if it changes
+    position: str | None = None
 
 
 class Quarantine:
@@ -64,6 +73,8 @@ class Quarantine:
         self.tables: dict[str, str] = {}
         self._logs: dict[str, DeltaTable] = {}
         self._adopted: set[tuple[str, int]] = set()
+        #: table -> the newest source position it applied (:meth:`schema_position`)
+        self._newest: dict[str, str | None] = {}
         #: routed tables (created on first sight): their tables[] entry and their source's schema_change
         self._routed: dict[str, tuple[TableSpecModel, str]] = {}
         for t in config.tables:
@@ -109,56 +120,114 @@ class Quarantine:
         if columns is not None and adopt is not None:
             adopt(columns)
 
+    def schema_position(self, table: str) -> str | None:
+        """The newest source position ``table`` has applied (None: nothing known): kept in memory as batches
+        commit (:meth:`advance`); at the first sight of an existing table, the newest of its recorded
+        ``changelake.schemaPosition`` and the ``_seq`` of its rows and tombstones. Read after :meth:`table_columns`."""
+        if table not in self._newest:
+            path = self._spec(table).path or self.config.table_path(table)
+            log_ = self._logs.get(path)
+            if log_ is None:
+                return None
+            props = log_.metadata().configuration
+            recorded = props.get(PROP_SCHEMA_POSITION)
+            found = [recorded] if recorded is not None else []
+            logs = [log_]
+            if props.get(PROP_TOMBSTONES):
+                try:
+                    logs.append(DeltaTable(props[PROP_TOMBSTONES], storage_options=self.storage))
+                except TableNotFoundError:
+                    pass
+            prefix = kafka_partition_prefix(recorded) if recorded is not None else None
+            where = f" WHERE {SEQ} LIKE '{prefix}%'" if prefix is not None else ""
+            for one in logs:
+                got = pa.table(QueryBuilder().register("t", one).execute(f'SELECT max("{SEQ}") AS m FROM t{where}'))
+                if got.num_rows and got["m"][0].as_py() is not None:
+                    found.append(got["m"][0].as_py())
+            self._newest[table] = None
+            for p in found:
+                self.advance({table: p})
+        return self._newest[table]
+
+    def advance(self, positions: dict[str, str]) -> None:
+        """After a batch committed: each table's newest position applied, where it is newer than the known one
+        (a Kafka position only within the known one's partition)."""
+        for table, position in positions.items():
+            known = self._newest.get(table)
+            if known is None or position_order(position, known) == "newer":
+                self._newest[table] = position
+
     def screen(self, table: str, *, source: str, decoder: Any, raw: pa.Table, rows: pa.Table,
                dead_letters: pa.Table, added: tuple[str, ...] = ()) -> Screened:
         """Screen one batch of a source decoded on the driver for ``table`` (module doc); ``added``: table columns
         the pipeline adds to the rows (a routed table's origin columns), which are no source columns."""
         if table in self.tables:
             return Screened(_empty_like(rows), quarantined(raw, self.tables[table]))
-        columns = self.table_columns(table)
-        if columns is None:
-            return Screened(rows, dead_letters)
         meta = {m.column for m in getattr(decoder, "_meta", ())} | set(added)     # not source columns
+        schemas = _source_schemas(decoder, raw, rows, meta)
+        columns = self.table_columns(table)
+        recorded = self.schema_position(table) if columns is not None else None
+        if columns is None:     # the batch creates the table: from its oldest schema, then what follows it
+            placed = [s for s in schemas if s.position is not None]
+            if not placed:
+                return Screened(rows, dead_letters)
+            newest = max(placed, key=lambda s: s.position)
+            oldest = min((s for s in placed if position_order(s.position, newest.position) != "unordered"),
+                         key=lambda s: s.position)
+            columns, recorded = oldest.columns, oldest.position
         columns = pa.schema([f for f in columns if f.name not in meta])
-        schemas = list(getattr(decoder, "source_schemas", None) or ())
-        from_schema = bool(schemas)
-        if not schemas:     # schema-less: the batch's own columns (a field not sent is no drop)
-            schemas = [rows.select([n for n in user_columns(rows) if n not in meta]).schema]
         behaviour = self._behaviour(table)
-        spec = self._spec(table)
-        dropped = tuple(n for n in columns.names if n not in schemas[-1].names) if from_schema else ()
-        changes: dict[tuple[str, str], ColumnChange] = {}
-        for i, schema in enumerate(schemas):
-            for c in column_changes(columns, list(schema), behaviour=behaviour,
-                                    dropped=dropped if i == len(schemas) - 1 else (),
-                                    primary_key=self.keys.key_of(table) or (), partition_by=spec.partition_by):
-                changes.setdefault((c.kind, c.column), c)
-        refused = [c for c in changes.values() if c.outcome == "refuse"]
-        if refused:
+        followed = follow(columns, schemas, recorded=recorded, behaviour=behaviour,
+                          primary_key=self.keys.key_of(table) or (), partition_by=self._spec(table).partition_by,
+                          drops=any(s.position is not None for s in schemas))
+        if followed.refused:
             why = (f"table {table!r} (schema_change: {behaviour}) refuses a change of source {source!r}: "
-                   + "; ".join(c.describe() for c in refused)
+                   + "; ".join(c.describe() for c in followed.refused)
                    + ". Its messages go to the dead-letter path until the pipeline is restarted with a fix: choose "
                    "a schema_change behaviour that takes the change, declare the source's columns, or write the "
                    "table to a new path; then replay the dead letters (changelake dlq replay)")
             self.tables[table] = why
             metrics.TABLE_QUARANTINED.labels(table=table).set(1)
-            for c in refused:
+            for c in followed.refused:
                 metrics.SCHEMA_CHANGES_NOT_APPLIED.labels(table=table, kind=c.kind, outcome="refuse").inc()
             log.error("table %s is quarantined, it receives no change until a restart: %s", table, why)
             return Screened(_empty_like(rows), quarantined(raw, why))
-        for c in changes.values():
+        for c in followed.changes:
             if c.outcome != "apply":
                 metrics.SCHEMA_CHANGES_NOT_APPLIED.labels(table=table, kind=c.kind, outcome=c.outcome).inc()
-        if from_schema:     # a column the source dropped earlier, still read by the decoder: all NULL, not written
-            known = {n for schema in schemas for n in schema.names} | set(columns.names) | meta
-            stale = [n for n in user_columns(rows) if n not in known]
-            if stale:
-                rows = rows.drop_columns(stale)
-        converted = [c for c in changes.values() if c.outcome == "convert" and c.column in rows.column_names]
-        if converted:
-            rows, dead_letters = convert(rows, dead_letters, raw, {c.column: columns.field(c.column).type
-                                                                   for c in converted}, table=table)
-        return Screened(rows, dead_letters, dropped)
+        if followed.older:
+            log.info("table %s: %d schema(s) of source %s older than the table's (position %s) written as they are",
+                     table, followed.older, source, recorded)
+        rows, dead_letters = conform(rows, dead_letters, raw, followed.target, meta=meta, table=table)
+        return Screened(rows, dead_letters, followed.dropped, followed.position)
+
+
+def _source_schemas(decoder: Any, raw: pa.Table, rows: pa.Table, meta: set[str]) -> list[SourceSchema]:
+    """The batch's source schemas with their positions (:mod:`~changelake.connectors.schema_positions`); for
+    schema-less input the batch's own columns, without a position (a field not sent is no drop)."""
+    schemas = list(getattr(decoder, "source_schemas", None) or ())
+    if not schemas:
+        return [SourceSchema(rows.select([n for n in user_columns(rows) if n not in meta]).schema, None)]
+    per_record = getattr(decoder, "record_schemas", None)
+    if per_record is None:
+        return [SourceSchema(s, None) for s in schemas]
+    positions = schema_positions(raw, per_record, rows, len(schemas))
+    return [SourceSchema(s, q) for s, q in zip(schemas, positions) if q is not None]
+
+
+def conform(rows: pa.Table, dead_letters: pa.Table, raw: pa.Table, target: pa.Schema, *, meta: set[str],
+            table: str) -> tuple[pa.Table, pa.Table]:
+    """``rows`` written with the ``target`` source columns: a user column the table does not take (a column it
+    dropped, or one an older schema still has) leaves the rows, one of another type is converted to the
+    target's (:func:`convert`: a value it cannot hold makes its message a ``schema-mismatch`` dead letter)."""
+    user = [n for n in user_columns(rows) if n not in meta]
+    gone = [n for n in user if n not in target.names]
+    if gone:
+        rows = rows.drop_columns(gone)
+    types = {n: target.field(n).type for n in user if n in target.names and rows.schema.field(n).type != target.field(n).type}
+    if types:
+        rows, dead_letters = convert(rows, dead_letters, raw, types, table=table)
+    return rows, dead_letters
 
 
 def quarantined(raw: pa.Table, why: str) -> pa.Table:

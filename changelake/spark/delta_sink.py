@@ -88,7 +88,7 @@ class FrameBatches:
     spec: TableSpec
 
     def apply_frame(self, changes: Any, *, batch_id: int, truncate_at: str | None = None,
-                    dropped_columns: Sequence[str] = ()) -> ApplyResult:
+                    dropped_columns: Sequence[str] = (), schema_position: str | None = None) -> ApplyResult:
         """``apply`` for a batch that is a Spark DataFrame (the changelog columns, ``_kind``, ``_seq``).
 
         The batch's order (``_seq`` ties: the rows of one message) is read from the DataFrame's
@@ -101,13 +101,15 @@ class FrameBatches:
         frames.validate_frame(changes, primary_key=spec.primary_key, nullable_key=spec.nullable_key, table=spec.name)
         dropped = tuple(dropped_columns)
         version = commit_position(batch_id, self.generation)
-        return self._committing(batch_id, lambda: self._apply_frame_once(changes, version, truncate_at, dropped))
+        return self._committing(batch_id, lambda: self._apply_frame_once(changes, version, truncate_at, dropped,
+                                                                         schema_position))
 
     def _apply_frame_once(self, changes: Any, batch_id: int, truncate_at: str | None,
-                          dropped_columns: tuple[str, ...]) -> tuple[ApplyResult, MergeCounts | None]:
+                          dropped_columns: tuple[str, ...], schema_position: str | None = None
+                          ) -> tuple[ApplyResult, MergeCounts | None]:
         spec = self.spec
         begun = self._begin(_arrow(changes.drop(frames.POSITION).schema), batch_id, truncate_at,
-                            dropped_columns)
+                            dropped_columns, schema_position)
         if isinstance(begun, ApplyResult):
             return begun, None
         if begun.skip:

@@ -23,6 +23,7 @@ from tests.routed_history import RoutedDatabase
 
 pytestmark = pytest.mark.unit
 
+DDL = 0.2
 SHARDS = {f"orders_{i}": (i, 4) for i in range(4)}
 EVENTS = {f"events_{i}": (1, 1) for i in range(2)}      # the same ids in every shard
 PLAIN = {f"t{i}": (1, 1) for i in range(3)}
@@ -268,3 +269,42 @@ def test_a_routed_table_takes_an_added_column_under_its_schema_change_behaviour(
         (1,): {"id": 1, "name": "a", "source_db": "shop", "source_table": "people", "email": None},
         (2,): {"id": 2, "name": "b", "source_db": "shop", "source_table": "people", "email": "b@x"},
         (3,): {"id": 3, "name": "c", "source_db": "shop", "source_table": "people", "email": "c@x"}}
+
+
+def test_a_routed_database_whose_columns_change_over_lagging_partitions_equals_the_source(tmp_path):
+    """ADD, widen and DROP COLUMN mid-stream, topics of 4 partitions by key, re-deliveries, batches that take a
+    few messages of each partition (so one partition runs behind another): schema_change evolve takes every
+    change from the newest position; an older message never narrows, drops or quarantines anything."""
+    import random
+    import zlib
+
+    db = RoutedDatabase(prefix="srv", seed=26)
+    messages = db.history({**PLAIN, **SHARDS}, changes=30, redeliver=0)
+    messages += db.more(220, redeliver=25, earlier=messages, ddl=DDL, alterable=tuple(PLAIN))
+    assert not DDL or {w.split()[0] for _, _, w in db.ddl_log} == {"add", "widen", "drop"}
+    logs: dict[tuple[str, int], list] = {}
+    for m in messages:
+        logs.setdefault((m.topic, zlib.crc32(m.key) % 4), []).append(m)
+    config = _config(tmp_path, RULES, schema_change="evolve")
+    processor = BatchProcessor(config)
+    rnd, read, batch_id = random.Random(3), {k: 0 for k in logs}, 0
+    while any(read[k] < len(v) for k, v in logs.items()):
+        taken = []
+        for k, log_ in logs.items():
+            n = rnd.randint(0, 4)
+            taken += [(k[1], read[k] + i, m) for i, m in enumerate(log_[read[k]:read[k] + n])]
+            read[k] = min(read[k] + n, len(log_))
+        if not taken:
+            continue
+        n = len(taken)
+        out = pa.Table.from_batches(list(processor.stage(iter([pa.RecordBatch.from_pydict({
+            "topic": [m.topic for _, _, m in taken], "partition": [p for p, _, _ in taken],
+            "offset": [o for _, o, _ in taken], "timestamp": [1_700_000_000_000] * n,
+            "key": [m.key for _, _, m in taken], "value": [m.value for _, _, m in taken], EXPIRED: [0] * n},
+            schema=ARROW_SCHEMA)]))))
+        processor.process_decoded(out, batch_id)
+        batch_id += 1
+    assert batch_id > 15 and not processor.quarantine.tables
+    for t in PLAIN:
+        assert _table(f"{config.storage.root}/shop_{t}", ["id"]) == db.expected([t]), (t, db.ddl_log)
+    assert _table(f"{config.storage.root}/orders", ["id"]) == db.expected(list(SHARDS))

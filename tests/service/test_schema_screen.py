@@ -86,3 +86,58 @@ def test_a_restarted_decoder_reads_an_older_schema_as_the_table_holds_it(tmp_pat
     out = _screen(quarantine, fresh, raw)
     assert out.rows.select(["id", "name"]).to_pylist() == [{"id": 5, "name": "9"}, {"id": 6, "name": "f"}]
     assert out.dead_letters.num_rows == 0 and out.dropped == ()
+
+
+def test_after_a_restart_an_older_message_neither_drops_an_added_column_nor_narrows_a_widened_one(tmp_path):
+    from changelake.connectors.delta_read import read_delta
+    from changelake.connectors.delta_sink import TableSpec, open_sink
+
+    config, quarantine, decoder = _setup(tmp_path, "evolve")
+    newer = [("id", "int32"), ("qty", "int64"), ("name", "string"), ("lot", "string")]
+    raw = records([_change(newer, {"id": 2, "qty": 2**40, "name": "b", "lot": "L2"}, 50)], topic="shop.items")
+    out = _screen(quarantine, decoder, raw)
+    sink = open_sink(TableSpec(name="items", path=config.table_path("items"), primary_key=("id",),
+                               schema_change="evolve"), pipeline_id="screen")
+    sink.apply(out.rows, batch_id=1, dropped_columns=out.dropped, schema_position=out.position)
+    # restarted: a fresh screen and decoder; a re-delivered change from before the ALTER (position 1 < 50)
+    again, fresh = Quarantine(config, quarantine.keys), DebeziumJsonDecoder(options={"schema-include": True})
+    again.prepare("items", fresh)
+    old = records([_change(V1, {"id": 1, "qty": 7, "name": "a2"}, 1)], topic="shop.items", first_offset=300)
+    result = fresh.decode(old)
+    late = again.screen("items", source="items", decoder=fresh, raw=old, rows=result.rows,
+                        dead_letters=result.dead_letters)
+    assert (late.dropped, late.position, late.dead_letters.num_rows, again.tables) == ((), None, 0, {})
+    assert late.rows.schema.field("qty").type == pa.int64()
+    sink.apply(late.rows, batch_id=2, dropped_columns=late.dropped, schema_position=late.position)
+    table = read_delta(config.table_path("items"))
+    assert {f.name: f.type for f in table.schema if not f.name.startswith("_")} == {
+        "id": pa.int32(), "qty": pa.int64(), "name": pa.string(), "lot": pa.string()}
+    assert sorted(table.select(["id", "qty", "lot"]).to_pylist(), key=lambda r: r["id"]) == [
+        {"id": 1, "qty": 7, "lot": None}, {"id": 2, "qty": 2**40, "lot": "L2"}]
+
+
+@pytest.mark.parametrize("restart", [False, True])
+def test_a_schema_between_the_last_change_and_the_newest_position_read_is_older(tmp_path, restart):
+    """ADD lot at 20 and DROP lot at 40: the change at 50 (no lot) is read first, from a partition ahead; the
+    changes at 25..30 (with lot) come later, from a partition behind: lot is neither added nor kept."""
+    from changelake.connectors.delta_read import read_delta
+    from changelake.connectors.delta_sink import TableSpec, open_sink
+
+    config, quarantine, decoder = _setup(tmp_path, "lenient")
+    sink = open_sink(TableSpec(name="items", path=config.table_path("items"), primary_key=("id",)),
+                     pipeline_id="screen")
+    ahead = records([_change(V1, {"id": 5, "qty": 5, "name": "e"}, 50)], topic="shop.items", partition=0)
+    out = _screen(quarantine, decoder, ahead)
+    sink.apply(out.rows, batch_id=1, dropped_columns=out.dropped, schema_position=out.position)
+    quarantine.advance({"items": out.position} if out.position else {})
+    if restart:
+        quarantine, decoder = Quarantine(config, quarantine.keys), DebeziumJsonDecoder(options={"schema-include": True})
+        quarantine.prepare("items", decoder)
+    with_lot = V1 + [("lot", "string")]
+    behind = records([_change(with_lot, {"id": i, "qty": i, "name": "b", "lot": f"L{i}"}, 20 + i) for i in (6, 7)],
+                     topic="shop.items", partition=1)
+    late = _screen(quarantine, decoder, behind)
+    assert "lot" not in late.rows.column_names and late.position is None
+    sink.apply(late.rows, batch_id=2, dropped_columns=late.dropped, schema_position=late.position)
+    assert [f.name for f in read_delta(config.table_path("items")).schema if not f.name.startswith("_")] == \
+        ["id", "qty", "name"]
