@@ -1068,11 +1068,11 @@ def check_config_text(text: str, *, environ: Mapping[str, str] | None = None, or
     if isinstance(kafka, dict) and isinstance(kafka.get("properties"), dict):
         errors.extend(origins.problem(loc, message)
                       for loc, message in config_checks.kafka_property_problems(kafka["properties"]))
-    sql = config_checks.sql_problems(data)
-    errors.extend(origins.problem(loc, message) for loc, message in sql)
     if config is not None:
         checks = config.reference_problems() + config_checks.partition_problems(config)
         errors.extend(origins.problem(loc, message) for loc, message in checks)
+    if errors:      # else the views' own check lists them beside every other view's (views.graph_problems)
+        errors.extend(origins.problem(loc, message) for loc, message in config_checks.sql_problems(data))
     origins.warnings = config_checks.secret_warnings(data, origins)
     return (None if errors else config), errors, origins
 

@@ -12,8 +12,8 @@ check                                  rule                                     
                                        them; the message says why
 a credential written in the file       kafka.properties, storage.options, sources[].options:   warning
                                        name the environment variable / ``<key>_file`` form
-``views[].sql``                        syntax and unsupported constructs, whatever else is     error
-                                       wrong in the file
+``views[].sql``                        syntax and unsupported constructs, when something      error
+                                       else is wrong too (else the planner's check lists them)
 ``partition_by`` of a mirrored table   a column the source declares (or the route rule's)      error
 =====================================  =====================================================  ========
 

@@ -64,7 +64,19 @@ def test_version_option_prints_the_version_and_exits_zero():
 
     out = subprocess.run([sys.executable, "-m", "changelake.service.cli", "--version"], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.startswith(f"changelake {__version__} (pyspark 4.2.0, deltalake ")
+    assert out.stdout.startswith(f"changelake {__version__} (pyspark 4.2.0, delta-rs (deltalake) ")
+    assert out.stdout.count("\n") == 1
+
+
+def test_version_names_the_delta_spark_jars_when_spark_has_them(tmp_path, monkeypatch, capsys):
+    from changelake.service.cli import version_text
+
+    monkeypatch.setenv("SPARK_HOME", str(tmp_path))
+    (tmp_path / "jars").mkdir()
+    if "delta-spark jars " not in version_text():       # this venv's pyspark has none
+        assert "no delta-spark jars" in version_text()
+    (tmp_path / "jars" / "delta-spark_2.13-4.4.1.jar").write_bytes(b"")
+    assert "delta-spark jars 4.4.1)" in version_text()
 
 
 @pytest.mark.parametrize("how", ["option", "environment"])
