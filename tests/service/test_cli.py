@@ -167,3 +167,22 @@ def test_the_yaml_logging_row_values_turns_row_values_on_for_the_process(tmp_pat
     path.write_text(GOOD + "logging: {row_values: true}\n")
     assert main(["explain", "-c", str(path)]) == 0
     assert row_values_in_logs() and "secret" in shown_row((1, "secret"))
+
+
+def test_every_subcommand_help_opens_with_a_description():
+    import argparse
+
+    def commands(parser: argparse.ArgumentParser, path: str):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    yield f"{path} {name}", sub
+                    yield from commands(sub, f"{path} {name}")
+
+    found = dict(commands(build_parser(), "changelake"))
+    assert {"changelake run", "changelake validate", "changelake status", "changelake dlq replay"} <= set(found)
+    for name, sub in found.items():
+        assert sub.description and len(sub.description) > 20, name
+        assert sub.description in sub.format_help().replace("\n", " ") or \
+            sub.description.split(".")[0] in sub.format_help().replace("\n", " "), name
+
