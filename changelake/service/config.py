@@ -1065,15 +1065,20 @@ def check_config_text(text: str, *, environ: Mapping[str, str] | None = None, or
     except ValidationError as exc:
         errors.extend(origins.problem(tuple(err["loc"]), _message(err)) for err in exc.errors())
     kafka = data.get("kafka")
-    if isinstance(kafka, dict) and isinstance(kafka.get("properties"), dict):
-        errors.extend(origins.problem(loc, message)
-                      for loc, message in config_checks.kafka_property_problems(kafka["properties"]))
+    properties = kafka.get("properties") if isinstance(kafka, dict) else None
+    warnings = []
+    if isinstance(properties, dict):
+        wrong = config_checks.kafka_property_problems(properties)
+        errors.extend(origins.problem(loc, message) for loc, message in wrong)
+        together = None if wrong else config_checks.client_warning(properties)
+        if together:
+            warnings.append(origins.problem(("kafka", "properties"), together))
     if config is not None:
         checks = config.reference_problems() + config_checks.partition_problems(config)
         errors.extend(origins.problem(loc, message) for loc, message in checks)
     if errors:      # else the views' own check lists them beside every other view's (views.graph_problems)
         errors.extend(origins.problem(loc, message) for loc, message in config_checks.sql_problems(data))
-    origins.warnings = config_checks.secret_warnings(data, origins)
+    origins.warnings = warnings + config_checks.secret_warnings(data, origins)
     return (None if errors else config), errors, origins
 
 

@@ -6,8 +6,9 @@ check                                  rule                                     
 ``kafka.properties``, each             librdkafka's own ``conf_set`` (confluent-kafka, no      error
                                        client made, no broker): unknown names, invalid or
                                        out-of-range values, with "did you mean"
-``kafka.properties``, together         librdkafka creates a consumer with them and no          error
-                                       broker address (``sasl.mechanism`` without a password)
+``kafka.properties``, together         librdkafka creates a consumer with them and no          warning
+                                       broker address (``sasl.mechanism`` without a password:
+                                       the runtime's environment may still supply it)
 ``kafka.properties``, managed          group.id, enable.auto.commit, ... : changelake sets     error
                                        them; the message says why
 a credential written in the file       kafka.properties, storage.options, sources[].options:   warning
@@ -129,8 +130,8 @@ def _close_value(name: str, value: str) -> str | None:
 
 
 def kafka_property_problems(properties: Mapping[str, Any]) -> list[tuple[Loc, str]]:
-    """Every problem of ``kafka.properties`` as (YAML path, message): managed properties, then what
-    librdkafka rejects of each property alone, then (when each passed) of them all together."""
+    """Every problem of ``kafka.properties`` as (YAML path, message): managed properties, and what
+    librdkafka rejects of each property alone (:func:`client_warning`: of them together)."""
     problems: list[tuple[Loc, str]] = []
     plain = {str(k): property_text(v) for k, v in properties.items()}
     for name, value in plain.items():
@@ -149,16 +150,18 @@ def kafka_property_problems(properties: Mapping[str, Any]) -> list[tuple[Loc, st
         else:
             close = _close_value(name, value) if rejected.startswith("Invalid value \"") else None
             problems.append((loc, f"librdkafka rejects it: {rejected}" + (f"; did you mean {close!r}?" if close else "")))
-    if not problems and plain:
-        together = _client_problem(plain)
-        if together:
-            problems.append((("kafka", "properties"), f"librdkafka rejects these properties together: {together}"))
     return problems
 
 
-def _client_problem(plain: dict[str, str]) -> str | None:
-    """librdkafka's message when it cannot create a consumer with ``plain`` (no broker address: no network)."""
+def client_warning(properties: Mapping[str, Any]) -> str | None:
+    """What librdkafka says when it cannot create a consumer with all of ``properties`` (no broker address:
+    no network), or None. A warning, not an error: a credential or file that the file does not give may
+    come from the environment or a secret mount where the pipeline runs."""
     from confluent_kafka import Consumer, KafkaException
+
+    plain = {str(k): property_text(v) for k, v in properties.items()}
+    if not plain:
+        return None
 
     conf: dict[str, Any] = {"group.id": "changelake-validate", **plain, "log_level": 0}
     if plain.get("sasl.mechanism", plain.get("sasl.mechanisms", "")).upper() == "GSSAPI":
@@ -166,7 +169,9 @@ def _client_problem(plain: dict[str, str]) -> str | None:
     try:
         Consumer(conf).close()
     except KafkaException as exc:
-        return re.sub(r"^Failed to create consumer: ", "", exc.args[0].str())
+        reason = re.sub(r"^Failed to create consumer: ", "", exc.args[0].str())
+        return (f"librdkafka would not start a client with these properties: {reason} (where the pipeline runs, "
+                "the environment or a secret file must supply what is missing)")
     except (TypeError, ValueError) as exc:
         return str(exc)
     return None
