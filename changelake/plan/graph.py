@@ -80,7 +80,7 @@ class AggSpec:
 class SortSpec:
     column: str
     ascending: bool = True
-    nulls_last: bool | None = None      # None: SQL's default (nulls last ascending, first descending)
+    nulls_last: bool | None = None      # None: Flink's default (NULLs first ascending, last descending)
 
     @classmethod
     def parse(cls, text: str) -> "SortSpec":
@@ -88,9 +88,9 @@ class SortSpec:
         if not m:
             raise ConfigError(f"cannot read the sort key {text!r}; write 'column', 'column desc' or "
                               "'column asc nulls first'")
-        nulls = m.group(3)
-        return cls(m.group(1), (m.group(2) or "asc").lower() == "asc",
-                   None if nulls is None else nulls.lower() == "last")
+        ascending, nulls = (m.group(2) or "asc").lower() == "asc", m.group(3)
+        last = None if nulls is None else nulls.lower() == "last"
+        return cls(m.group(1), ascending, None if last == (not ascending) else last)    # Flink's default: None
 
     def __str__(self) -> str:
         nulls = "" if self.nulls_last is None else (" NULLS LAST" if self.nulls_last else " NULLS FIRST")

@@ -301,8 +301,9 @@ class _Builder:
         schema = _unique_schema(node.name, fields)
         strategy = "append_only" if self._insert_only(inp) else "retract"
         state = self._state(node)
+        # Flink's default NULL order: first ascending, last descending (SortUtil.getNullDefaultOrder)
         sort_columns = tuple(SortColumn(in_schema.get_field_index(s.column), s.ascending,
-                                        s.ascending if s.nulls_last is None else s.nulls_last) for s in sorts)
+                                        not s.ascending if s.nulls_last is None else s.nulls_last) for s in sorts)
 
         def configure(gub: bool) -> RankConfig:
             return RankConfig(strategy=strategy, partition_keys=_idx(in_schema, partition), sort_keys=sort_columns,

@@ -17,8 +17,8 @@ rn not selected                                                       ``top_n(N)
 ``rn = 1``, rn not selected, ORDER BY the input's event time          ``deduplicate(..., order_by=<event time>)``
 ====================================================================  ============================================
 
-NULLs sort last ascending and first descending unless NULLS FIRST / LAST says otherwise (the
-step form's default).
+NULLs sort first ascending and last descending unless NULLS FIRST / LAST says otherwise, as in
+Flink (and the step form's default).
 """
 
 from __future__ import annotations
@@ -137,7 +137,7 @@ def plan_rank(pl: "_QueryPlanner", inner: exp.Select, qualifier: str | None, whe
         col = pl.column_of(ref(o.this), base, "an ORDER BY item of ROW_NUMBER()")
         desc = bool(o.args.get("desc"))
         nulls_first = bool(o.args.get("nulls_first"))
-        nulls = "" if nulls_first == desc else (" nulls first" if nulls_first else " nulls last")
+        nulls = "" if nulls_first != desc else (" nulls first" if nulls_first else " nulls last")   # Flink's default: ""
         sorts.append(f"{col}{' desc' if desc else ''}{nulls}")
     rank_column = rn if kept else None
     if rank_column and rank_column in pl.schema(base.node).names:

@@ -53,10 +53,10 @@ if TYPE_CHECKING:
 
 class Flink(Dialect):
     """Flink SQL as far as the views need it: the default dialect, identifiers in backquotes, and
-    NULLs last ascending / first descending unless NULLS FIRST / LAST says otherwise (the step
-    form's default)."""
+    Flink's NULL order: NULLs first ascending / last descending unless NULLS FIRST / LAST says
+    otherwise (the step form's default too)."""
 
-    NULL_ORDERING = "nulls_are_large"
+    NULL_ORDERING = "nulls_are_small"
 
     class Tokenizer(tokens.Tokenizer):
         IDENTIFIERS = ["`", '"']
@@ -141,13 +141,13 @@ def check_query(query: str) -> list[str]:
         return [str(exc)]
     out = []
     for node in tree.walk():
-        problem = _unsupported(node)
+        problem = _unsupported(node, query)
         if problem:
             out.append(f"{problem} ({position(query, node)})")
     return out
 
 
-def _unsupported(node: exp.Expression) -> str | None:
+def _unsupported(node: exp.Expression, query: str = "") -> str | None:
     """What is wrong with ``node`` anywhere in a query, or None."""
     if isinstance(node, (exp.Union, exp.Intersect, exp.Except)):
         return f"{node.key.upper()} is not supported; write one view per branch and a table per view"
@@ -162,7 +162,7 @@ def _unsupported(node: exp.Expression) -> str | None:
                 "(PARTITION BY ... ORDER BY ...) for a Top-N or deduplication")
     if isinstance(node, exp.Func) and not isinstance(node, (*_ALLOWED, *_AGGREGATES, exp.RowNumber, exp.Window,
                                                              exp.Exists)):
-        name = _func_name(node)
+        name = _func_name(node, query)
         if name in _NONDETERMINISTIC:
             return None        # allowed over insert-only input, checked where it is planned
         return (f"the function {name}() is not supported in a view; use the functions DuckDB and Spark SQL "
@@ -171,7 +171,23 @@ def _unsupported(node: exp.Expression) -> str | None:
     return None
 
 
-def _func_name(node: exp.Expression) -> str:
+_NAME_AT = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\s*\(")
+_NAME_BEFORE = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\s*\([\s(]*$")
+
+
+def _func_name(node: exp.Expression, query: str = "") -> str:
+    """A function's name as the query writes it (``POSITION`` for ``POSITION(a IN b)``, not sqlglot's
+    ``STR_POSITION``); without the query text, sqlglot's name."""
+    own = node.meta.get("start")
+    if query and own is not None:
+        m = _NAME_AT.match(query, own)
+        if m:
+            return m.group(1).upper()
+    starts = [n.meta["start"] for n in node.walk() if "start" in n.meta]
+    if query and starts and own is None:
+        m = _NAME_BEFORE.search(query, 0, min(starts))       # the name before the first argument
+        if m:
+            return m.group(1).upper()
     if isinstance(node, exp.Anonymous):
         return str(node.this).upper()
     return node.sql_name().upper() if isinstance(node, exp.Func) else node.key.upper()

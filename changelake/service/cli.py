@@ -1,4 +1,4 @@
-"""The ``changelake`` command: run | demo | validate | status | explain | dlq | version.
+"""The ``changelake`` command: run | demo | validate | status | explain | dlq | jvm-archive | version.
 
 Every option can also be set through the environment variable shown in ``--help``.
 """
@@ -37,6 +37,15 @@ class _EnvDefault(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
+class _Version(argparse.Action):
+    """``--version``: :func:`version_text` on one line (argparse's own action wraps it), then exit."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        print(version_text())
+        parser.exit()
+
+
 def _config_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("-c", "--config", action=_EnvDefault, envvar="CHANGELAKE_CONFIG", required=True,
                    help="pipeline YAML file")
@@ -63,16 +72,23 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-format", action=_EnvDefault, envvar="CHANGELAKE_LOG_FORMAT", default=None,
                         type=str.lower, choices=LOG_FORMATS, metavar="FORMAT",
                         help="text, or json: one JSON object per line (ts, level, logger, msg, exception)")
-    parser.add_argument("--version", action="version", version=version_text(),
-                        help="print the changelake, Spark and Delta versions and exit")
+    parser.add_argument("--version", action=_Version, nargs=0,
+                        help="print the versions of changelake, pyspark, delta-rs and the delta-spark jars, and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    run = sub.add_parser("run", help="run a pipeline until stopped (SIGTERM stops it after the current batch)")
+    run = _command(sub, "run", "run a pipeline until stopped (SIGTERM stops it after the current batch)",
+                   "Starts Spark (local[2] unless the launcher or pipeline.master says otherwise), reads the "
+                   "sources' topics from where the checkpoint stands, and upserts every micro-batch into the Delta "
+                   "tables; /metrics, /healthz and /readyz are served on metrics.port. SIGTERM or Ctrl-C stops it "
+                   "after the current batch. The pipeline file is validated first (see 'validate').")
     _config_option(run)
     run.add_argument("--available-now", action="store_true",
                      help="read what the topics hold now, then stop (catch-up / batch mode)")
 
-    demo = sub.add_parser("demo", help="mirror a simulated inventory database through an embedded broker and verify")
+    demo = _command(sub, "demo", "mirror a simulated inventory database through an embedded broker and verify",
+                    "Starts a Kafka broker inside this process (librdkafka's mock cluster), writes the change "
+                    "events of a simulated inventory database to it, runs a pipeline over them and checks the Delta "
+                    "tables against the database. Needs nothing installed but changelake.")
     demo.add_argument("--workdir", action=_EnvDefault, envvar="CHANGELAKE_DEMO_WORKDIR", default="demo-output",
                       help="where the demo writes its Delta tables and checkpoints: a new or empty directory, "
                       "or one an earlier demo created (emptied first)")
@@ -83,28 +99,45 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--metrics-port", action=_EnvDefault, envvar="CHANGELAKE_METRICS__PORT", default="9108",
                       help="port of /metrics, /healthz, /readyz (0 picks a free one)")
 
-    val = sub.add_parser("validate", help="check a pipeline YAML; every error is listed with its path")
+    val = _command(sub, "validate", "check a pipeline YAML; every error is listed with its path",
+                   "Checks the pipeline file without Kafka or Spark: every field, the references between sections, "
+                   "the views' SQL and columns, and kafka.properties as librdkafka itself reads them (unknown "
+                   "names, invalid values, properties changelake sets itself). Each error names its YAML path and "
+                   "file:line (or the environment variable it came from); credentials written in the file as plain "
+                   "text are warnings. Exit status 2 when there are errors.")
     _config_option(val)
+    val.add_argument("--json", action="store_true",
+                     help="one JSON object: ok, errors, warnings, and the counts of sources, views and tables")
 
-    st = sub.add_parser("status", help="lag per partition, last batch, Delta tables' versions and files, dead letters")
+    st = _command(sub, "status", "lag per partition, last batch, Delta tables' versions and files, dead letters",
+                  "Reads where the pipeline stands from outside the running process: the end offset of every "
+                  "partition minus the offset committed to the pipeline's consumer group, the checkpoint's last "
+                  "batch, each Delta table's version and files, and the dead letters by source and reason. Takes no "
+                  "lock and writes nothing: safe beside a running pipeline.")
     _config_option(st)
+    st.add_argument("--json", action="store_true", help="the same as one JSON object")
 
-    exp = sub.add_parser("explain", help="print the pipeline's operator graph with changelog modes")
+    exp = _command(sub, "explain", "print the pipeline's operator graph with changelog modes",
+                   "Prints the physical plan as Flink's EXPLAIN CHANGELOG_MODE does: each operator with its "
+                   "changelog mode (+I, -U, +U, -D), upsert key, state and the materializers the planner added.")
     _config_option(exp)
 
-    dlq = sub.add_parser("dlq", help="dead letters: list, show, and replay them once their cause is fixed")
+    dlq = _command(sub, "dlq", "dead letters: list, show, and replay them once their cause is fixed",
+                   "Reads the dead letters (the Delta quarantine table or the dead-letter topics) with filters, "
+                   "shows their raw key and value, and produces them again to the source's replay topic, once "
+                   "each (docs/operations.md, 'Dead letters').")
     dlq_sub = dlq.add_subparsers(dest="dlq_command", required=True, metavar="DLQ_COMMAND")
-    lst = dlq_sub.add_parser("list", help="the dead letters, one line each (position, source, table, reason, ...)")
+    lst = _command(dlq_sub, "list", "the dead letters, one line each (position, source, table, reason, ...)")
     _dlq_filters(lst)
     lst.add_argument("--limit", action=_EnvDefault, envvar="CHANGELAKE_DLQ_LIMIT", default="50",
                      help="lines shown (0: all); --json prints all")
     lst.add_argument("--json", action="store_true", help="a JSON array (no key/value bytes: see show)")
-    show = dlq_sub.add_parser("show", help="every field of dead letters, key and value included")
+    show = _command(dlq_sub, "show", "every field of dead letters, key and value included")
     show.add_argument("position", nargs="?", help="topic/partition/offset, as list prints it (else: the filters)")
     _dlq_filters(show)
     show.add_argument("--json", action="store_true", help="a JSON array with key and value (text and base64)")
-    rep = dlq_sub.add_parser("replay", help="produce dead letters again, to the source's replay topic that the "
-                             "pipeline reads (once each)")
+    rep = _command(dlq_sub, "replay", "produce dead letters again, to the source's replay topic that the "
+                   "pipeline reads (once each)")
     _dlq_filters(rep)
     rep.add_argument("--force", action="store_true",
                      help="also send letters whose reason cannot succeed again (malformed, unknown-op)")
@@ -112,18 +145,27 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--dry-run", action="store_true", help="count what would be replayed, send nothing")
     rep.add_argument("--json", action="store_true", help="the outcome as JSON")
 
-    arc = sub.add_parser("jvm-archive", help="write the Spark JVM's class-data-sharing archive (a faster start): "
-                         "runs the demo on a few changes once")
+    arc = _command(sub, "jvm-archive", "write the Spark JVM's class-data-sharing archive (a faster start): "
+                   "runs the demo on a few changes once")
     arc.add_argument("--changes", action=_EnvDefault, envvar="CHANGELAKE_JVM_ARCHIVE_CHANGES", default="1500",
                      help="changes the demo run goes through")
 
-    sub.add_parser("version", help="print the changelake, Spark and Delta versions")
+    _command(sub, "version", "print the versions of changelake, pyspark, delta-rs and the delta-spark jars")
     return parser
 
 
+def _command(sub: Any, name: str, summary: str, more: str = "") -> argparse.ArgumentParser:
+    """A subcommand whose ``--help`` opens with a description (the summary, and more when given)."""
+    description = summary[:1].upper() + summary[1:] + "." + (" " + more if more else "")
+    return sub.add_parser(name, help=summary, description=description)
+
+
 def version_text() -> str:
-    """``changelake X (pyspark Y, deltalake Z)``, from package metadata (imports neither)."""
+    """``changelake X (pyspark Y, delta-rs (deltalake) Z, delta-spark jars W)``, from package metadata and
+    jar names (imports neither pyspark nor deltalake)."""
     from importlib.metadata import PackageNotFoundError, version
+
+    from changelake.spark.delta_jars import delta_spark_version
 
     def of(package: str) -> str:
         try:
@@ -131,7 +173,9 @@ def version_text() -> str:
         except PackageNotFoundError:
             return "not installed"
 
-    return f"changelake {__version__} (pyspark {of('pyspark')}, deltalake {of('deltalake')})"
+    jars = delta_spark_version()
+    return (f"changelake {__version__} (pyspark {of('pyspark')}, delta-rs (deltalake) {of('deltalake')}, "
+            + (f"delta-spark jars {jars})" if jars else "no delta-spark jars: the delta-rs engine writes)"))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -168,21 +212,11 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(version_text())
         return 0
     if args.command == "validate":
-        from changelake.service.config import check_config, problem_listing
-        from changelake.service.views import graph_problems
-        config, problems, origins = check_config(args.config)
-        if config is not None:      # the planner's checks: columns, keys, join key types, expressions
-            problems += [origins.problem(loc, message) for loc, message in graph_problems(config)]
-        if problems:
-            raise ConfigError(problem_listing(args.config, problems))
-        routes = sum(len(s.route) for s in config.sources if s.route)
-        print(f"{args.config}: ok ({len(config.sources)} source(s), {len(config.views)} view(s), "
-              f"{len(config.tables)} table(s)" + (f", {routes} route rule(s) creating tables as they see them"
-                                                  if routes else "") + ")")
-        return 0
+        return _validate(args)
     if args.command == "status":
-        from changelake.service.status import collect_status, format_status
-        print(format_status(collect_status(_load(args))))
+        from changelake.service.status import collect_status, format_status, status_json
+        status = collect_status(_load(args))
+        print(status_json(status) if args.json else format_status(status))
         return 0
     if args.command == "explain":
         from changelake.service.explain import explain
@@ -204,6 +238,40 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "jvm-archive":
         return _jvm_archive(args)
     raise AssertionError(args.command)
+
+
+def _validate(args: argparse.Namespace) -> int:
+    """Errors (exit 2) and warnings of a pipeline file, as text or (``--json``) one JSON object."""
+    import json
+
+    from changelake.service.config import check_config, problem_listing
+    from changelake.service.views import graph_problems
+    try:
+        config, problems, origins = check_config(args.config)
+    except ConfigError as exc:          # unreadable, or not YAML
+        if not args.json:
+            raise
+        print(json.dumps({"file": args.config, "ok": False, "errors": [str(exc)], "warnings": []}, indent=2))
+        return 2
+    if config is not None:      # the planner's checks: columns, keys, join key types, expressions
+        problems += [origins.problem(loc, message) for loc, message in graph_problems(config)]
+    if args.json:
+        counts = {} if problems or config is None else {
+            "sources": len(config.sources), "views": len(config.views), "tables": len(config.tables),
+            "route_rules": sum(len(s.route) for s in config.sources if s.route)}
+        print(json.dumps({"file": args.config, "ok": not problems, "errors": problems, "warnings": origins.warnings,
+                          **counts}, indent=2))
+        return 2 if problems else 0
+    for warning in origins.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    if problems:
+        raise ConfigError(problem_listing(args.config, problems))
+    routes = sum(len(s.route) for s in config.sources if s.route)
+    print(f"{args.config}: ok ({len(config.sources)} source(s), {len(config.views)} view(s), "
+          f"{len(config.tables)} table(s)" + (f", {routes} route rule(s) creating tables as they see them"
+                                              if routes else "") + ")"
+          + (f"; {len(origins.warnings)} warning(s)" if origins.warnings else ""))
+    return 0
 
 
 def _dlq(args: argparse.Namespace) -> int:

@@ -13,6 +13,7 @@ in the YAML and where the value came from (:class:`Origins`).
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from datetime import datetime, timezone
@@ -27,7 +28,10 @@ from changelake.durations import parse_duration
 from changelake.errors import ConfigError
 from changelake.formats.options import is_secret_option
 
+_log = logging.getLogger(__name__)
 ENV_PREFIX = "CHANGELAKE_"
+#: a key ``<key>_file`` (or ``_FILE``; an environment override ``..._<KEY>_FILE``) reads ``<key>`` from that file
+FILE_SUFFIX = "_file"
 #: Debezium's default ``unavailable.value.placeholder``
 UNAVAILABLE_VALUE = "__debezium_unavailable_value"
 FORMATS = ("debezium-json", "debezium-avro-confluent", "canal-json", "maxwell-json", "ogg-json")
@@ -37,18 +41,27 @@ class _Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
 
-def _check_duration(value: str) -> str:
-    parse_duration(value)
+def _duration_text(value: Any) -> str:
+    """A duration must be text with a unit: a bare number (``trigger_interval: 10``) says so."""
+    if isinstance(value, bool) or not isinstance(value, str):
+        unit = " with a unit" if isinstance(value, (int, float)) and not isinstance(value, bool) else ""
+        raise ValueError(f"{value!r} is not a duration; write a number{unit} as text, e.g. '10 seconds', "
+                         "'500 ms', '1 minute', '7 days'")
     return value
 
 
-def _check_signed_duration(value: str) -> str:
+def _check_duration(value: Any) -> str:
+    parse_duration(_duration_text(value))
+    return value
+
+
+def _check_signed_duration(value: Any) -> str:
     """A duration that may start with '-' (an interval bound on the other side)."""
-    parse_duration(str(value).strip().lstrip("-").strip())
+    parse_duration(_duration_text(value).strip().lstrip("-").strip())
     return value
 
 
-def _check_optional_duration(value: str | None) -> str | None:
+def _check_optional_duration(value: Any) -> str | None:
     return None if value is None else _check_duration(value)
 
 
@@ -69,15 +82,25 @@ class PipelineSettings(_Model):
     spark_conf: dict[str, str] = Field(default_factory=dict, description="Spark settings; a key the launcher sets "
                                        "(spark-submit --conf, spark-defaults.conf) keeps the launcher's value")
 
-    _interval = field_validator("trigger_interval")(_check_duration)
+    _interval = field_validator("trigger_interval", mode="before")(_check_duration)
 
-    _ttl = field_validator("state_ttl")(_check_optional_duration)
+    _ttl = field_validator("state_ttl", mode="before")(_check_optional_duration)
 
 
 class KafkaSettings(_Model):
     bootstrap_servers: str = Field(description="host:port[,host:port...] of the Kafka brokers")
     properties: dict[str, SecretStr] = Field(default_factory=dict,
                                              description="librdkafka consumer properties (security.protocol, sasl.*, ssl.*)")
+
+    @field_validator("properties", mode="before")
+    @classmethod
+    def _scalars_as_text(cls, props: Any) -> Any:
+        """YAML's ``enable.ssl.certificate.verification: false`` or ``fetch.max.bytes: 1048576`` as librdkafka
+        takes them ('false', '1048576')."""
+        if not isinstance(props, Mapping):
+            return props
+        return {k: ("true" if v else "false") if isinstance(v, bool) else str(v) if isinstance(v, (int, float)) else v
+                for k, v in props.items()}
 
     def plain_properties(self) -> dict[str, str]:
         return {k: v.get_secret_value() for k, v in self.properties.items()}
@@ -124,6 +147,38 @@ class StartingTimestamp(_Model):
         return int(moment.timestamp() * 1000)
 
 
+_STARTING_FORMS = ("write earliest, latest, {timestamp: 2026-11-01T00:00:00Z} (ISO 8601; no zone: UTC) or "
+                   "{topic: {partition: offset}}")
+
+
+def starting_offsets_form(value: Any) -> Any:
+    """``starting_offsets`` checked against the form it was meant as (``earliest``/``latest``, a timestamp, or
+    offsets per topic and partition); ValueError with one message that shows the forms."""
+    if isinstance(value, StartingTimestamp):
+        return value
+    if isinstance(value, str):
+        if value in ("earliest", "latest"):
+            return value
+        raise ValueError(f"{value!r} is not a starting position{_did_you_mean(value, ('earliest', 'latest'))} "
+                         f"({_STARTING_FORMS})")
+    if isinstance(value, Mapping) and "timestamp" in value:
+        if len(value) > 1:
+            raise ValueError(f"{{timestamp: ...}} takes no other key (found {sorted(set(map(str, value)) - {'timestamp'})})")
+        try:
+            return StartingTimestamp.model_validate(dict(value))
+        except ValidationError:
+            raise ValueError(f"timestamp {value['timestamp']!r} is not a date and time; write ISO 8601, e.g. "
+                             "2026-11-01T00:00:00Z or 2026-11-01 08:30:00+01:00 (no zone: UTC)") from None
+    if isinstance(value, Mapping) and value:
+        for topic, partitions in value.items():
+            if not isinstance(partitions, Mapping) or not partitions or not all(
+                    str(p).isdigit() and isinstance(o, int) and not isinstance(o, bool) for p, o in partitions.items()):
+                raise ValueError(f"offsets of topic {topic!r}: {partitions!r} is not a mapping of partition -> offset "
+                                 f"(whole numbers, e.g. {{0: 1200, 1: 0}}); {_STARTING_FORMS}")
+        return value
+    raise ValueError(f"{value!r} is not a starting position; {_STARTING_FORMS}")
+
+
 class MaintenanceSpec(_Model):
     """Scheduled Delta maintenance of one table and its tombstone table, run after a batch's commits."""
 
@@ -135,8 +190,8 @@ class MaintenanceSpec(_Model):
     vacuum_retention: str = Field("7 days", description="VACUUM keeps unused files this long: a reader or time "
                                   "travel older than this fails")
 
-    _durations = field_validator("compact_every", "vacuum_every")(_check_optional_duration)
-    _retention = field_validator("vacuum_retention")(_check_duration)
+    _durations = field_validator("compact_every", "vacuum_every", mode="before")(_check_optional_duration)
+    _retention = field_validator("vacuum_retention", mode="before")(_check_duration)
 
 
 class TableSettings(_Model):
@@ -153,7 +208,7 @@ class TableSettings(_Model):
     schema_change: SchemaChange | None = Field(None, description="this table's schema_change behaviour "
                                                "(default: that of the source it mirrors)")
 
-    _retention = field_validator("tombstone_retention")(_check_duration)
+    _retention = field_validator("tombstone_retention", mode="before")(_check_duration)
 
     @field_validator("properties")
     @classmethod
@@ -288,9 +343,15 @@ class SourceSpec(_Model):
         "unavailable.value.placeholder: an unchanged TOASTed Postgres column); such a value keeps the stored one "
         "in the table and in the views. null: no placeholder")
 
-    _delay = field_validator("watermark_delay")(_check_optional_duration)
+    _delay = field_validator("watermark_delay", mode="before")(_check_optional_duration)
 
     _columns = field_validator("columns", mode="before")(_check_columns)
+
+    @field_validator("starting_offsets", mode="before")
+    @classmethod
+    def _starting_form(cls, value: Any) -> Any:
+        """One error that says which of the three forms was meant, instead of one per form."""
+        return starting_offsets_form(value)
 
     @field_validator("options")
     @classmethod
@@ -418,7 +479,7 @@ class IntervalJoinSpec(JoinSpec):
     late_rows: Literal["drop", "dead_letter"] = Field("drop", description="rows behind the watermark: counted, then "
                                                       "dropped or written to the dead-letter path")
 
-    _durations = field_validator("before", "after")(_check_signed_duration)
+    _durations = field_validator("before", "after", mode="before")(_check_signed_duration)
 
 
 class TemporalJoinSpec(JoinSpec):
@@ -473,7 +534,7 @@ class ViewSpec(_Model):
     state_ttl: str | None = Field(None, description="this view's idle-state retention (default: pipeline.state_ttl)")
     on_stale_retraction: Literal["warn", "fail"] | None = None
 
-    _ttl = field_validator("state_ttl")(_check_optional_duration)
+    _ttl = field_validator("state_ttl", mode="before")(_check_optional_duration)
 
     @model_validator(mode="after")
     def _one_operation(self) -> "ViewSpec":
@@ -518,7 +579,7 @@ class LookupCacheSpec(_Model):
     ttl: str | None = Field("10 minutes", description="how long a looked-up row (or its absence) is reused; "
                             "'0 s': no cache; null: until evicted")
 
-    _ttl = field_validator("ttl")(_check_optional_duration)
+    _ttl = field_validator("ttl", mode="before")(_check_optional_duration)
 
 
 class DeltaLookupSpec(_Model):
@@ -534,7 +595,7 @@ class PostgresLookupSpec(_Model):
     connect_timeout: str = "5 seconds"
     retries: int = Field(3, ge=0, description="reconnects of a broken connection before the batch fails")
 
-    _timeout = field_validator("connect_timeout")(_check_duration)
+    _timeout = field_validator("connect_timeout", mode="before")(_check_duration)
 
     @field_validator("url")
     @classmethod
@@ -793,6 +854,8 @@ class Origins:
         self.origin = origin
         self.lines: dict[Loc, int] = {}
         self.other: dict[Loc, str] = {}
+        #: what is valid but unwise (a credential written in the file), each as an error line is
+        self.warnings: list[str] = []
 
     def read_lines(self, text: str) -> None:
         try:
@@ -834,13 +897,10 @@ def _expand_env(node: Any, loc: Loc, errors: list[str], environ: Mapping[str, st
         out: dict[str, Any] = {}
         for k, v in node.items():
             key = str(k)
-            if key.endswith("_file") and isinstance(v, str):
-                target = (*loc, key[: -len("_file")])
+            if key.lower().endswith(FILE_SUFFIX) and isinstance(v, str):
+                target = (*loc, key[: -len(FILE_SUFFIX)])
                 origins.other[target] = f"secret file {v} ({origins.at((*loc, key))})"
-                try:
-                    out[key[: -len("_file")]] = Path(v).read_text().strip()
-                except OSError as exc:
-                    errors.append(origins.problem((*loc, key), f"cannot read secret file {v!r}: {exc.strerror}"))
+                out[target[-1]] = _secret_file(v, (*loc, key), errors, origins)
                 continue
             out[key] = _expand_env(v, (*loc, key), errors, environ, origins)
         return out
@@ -856,6 +916,15 @@ def _expand_env(node: Any, loc: Loc, errors: list[str], environ: Mapping[str, st
             return val
         return _ENV_REF.sub(sub, node)
     return node
+
+
+def _secret_file(path: str, loc: Loc, errors: list[str], origins: Origins) -> str:
+    """The content of a secret file (``<key>_file``), stripped; an error (and '') when it cannot be read."""
+    try:
+        return Path(path).read_text().strip()
+    except OSError as exc:
+        errors.append(origins.problem(loc, f"cannot read secret file {path!r}: {exc.strerror}"))
+        return ""
 
 
 def _list_item(items: list[Any], part: str, loc: Loc, variable: str) -> int:
@@ -912,8 +981,15 @@ def _apply_env_overrides(data: dict[str, Any], environ: Mapping[str, str], origi
                         raise ConfigError(f"{variable}: {format_loc(loc)} is not a mapping")
                     continue
                 key = part.lower()
+                from_file = last and key.endswith(FILE_SUFFIX)
+                if from_file:                   # ..._SASL_PASSWORD_FILE: sasl.password, read from the file
+                    key = key[: -len(FILE_SUFFIX)]
                 if loc == ("kafka", "properties"):
                     key = key.replace("_", ".")
+                if from_file:
+                    origins.other[(*loc, key)] = f"secret file {value} (environment variable {variable})"
+                    node[key] = _secret_file(value, (*loc, key), errors, origins)
+                    break
                 if last:
                     node[key] = yaml.safe_load(value) if value.strip()[:1] in ("[", "{") else value
                     origins.other[(*loc, key)] = f"environment variable {variable}"
@@ -931,10 +1007,12 @@ def _apply_env_overrides(data: dict[str, Any], environ: Mapping[str, str], origi
 
 def load_config(path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None) -> ChangelakeConfig:
     """Read and validate a pipeline YAML; raise ConfigError listing every problem with its path."""
-    config, problems, _ = check_config(path, environ=environ)
+    config, problems, origins = check_config(path, environ=environ)
     if problems:
         raise ConfigError(problem_listing(str(path), problems))
     assert config is not None
+    for warning in origins.warnings:
+        _log.warning("%s", warning)
     return config
 
 
@@ -974,6 +1052,8 @@ def check_config_text(text: str, *, environ: Mapping[str, str] | None = None, or
         raise ConfigError(f"{origin} is not valid YAML: {exc}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{origin}: the top level must be a mapping with pipeline, kafka, sources, tables")
+    from changelake.service import config_checks
+
     origins = Origins(origin)
     origins.read_lines(text)
     errors: list[str] = []
@@ -984,13 +1064,29 @@ def check_config_text(text: str, *, environ: Mapping[str, str] | None = None, or
         config = ChangelakeConfig.model_validate(data, context={"collect_references": True})
     except ValidationError as exc:
         errors.extend(origins.problem(tuple(err["loc"]), _message(err)) for err in exc.errors())
+    kafka = data.get("kafka")
+    properties = kafka.get("properties") if isinstance(kafka, dict) else None
+    warnings = []
+    if isinstance(properties, dict):
+        wrong = config_checks.kafka_property_problems(properties)
+        errors.extend(origins.problem(loc, message) for loc, message in wrong)
+        together = None if wrong else config_checks.client_warning(properties)
+        if together:
+            warnings.append(origins.problem(("kafka", "properties"), together))
     if config is not None:
-        errors.extend(origins.problem(loc, message) for loc, message in config.reference_problems())
+        checks = config.reference_problems() + config_checks.partition_problems(config)
+        errors.extend(origins.problem(loc, message) for loc, message in checks)
+    if errors:      # else the views' own check lists them beside every other view's (views.graph_problems)
+        errors.extend(origins.problem(loc, message) for loc, message in config_checks.sql_problems(data))
+    origins.warnings = warnings + config_checks.secret_warnings(data, origins)
     return (None if errors else config), errors, origins
 
 
 def _message(err: Any) -> str:
-    """Pydantic's message, with the keys that were meant for an unknown one."""
+    """Pydantic's message (a validator's own without pydantic's "Value error, "), with the keys that were
+    meant for an unknown one."""
+    if err["type"] == "value_error" and "error" in err.get("ctx", {}):
+        return str(err["ctx"]["error"])
     if err["type"] != "extra_forbidden":
         return err["msg"]
     key = str(err["loc"][-1])

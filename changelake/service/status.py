@@ -209,3 +209,27 @@ def _tombstone_path(path: str, storage: dict[str, str] | None) -> str | None:
         return DeltaTable(path, storage_options=storage).metadata().configuration.get(PROP_TOMBSTONES)
     except TableNotFoundError:
         return None
+
+
+def status_json(s: PipelineStatus, *, now: datetime | None = None) -> str:
+    """``status --json``: what :func:`format_status` prints, as one JSON object (times in ISO 8601 UTC)."""
+    import json
+
+    now = now or datetime.now(timezone.utc)
+    known = [p.lag for p in s.partitions if p.lag is not None]
+    last = None if s.last_batch is None else {
+        "batch_id": s.last_batch.batch_id, "finished_at": s.last_batch.finished_at.isoformat(),
+        "age_seconds": round((now - s.last_batch.finished_at).total_seconds(), 3),
+        "end_offsets": s.last_batch.end_offsets}
+    return json.dumps({
+        "pipeline_id": s.pipeline_id, "consumer_group": s.group, "kafka_error": s.kafka_error,
+        "partitions": [{"topic": p.topic, "partition": p.partition, "committed": p.committed, "end": p.end,
+                        "lag": p.lag} for p in s.partitions],
+        "total_lag": sum(known) if s.kafka_error is None else None,
+        "last_batch": last,
+        "tables": [{"name": t.name, "path": t.path, "version": t.version, "files": t.files, "bytes": t.bytes}
+                   for t in s.tables],
+        "dead_letters": [{"source": source, "reason": reason, "rows": n}
+                         for (source, reason), n in sorted(s.dead_letters.items())],
+        "dead_letter_topics": s.dead_letter_topics,
+    }, indent=2)

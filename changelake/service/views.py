@@ -35,6 +35,7 @@ from changelake.formats.encodings import source_schema
 from changelake.plan.graph import Pipeline, StateOptions, Stream
 from changelake.plan.physical import STATEFUL_OPS
 from changelake.plan.planner import check as planner_check
+from changelake.plan.planner import plan as planner_plan
 from changelake.plan.sql_view import check_query
 from changelake.service.config import VIEW_OPERATIONS, ChangelakeConfig, Loc, LookupSpec, SourceSpec, ViewSpec, parse_duration
 
@@ -53,7 +54,24 @@ def graph_problems(config: ChangelakeConfig) -> list[tuple[Loc, str]]:
     if p is None or problems:
         return problems
     where = _node_locs(config)
-    return [(where.get(node, ()), message) for node, message in planner_check(p)]
+    problems = [(where.get(node, ()), message) for node, message in planner_check(p)]
+    return problems or _partition_problems(config, p)
+
+
+def _partition_problems(config: ChangelakeConfig, p: Pipeline) -> list[tuple[Loc, str]]:
+    """``partition_by`` columns of a graph table that its input does not have (mirrored tables:
+    :func:`changelake.service.config_checks.partition_problems`)."""
+    from changelake.service.config import _did_you_mean
+
+    columns = {n.table: n.schema.names for n in planner_plan(p).nodes if n.op == "sink"}
+    problems: list[tuple[Loc, str]] = []
+    for i, t in enumerate(config.tables):
+        known = [c for c in columns.get(t.name, ()) if not c.startswith("_")]
+        missing = [c for c in t.partition_by if c not in known]
+        if t.from_ is not None and missing:
+            problems.append((("tables", i, "partition_by"), f"table {t.name!r}: partition_by names {missing}, which "
+                             f"{t.from_!r} does not give{_did_you_mean(missing[0], known)} (its columns: {known})"))
+    return problems
 
 
 def _node_locs(config: ChangelakeConfig) -> dict[str, Loc]:

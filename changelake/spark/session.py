@@ -20,7 +20,6 @@ that the launcher does not set are passed to it.
 
 from __future__ import annotations
 
-import glob
 import logging
 import os
 import re
@@ -36,7 +35,6 @@ from changelake.spark import jvm_archive, jvm_options, worker_python
 
 log = logging.getLogger(__name__)
 
-_DELTA_JAR_GLOB = "delta-spark_*.jar"
 
 DEFAULT_MASTER = "local[2]"
 
@@ -167,12 +165,9 @@ def submit_args_settings(args: str) -> dict[str, str]:
 
 def delta_jars_on_classpath() -> bool:
     """True when the Delta Lake jars (delta-spark + delta-storage) are in Spark's jar directory."""
-    import pyspark
+    from changelake.spark.delta_jars import delta_spark_jars
 
-    jar_dirs = [os.path.join(os.path.dirname(pyspark.__file__), "jars")]
-    if os.environ.get("SPARK_HOME"):
-        jar_dirs.append(os.path.join(os.environ["SPARK_HOME"], "jars"))
-    return any(glob.glob(os.path.join(d, _DELTA_JAR_GLOB)) for d in jar_dirs)
+    return bool(delta_spark_jars())
 
 
 def build_session(*, app_name: str = "changelake", master: str | None = None,

@@ -64,7 +64,19 @@ def test_version_option_prints_the_version_and_exits_zero():
 
     out = subprocess.run([sys.executable, "-m", "changelake.service.cli", "--version"], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.startswith(f"changelake {__version__} (pyspark 4.2.0, deltalake ")
+    assert out.stdout.startswith(f"changelake {__version__} (pyspark 4.2.0, delta-rs (deltalake) ")
+    assert out.stdout.count("\n") == 1
+
+
+def test_version_names_the_delta_spark_jars_when_spark_has_them(tmp_path, monkeypatch, capsys):
+    from changelake.service.cli import version_text
+
+    monkeypatch.setenv("SPARK_HOME", str(tmp_path))
+    (tmp_path / "jars").mkdir()
+    if "delta-spark jars " not in version_text():       # this venv's pyspark has none
+        assert "no delta-spark jars" in version_text()
+    (tmp_path / "jars" / "delta-spark_2.13-4.4.1.jar").write_bytes(b"")
+    assert "delta-spark jars 4.4.1)" in version_text()
 
 
 @pytest.mark.parametrize("how", ["option", "environment"])
@@ -155,3 +167,22 @@ def test_the_yaml_logging_row_values_turns_row_values_on_for_the_process(tmp_pat
     path.write_text(GOOD + "logging: {row_values: true}\n")
     assert main(["explain", "-c", str(path)]) == 0
     assert row_values_in_logs() and "secret" in shown_row((1, "secret"))
+
+
+def test_every_subcommand_help_opens_with_a_description():
+    import argparse
+
+    def commands(parser: argparse.ArgumentParser, path: str):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    yield f"{path} {name}", sub
+                    yield from commands(sub, f"{path} {name}")
+
+    found = dict(commands(build_parser(), "changelake"))
+    assert {"changelake run", "changelake validate", "changelake status", "changelake dlq replay"} <= set(found)
+    for name, sub in found.items():
+        assert sub.description and len(sub.description) > 20, name
+        assert sub.description in sub.format_help().replace("\n", " ") or \
+            sub.description.split(".")[0] in sub.format_help().replace("\n", " "), name
+
