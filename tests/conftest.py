@@ -128,10 +128,11 @@ def _docker_answers() -> bool:
 TEST_BROKER_JAVA_OPTIONS = ("-Xmx512m", "-Xms64m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
                             "-Djava.awt.headless=true")
 #: the test broker keeps records of any age (tests write CreateTimes weeks in the past, which Kafka's
-#: default 7-day retention deletes at once) and applies a topic's retention.bytes within a second
-#: (tests/source: reading past a retention)
+#: default 7-day retention deletes at once), applies a topic's retention.bytes within a second
+#: (tests/source: reading past a retention), and gives a topic a producer creates 4 partitions (so keyed
+#: messages spread as in production; a test that relies on a count creates its topics with it)
 TEST_BROKER_SETTINGS = {"log.retention.ms": "-1", "log.retention.check.interval.ms": "1000",
-                        "log.segment.delete.delay.ms": "0"}
+                        "log.segment.delete.delay.ms": "0", "num.partitions": "4"}
 
 
 @pytest.fixture(scope="session")

@@ -113,7 +113,7 @@ def _dead_letters(config) -> list[tuple]:
 
 
 def test_null_keys_truncates_and_a_replayed_batch_reduced_on_the_executors(spark, kafka, tmp_path):
-    topic = kafka.topic("framed-orders")
+    topic = kafka.topic("framed-orders", partitions=2)
     producer = Producer({"bootstrap.servers": kafka.bootstrap_servers, "log_level": 3})
     events = []      # (partition, op, binlog position, row)
     for i in range(1, 31):

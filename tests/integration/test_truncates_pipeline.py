@@ -43,7 +43,7 @@ def _rows(path: str) -> dict[int, int]:
 
 
 def test_truncate_empties_the_mirror_at_its_position_across_partitions_and_runs(kafka, tmp_path):
-    topic = kafka.topic("trunc")
+    topic = kafka.topic("trunc", partitions=4)
     columns = {"id": "bigint", "amount": "bigint"}
     config = {
         "pipeline": {"id": f"it-{topic}", "checkpoint": str(tmp_path / "ckpt"), "max_records_per_batch": 15,
