@@ -235,7 +235,7 @@ class LocalKafka:
     def wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         while True:
-            dead = [n for n, p in self._procs.items() if p.poll() is not None]
+            dead = self.exited_nodes()
             if dead:
                 raise BrokerError(f"Kafka node {dead[0]} exited (code {self._procs[dead[0]].returncode}) while "
                                   f"starting; its log, {self.log_file(dead[0])}, ends:\n{self._tail(dead[0])}")
@@ -245,6 +245,10 @@ class LocalKafka:
                 raise BrokerError(f"Kafka at {self.bootstrap_servers} did not answer within {timeout_s:.0f} s; "
                                   f"the log of node 1, {self.log_file(1)}, ends:\n{self._tail(1)}")
             time.sleep(0.2)
+
+    def exited_nodes(self) -> list[int]:
+        """The nodes started and not stopped through :meth:`stop_node` whose JVM has exited."""
+        return [n for n, p in self._procs.items() if p.poll() is not None]
 
     def _tail(self, node: int, lines: int = 20) -> str:
         try:
