@@ -146,6 +146,9 @@ class LocalKafka:
             "group.initial.rebalance.delay.ms": "0",
             "auto.create.topics.enable": "true",
         }
+        if self.nodes > 1:
+            # a node that stops heartbeating is fenced (its partitions get new leaders) after 3 s, not 9 s
+            props.update({"broker.session.timeout.ms": "3000", "broker.heartbeat.interval.ms": "500"})
         props.update(self._settings)
         return props
 
