@@ -132,7 +132,7 @@ TEST_BROKER_JAVA_OPTIONS = ("-Xmx512m", "-Xms64m", "-XX:+UseSerialGC", "-XX:Tier
 #: (tests/source: reading past a retention), and gives a topic a producer creates 4 partitions (so keyed
 #: messages spread as in production; a test that relies on a count creates its topics with it)
 TEST_BROKER_SETTINGS = {"log.retention.ms": "-1", "log.retention.check.interval.ms": "1000",
-                        "log.segment.delete.delay.ms": "0", "num.partitions": "4"}
+                        "log.initial.task.delay.ms": "0", "log.segment.delete.delay.ms": "0", "num.partitions": "4"}
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,7 @@
 
 The tables' changes are left on the executors, reduced there and handed to the sink as DataFrames
 (the delta-rs engine then collects one row per key), in this test process's Spark session. Real
-topics on the embedded broker, real Delta tables; a history run both ways into two lakes is
+topics on the test broker, real Delta tables; a history run both ways into two lakes is
 compared row for row.
 """
 

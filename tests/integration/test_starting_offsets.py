@@ -52,6 +52,8 @@ def _config(servers: str, workdir: Path, topic: str, starting_offsets):
 
 def _ids(spark, config) -> list[int]:
     start_query(spark, config, BatchProcessor(config, spark=spark), available_now=True).awaitTermination()
+    if not Path(config.table_path("orders"), "_delta_log").exists():
+        return []                       # nothing read yet: the mirror is created with its first rows
     return sorted(r["id"] for r in read_delta(config.table_path("orders"), columns=["id"]).to_pylist())
 
 

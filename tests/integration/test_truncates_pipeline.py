@@ -1,4 +1,4 @@
-"""Truncates end to end: Debezium MySQL changes on four partitions of the embedded broker, through
+"""Truncates end to end: Debezium MySQL changes on four partitions of the test broker, through
 ``changelake run --available-now`` (Spark, several micro-batches), into a real Delta table.
 
 The table's TRUNCATE (op ``t``, at binlog position 5000, on partition 0) empties the mirror at

@@ -112,8 +112,8 @@ def test_expired_offsets_are_reported_not_silently_skipped(kafka):
         pytest.skip("needs a broker that checks retention every second (the local broker of tests/conftest.py); "
                     f"this run uses a {kafka.kind} broker")
     topic = kafka.topic("expire")
-    kafka.create_topics({topic: 1}, retention_bytes=str(2 << 20), segment_bytes=str(1 << 20))
-    _produce(kafka.bootstrap_servers, topic, 8_000, partition=0, size=1_000)     # ~8 MB: 8 segments
+    kafka.create_topics({topic: 1}, retention_bytes=str(1 << 20), segment_bytes=str(1 << 20))
+    _produce(kafka.bootstrap_servers, topic, 3_000, partition=0, size=1_000)     # ~3 MB: 3 segments
     c = Consumer({"bootstrap.servers": kafka.bootstrap_servers, "group.id": "probe", "log_level": 3})
     deadline = time.monotonic() + 60
     low, high = 0, 0
