@@ -187,6 +187,8 @@ def install(names: list[str], *, required: bool) -> int:
             os.replace(Path(tmp) / name, set_dir(name))
         size = sum(p.stat().st_size for p in set_dir(name).glob("*.jar")) >> 20
         print(f"jvm_deps: installed {name!r}: {len(got)} jars, {size} MiB in {set_dir(name)}")
+    ready = [name for name in names or list(SETS) if missing(name) is None]
+    print(f"jvm_deps: {', '.join(ready) or 'no set'} installed as jvm/jvm.lock pins, in {home()}")
     return status
 
 
