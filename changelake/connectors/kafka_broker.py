@@ -25,6 +25,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -63,14 +64,13 @@ def _free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
-def _pdeathsig() -> None:   # pragma: no cover - runs in the child before exec
-    """The JVM gets SIGTERM when the Python process that started it dies (Linux), so no broker outlives it."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+#: runs before the JVM, in a fresh single-threaded interpreter that then becomes it (exec): the JVM gets
+#: SIGTERM when the process that started it dies (Linux's PR_SET_PDEATHSIG), so no broker outlives its
+#: test run or ``changelake broker``. (A ``preexec_fn`` would do it in the forked child of a process
+#: with threads, such as Spark's py4j, which can deadlock.)
+_EXEC_WITH_PDEATHSIG = ("import ctypes, os, signal, sys\n"
+                        "try:\n    ctypes.CDLL('libc.so.6').prctl(1, signal.SIGTERM)\nexcept OSError:\n    pass\n"
+                        "os.execvp(sys.argv[1], sys.argv[1:])")
 
 
 class LocalKafka:
@@ -203,8 +203,8 @@ class LocalKafka:
         handle = open(self.log_file(node), "a")
         self._log_handles[node] = handle
         self._procs[node] = subprocess.Popen(
-            [*self._java(jvm_deps.classpath("kafka")), "kafka.Kafka", str(config)],
-            stdin=subprocess.DEVNULL, stdout=handle, stderr=subprocess.STDOUT, preexec_fn=_pdeathsig)
+            [sys.executable, "-c", _EXEC_WITH_PDEATHSIG, *self._java(jvm_deps.classpath("kafka")), "kafka.Kafka",
+             str(config)], stdin=subprocess.DEVNULL, stdout=handle, stderr=subprocess.STDOUT)
         if wait:
             self.wait_ready(self.start_timeout_s)
 
