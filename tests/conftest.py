@@ -6,8 +6,8 @@
   broker from the project's jars (changelake/connectors/kafka_broker.py, the ``kafka`` set of
   jvm/pom.xml), started once per test process; without those jars the tests skip, saying how to
   install them. Tests use fresh topic names and create the topics they need with a partition
-  count (``kafka.create_topics``). ``embedded_kafka`` is librdkafka's mock cluster, for the few
-  tests that say why they want it.
+  count (``kafka.create_topics``). librdkafka's mock cluster (the embedded broker) is left to the
+  demo and benchmarks.
 
 Every Spark driver JVM the tests start (this process's session, the CLI runs, the benchmarks' smoke
 runs) gets ``SPARK_SUBMIT_OPTS``: C1 only, the serial collector, and a class-data archive of Spark's
@@ -96,7 +96,7 @@ _MIN_DOCKER_TIMEOUT_S = 3
 @dataclass(frozen=True)
 class KafkaBroker:
     bootstrap_servers: str
-    kind: str   # "external", "testcontainers", "local" (Apache Kafka from .jvm/kafka) or "embedded" (the mock)
+    kind: str   # "external", "testcontainers" or "local" (Apache Kafka from .jvm/kafka)
     #: the local broker's process and log (kind "local")
     local: object | None = None
 
@@ -155,14 +155,6 @@ def kafka(tmp_path_factory):
     with LocalKafka(workdir=tmp_path_factory.mktemp("kafka"), java_options=TEST_BROKER_JAVA_OPTIONS,
                     settings=TEST_BROKER_SETTINGS) as broker:
         yield KafkaBroker(broker.bootstrap_servers, "local", broker)
-
-
-@pytest.fixture(scope="session")
-def embedded_kafka():
-    """librdkafka's mock cluster (changelake/connectors/embedded_broker.py): only for a test that says why."""
-    from changelake.connectors.embedded_broker import EmbeddedBroker
-    with EmbeddedBroker() as broker:
-        yield KafkaBroker(broker.bootstrap_servers, "embedded")
 
 
 @pytest.fixture(scope="session")
