@@ -2,14 +2,15 @@
 PYTHON ?= python3.11
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
-STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml jvm/pom.xml jvm/jvm.lock | cksum | cut -d' ' -f1)
 
 .PHONY: demo test test-fast bench install clean config-reference
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml jvm/pom.xml jvm/jvm.lock
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m changelake.jvm_deps install   # jvm/pom.xml's jars into .jvm/ (docs/operations.md, "JVM dependencies")
 	$(VENV)/bin/changelake jvm-archive || echo "(Spark will start without a class archive: see the line above)"
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
@@ -38,4 +39,4 @@ bench: $(STAMP)
 	$(PY) bench/mirror.py
 
 clean:
-	rm -rf $(VENV) demo-output .pytest_cache
+	rm -rf $(VENV) .jvm demo-output .pytest_cache

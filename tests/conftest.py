@@ -1,9 +1,13 @@
 """Fixtures shared by every test tier.
 
 * ``spark``: one local Spark session per test process.
-* ``kafka``: a Kafka-protocol broker, taken in this order: ``KAFKA_BOOTSTRAP_SERVERS``
-  when set; a testcontainers Kafka when a Docker engine answers; otherwise the
-  embedded broker (librdkafka's mock cluster). Tests use fresh topic names.
+* ``kafka``: an Apache Kafka broker, taken in this order: ``KAFKA_BOOTSTRAP_SERVERS``
+  when set; a testcontainers Kafka when a Docker engine answers; otherwise a local single-node
+  broker from the project's jars (changelake/connectors/kafka_broker.py, the ``kafka`` set of
+  jvm/pom.xml), started once per test process; without those jars the tests skip, saying how to
+  install them. Tests use fresh topic names and create the topics they need with a partition
+  count (``kafka.create_topics``). librdkafka's mock cluster (the embedded broker) is left to the
+  demo and benchmarks.
 
 Every Spark driver JVM the tests start (this process's session, the CLI runs, the benchmarks' smoke
 runs) gets ``SPARK_SUBMIT_OPTS``: C1 only, the serial collector, and a class-data archive of Spark's
@@ -92,10 +96,22 @@ _MIN_DOCKER_TIMEOUT_S = 3
 @dataclass(frozen=True)
 class KafkaBroker:
     bootstrap_servers: str
-    kind: str   # "external", "testcontainers" or "embedded"
+    kind: str   # "external", "testcontainers" or "local" (Apache Kafka from .jvm/kafka)
+    #: the local broker's process and log (kind "local")
+    local: object | None = None
 
-    def topic(self, prefix: str = "t") -> str:
-        return f"{prefix}-{uuid.uuid4().hex[:10]}"
+    def topic(self, prefix: str = "t", *, partitions: int | None = None) -> str:
+        """A fresh topic name; created with ``partitions`` partitions when given."""
+        name = f"{prefix}-{uuid.uuid4().hex[:10]}"
+        if partitions is not None:
+            self.create_topics({name: partitions})
+        return name
+
+    def create_topics(self, topics: dict[str, int], **config: str) -> None:
+        """Create ``topics`` (name -> partitions) unless they exist; ``config``: topic settings."""
+        from changelake.connectors.kafka_broker import create_topics
+
+        create_topics(self.bootstrap_servers, topics, config={k.replace("_", "."): v for k, v in config.items()})
 
 
 def _docker_answers() -> bool:
@@ -108,8 +124,19 @@ def _docker_answers() -> bool:
         return False
 
 
+#: the test broker's JVM: C1 only and a small heap (it lives minutes; see TEST_JVM_OPTIONS)
+TEST_BROKER_JAVA_OPTIONS = ("-Xmx512m", "-Xms64m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+                            "-Djava.awt.headless=true")
+#: the test broker keeps records of any age (tests write CreateTimes weeks in the past, which Kafka's
+#: default 7-day retention deletes at once), applies a topic's retention.bytes within a second
+#: (tests/source: reading past a retention), and gives a topic a producer creates 4 partitions (so keyed
+#: messages spread as in production; a test that relies on a count creates its topics with it)
+TEST_BROKER_SETTINGS = {"log.retention.ms": "-1", "log.retention.check.interval.ms": "1000",
+                        "log.initial.task.delay.ms": "0", "log.segment.delete.delay.ms": "0", "num.partitions": "4"}
+
+
 @pytest.fixture(scope="session")
-def kafka():
+def kafka(tmp_path_factory):
     servers = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
     if servers:
         yield KafkaBroker(servers, "external")
@@ -119,9 +146,15 @@ def kafka():
         with KafkaContainer() as container:
             yield KafkaBroker(container.get_bootstrap_server(), "testcontainers")
         return
-    from changelake.connectors.embedded_broker import EmbeddedBroker
-    with EmbeddedBroker() as broker:
-        yield KafkaBroker(broker.bootstrap_servers, "embedded")
+    from changelake import jvm_deps
+    from changelake.connectors.kafka_broker import LocalKafka
+
+    why = jvm_deps.missing("kafka")
+    if why:
+        pytest.skip(f"no Kafka broker: KAFKA_BOOTSTRAP_SERVERS is not set, no Docker engine answers, and {why}")
+    with LocalKafka(workdir=tmp_path_factory.mktemp("kafka"), java_options=TEST_BROKER_JAVA_OPTIONS,
+                    settings=TEST_BROKER_SETTINGS) as broker:
+        yield KafkaBroker(broker.bootstrap_servers, "local", broker)
 
 
 @pytest.fixture(scope="session")

@@ -1,9 +1,9 @@
 """The package's floors: leaves on the ground, no import that climbs, pyspark only in the Spark wing.
 
-    ground      changelog, errors, types, metrics, durations, key_changes, log_values  (import nothing of ours but
-                the ground)
+    ground      changelog, errors, types, metrics, durations, key_changes, log_values, jvm_deps  (import
+                nothing of ours but the ground)
     formats     decoders
-    connectors  the Delta sink (delta-rs), dead letters, lookup sources, the embedded broker
+    connectors  the Delta sink (delta-rs), dead letters, lookup sources, the embedded and the local Kafka broker
     operators   the kernels (may use connectors' lookup sources)
     plan        the graph, planner, explain, the in-process runner
     spark       everything that imports pyspark
@@ -26,7 +26,7 @@ import pytest
 pytestmark = pytest.mark.unit
 
 PACKAGE = Path(__file__).resolve().parents[1] / "changelake"
-GROUND = {"changelog", "errors", "types", "metrics", "durations", "key_changes", "log_values", "__init__",
+GROUND = {"changelog", "errors", "types", "metrics", "durations", "key_changes", "log_values", "jvm_deps", "__init__",
           "__version__"}
 MAY_IMPORT = {
     "ground": GROUND,

@@ -150,6 +150,16 @@ def build_parser() -> argparse.ArgumentParser:
     arc.add_argument("--changes", action=_EnvDefault, envvar="CHANGELAKE_JVM_ARCHIVE_CHANGES", default="1500",
                      help="changes the demo run goes through")
 
+    brk = _command(sub, "broker", "run a local Apache Kafka broker (KRaft) from the project's jars, to try "
+                   "changelake", "Prints its bootstrap address; stops on Ctrl-C or SIGTERM.")
+    brk.add_argument("--port", action=_EnvDefault, envvar="CHANGELAKE_BROKER_PORT", default="9092",
+                     help="client port of the (first) node; 0 picks a free one")
+    brk.add_argument("--nodes", action=_EnvDefault, envvar="CHANGELAKE_BROKER_NODES", default="1",
+                     help="1, or 3: replication factor 3 and min.insync.replicas 2")
+    brk.add_argument("--dir", action=_EnvDefault, envvar="CHANGELAKE_BROKER_DIR", default=None,
+                     help="storage and logs, kept across runs (default: a temporary directory whose data is "
+                     "removed on stop; its log is kept)")
+
     _command(sub, "version", "print the versions of changelake, pyspark, delta-rs and the delta-spark jars")
     return parser
 
@@ -237,6 +247,8 @@ def _dispatch(args: argparse.Namespace) -> int:
                         metrics_port=int(args.metrics_port), out=sys.stdout)
     if args.command == "jvm-archive":
         return _jvm_archive(args)
+    if args.command == "broker":
+        return _broker(args)
     raise AssertionError(args.command)
 
 
@@ -316,6 +328,42 @@ def _dlq(args: argparse.Namespace) -> int:
         print(f"refused {sum(result.refused.values())} whose reason cannot succeed again ({refused}); "
               "--force sends malformed and unknown-op letters anyway; late and operator-error letters hold "
               "the decoded row, not the message, and are never sent")
+    return 0
+
+
+def _broker(args: argparse.Namespace) -> int:
+    """``changelake broker``: a :class:`LocalKafka <changelake.connectors.kafka_broker.LocalKafka>` until
+    Ctrl-C or SIGTERM (or until a node exits, which is an error: its log's end is printed)."""
+    import signal
+    import time
+
+    from changelake.connectors.kafka_broker import LocalKafka
+
+    nodes = int(args.nodes)
+    if nodes not in (1, 3):
+        raise ConfigError(f"--nodes {nodes}: choose 1 or 3")
+    stop = []
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.append("SIGTERM"))
+    broker = LocalKafka(nodes=nodes, port=int(args.port), workdir=args.dir)
+    try:
+        broker.start()
+        print(f"Apache Kafka (KRaft, {nodes} node{'s' * (nodes > 1)}) at {broker.bootstrap_servers}\n"
+              f"  kafka.bootstrap_servers: {broker.bootstrap_servers}   (in a pipeline YAML)\n"
+              f"  logs: {', '.join(str(f) for f in broker.log_files)}\n"
+              "Ctrl-C or SIGTERM stops it.", flush=True)
+        while not stop:
+            exited = broker.exited_nodes()
+            if exited:
+                print(f"changelake broker: Kafka node {exited[0]} exited; see {broker.log_file(exited[0])}",
+                      file=sys.stderr)
+                return 1
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        broker.stop()
+    print("Kafka stopped", flush=True)
     return 0
 
 

@@ -215,7 +215,8 @@ def run_demo(*, workdir: Path, changes: int = 30_000, seed: int = 7, metrics_por
     started = time.monotonic()
     print(f"changelake demo: working in {workdir}", file=out)
     with EmbeddedBroker() as broker:
-        print(f"  embedded Kafka broker (librdkafka mock cluster) at {broker.bootstrap_servers}", file=out)
+        print(f"  embedded Kafka broker (librdkafka mock cluster) at {broker.bootstrap_servers}; for Apache Kafka "
+              "itself: `changelake broker` (docs/operations.md)", file=out)
         db = InventoryDatabase(seed=seed)
         sizes = {"customers": 1_000, "products": 2_000, "orders": 3_000}
         n = produce(db.history(snapshot_sizes=sizes, changes=changes, redeliver=500), broker.bootstrap_servers)

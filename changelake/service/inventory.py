@@ -174,11 +174,17 @@ def produce(messages: Iterator[Message], bootstrap_servers: str, *,
             "queue.buffering.max.messages": 500_000}
     conf.update(extra or {})
     producer = Producer(conf)
+    failed: list[str] = []
+
+    def delivered(err, _msg) -> None:
+        if err is not None:
+            failed.append(str(err))
+
     n = 0
     for m in messages:
         while True:
             try:
-                producer.produce(m.topic, key=m.key, value=m.value)
+                producer.produce(m.topic, key=m.key, value=m.value, on_delivery=delivered)
                 break
             except BufferError:
                 producer.poll(0.05)
@@ -188,6 +194,7 @@ def produce(messages: Iterator[Message], bootstrap_servers: str, *,
             if on_progress:
                 on_progress(n)
     remaining = producer.flush(60)
-    if remaining:
-        raise RuntimeError(f"{remaining} messages were not acknowledged by the broker at {bootstrap_servers}")
+    if remaining or failed:
+        raise RuntimeError(f"{remaining + len(failed)} messages were not acknowledged by the broker at "
+                           f"{bootstrap_servers}" + (f" (first error: {failed[0]})" if failed else ""))
     return n

@@ -7,16 +7,19 @@ from typing import Any
 
 import yaml
 
+from changelake.connectors.kafka_broker import create_topics
 from changelake.service.config import ChangelakeConfig, parse_config
 from changelake.service.demo import demo_config
 from changelake.service.inventory import InventoryDatabase, produce
 
 
 def write_history(servers: str, *, seed: int, changes: int, topic_prefix: str,
-                  sizes: dict[str, int] | None = None, redeliver: int = 50) -> InventoryDatabase:
-    """Produce an inventory history under fresh topic names; returns the simulated database."""
+                  sizes: dict[str, int] | None = None, redeliver: int = 50, partitions: int = 4) -> InventoryDatabase:
+    """Produce an inventory history under fresh topic names (created with ``partitions`` partitions each,
+    keyed messages spread over them); returns the simulated database."""
     import changelake.service.inventory as inv
 
+    create_topics(servers, {inv.topic_for(t).replace(inv.SERVER, topic_prefix, 1): partitions for t in inv.TABLES})
     db = InventoryDatabase(seed=seed)
     msgs = db.history(snapshot_sizes=sizes or {"customers": 50, "products": 80, "orders": 120},
                       changes=changes, redeliver=redeliver)

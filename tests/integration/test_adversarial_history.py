@@ -6,7 +6,7 @@ Debezium MySQL connector writes it: a snapshot, then binlog events with values a
 limit, NULLs in every nullable column, primary-key changes (delete + ``__debezium.newkey``,
 tombstone, create + ``__debezium.oldkey``), multi-row events, binlog rotation, re-inserts,
 duplicates, a connector-restart replay and malformed messages. The same history goes to the
-embedded broker twice, once with the JSON converter's schema envelope (``schemas.enable=true``,
+test broker twice, once with the JSON converter's schema envelope (``schemas.enable=true``,
 sources ``s_*``) and once without (``schemas.enable=false``, sources ``n_*`` declaring the wire
 encodings of their temporal and decimal columns), and one pipeline runs both through
 ``changelake run --available-now`` (a child process): per envelope, three mirrors; the

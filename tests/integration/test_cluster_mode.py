@@ -1,7 +1,7 @@
 """The chart's driver entry point under spark-submit: the launcher's master takes effect.
 
 Runs ``bench/scaleout.py --quick``: ``spark-submit --master M docker/spark_driver.py run --available-now``
-on the demo pipeline (three mirrors and a join -> group -> top-N graph) from an embedded broker, for
+on the demo pipeline (three mirrors and a join -> group -> top-N graph) from the test broker, for
 ``local[2]`` and for ``local-cluster[2,1,1024]`` (a standalone cluster of two executor JVMs started by
 Spark itself; SPARK_HOME = the pyspark package), same data, one after the other. The pipeline YAML
 names no master, so nothing but spark-submit decides where it runs. The script exits non-zero unless

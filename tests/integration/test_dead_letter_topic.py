@@ -131,6 +131,7 @@ def test_sigkill_after_the_batch_then_restart_produces_each_dead_letter_once(kaf
     prefix = kafka.topic("dlqkill")
     dlq_topic = f"{prefix}.dead-letters"
     topic = f"{prefix}.inventory.orders"
+    kafka.create_topics({topic: 4})
     p = Producer({"bootstrap.servers": kafka.bootstrap_servers, "log_level": 3})
     bad = [b"{truncated %d" % i for i in range(4)]
     for i, value in enumerate(bad):                 # first in their partitions: read by batch 0

@@ -2,7 +2,7 @@
 
 The tables' changes are left on the executors, reduced there and handed to the sink as DataFrames
 (the delta-rs engine then collects one row per key), in this test process's Spark session. Real
-topics on the embedded broker, real Delta tables; a history run both ways into two lakes is
+topics on the test broker, real Delta tables; a history run both ways into two lakes is
 compared row for row.
 """
 
@@ -113,7 +113,7 @@ def _dead_letters(config) -> list[tuple]:
 
 
 def test_null_keys_truncates_and_a_replayed_batch_reduced_on_the_executors(spark, kafka, tmp_path):
-    topic = kafka.topic("framed-orders")
+    topic = kafka.topic("framed-orders", partitions=2)
     producer = Producer({"bootstrap.servers": kafka.bootstrap_servers, "log_level": 3})
     events = []      # (partition, op, binlog position, row)
     for i in range(1, 31):

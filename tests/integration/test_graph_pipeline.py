@@ -1,6 +1,6 @@
 """The service runs an operator graph (YAML views) on Spark, exactly once across a SIGKILL.
 
-Debezium JSON of the inventory database goes to the embedded broker; the service (``changelake
+Debezium JSON of the inventory database goes to the test broker; the service (``changelake
 run --available-now`` in a child process) mirrors the three tables and runs
 ``orders JOIN products -> GROUP BY category -> top 3`` plus a materialized table keyed by
 (product_id, order_id). The first run is killed with SIGKILL in the middle of batch 1, after one

@@ -3,7 +3,7 @@
 A new checkpoint spreads each node's state buckets evenly over the shuffle partitions
 (:mod:`changelake.spark.groups`); a checkpoint written before that numbering existed (an offset log
 and no record of it) keeps ``g`` = the bucket, or its state would not be found after an upgrade. Real
-topics on the embedded broker, the demo's graph (join -> aggregate -> top-N) in this process's Spark
+topics on the test broker, the demo's graph (join -> aggregate -> top-N) in this process's Spark
 session, real Delta tables checked against the same query in batch.
 """
 

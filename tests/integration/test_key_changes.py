@@ -3,7 +3,7 @@ graph on Spark, exactly once across a SIGKILL.
 
 The key-change history of ``tests/keychange_history.py`` (fresh keys, back and forth, chains, a key
 moved onto a just-deleted key, chains inside multi-row Canal messages, re-deliveries) goes to the
-embedded broker as Canal, Maxwell, OGG and Debezium JSON, each table's messages in one partition
+test broker as Canal, Maxwell, OGG and Debezium JSON, each table's messages in one partition
 (Canal's and Maxwell's default; see docs/formats.md "Key changes" for partitioned topics). The
 service (``changelake run --available-now`` in a child process) mirrors both tables of every format
 (keys from the source, the table, or learnt from the message keys) and runs, per format,

@@ -1,10 +1,10 @@
 """Lag where people look: the pipeline's consumer group and ``changelake status``.
 
 After an ``--available-now`` run (a child process, as an operator runs it) the consumer group named
-after the pipeline id holds, for every partition, the end offset the run read to, so
-kafka-consumer-groups and Burrow report a lag of zero; ``changelake status`` shows the same per
-partition, the last batch of the checkpoint, each table's Delta version and files, and the dead
-letters by source and reason.
+after the pipeline id holds, for every partition, the end offset the run read to: Kafka's admin API
+(what kafka-consumer-groups.sh --describe and Burrow read) shows them with a lag of zero, and the
+records produced after the run as lag; ``changelake status`` shows the same per partition, the last
+batch of the checkpoint, each table's Delta version and files, and the dead letters by source and reason.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import subprocess
 import sys
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import ConsumerGroupTopicPartitions, Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from changelake.service.pipeline import consumer_group
 
@@ -45,16 +46,18 @@ def test_the_consumer_group_and_status_show_what_was_committed(kafka, tmp_path):
 
     group = consumer_group(config)
     assert group == f"changelake.{config.pipeline.id}"
-    consumer = Consumer({"bootstrap.servers": kafka.bootstrap_servers, "group.id": group})
-    try:
-        parts = [TopicPartition(t, p) for s in config.sources for t in s.topics for p in range(4)]
-        committed = {(tp.topic, tp.partition): tp.offset for tp in consumer.committed(parts, timeout=15)}
-        ends = {(tp.topic, tp.partition): consumer.get_watermark_offsets(tp, timeout=15, cached=False)[1]
-                for tp in parts}
-    finally:
-        consumer.close()
-    assert sum(ends.values()) > 0
-    assert committed == ends
+    parts = [TopicPartition(t, p) for s in config.sources for t in s.topics for p in range(4)]
+    ends = _end_offsets(kafka.bootstrap_servers, parts)
+    assert sum(ends.values()) > 0 and all(ends.values())      # every partition got records
+    assert _committed(kafka.bootstrap_servers, group) == ends
+
+    # records produced after the run are the group's lag, as Kafka's tools compute it
+    for i in range(5):
+        producer.produce(orders_topic, key=b'{"id": %d}' % i, value=b"{not json either", partition=1)
+    producer.flush()
+    later = _end_offsets(kafka.bootstrap_servers, parts)
+    lag = {k: later[k] - c for k, c in _committed(kafka.bootstrap_servers, group).items()}
+    assert lag == {k: (5 if k == (orders_topic, 1) else 0) for k in ends}
 
     status = _cli("status", "-c", str(path))
     assert status.returncode == 0, status.stderr[-3000:]
@@ -62,10 +65,26 @@ def test_the_consumer_group_and_status_show_what_was_committed(kafka, tmp_path):
     assert f"consumer group {group}" in out
     rows = re.findall(rf"^\s+({re.escape(prefix)}\S+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\S+)$", out, re.M)
     assert {(t, int(p)): (int(c), int(e), lag) for t, p, c, e, lag in rows} == \
-        {k: (ends[k], ends[k], "0") for k in ends}
-    assert "total lag: 0" in out
+        {k: (ends[k], later[k], str(lag[k])) for k in ends}
+    assert "total lag: 5" in out
     assert re.search(r"^last batch: \d+, committed ", out, re.M)
     for t in config.tables:
         m = re.search(rf"^\s+{t.name}\s+(\d+)\s+(\d+)\s+([\d,]+)$", out, re.M)
         assert m and int(m.group(2)) > 0 and int(m.group(3).replace(",", "")) > 0, (t.name, out)
     assert re.search(r"^\s+orders / malformed: 1$", out, re.M), out
+
+
+def _end_offsets(servers: str, parts: list[TopicPartition]) -> dict[tuple[str, int], int]:
+    consumer = Consumer({"bootstrap.servers": servers, "group.id": "lag-probe"})
+    try:
+        return {(tp.topic, tp.partition): consumer.get_watermark_offsets(tp, timeout=15, cached=False)[1]
+                for tp in parts}
+    finally:
+        consumer.close()
+
+
+def _committed(servers: str, group: str) -> dict[tuple[str, int], int]:
+    """The group's committed offsets through the admin API (OffsetFetch, as kafka-consumer-groups.sh does)."""
+    admin = AdminClient({"bootstrap.servers": servers})
+    [(_, future)] = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)]).items()
+    return {(tp.topic, tp.partition): tp.offset for tp in future.result(timeout=30).topic_partitions}

@@ -1,7 +1,7 @@
 """Postgres without REPLICA IDENTITY FULL on Spark: the key-change history as Debezium's Postgres
 connector writes it for REPLICA IDENTITY DEFAULT (updates without ``before``, deletes with only the
 key, primary-key updates as delete + create, unchanged TOASTed text as ``__debezium_unavailable_value``)
-goes through the embedded broker and ``changelake run --available-now`` (two micro-batches) into the
+goes through the test broker and ``changelake run --available-now`` (two micro-batches) into the
 mirrors and ``orders LEFT JOIN customers`` -> sales by region (the TOASTed column) -> top 2. Every
 table equals the final state / DuckDB over it: the before-images and the unsent values come from the
 source's normalize state on the executors, and no table holds the placeholder.

@@ -1,4 +1,4 @@
-"""A whole database through one routed source: one YAML file, the embedded broker, real Delta tables.
+"""A whole database through one routed source: one YAML file, the test broker, real Delta tables.
 
 50 source tables: 40 plain ones, ``orders_0..5`` (keys kept apart) merged into ``orders``,
 ``events_0..2`` (the same keys in every shard) merged into ``events`` with origin columns, and

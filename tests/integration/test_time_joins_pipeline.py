@@ -1,6 +1,6 @@
 """The service runs the interval and the temporal join from YAML, across a restart, late rows included.
 
-Debezium JSON on the embedded broker: orders (append-only facts), shipments (append-only) and
+Debezium JSON on the test broker: orders (append-only facts), shipments (append-only) and
 currency rates (a versioned table: creates, updates, a delete and a re-create, whose event time is
 the change's operation time from the Debezium source block). Each topic's messages share one key,
 so they are read in event-time order. The first run (availableNow) consumes ten hours of event

@@ -1,4 +1,4 @@
-"""Truncates end to end: Debezium MySQL changes on four partitions of the embedded broker, through
+"""Truncates end to end: Debezium MySQL changes on four partitions of the test broker, through
 ``changelake run --available-now`` (Spark, several micro-batches), into a real Delta table.
 
 The table's TRUNCATE (op ``t``, at binlog position 5000, on partition 0) empties the mirror at
@@ -43,7 +43,7 @@ def _rows(path: str) -> dict[int, int]:
 
 
 def test_truncate_empties_the_mirror_at_its_position_across_partitions_and_runs(kafka, tmp_path):
-    topic = kafka.topic("trunc")
+    topic = kafka.topic("trunc", partitions=4)
     columns = {"id": "bigint", "amount": "bigint"}
     config = {
         "pipeline": {"id": f"it-{topic}", "checkpoint": str(tmp_path / "ckpt"), "max_records_per_batch": 15,

@@ -1,0 +1,70 @@
+"""The project's JVM sets (changelake/jvm_deps.py): pinned by jvm/pom.xml and jvm/jvm.lock, installed into
+.jvm/<set>/, and a clear message, naming the set and how to install it, wherever one is missing."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+
+import pytest
+
+from changelake import jvm_deps
+
+pytestmark = pytest.mark.unit
+
+
+def test_the_lock_was_written_from_the_pom_as_it_is_and_pins_every_set():
+    pom_digest, sets = jvm_deps.read_lock()
+    assert pom_digest == hashlib.sha256(jvm_deps.pom_path().read_bytes()).hexdigest(), \
+        "jvm/pom.xml changed after jvm/jvm.lock was written: run `python -m changelake.jvm_deps lock`"
+    profiles = re.findall(r"<profile>\s*(?:<!--.*?-->\s*)?<id>([^<]+)</id>", jvm_deps.pom_path().read_text(), re.S)
+    assert sorted(profiles) == sorted(jvm_deps.SETS)
+    for name in jvm_deps.SETS:
+        assert sets[name], f"jvm/jvm.lock pins no jar for {name!r}"
+        assert all(re.fullmatch(r"[0-9a-f]{64}", d) for d in sets[name].values())
+    assert any(f.startswith("kafka_2.13-") for f in sets["kafka"])
+    assert any(f.startswith("debezium-connector-postgres-3.6.1.Final") for f in sets["connect"])
+
+
+def test_a_set_not_installed_says_which_and_how(monkeypatch, tmp_path):
+    monkeypatch.setenv(jvm_deps.HOME_ENV, str(tmp_path))
+    why = jvm_deps.missing("kafka")
+    assert why and "'kafka'" in why and str(tmp_path / "kafka") in why and "make install" in why
+    with pytest.raises(jvm_deps.JvmDepsMissing, match="make install"):
+        jvm_deps.jars("kafka")
+    with pytest.raises(jvm_deps.JvmDepsMissing, match="the sets are kafka, connect"):
+        jvm_deps.missing("kafak")
+
+
+def test_an_install_without_maven_reports_the_set_and_fails_only_when_required(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv(jvm_deps.HOME_ENV, str(tmp_path))
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing-here"))
+    assert jvm_deps.install(["delta"], required=False) == 0
+    err = capsys.readouterr().err
+    assert "'delta'" in err and "NOT installed" in err and "`mvn`" in err
+    assert jvm_deps.install(["delta"], required=True) == 1
+    assert jvm_deps.missing("delta")
+
+
+def test_an_installed_set_differing_from_the_lock_is_not_taken(monkeypatch, tmp_path):
+    monkeypatch.setenv(jvm_deps.HOME_ENV, str(tmp_path))
+    folder = tmp_path / "spark-kafka"
+    folder.mkdir()
+    (folder / ".installed").write_text("spark-kafka some.jar " + "0" * 64 + "\n")
+    assert "not the one jvm/jvm.lock pins" in jvm_deps.missing("spark-kafka")
+
+
+@pytest.mark.parametrize("name", ["delta", "spark-kafka"])
+def test_the_sets_for_sparks_classpath_bring_no_jar_pyspark_already_ships(name):
+    import pyspark
+
+    if jvm_deps.missing(name):
+        pytest.skip(jvm_deps.missing(name))
+
+    def artifact(jar: Path) -> str:      # the file name without its version
+        return re.sub(r"-\d[\w.\-]*\.jar$", "", jar.name)
+
+    ours = {artifact(j) for j in jvm_deps.jars(name)}
+    theirs = {artifact(j) for j in (Path(pyspark.__file__).parent / "jars").glob("*.jar")}
+    assert ours and not ours & theirs
