@@ -390,7 +390,7 @@ class BatchProcessor:
     def _route_of(self, source: str) -> "_Route":
         return next(r for r in self.routes if r.spec.name == source)
 
-    def _apply(self, stats: dict[tuple[str, int], tuple[int, int]],
+    def _apply(self, stats: dict[tuple[str, int], tuple[int, int, int]],
                decoded: list[tuple["_Route", pa.Table, pa.Table]], batch_id: int,
                graph_changes: dict[str, pa.Table] | None = None, late_rows: dict | None = None,
                moves: dict[str, int] | None = None,
@@ -402,8 +402,9 @@ class BatchProcessor:
         frames = frames or {}
         started = time.monotonic()
         report = BatchReport(batch_id=batch_id, key_changes=dict(moves or {}))
-        for (topic, partition), (n, expired) in stats.items():
+        for (topic, partition), (n, expired, last_ts) in stats.items():
             report.records += n
+            metrics.READ_TIMES.note(topic, str(partition), last_ts)
             if expired:
                 metrics.EXPIRED_OFFSETS.labels(topic, str(partition)).inc(expired)
                 report.expired += expired
