@@ -92,6 +92,11 @@ class ReadTimes:
 
 
 READ_TIMES = ReadTimes()
+TOPICS_SKIPPED = Gauge(
+    "changelake_topics_skipped",
+    "1 per topic a source's topic_pattern matches but the pipeline does not read: a Debezium side topic "
+    "(reason transaction-metadata: <topic.prefix>.transaction, which holds no row changes).",
+    ["topic", "reason"], registry=REGISTRY)
 EXPIRED_OFFSETS = Counter(
     "changelake_expired_offsets_skipped_total",
     "Offsets that had expired from Kafka (below the low watermark) before they were read: data lost upstream.",

@@ -70,6 +70,7 @@ from changelake.service.config import (ORIGIN_COLUMNS, ChangelakeConfig, Mainten
 from changelake.service.dead_letter_paths import DeadLetterPaths
 from changelake.service.epochs import EpochBook
 from changelake.service.key_inference import TableKeys
+from changelake.service.preflight import pattern_without_side_topics
 from changelake.service.quarantine import Quarantine
 from changelake.service.routing import Router, Target
 from changelake.service.views import pipeline_from_config
@@ -685,7 +686,8 @@ def consumer_group(config: ChangelakeConfig) -> str:
 def kafka_reader_options(config: ChangelakeConfig) -> dict[str, str]:
     """Options of the one Kafka source that feeds every configured source."""
     opts: dict[str, str] = {"bootstrap.servers": config.kafka.bootstrap_servers}
-    patterns = [s.topic_pattern for s in config.sources if s.topic_pattern]
+    # a pattern never reads Debezium's transaction-metadata topics (changelake.service.preflight)
+    patterns = [pattern_without_side_topics(s.topic_pattern) for s in config.sources if s.topic_pattern]
     topics = sorted({t for s in config.sources for t in (s.topics or ())})
     if patterns:
         alternatives = patterns + [re.escape(t) for t in topics]

@@ -16,6 +16,7 @@ from changelake.service.catchup import CatchUpTracker, format_progress_line
 from changelake.service.config import ChangelakeConfig, parse_duration
 from changelake.service.http import Health, HttpEndpoint
 from changelake.service.pipeline import BatchProcessor, BatchReport, start_query
+from changelake.service.preflight import broker_topics, side_topic, skipped_side_topics
 from changelake.spark.progress import ProgressListener, parse_offsets
 from changelake.spark.session import build_session, driver_jvm, executor_tasks
 
@@ -62,6 +63,11 @@ class PipelineRunner:
         if install_signal_handlers and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self.request_stop)
             signal.signal(signal.SIGINT, self.request_stop)
+        topics = broker_topics(cfg)     # an unreachable broker: one line (SourceError) within seconds, before Spark
+        for topic, source in skipped_side_topics(cfg, topics).items():
+            metrics.TOPICS_SKIPPED.labels(topic, side_topic(topic) or "").set(1)
+            log.info("source %s: topic_pattern matches %s, a Debezium %s topic: not read (no row changes; "
+                     "docs/pipelines.md, 'Topic patterns')", source, topic, side_topic(topic))
         if self.serve_http:
             self.endpoint = HttpEndpoint(self.health, host=cfg.metrics.host, port=cfg.metrics.port).start()
             log.info("metrics and health on %s", self.endpoint.url("/"))
