@@ -10,13 +10,13 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'
-	$(VENV)/bin/changelake jvm-archive || echo "(Spark will start without a class archive: see the line above)"
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
 install: $(STAMP)
 
 ## Mirror a simulated inventory database: embedded Kafka -> Spark -> Delta, then verify.
+## (Spark's JVM class archive is written in the background after it: `changelake jvm-archive`.)
 demo: $(STAMP)
 	$(VENV)/bin/changelake demo --workdir demo-output
 

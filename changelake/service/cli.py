@@ -196,11 +196,16 @@ def _dispatch(args: argparse.Namespace) -> int:
         result = PipelineRunner(config).run(available_now=True if args.available_now else None)
         print(f"stopped after {result.totals.records:,} records in {result.seconds:.1f} s "
               f"({result.records_per_second:,.0f} records/s){' (signal)' if result.stopped_by_signal else ''}")
+        if sys.stderr.isatty() and (config.pipeline.master or "local").startswith("local"):
+            _archive_later()
         return 0
     if args.command == "demo":
         from changelake.service.demo import run_demo
-        return run_demo(workdir=Path(args.workdir), changes=int(args.changes), seed=int(args.seed),
-                        metrics_port=int(args.metrics_port), out=sys.stdout)
+        rc = run_demo(workdir=Path(args.workdir), changes=int(args.changes), seed=int(args.seed),
+                      metrics_port=int(args.metrics_port), out=sys.stdout)
+        if rc == 0:
+            _archive_later()
+        return rc
     if args.command == "jvm-archive":
         return _jvm_archive(args)
     raise AssertionError(args.command)
@@ -249,6 +254,18 @@ def _dlq(args: argparse.Namespace) -> int:
               "--force sends malformed and unknown-op letters anyway; late and operator-error letters hold "
               "the decoded row, not the message, and are never sent")
     return 0
+
+
+def _archive_later() -> None:
+    """After a first successful run on this machine: write the JVM class archive in the background
+    (changelake/spark/jvm_archive.py), so that later Spark starts are ~2 s faster; the first run did not
+    wait for it."""
+    from changelake.spark import jvm_archive
+
+    log = jvm_archive.write_in_background([sys.executable, "-m", "changelake.service.cli", "jvm-archive"])
+    if log is not None:
+        print(f"writing Spark's JVM class archive in the background (about a minute; later Spark starts are "
+              f"faster; log: {log}; {jvm_archive.ENV}=off turns it off)")
 
 
 def _jvm_archive(args: argparse.Namespace) -> int:
