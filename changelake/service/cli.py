@@ -142,7 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.log_format is not None and args.log_format not in LOG_FORMATS:
         parser.error(f"CHANGELAKE_LOG_FORMAT: invalid format {args.log_format!r} (choose from "
                      f"{', '.join(LOG_FORMATS)})")
-    configure_logging(args.log_level or "INFO", args.log_format or "text")
+    configure_logging(args.log_level or "INFO", args.log_format or "text", whole_process=True)
     try:
         return _dispatch(args)
     except ChangelakeError as exc:
@@ -159,7 +159,8 @@ def _load(args: argparse.Namespace) -> Any:
         from changelake.log_values import ENV
         os.environ[ENV] = "1"       # before Spark starts: its local workers inherit it
     if args.log_level is None or args.log_format is None:
-        configure_logging(args.log_level or config.logging.level, args.log_format or config.logging.format)
+        configure_logging(args.log_level or config.logging.level, args.log_format or config.logging.format,
+                          whole_process=True)
     return config
 
 

@@ -15,6 +15,7 @@ from changelake import metrics
 from changelake.service.catchup import CatchUpTracker, format_progress_line
 from changelake.service.config import ChangelakeConfig, parse_duration
 from changelake.service.http import Health, HttpEndpoint
+from changelake.service.logs import log_format
 from changelake.service.pipeline import BatchProcessor, BatchReport, start_query
 from changelake.service.preflight import broker_topics, side_topic, skipped_side_topics
 from changelake.spark.progress import ProgressListener, parse_offsets
@@ -71,8 +72,11 @@ class PipelineRunner:
         if self.serve_http:
             self.endpoint = HttpEndpoint(self.health, host=cfg.metrics.host, port=cfg.metrics.port).start()
             log.info("metrics and health on %s", self.endpoint.url("/"))
+        conf = dict(cfg.pipeline.spark_conf)
+        if log_format() == "json":      # Spark's log4j lines as JSON objects too (changelake.service.logs)
+            conf.setdefault("spark.log.structuredLogging.enabled", "true")
         spark = self._spark or build_session(app_name=f"changelake-{cfg.pipeline.id}", master=cfg.pipeline.master,
-                                            conf=cfg.pipeline.spark_conf)
+                                            conf=conf)
         metrics.JVM.watch(*driver_jvm(spark))
         terminal = _CatchUpLine.for_run(cfg)
         listener = ProgressListener(self.health, on_progress=terminal.show)

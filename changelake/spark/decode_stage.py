@@ -247,8 +247,11 @@ def _stats(records: pa.Table, expired: dict[tuple[str, int], int]) -> pa.Table:
     last: dict[tuple[str, int], int] = {}
     if records.num_rows:
         grouped = records.group_by(["topic", "partition"]).aggregate([("offset", "count"), ("timestamp", "max")])
+        latest = grouped["timestamp_max"]
+        if pa.types.is_timestamp(latest.type):          # epoch milliseconds
+            latest = latest.cast(pa.timestamp("ms", tz=latest.type.tz)).cast(pa.int64())
         for t, p, n, ts in zip(grouped["topic"].to_pylist(), grouped["partition"].to_pylist(),
-                               grouped["offset_count"].to_pylist(), grouped["timestamp_max"].to_pylist()):
+                               grouped["offset_count"].to_pylist(), latest.to_pylist()):
             counts[(t, p)] = n
             last[(t, p)] = ts or 0
     keys = sorted(set(counts) | set(expired))
