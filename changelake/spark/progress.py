@@ -45,7 +45,8 @@ class ProgressListener(StreamingQueryListener):
         self._lock = threading.Lock()
 
     def onQueryStarted(self, event: Any) -> None:
-        log.info("streaming query %s started", event.name)
+        log.info("streaming query %s started; its first micro-batch also starts Spark's Python workers and "
+                 "compiles the plan, which can take a minute or more on a busy machine", event.name)
 
     def onQueryProgress(self, event: Any) -> None:
         self.record_progress(json.loads(event.progress.json))
