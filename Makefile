@@ -11,13 +11,13 @@ $(STAMP): pyproject.toml jvm/pom.xml jvm/jvm.lock
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'
 	$(PY) -m changelake.jvm_deps install   # jvm/pom.xml's jars into .jvm/ (docs/operations.md, "JVM dependencies")
-	$(VENV)/bin/changelake jvm-archive || echo "(Spark will start without a class archive: see the line above)"
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
 install: $(STAMP)
 
 ## Mirror a simulated inventory database: embedded Kafka -> Spark -> Delta, then verify.
+## (Spark's JVM class archive is written in the background after it: `changelake jvm-archive`.)
 demo: $(STAMP)
 	$(VENV)/bin/changelake demo --workdir demo-output
 

@@ -11,12 +11,26 @@ figure here is the driver's view of the whole job.
 
 from __future__ import annotations
 
+import os
+import sys
 from collections import Counter as Tally
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram, PlatformCollector, ProcessCollector,
+                               disable_created_metrics)
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
+
+from changelake import __version__
+
+# Counters and histograms without their ``_created`` series: one series per counter, not two.
+disable_created_metrics()
 
 REGISTRY = CollectorRegistry(auto_describe=True)
+# process_* (the driver's Python: CPU, resident memory, open files, start time) and python_info
+ProcessCollector(registry=REGISTRY)
+PlatformCollector(registry=REGISTRY)
 
 _BATCH_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
@@ -31,6 +45,12 @@ CONSUMER_LAG = Gauge(
     "changelake_consumer_lag_records",
     "End offset minus the last committed offset, per topic-partition.",
     ["topic", "partition"], registry=REGISTRY)
+CONSUMER_LAG_SECONDS = Gauge(
+    "changelake_consumer_lag_seconds",
+    "How long the records a topic-partition still holds for the pipeline have waited, per topic-partition: 0 when "
+    "caught up, else now minus the Kafka timestamp of the last record read from it (or, before this process has "
+    "read one, at least the time since the process started). See docs/operations.md, 'Lag and freshness'.",
+    ["topic", "partition"], registry=REGISTRY)
 KEY_CHANGES = Counter(
     "changelake_key_changes_total",
     "Updates that changed the row's primary key, applied as a delete of the old key and an insert of the new "
@@ -41,6 +61,42 @@ SOURCE_EPOCHS = Counter(
     "to another server; position-reset: the position went back while the source time went on, as after RESET "
     "MASTER or a restore). Later changes are ordered after all earlier ones (docs/operations.md, 'Database "
     "failover').", ["source", "reason"], registry=REGISTRY)
+
+
+class ReadTimes:
+    """The latest Kafka timestamp read per topic-partition (the driver's view; the batches bring them), and
+    the lag in seconds it gives (:data:`CONSUMER_LAG_SECONDS`)::
+
+        records left   timestamp read        lag seconds
+        0              -                     0
+        > 0            a real time           now - that timestamp
+        > 0            none yet / not real   now - this process's start (a lower bound)
+
+    A timestamp before 2001 is not real (a broker that stamps no time, as librdkafka's mock cluster)."""
+
+    _REAL_MS = 978_307_200_000
+
+    def __init__(self) -> None:
+        self.last_ms: dict[tuple[str, str], int] = {}
+
+    def note(self, topic: str, partition: str, timestamp_ms: int | None) -> None:
+        if timestamp_ms and timestamp_ms > self.last_ms.get((topic, partition), 0):
+            self.last_ms[(topic, partition)] = timestamp_ms
+
+    def lag_seconds(self, topic: str, partition: str, records_left: int, *, now: float, started: float) -> float:
+        if records_left <= 0:
+            return 0.0
+        ts = self.last_ms.get((topic, partition), 0)
+        since = ts / 1000.0 if ts >= self._REAL_MS else started
+        return max(0.0, now - since)
+
+
+READ_TIMES = ReadTimes()
+TOPICS_SKIPPED = Gauge(
+    "changelake_topics_skipped",
+    "1 per topic a source's topic_pattern matches but the pipeline does not read: a Debezium side topic "
+    "(reason transaction-metadata: <topic.prefix>.transaction, which holds no row changes).",
+    ["topic", "reason"], registry=REGISTRY)
 EXPIRED_OFFSETS = Counter(
     "changelake_expired_offsets_skipped_total",
     "Offsets that had expired from Kafka (below the low watermark) before they were read: data lost upstream.",
@@ -97,6 +153,53 @@ RESURRECTIONS_PREVENTED = Counter(
 COMMIT_SECONDS = Histogram(
     "changelake_delta_commit_duration_seconds", "Time to merge one batch into one Delta table.",
     ["table", "engine"], buckets=_BATCH_BUCKETS, registry=REGISTRY)
+#: source time to Delta commit: a few seconds up to a day of catch-up
+_FRESHNESS_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600, 24 * 3600)
+
+
+class BulkHistogram(Collector):
+    """A labelled histogram fed a whole array of observations at once (one committed batch's rows), at the
+    cost of one ``numpy.searchsorted`` instead of a Python call per row."""
+
+    def __init__(self, name: str, documentation: str, label: str, *, buckets: Sequence[float],
+                 registry: CollectorRegistry) -> None:
+        self.name, self.documentation, self.label = name, documentation, label
+        self.bounds = tuple(float(b) for b in buckets)
+        self._counts: dict[str, list[int]] = {}
+        self._sums: dict[str, float] = {}
+        registry.register(self)
+
+    def observe_many(self, label: str, values: "Sequence[float] | Any") -> None:
+        import numpy as np
+
+        values = np.asarray(values, dtype="float64")
+        if values.size == 0:
+            return
+        per_bucket = np.bincount(np.searchsorted(self.bounds, values, side="left"), minlength=len(self.bounds) + 1)
+        counts = self._counts.setdefault(label, [0] * (len(self.bounds) + 1))
+        for i, n in enumerate(per_bucket.tolist()):
+            counts[i] += n
+        self._sums[label] = self._sums.get(label, 0.0) + float(values.sum())
+
+    def describe(self) -> Iterator[HistogramMetricFamily]:
+        yield HistogramMetricFamily(self.name, self.documentation, labels=[self.label])
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        family = HistogramMetricFamily(self.name, self.documentation, labels=[self.label])
+        for label, counts in sorted(self._counts.items()):
+            cumulative, buckets = 0, []
+            for bound, n in zip([*map(str, self.bounds), "+Inf"], counts):
+                cumulative += n
+                buckets.append((bound, cumulative))
+            family.add_metric([label], buckets, self._sums[label])
+        yield family
+
+
+FRESHNESS = BulkHistogram(
+    "changelake_table_freshness_seconds",
+    "Per change committed to a Delta table: the commit's time minus the change's source time (_source_ts, when "
+    "the database made it), by table; changes without a source time (e.g. an aggregate's rows) are not counted.",
+    "table", buckets=_FRESHNESS_BUCKETS, registry=REGISTRY)
 COMMIT_FAILURES = Counter(
     "changelake_delta_commit_failures_total", "Delta commits that failed (after retries).",
     ["table"], registry=REGISTRY)
@@ -134,6 +237,95 @@ PROCESS_START = Gauge(
     "changelake_process_start_time_seconds", "Unix time this process started (a new value after each restart).",
     registry=REGISTRY)
 PROCESS_START.set_to_current_time()
+BUILD_INFO = Gauge(
+    "changelake_build_info", "Always 1; the labels name the versions this process runs.",
+    ["version", "pyspark", "deltalake", "python"], registry=REGISTRY)
+
+
+def _package_version(name: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "not installed"
+
+
+BUILD_INFO.labels(__version__, _package_version("pyspark"), _package_version("deltalake"),
+                  ".".join(map(str, sys.version_info[:3]))).set(1)
+
+
+# --- the driver JVM and its Python workers ---------------------------------------------------
+class JvmCollector(Collector):
+    """Memory of the Spark driver JVM this process started (and of the processes it started: Python workers)
+    read from /proc at scrape time, and the JVM's heap as the JVM reports it. Nothing until :meth:`watch`."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.pid: int | None = None
+        self.heap: Callable[[], dict[str, int]] | None = None
+        registry.register(self)
+
+    def watch(self, pid: int | None, heap: Callable[[], dict[str, int]] | None = None) -> None:
+        self.pid, self.heap = pid, heap
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        return iter(())
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        if self.pid is None:
+            return
+        rss = _rss_bytes(self.pid)
+        if rss is not None:
+            yield GaugeMetricFamily("changelake_jvm_resident_memory_bytes",
+                                    "Resident memory of the Spark driver JVM (local mode: executors too).",
+                                    value=rss)
+            children = sum(_rss_bytes(p) or 0 for p in _descendants(self.pid))
+            yield GaugeMetricFamily("changelake_spark_python_workers_resident_memory_bytes",
+                                    "Resident memory of the processes the driver JVM started (Spark's Python "
+                                    "workers in local mode).", value=children)
+        if self.heap is not None:
+            try:
+                heap = self.heap()
+            except Exception:       # a JVM that is stopping: no heap figures in this scrape
+                heap = {}
+            if heap:
+                family = GaugeMetricFamily("changelake_jvm_memory_bytes",
+                                           "The driver JVM's heap: used, committed, max.", labels=["area"])
+                for area, n in sorted(heap.items()):
+                    family.add_metric([area], n)
+                yield family
+
+
+def _rss_bytes(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _descendants(pid: int) -> list[int]:
+    parents: dict[int, int] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    found, frontier = [], [pid]
+    while frontier:
+        kids = [c for c, p in parents.items() if p in frontier]
+        found += kids
+        frontier = kids
+    return found
+
+
+JVM = JvmCollector(REGISTRY)
 
 # --- operators --------------------------------------------------------------------
 STATE_ROWS = Gauge(
@@ -142,7 +334,11 @@ STATE_BYTES = Gauge(
     "changelake_state_bytes", "Bytes held in operator state.", ["operator"], registry=REGISTRY)
 STALE_RETRACTIONS = Counter(
     "changelake_stale_retractions_total",
-    "Retractions that found no matching state (expired by TTL or never seen).",
+    "Retractions (-U, -D) an operator received for a row its state does not hold, and ignored: expected after a "
+    "state TTL expired the row, for a delete of a row never inserted in what the pipeline read (a source started "
+    "from latest or a timestamp), for a re-delivered delete (at-least-once sources, replays) and for the -U/-D a "
+    "keyed upstream operator sends for rows it filtered. A rate that grows with the input, with no TTL and no "
+    "replays, points to changes lost before the operator (docs/operations.md, 'Stale retractions').",
     ["operator"], registry=REGISTRY)
 LATE_ROWS = Counter(
     "changelake_late_rows_total",

@@ -44,7 +44,7 @@ import pyarrow as pa
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
-from changelake.changelog import KIND, SEQ, commit_position, split_commit_position
+from changelake.changelog import KIND, SEQ, SOURCE_TS, commit_position, split_commit_position
 from changelake.connectors.commits import check_position, describe
 from changelake.connectors.delta_sink_kernel import (
     align_to_table,
@@ -234,6 +234,25 @@ class _TableState:
     version: int
 
 
+def source_times(changes: pa.Table) -> pa.Array | None:
+    """The changes' source times (``_source_ts``) as epoch milliseconds, None when they carry none."""
+    if SOURCE_TS not in changes.column_names or changes.num_rows == 0:
+        return None
+    column = changes.column(SOURCE_TS).combine_chunks()
+    if pa.types.is_timestamp(column.type):
+        column = column.cast(pa.timestamp("ms", tz=column.type.tz)).cast(pa.int64())
+    return column.drop_null() if column.null_count else column
+
+
+def record_freshness(table: str, source_ts: pa.Array | None, *, now: float | None = None) -> None:
+    """``changelake_table_freshness_seconds``: a committed change's commit time minus its source time."""
+    if source_ts is None or len(source_ts) == 0:
+        return
+    committed_ms = (time.time() if now is None else now) * 1000.0
+    seconds = (committed_ms - source_ts.to_numpy(zero_copy_only=False).astype("float64")) / 1000.0
+    metrics.FRESHNESS.observe_many(table, seconds.clip(min=0.0))
+
+
 class DeltaUpsertSink(abc.ABC):
     """Upsert-by-primary-key sink for one Delta table; the engine subclasses do the I/O.
 
@@ -293,12 +312,14 @@ class DeltaUpsertSink(abc.ABC):
         dropped = tuple(dropped_columns)
         version = commit_position(batch_id, self.generation)
         return self._committing(batch_id, lambda: self._apply_once(changes, version, truncate_at, dropped,
-                                                                   schema_position))
+                                                                   schema_position),
+                                source_ts=source_times(changes))
 
-    def _committing(self, batch_id: int,
-                    once: Callable[[], tuple[ApplyResult, MergeCounts | None]]) -> ApplyResult:
+    def _committing(self, batch_id: int, once: Callable[[], tuple[ApplyResult, MergeCounts | None]], *,
+                    source_ts: pa.Array | None = None) -> ApplyResult:
         """Run ``once`` (one attempt at committing the batch), retrying concurrent-write conflicts;
-        count and time the commit, then run the maintenance that is due."""
+        count and time the commit (and the freshness of its changes: ``source_ts``, epoch ms), then run the
+        maintenance that is due."""
         started = time.perf_counter()
         attempt = 0
         while True:
@@ -324,6 +345,7 @@ class DeltaUpsertSink(abc.ABC):
             metrics.COMMIT_SECONDS.labels(table=self.spec.name, engine=self.engine).observe(
                 time.perf_counter() - started)
             self._record_metrics(result, counts)
+            record_freshness(self.spec.name, source_ts)
             self._maintain()
         return result
 

@@ -15,7 +15,9 @@ Emission rules, ``pre`` = the key's stored row (None if absent or expired), ``r`
     last,  proctime, +I    r == pre and TTL disabled             nothing (no-op suppressed)     r
     last,  proctime, +I    otherwise                             [-U pre if gub] +U r           r
     last,  proctime, +I    not gub and not gen_insert            +U r                           r
-    last,  changelog, -U/-D  pre is None                         nothing (stale retraction)     -
+    last,  changelog, -U/-D  pre is None                         nothing (stale retraction, but  -
+                                                                 not when a mini-batch folded
+                                                                 away the key's earlier rows)
     last,  changelog, -U/-D  otherwise                           -D pre                         cleared
     last,  +I/+U, unavailable_value set: each value of r equal to it is first replaced by pre's value
                                          (NULL when pre is None): an unchanged TOASTed column
@@ -32,7 +34,9 @@ downstream state is refreshed and does not expire too early).
 Mini-batch (count trigger, flushed by a watermark and at finish):
 
 * proctime: one row per key survives the bundle (the first for keep-first, the last
-  for keep-last) and is then processed as above.
+  for keep-last) and is then processed as above. A surviving -U/-D of a key the state does not
+  hold whose earlier rows the bundle folded away (a row inserted and deleted within one micro-batch)
+  emits nothing and is not a stale retraction: it retracts a row that never left the bundle.
 * rowtime, ``compact_changes=False``: every buffered row is processed as above, key by
   key (Flink's ``RowTimeMiniBatchDeduplicateFunction``).
 * rowtime, ``compact_changes=True``: the rows of a key are folded with the "wins"
@@ -110,6 +114,8 @@ class Deduplicate(Kernel):
         u = config.unavailable_value
         #: the placeholder as text and as bytes (a BYTES column holds its UTF-8 bytes)
         self._unavailable = () if u is None else (u, u.encode())
+        #: keys whose earlier rows the mini-batch being processed folded away
+        self._folded: frozenset | set = _NONE
 
     def contract(self) -> cm.ChangelogContract:
         c = self.config
@@ -169,7 +175,8 @@ class Deduplicate(Kernel):
             row = fill_unavailable(row, pre, self._unavailable)
         if not is_accumulate(kind):
             if pre is None:
-                self.stale(lambda: f"{RowKind(kind).short} ({shown_row(row)}) found no row for key {key!r}")
+                if key not in self._folded:
+                    self.stale(lambda: f"{RowKind(kind).short} ({shown_row(row)}) found no row for key {key!r}")
                 return
             state.delete(key)
             out.emit(DELETE, pre)
@@ -205,8 +212,12 @@ class Deduplicate(Kernel):
         per_key = positions.group_by(keys, use_threads=False).aggregate([("pos", "min"), ("pos", "max")])
         arrival = pc.sort_indices(per_key["pos_min"])
         survivor = per_key["pos_max" if self.config.keep == "last" else "pos_min"]
-        for kind, row in Changes.from_arrow(bundle.take(pc.take(survivor, arrival))):
-            self._one(project(row, self.config.keys), kind, row, now, out)
+        folded = pc.take(pc.not_equal(per_key["pos_min"], per_key["pos_max"]), arrival).to_pylist()
+        for (kind, row), more in zip(Changes.from_arrow(bundle.take(pc.take(survivor, arrival))), folded):
+            key = project(row, self.config.keys)
+            self._folded = {key} if more else _NONE
+            self._one(key, kind, row, now, out)
+        self._folded = _NONE
 
     def _process_bundle(self, bundle: list[tuple], now: int, out: Changes) -> None:
         c = self.config
@@ -220,8 +231,11 @@ class Deduplicate(Kernel):
                     self._one(key, kind, row, now, out)
             return
         survivors: dict[tuple, tuple] = {}
+        seen: set[tuple] = set()
         for _, kind, row in bundle:
             key = project(row, keys)
+            if key in survivors:
+                seen.add(key)
             if c.order == "rowtime":
                 self._check_insert(kind, row)
                 held = survivors.get(key)
@@ -234,8 +248,16 @@ class Deduplicate(Kernel):
                 if self._unavailable and held is not None and is_accumulate(kind) and is_accumulate(held[0]):
                     row = fill_unavailable(row, held[1], self._unavailable)
                 survivors[key] = (kind, row)
-        for key, (kind, row) in survivors.items():
-            self._one(key, kind, row, now, out)
+        self._folded = seen
+        try:
+            for key, (kind, row) in survivors.items():
+                self._one(key, kind, row, now, out)
+        finally:
+            self._folded = _NONE
+
+
+#: no key folded (the row-at-a-time path)
+_NONE: frozenset = frozenset()
 
 
 def fill_unavailable(row: tuple, pre: tuple | None, placeholder: tuple) -> tuple:

@@ -1,14 +1,18 @@
-"""The live catch-up line on a terminal: per source, records done and remaining, rate and ETA.
+"""The catch-up progress: per source, records done and remaining, rate and ETA.
 
 From each of Spark's progress reports (``sources[0]``: ``startOffset`` / ``endOffset`` /
 ``latestOffset`` per topic and partition)::
 
     done      = end offset - the start offset of the run's first batch   (summed over the source's partitions)
     remaining = latest offset - end offset
-    rate      = done / seconds since the run started
+    rate      = first report: its batch's records / its batch's duration (durationMs.triggerExecution)
+                later:        records done since the first report / seconds since the first report
     ETA       = remaining / rate
 
-The runner prints it (``\\r``-overwritten) only when stderr is a terminal; logs stay line by line.
+so neither Spark's start-up nor the query's start counts in the rate. On a terminal the runner
+shows it as one ``\\r``-overwritten line on stderr (a log line clears it first and it is drawn again
+after); without a terminal (Kubernetes) it logs it as a line every ``LOG_EVERY_S`` seconds while
+records remain, and once when the pipeline has caught up.
 """
 
 from __future__ import annotations
@@ -26,11 +30,8 @@ class SourceProgress:
     name: str
     done: int
     remaining: int
-    seconds: float
-
-    @property
-    def rate(self) -> float:
-        return self.done / self.seconds if self.seconds > 0 else 0.0
+    #: records per second (see the module's table)
+    rate: float
 
     @property
     def eta_seconds(self) -> float | None:
@@ -67,7 +68,8 @@ class CatchUpTracker:
         self._source_of = source_of
         self._clock = clock
         self._baseline: dict[tuple[str, str], int] = {}
-        self._started = clock()          # rates count from the run's start, the first batch included
+        self._started = clock()
+        self._first: tuple[float, dict[str, int]] | None = None      # (time, done per source) of the first report
 
     def observe(self, progress: dict[str, Any]) -> list[SourceProgress]:
         now = self._clock()
@@ -87,5 +89,14 @@ class CatchUpTracker:
                     done[name] = done.get(name, 0) + max(0, e - base)
                     high = int(latest.get(topic, {}).get(p, e))
                     left[name] = left.get(name, 0) + max(0, high - e)
-        seconds = now - self._started
-        return [SourceProgress(n, done.get(n, 0), left.get(n, 0), seconds) for n in sorted(set(done) | set(left))]
+        if self._first is None:
+            self._first = (now, dict(done))
+            batch_s = (progress.get("durationMs") or {}).get("triggerExecution")
+            seconds = batch_s / 1000.0 if batch_s else now - self._started
+            rates = {n: d / seconds if seconds > 0 else 0.0 for n, d in done.items()}
+        else:
+            at, before = self._first
+            seconds = now - at
+            rates = {n: (d - before.get(n, 0)) / seconds if seconds > 0 else 0.0 for n, d in done.items()}
+        return [SourceProgress(n, done.get(n, 0), left.get(n, 0), rates.get(n, 0.0))
+                for n in sorted(set(done) | set(left))]

@@ -196,7 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.log_format is not None and args.log_format not in LOG_FORMATS:
         parser.error(f"CHANGELAKE_LOG_FORMAT: invalid format {args.log_format!r} (choose from "
                      f"{', '.join(LOG_FORMATS)})")
-    configure_logging(args.log_level or "INFO", args.log_format or "text")
+    configure_logging(args.log_level or "INFO", args.log_format or "text", whole_process=True)
     try:
         return _dispatch(args)
     except ChangelakeError as exc:
@@ -213,7 +213,8 @@ def _load(args: argparse.Namespace) -> Any:
         from changelake.log_values import ENV
         os.environ[ENV] = "1"       # before Spark starts: its local workers inherit it
     if args.log_level is None or args.log_format is None:
-        configure_logging(args.log_level or config.logging.level, args.log_format or config.logging.format)
+        configure_logging(args.log_level or config.logging.level, args.log_format or config.logging.format,
+                          whole_process=True)
     return config
 
 
@@ -240,11 +241,16 @@ def _dispatch(args: argparse.Namespace) -> int:
         result = PipelineRunner(config).run(available_now=True if args.available_now else None)
         print(f"stopped after {result.totals.records:,} records in {result.seconds:.1f} s "
               f"({result.records_per_second:,.0f} records/s){' (signal)' if result.stopped_by_signal else ''}")
+        if sys.stderr.isatty() and (config.pipeline.master or "local").startswith("local"):
+            _archive_later()
         return 0
     if args.command == "demo":
         from changelake.service.demo import run_demo
-        return run_demo(workdir=Path(args.workdir), changes=int(args.changes), seed=int(args.seed),
-                        metrics_port=int(args.metrics_port), out=sys.stdout)
+        rc = run_demo(workdir=Path(args.workdir), changes=int(args.changes), seed=int(args.seed),
+                      metrics_port=int(args.metrics_port), out=sys.stdout)
+        if rc == 0:
+            _archive_later()
+        return rc
     if args.command == "jvm-archive":
         return _jvm_archive(args)
     if args.command == "broker":
@@ -365,6 +371,18 @@ def _broker(args: argparse.Namespace) -> int:
         broker.stop()
     print("Kafka stopped", flush=True)
     return 0
+
+
+def _archive_later() -> None:
+    """After a first successful run on this machine: write the JVM class archive in the background
+    (changelake/spark/jvm_archive.py), so that later Spark starts are ~2 s faster; the first run did not
+    wait for it."""
+    from changelake.spark import jvm_archive
+
+    log = jvm_archive.write_in_background([sys.executable, "-m", "changelake.service.cli", "jvm-archive"])
+    if log is not None:
+        print(f"writing Spark's JVM class archive in the background (about a minute; later Spark starts are "
+              f"faster; log: {log}; {jvm_archive.ENV}=off turns it off)")
 
 
 def _jvm_archive(args: argparse.Namespace) -> int:

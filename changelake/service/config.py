@@ -656,6 +656,11 @@ class MetricsSettings(_Model):
     host: str = Field("0.0.0.0", description="address of /metrics, /healthz and /readyz")
     port: int = Field(9108, ge=0, le=65535, description="their port (0 picks a free one)")
     ready_after_intervals: int = Field(3, gt=0, description="/readyz fails when no batch finished within this many trigger intervals")
+    stalled_after: str = Field("10 minutes", description="/livez fails (so Kubernetes restarts the pod) when the "
+                               "running query has finished no batch for this long while records wait in Kafka or "
+                               "a batch is running: a hung query. Longer than the slowest batch you expect")
+
+    _stalled = field_validator("stalled_after")(_check_duration)
 
 
 class LoggingSettings(_Model):

@@ -257,4 +257,27 @@ def run_demo(*, workdir: Path, changes: int = 30_000, seed: int = 7, metrics_por
             print(f"    {name:<17} {rows:>6,} rows: {verdict}", file=out)
     ok = all(v == "ok" for v in checks.values()) and lag == 0
     print(f"demo {'PASSED' if ok else 'FAILED'} in {time.monotonic() - started:.0f}s", file=out)
+    print(next_steps(config, workdir, broker.bootstrap_servers), file=out)
     return 0 if ok else 1
+
+
+def next_steps(config: ChangelakeConfig, workdir: Path, bootstrap_servers: str) -> str:
+    """What to do with the result: read the tables (Python, Spark SQL), and the pipeline.yaml's dead broker."""
+    table = config.table_path("top_categories")
+    return f"""
+look at the result tables (Delta Lake, one directory per table under {workdir / "lake"}):
+  with Python (the deltalake package comes with changelake):
+    from deltalake import DeltaTable, QueryBuilder
+    qb = QueryBuilder().register("top_categories", DeltaTable("{table}"))
+    print(qb.execute("SELECT category, orders, units, rank FROM top_categories ORDER BY rank").read_all())
+  with Spark SQL (delta-spark comes with changelake; the first start downloads Delta's jars):
+    from delta import configure_spark_with_delta_pip
+    from pyspark.sql import SparkSession
+    spark = configure_spark_with_delta_pip(SparkSession.builder
+        .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
+        .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")).getOrCreate()
+    spark.sql("SELECT * FROM delta.`{table}` ORDER BY rank").show()
+note: {workdir / "pipeline.yaml"} is the pipeline the demo ran. Its kafka.bootstrap_servers ({bootstrap_servers}) was
+  the demo's embedded broker, which stopped with the demo: `changelake run` or `status` on that file cannot reach
+  Kafka. Point kafka.bootstrap_servers at your broker (README.md, "Running against your own Kafka and storage").
+"""

@@ -1,9 +1,17 @@
-"""One HTTP port for Prometheus and Kubernetes: ``/metrics``, ``/healthz``, ``/readyz``.
+"""One HTTP port for Prometheus and Kubernetes: ``/metrics``, ``/healthz``, ``/livez``, ``/readyz``.
 
-``/healthz`` answers 200 while the process serves requests. ``/readyz`` answers
-200 only while the streaming query is active and a batch finished within
-``ready_after_intervals`` trigger intervals; before the first batch has finished it
-is not ready. Otherwise 503 with the reason in the body.
+``/healthz`` answers 200 while the process serves requests (the startup probe). ``/livez`` (the
+liveness probe) answers 503 when the query is stalled, else 200::
+
+    query      last batch or idle report         records waiting or batch running   /livez
+    not active -                                  -                                  200 (the process exits)
+    active     within metrics.stalled_after       -                                  200
+    active     longer ago (or never, since start)  no                                200 (idle: nothing to do)
+    active     longer ago (or never, since start)  yes                               503 stalled
+
+``/readyz`` answers 200 only while the streaming query is active and a batch finished within
+``ready_after_intervals`` trigger intervals; before the first batch has finished it is not ready.
+Otherwise 503 with the reason in the body.
 """
 
 from __future__ import annotations
@@ -23,14 +31,39 @@ DEFAULT_PORT = 9108
 class Health:
     """What /readyz looks at; the pipeline updates it."""
 
-    def __init__(self, *, max_silence_s: float) -> None:
+    def __init__(self, *, max_silence_s: float, stalled_after_s: float = 600.0) -> None:
         self.max_silence_s = max_silence_s
+        self.stalled_after_s = stalled_after_s
         self.started_at = time.time()
         self.last_batch_at: float | None = None
+        #: records the last progress report left in Kafka (None: no report yet, so unknown: counted as waiting)
+        self.records_waiting: int | None = None
         self.query_active: Callable[[], bool] = lambda: False
+        self.trigger_active: Callable[[], bool] = lambda: False
 
-    def batch_finished(self) -> None:
+    def batch_finished(self, progress: dict | None = None) -> None:
+        """A batch's progress report (``progress``) or an idle report (None: nothing waiting) came."""
         self.last_batch_at = time.time()
+        self.records_waiting = waiting(progress) if progress is not None else 0
+
+    def live(self) -> tuple[bool, str]:
+        if not self.query_active():
+            return True, "ok (no query running)"
+        since = self.last_batch_at if self.last_batch_at is not None else self.started_at
+        silence = time.time() - since
+        if silence <= self.stalled_after_s:
+            return True, "ok"
+        waiting_now = self.records_waiting is None or self.records_waiting > 0
+        try:
+            running = bool(self.trigger_active())
+        except Exception:           # the JVM is going away: the process ends by itself
+            running = False
+        if not (waiting_now or running):
+            return True, "ok (idle)"
+        what = (f"{self.records_waiting:,} records wait in Kafka" if self.records_waiting
+                else "a batch is running" if running else "records may wait (no report yet)")
+        return False, (f"stalled: no micro-batch has finished for {silence:.0f}s (metrics.stalled_after {self.stalled_after_s:.0f}s) "
+                       f"while {what}")
 
     def ready(self) -> tuple[bool, str]:
         if not self.query_active():
@@ -41,6 +74,23 @@ class Health:
         if silence > self.max_silence_s:
             return False, f"the last micro-batch finished {silence:.0f}s ago (limit {self.max_silence_s:.0f}s)"
         return True, "ok"
+
+
+def waiting(progress: dict) -> int:
+    """Records a progress report leaves in Kafka: latest offset minus end offset, summed."""
+    import json
+
+    def offsets(value: object) -> dict:
+        return (json.loads(value) if isinstance(value, str) else dict(value or {})) or {}
+
+    total = 0
+    for source in progress.get("sources", []):
+        latest, end = offsets(source.get("latestOffset")), offsets(source.get("endOffset"))
+        for topic, parts in latest.items():
+            if isinstance(parts, dict):
+                for p, high in parts.items():
+                    total += max(0, int(high) - int((end.get(topic) or {}).get(p, 0)))
+    return total
 
 
 class _QuietHandler(WSGIRequestHandler):
@@ -60,6 +110,10 @@ def _app(health: Health) -> Callable[..., Iterable[bytes]]:
         if path == "/healthz":
             start_response("200 OK", [("Content-Type", "text/plain")])
             return [b"ok\n"]
+        if path == "/livez":
+            ok, why = health.live()
+            start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain")])
+            return [why.encode() + b"\n"]
         if path == "/readyz":
             ok, why = health.ready()
             start_response("200 OK" if ok else "503 Service Unavailable", [("Content-Type", "text/plain")])
@@ -67,7 +121,7 @@ def _app(health: Health) -> Callable[..., Iterable[bytes]]:
         if path == "/metrics":
             return metrics_app(environ, start_response)
         start_response("404 Not Found", [("Content-Type", "text/plain")])
-        return [b"changelake serves /metrics, /healthz and /readyz\n"]
+        return [b"changelake serves /metrics, /healthz, /livez and /readyz\n"]
 
     return app
 

@@ -71,6 +71,7 @@ from changelake.service.config import (ORIGIN_COLUMNS, ChangelakeConfig, Mainten
 from changelake.service.dead_letter_paths import DeadLetterPaths
 from changelake.service.epochs import EpochBook
 from changelake.service.key_inference import TableKeys
+from changelake.service.preflight import pattern_without_side_topics
 from changelake.service.quarantine import Quarantine
 from changelake.service.routing import Router, Target
 from changelake.service.views import pipeline_from_config
@@ -416,7 +417,7 @@ class BatchProcessor:
     def _route_of(self, source: str) -> "_Route":
         return next(r for r in self.routes if r.spec.name == source)
 
-    def _apply(self, stats: dict[tuple[str, int], tuple[int, int]],
+    def _apply(self, stats: dict[tuple[str, int], tuple[int, int, int]],
                decoded: list[tuple["_Route", pa.Table, pa.Table]], batch_id: int,
                graph_changes: dict[str, pa.Table] | None = None, late_rows: dict | None = None,
                moves: dict[str, int] | None = None,
@@ -428,8 +429,9 @@ class BatchProcessor:
         frames = frames or {}
         started = time.monotonic()
         report = BatchReport(batch_id=batch_id, key_changes=dict(moves or {}))
-        for (topic, partition), (n, expired) in stats.items():
+        for (topic, partition), (n, expired, last_ts) in stats.items():
             report.records += n
+            metrics.READ_TIMES.note(topic, str(partition), last_ts)
             if expired:
                 metrics.EXPIRED_OFFSETS.labels(topic, str(partition)).inc(expired)
                 report.expired += expired
@@ -725,7 +727,8 @@ def consumer_group(config: ChangelakeConfig) -> str:
 def kafka_reader_options(config: ChangelakeConfig) -> dict[str, str]:
     """Options of the one Kafka source that feeds every configured source."""
     opts: dict[str, str] = {"bootstrap.servers": config.kafka.bootstrap_servers}
-    patterns = [s.topic_pattern for s in config.sources if s.topic_pattern]
+    # a pattern never reads Debezium's transaction-metadata topics (changelake.service.preflight)
+    patterns = [pattern_without_side_topics(s.topic_pattern) for s in config.sources if s.topic_pattern]
     topics = sorted({t for s in config.sources for t in (s.topics or ())})
     if patterns:
         alternatives = patterns + [re.escape(t) for t in topics]

@@ -16,8 +16,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+
 from changelake.service.config import ChangelakeConfig
 from changelake.service.pipeline import consumer_group
+from changelake.service.preflight import RDKAFKA_LOGGER, broker_topics, pattern_without_side_topics
 
 _TIMEOUT_S = 15.0
 
@@ -64,6 +66,7 @@ class PipelineStatus:
 
 def collect_status(config: ChangelakeConfig) -> PipelineStatus:
     status = PipelineStatus(pipeline_id=config.pipeline.id, group=consumer_group(config))
+    broker_topics(config)           # an unreachable broker: one line (SourceError), at once
     try:
         status.partitions = group_lag(config)
     except Exception as exc:  # KafkaException: report it, show the rest
@@ -86,14 +89,14 @@ def group_lag(config: ChangelakeConfig) -> list[PartitionLag]:
     from confluent_kafka import Consumer, TopicPartition
 
     conf = {"bootstrap.servers": config.kafka.bootstrap_servers, "enable.auto.commit": False, "log_level": 3,
-            **config.kafka.plain_properties(), "group.id": consumer_group(config)}
+            **config.kafka.plain_properties(), "group.id": consumer_group(config), "logger": RDKAFKA_LOGGER}
     consumer = Consumer(conf)
     try:
         md = consumer.list_topics(timeout=_TIMEOUT_S)
         parts = []
         for s in config.sources:
             if s.topic_pattern is not None:
-                rx = re.compile(s.topic_pattern)
+                rx = re.compile(pattern_without_side_topics(s.topic_pattern))
                 names = sorted(t for t in md.topics if rx.fullmatch(t) and not t.startswith("__"))
             else:
                 names = list(s.topics or ())

@@ -55,7 +55,8 @@ SPARK_SCHEMA = "_route smallint, part string, payload binary"
 #: to the driver carries its part as an index into this tuple (``changelake.spark.chain.DRIVER``)
 PARTS = ("stats", "rows", "moves", "dl", "trunc", "raw", "keys", "changes", "epochs", "epochchg")
 STATS_SCHEMA = pa.schema([pa.field("topic", pa.string()), pa.field("partition", pa.int32()),
-                          pa.field("records", pa.int64()), pa.field("expired", pa.int64())])
+                          pa.field("records", pa.int64()), pa.field("expired", pa.int64()),
+                          pa.field("last_ts", pa.int64())])
 
 
 class DecodeStage:
@@ -136,8 +137,9 @@ class DecodeStage:
 
     # --- driver side -------------------------------------------------------
     def split(self, out: pa.Table) -> tuple[dict[tuple[str, int], tuple[int, int]], dict[int, dict[str, pa.Table]]]:
-        """The collected stage output -> (stats per partition, per route: rows / dl / raw tables)."""
-        stats: dict[tuple[str, int], tuple[int, int]] = {}
+        """The collected stage output -> (stats per partition: records read, offsets expired upstream, the
+        latest Kafka timestamp read (epoch ms, 0: none); per route: rows / dl / raw tables)."""
+        stats: dict[tuple[str, int], tuple[int, int, int]] = {}
         tables: dict[int, dict[str, list[pa.Table]]] = {}
         for route, part, payload in zip(out["_route"].to_pylist(), out["part"].to_pylist(),
                                          out["payload"].to_pylist()):
@@ -145,8 +147,8 @@ class DecodeStage:
             if part == "stats":
                 for s in table.to_pylist():
                     k = (s["topic"], s["partition"])
-                    r, e = stats.get(k, (0, 0))
-                    stats[k] = (r + s["records"], e + s["expired"])
+                    r, e, ts = stats.get(k, (0, 0, 0))
+                    stats[k] = (r + s["records"], e + s["expired"], max(ts, s["last_ts"] or 0))
             else:
                 tables.setdefault(route, {}).setdefault(part, []).append(table)
         parts = {route: {part: pa.concat_tables(ts) for part, ts in by_part.items()}
@@ -242,12 +244,18 @@ def split_null_keys(rows: pa.Table, dead: pa.Table, key: Sequence[str], what: st
 
 def _stats(records: pa.Table, expired: dict[tuple[str, int], int]) -> pa.Table:
     counts: dict[tuple[str, int], int] = {}
+    last: dict[tuple[str, int], int] = {}
     if records.num_rows:
-        grouped = records.group_by(["topic", "partition"]).aggregate([("offset", "count")])
-        for t, p, n in zip(grouped["topic"].to_pylist(), grouped["partition"].to_pylist(),
-                           grouped["offset_count"].to_pylist()):
+        grouped = records.group_by(["topic", "partition"]).aggregate([("offset", "count"), ("timestamp", "max")])
+        latest = grouped["timestamp_max"]
+        if pa.types.is_timestamp(latest.type):          # epoch milliseconds
+            latest = latest.cast(pa.timestamp("ms", tz=latest.type.tz)).cast(pa.int64())
+        for t, p, n, ts in zip(grouped["topic"].to_pylist(), grouped["partition"].to_pylist(),
+                               grouped["offset_count"].to_pylist(), latest.to_pylist()):
             counts[(t, p)] = n
+            last[(t, p)] = ts or 0
     keys = sorted(set(counts) | set(expired))
     return pa.table([pa.array([k[0] for k in keys], pa.string()), pa.array([k[1] for k in keys], pa.int32()),
                      pa.array([counts.get(k, 0) for k in keys], pa.int64()),
-                     pa.array([expired.get(k, 0) for k in keys], pa.int64())], schema=STATS_SCHEMA)
+                     pa.array([expired.get(k, 0) for k in keys], pa.int64()),
+                     pa.array([last.get(k, 0) for k in keys], pa.int64())], schema=STATS_SCHEMA)

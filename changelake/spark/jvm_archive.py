@@ -7,7 +7,13 @@ archive instead. ``changelake jvm-archive`` writes that archive: it runs the dem
 changes in a child process whose JVM dumps every class it loaded on exit (``-XX:ArchiveClassesAtExit``),
 and moves the archive into place once that JVM has exited. :func:`build_session
 <changelake.spark.session.build_session>` then starts the JVM with it (``-XX:SharedArchiveFile``) when it
-starts one. ``make install`` writes it.
+starts one.
+
+When it is written: writing it takes a demo run (~40-90 s on 2 cores), which a newcomer's first demo
+should not wait for. The Docker image writes it at build time; on a workstation, the first successful
+``changelake demo`` or ``changelake run`` starts :func:`write_in_background` (a detached ``changelake
+jvm-archive`` with its log beside the archive) when no archive is there, so later starts are faster;
+``changelake jvm-archive`` writes it at once.
 
 Where: ``CHANGELAKE_JVM_ARCHIVE`` (a file path; ``off`` turns the archive off), else
 ``$XDG_CACHE_HOME/changelake`` (``~/.cache/changelake``) under a name derived from the Java and pyspark
@@ -133,3 +139,47 @@ def stop_jvm(timeout: float = 300.0) -> None:
         return
     proc.stdin.close()
     proc.wait(timeout=timeout)
+
+
+def write_in_background(command: list[str]) -> Path | None:
+    """Start ``command`` (``changelake jvm-archive``) detached, unless the archive exists, is turned off, or
+    another process is writing it (``<archive>.writing`` holds its pid). Returns the log file's path, or None
+    when nothing was started."""
+    path = archive_path()
+    if path is None or path.is_file() or chooses_its_own():
+        return None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = path.with_name(path.name + ".writing")
+    try:
+        fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        if _alive(lock):
+            return None
+        lock.unlink(missing_ok=True)            # left by a writer that died
+        return write_in_background(command)
+    log_path = path.with_name(path.name + ".log")
+    with open(log_path, "wb") as log_file:
+        # the lock goes when the writer ends, whatever its outcome
+        child = subprocess.Popen(["sh", "-c", 'trap \'rm -f "$0"\' EXIT; "$@"', str(lock), *command],
+                                 stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+                                 start_new_session=True, env={**os.environ, ENV: str(path)})
+    os.write(fd, str(child.pid).encode())
+    os.close(fd)
+    return log_path
+
+
+def _alive(lock: Path) -> bool:
+    """Whether the writer named in ``lock`` runs (an empty lock is a writer starting, for a minute)."""
+    import time
+
+    try:
+        text = lock.read_text().strip()
+        if not text:
+            return time.time() - lock.stat().st_mtime < 60
+        pid = int(text)
+        if pid <= 0:
+            return False
+        os.kill(pid, 0)
+    except (ValueError, OSError):
+        return False
+    return True

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from typing import Any
 
@@ -39,38 +40,55 @@ class ProgressListener(StreamingQueryListener):
         self.health = health
         self.on_progress = on_progress
         self.last_lag: dict[tuple[str, str], int] = {}
-        self._last_batch_seen: int | None = None
+        self._seen: set[int] = set()
+        self._newest = -1
+        self._lock = threading.Lock()
 
     def onQueryStarted(self, event: Any) -> None:
-        log.info("streaming query %s started", event.name)
+        log.info("streaming query %s started; its first micro-batch also starts Spark's Python workers and "
+                 "compiles the plan, which can take a minute or more on a busy machine", event.name)
 
     def onQueryProgress(self, event: Any) -> None:
         self.record_progress(json.loads(event.progress.json))
 
     def record_progress(self, p: dict[str, Any]) -> None:
-        """Update metrics and health from one progress report (a dict of Spark's progress JSON)."""
-        if p.get("batchId") is not None and p.get("batchId") == self._last_batch_seen:
-            return
-        self._last_batch_seen = p.get("batchId")
-        durations = p.get("durationMs", {})
-        # numInputRows counts the decode stage's payloads (a few per read task), not Kafka records: the
-        # batch's records reach changelake_batch_input_rows from the batch processor
-        if "triggerExecution" in durations and p.get("numInputRows", 0) > 0:
-            metrics.BATCH_SECONDS.observe(durations["triggerExecution"] / 1000.0)
-            metrics.BATCHES.inc()
-        metrics.LAST_BATCH_TS.set(time.time())
-        self.health.batch_finished()
-        for source in p.get("sources", []):
-            lag = lag_by_partition(source)
-            for (topic, part), n in lag.items():
-                metrics.CONSUMER_LAG.labels(topic, part).set(n)
-            self.last_lag.update(lag)
+        """Update metrics and health from one progress report (a dict of Spark's progress JSON). Each batch
+        counts once, whether its report comes from Spark's listener bus or from the runner at the end (the
+        bus delivers late: the last batch's report may come after the query stopped); lag comes from the
+        newest batch only."""
+        batch = p.get("batchId")
+        with self._lock:
+            if batch is not None:
+                if batch in self._seen:
+                    return
+                self._seen.add(batch)
+            newest = batch is None or batch > self._newest
+            if batch is not None and newest:
+                self._newest = batch
+            durations = p.get("durationMs", {})
+            # numInputRows counts the decode stage's payloads (a few per read task), not Kafka records: the
+            # batch's records reach changelake_batch_input_rows from the batch processor
+            if "triggerExecution" in durations and p.get("numInputRows", 0) > 0:
+                metrics.BATCH_SECONDS.observe(durations["triggerExecution"] / 1000.0)
+                metrics.BATCHES.inc()
+            if not newest:
+                return
+            metrics.LAST_BATCH_TS.set(time.time())
+            self.health.batch_finished(p)
+            now, started = time.time(), metrics.PROCESS_START._value.get()
+            for source in p.get("sources", []):
+                lag = lag_by_partition(source)
+                for (topic, part), n in lag.items():
+                    metrics.CONSUMER_LAG.labels(topic, part).set(n)
+                    metrics.CONSUMER_LAG_SECONDS.labels(topic, part).set(
+                        metrics.READ_TIMES.lag_seconds(topic, part, n, now=now, started=started))
+                self.last_lag.update(lag)
         if self.on_progress is not None:
             self.on_progress(p)
 
     def onQueryIdle(self, event: Any) -> None:
         metrics.LAST_BATCH_TS.set(time.time())
-        self.health.batch_finished()
+        self.health.batch_finished(None)
 
     def onQueryTerminated(self, event: Any) -> None:
         if event.exception:

@@ -272,3 +272,18 @@ def executor_tasks(spark: Any) -> dict[str, int]:
         if e.id() != "driver" and tasks:
             out[e.id()] = tasks
     return out
+
+
+def driver_jvm(spark: Any) -> tuple[int | None, Any]:
+    """(pid of the driver JVM this process launched, or None: one it attached to; a callable that returns
+    the JVM's heap in bytes: used, committed, max) for ``changelake.metrics.JVM``."""
+    from pyspark import SparkContext
+
+    proc = getattr(SparkContext._gateway, "proc", None)
+    runtime = spark.sparkContext._jvm.java.lang.Runtime.getRuntime()
+
+    def heap() -> dict[str, int]:
+        total, free = int(runtime.totalMemory()), int(runtime.freeMemory())
+        return {"heap_used": total - free, "heap_committed": total, "heap_max": int(runtime.maxMemory())}
+
+    return (proc.pid if proc is not None else None), heap

@@ -16,7 +16,8 @@ from deploy_support import CHART, DASHBOARD, NAMESPACE, RELEASE, REPO, by_kind, 
 pytestmark = pytest.mark.unit
 
 DEFAULTS = yaml.safe_load((CHART / "values.yaml").read_text())
-S3_CHECKPOINT = {"pipeline": {"pipeline": {"id": "inv", "checkpoint": "s3a://lake/_checkpoints/inv"}}}
+S3_CHECKPOINT = {"pipeline": {"pipeline": {"id": "inv", "checkpoint": "s3a://lake/_checkpoints/inv"},
+                             "storage": {"root": "s3a://lake/inv"}}}
 SPARK_APP = {"statefulset": {"enabled": False}, "persistence": {"enabled": False},
              "sparkApplication": {"enabled": True}, **S3_CHECKPOINT}
 SECRETS = {"secrets": {"kafkaSasl": {"existingSecret": "kafka-sasl"},
@@ -137,7 +138,13 @@ def test_pipeline_config_is_the_pipeline_value_with_metrics_port(combination: An
         expected = copy.deepcopy(DEFAULTS["pipeline"])
     else:
         expected = merged(DEFAULTS["pipeline"], values["pipeline"])
+        if values["pipeline"].get("sources", DEFAULTS["pipeline"]["sources"]) != DEFAULTS["pipeline"]["sources"]:
+            for section in ("tables", "views"):      # the example's, left out when the sources are the user's
+                if section not in values["pipeline"]:
+                    expected.pop(section, None)
     expected.setdefault("metrics", {})["port"] = values.get("metrics", {}).get("port", DEFAULTS["metrics"]["port"])
+    if merged(DEFAULTS, values)["persistence"]["enabled"]:
+        expected.setdefault("storage", {}).setdefault("root", "/var/lib/changelake/lake")
     assert rendered == expected
 
 
@@ -165,12 +172,83 @@ def test_probes_hit_health_paths_on_the_metrics_port(render: Any) -> None:
     container = _container(sts["spec"]["template"]["spec"])
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports["metrics"] == 9200
-    for probe, path in (("livenessProbe", "/healthz"), ("startupProbe", "/healthz"), ("readinessProbe", "/readyz")):
+    for probe, path in (("livenessProbe", "/livez"), ("startupProbe", "/healthz"), ("readinessProbe", "/readyz")):
         get = container[probe]["httpGet"]
         assert get["path"] == path, probe
         assert get["port"] in ("metrics", 9200), probe
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["CHANGELAKE_METRICS__PORT"] == "9200"
+
+
+def _pipeline_yaml(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    configmap = next(d for d in by_kind(docs, "ConfigMap") if "pipeline.yaml" in d["data"])
+    return yaml.safe_load(configmap["data"]["pipeline.yaml"])
+
+
+ROUTED = {"pipeline": {
+    "pipeline": {"id": "erp", "checkpoint": "/var/lib/changelake/checkpoints/erp"},
+    "kafka": {"bootstrap_servers": "kafka:9092"},
+    "sources": [{"name": "erp", "topic_pattern": "erp\\.public\\..*", "format": "debezium-json",
+                 "route": [{"source_table": "public[.](.*)", "table": "$1"}]}]}}
+
+
+def test_a_users_routed_pipeline_renders_without_the_example_tables(render: Any) -> None:
+    # Helm merges the user's pipeline into values.yaml's example: its tables: [products] stayed, and
+    # validate then said "table 'products' has no writer" (a crash loop).
+    rendered = _pipeline_yaml(render(ROUTED))
+    assert "tables" not in rendered and "views" not in rendered
+    assert rendered["sources"] == ROUTED["pipeline"]["sources"]
+    own_tables = merged(ROUTED, {"pipeline": {"tables": [{"name": "x", "primary_key": ["id"]}]}})
+    assert _pipeline_yaml(render(own_tables))["tables"] == [{"name": "x", "primary_key": ["id"]}]
+    # values that keep the example's sources keep its tables
+    assert _pipeline_yaml(render({}))["tables"] == DEFAULTS["pipeline"]["tables"]
+
+
+def test_the_charts_copy_of_the_example_pipeline_is_values_yamls() -> None:
+    assert yaml.safe_load((CHART / "files" / "example-pipeline.yaml").read_text()) == DEFAULTS["pipeline"]
+
+
+def test_storage_root_is_on_the_claim_or_required(render: Any, render_raw: Any, helm: Any) -> None:
+    assert _pipeline_yaml(render({}))["storage"]["root"] == "/var/lib/changelake/lake"
+    assert _pipeline_yaml(render(merged(ROUTED, {"persistence": {"mountPath": "/data"}, "pipeline": {
+        "pipeline": {"checkpoint": "/data/cp"}}})))["storage"]["root"] == "/data/lake"
+    given = merged(ROUTED, {"pipeline": {"storage": {"root": "s3a://lake/erp"}}})
+    assert _pipeline_yaml(render(given))["storage"]["root"] == "s3a://lake/erp"
+    with pytest.raises(helm.HelmRenderError) as raised:
+        render_raw(merged(ROUTED, {"pipeline": {"storage": {"root": "./lake"}}}))
+    assert "pipeline.storage.root \"./lake\" is a local path not below persistence.mountPath" in str(raised.value)
+    with pytest.raises(helm.HelmRenderError) as raised:
+        render_raw(merged(SPARK_APP, {"pipeline": {"storage": {"root": ""}}}))
+    assert "pipeline.storage.root is required without persistence" in str(raised.value)
+
+
+def test_scratch_space_has_size_limits(render: Any) -> None:
+    for values, kind in (({}, "StatefulSet"), (SPARK_APP, "SparkApplication")):
+        docs = render(merged(values, {"scratch": {"tmpSizeLimit": "3Gi", "sparkLocalSizeLimit": "20Gi"}}))
+        workload = one(docs, kind)
+        pods = ([workload["spec"]["template"]["spec"]] if kind == "StatefulSet" else
+                [workload["spec"][s]["podTemplateSpec"]["spec"] for s in ("driverSpec", "executorSpec")])
+        for pod in pods:
+            volumes = {v["name"]: v for v in pod["volumes"]}
+            mounts = {m["mountPath"]: m["name"] for m in _container(pod)["volumeMounts"]}
+            assert volumes[mounts["/tmp"]]["emptyDir"]["sizeLimit"] == "3Gi"
+            assert volumes[mounts["/tmp/spark"]]["emptyDir"]["sizeLimit"] == "20Gi"
+    conf = one(render({}), "ConfigMap")["data"]["spark-defaults.conf"]
+    assert "spark.local.dir /tmp/spark" in conf
+
+
+def test_spark_application_pods_get_the_statefulsets_security_context(render: Any) -> None:
+    app = one(render(SPARK_APP), "SparkApplication")
+    for side in ("driverSpec", "executorSpec"):
+        pod = app["spec"][side]["podTemplateSpec"]["spec"]
+        assert pod["securityContext"] == DEFAULTS["statefulset"]["podSecurityContext"], side
+        assert _container(pod)["securityContext"] == DEFAULTS["statefulset"]["securityContext"], side
+
+
+def test_memory_limit_covers_the_measured_peak() -> None:
+    # docs/operations.md "Memory": 6.9 GB peak measured on 2 cores; the default limit must hold it
+    limit = DEFAULTS["resources"]["limits"]["memory"]
+    assert limit.endswith("Gi") and int(limit[:-2]) * 2**30 > 6.9e9
 
 
 def test_graceful_shutdown_window(render: Any) -> None:
@@ -303,7 +381,7 @@ def test_spark_application(render: Any) -> None:
     driver = app["spec"]["driverSpec"]["podTemplateSpec"]
     container = _container(driver["spec"])
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
-    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/livez"
     # The metrics Service must reach the driver, not the executors.
     service = next(s for s in by_kind(docs, "Service") if s["metadata"]["name"].endswith("-metrics"))
     assert _matches(service["spec"]["selector"], driver["metadata"]["labels"])

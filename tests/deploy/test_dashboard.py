@@ -86,6 +86,8 @@ def test_every_panel_with_data_has_a_query(dashboard: dict[str, Any]) -> None:
     ("state size", "changelake_state_bytes", "by (operator)"),
     ("last batch age", "changelake_last_batch_timestamp_seconds", "max_over_time("),
     ("quarantined tables", "changelake_table_quarantined", "by (table)"),
+    ("freshness per table", "changelake_table_freshness_seconds_bucket", "histogram_quantile(0.99"),
+    ("lag in seconds per partition", "changelake_consumer_lag_seconds", "by (topic, partition)"),
 ])
 def test_dashboard_shows(signal: str, metric: str, grouping: str, dashboard: dict[str, Any]) -> None:
     matching = [expr for _, expr in _queries(dashboard) if metric in promql_metric_names(expr) and grouping in expr]

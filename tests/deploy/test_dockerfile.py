@@ -179,7 +179,8 @@ def test_service_serves_the_healthcheck_path() -> None:
 def test_spark_target_carries_the_driver_main_the_chart_names(render: Any) -> None:
     app = one(render({"statefulset": {"enabled": False}, "persistence": {"enabled": False},
                       "sparkApplication": {"enabled": True},
-                      "pipeline": {"pipeline": {"checkpoint": "s3a://lake/cp"}}}), "SparkApplication")
+                      "pipeline": {"pipeline": {"checkpoint": "s3a://lake/cp"}, "storage": {"root": "s3a://lake"}}}),
+               "SparkApplication")
     main = app["spec"]["pyFiles"].removeprefix("local://")
     copies = [args.split() for w, args in STAGES["spark"] if w == "COPY"]
     destinations = {c[-1]: c[-2] for c in copies}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -68,6 +69,18 @@ def test_metrics_after_a_run_are_present_and_sane(spark, kafka, tmp_path):
     assert all(x.value == 0 for x in s["changelake_consumer_lag_records"] if x.labels["topic"] in topics)
     assert {x.labels["topic"] for x in s["changelake_consumer_lag_records"]} >= topics
     assert _total(s, "changelake_batches_total") >= 1
+    # --available-now: the endpoint's last figures count every batch that read records, the last one included
+    with_input = {p["batchId"] for p in result.progress if p.get("numInputRows", 0) > 0}
+    assert _total(s, "changelake_batches_total") == len(with_input) >= 2
+    # freshness of every mirrored change (source time -> commit) and lag in seconds, 0 once caught up
+    for t in tables:
+        assert _total(s, "changelake_table_freshness_seconds_count", table=t) > 0
+        assert _total(s, "changelake_table_freshness_seconds_sum", table=t) > 0
+    lag_s = [x for x in s["changelake_consumer_lag_seconds"] if x.labels["topic"] in topics]
+    assert lag_s and all(x.value == 0 for x in lag_s)
+    assert s["changelake_build_info"][0].value == 1
+    assert _total(s, "process_resident_memory_bytes") > 0
+    assert not [n for n in s if n.endswith("_created")]
     # the last batch's Kafka records (batches of 900 but the last), not the rows Spark saw (decoded payloads)
     assert _total(s, "changelake_batch_input_rows") == (result.totals.records % 900 or 900)
     assert before <= _total(s, "changelake_last_batch_timestamp_seconds") <= time.time()
@@ -112,7 +125,14 @@ def test_sigterm_stops_between_batches_and_the_restart_continues(kafka, tmp_path
                  for t in db.state if (tmp_path / "lake" / t).exists()}
     assert committed and len(set(committed.values())) == 1, committed
 
-    restarted = subprocess.run(cmd[:-3] + ["run", "--available-now", "-c", str(path)], env=env,
-                               capture_output=True, text=True, timeout=600)
+    restarted = subprocess.run(cmd[:-3] + ["--log-format", "json", "run", "--available-now", "-c", str(path)],
+                               env=env, capture_output=True, text=True, timeout=600)
     assert restarted.returncode == 0, restarted.stderr[-3000:]
     assert verify(config, db.state) == {t: "ok" for t in db.state}
+    # --log-format json: every stderr line is one JSON object, Spark's and the workers' included, and a
+    # clean exit leaves no listener-bus stack trace
+    records = [json.loads(line) for line in restarted.stderr.splitlines() if line.strip()]
+    assert all(isinstance(r, dict) and {"ts", "level", "msg"} <= set(r) for r in records)
+    assert any(r.get("logger", "").startswith("changelake.") for r in records)
+    assert not [r for r in records if "Py4JException" in json.dumps(r) or r["level"] == "ERROR"], \
+        [r for r in records if r["level"] == "ERROR"][:3]

@@ -140,7 +140,8 @@ def test_the_read_task_routes_graph_rows_into_envelopes_and_hands_everything_els
     assert set(envelopes["target"].to_pylist()) == {0, DRIVER}
     out = pa.Table.from_batches(list(Deliver(len(chain.order), None)(envelopes.to_batches())))
     stats, parts = processor.stage.split(out)
-    assert stats == {("shop.products", 0): (3, 0)}
+    # records read, offsets expired upstream, the latest Kafka timestamp read (changelake_consumer_lag_seconds)
+    assert stats == {("shop.products", 0): (3, 0, max(records["timestamp"].to_pylist()))}
     assert set(parts[0]) == {"dl"}         # no typed rows for the driver: the graph alone reads them
     dead = parts[0]["dl"]
     assert dead["reason"].to_pylist() == ["missing-key"] and dead["offset"].to_pylist() == [1]

@@ -41,3 +41,30 @@ def test_health_readiness_and_metrics():
         assert _get(endpoint.url("/nope"))[0] == 404
     finally:
         endpoint.stop()
+
+
+def test_livez_fails_for_a_query_that_made_no_progress_while_records_wait():
+    health = Health(max_silence_s=60, stalled_after_s=300)
+    endpoint = HttpEndpoint(health, host="127.0.0.1", port=0).start()
+    waiting = {"sources": [{"latestOffset": '{"t": {"0": 900}}', "endOffset": '{"t": {"0": 400}}'}]}
+    caught_up = {"sources": [{"latestOffset": '{"t": {"0": 900}}', "endOffset": '{"t": {"0": 900}}'}]}
+    try:
+        assert _get(endpoint.url("/livez"))[0] == 200              # no query yet: the startup probe's business
+        health.query_active = lambda: True
+        assert _get(endpoint.url("/livez"))[0] == 200              # starting, within stalled_after
+        health.started_at -= 3600                                   # an hour without a first batch
+        status, body = _get(endpoint.url("/livez"))
+        assert status == 503 and "stalled" in body
+        health.batch_finished(waiting)
+        assert _get(endpoint.url("/livez"))[0] == 200
+        health.last_batch_at -= 301                                 # no batch since, 500 records wait
+        status, body = _get(endpoint.url("/livez"))
+        assert status == 503 and "500 records wait in Kafka" in body and "metrics.stalled_after 300s" in body
+        health.batch_finished(caught_up)
+        health.last_batch_at -= 3600                                # nothing waiting: idle, not stalled
+        assert _get(endpoint.url("/livez")) == (200, "ok (idle)\n")
+        health.trigger_active = lambda: True                        # ... unless a batch hangs
+        assert _get(endpoint.url("/livez"))[0] == 503
+        assert _get(endpoint.url("/healthz"))[0] == 200             # the process itself still answers
+    finally:
+        endpoint.stop()

@@ -125,3 +125,37 @@ def test_jvm_archive_writes_an_archive_that_a_new_session_maps_in(tmp_path):
     plain = _probe({**env, jvm_archive.ENV: "off", "SPARK_SUBMIT_OPTS": "-XX:+UseSerialGC"})
     assert not any(a.startswith("-XX:SharedArchiveFile") for a in plain["args"]) and plain["rows"] == 3
     assert "-XX:+UseParallelGC" not in plain["args"] and "MarkSweepCompact" in plain["collectors"]
+
+
+@pytest.mark.unit
+def test_a_first_run_writes_the_archive_in_the_background_once(no_archive_env, monkeypatch, tmp_path):
+    """``make install`` no longer writes the archive in front of the first demo: the first successful demo
+    (or interactive run) starts ``changelake jvm-archive`` detached, once, and returns at once."""
+    import time
+
+    archive = tmp_path / "cache" / "spark.jsa"
+    monkeypatch.setenv(jvm_archive.ENV, str(archive))
+    writer = [sys.executable, "-c", "import os, sys, time; time.sleep(1.5); "
+              f"open(os.environ[{jvm_archive.ENV!r}], 'w').write('archive')"]
+    started = time.monotonic()
+    log = jvm_archive.write_in_background(writer)
+    assert time.monotonic() - started < 1.0 and log == archive.with_name("spark.jsa.log")
+    lock = archive.with_name("spark.jsa.writing")
+    assert lock.is_file()
+    assert jvm_archive.write_in_background(writer) is None          # one writer at a time
+    deadline = time.monotonic() + 30
+    while lock.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert archive.read_text() == "archive" and not lock.exists()   # the lock goes with the writer
+    assert jvm_archive.write_in_background(writer) is None          # written: nothing more to do
+    archive.unlink()
+    lock.write_text("999999999")                                    # a writer that died
+    assert jvm_archive.write_in_background([sys.executable, "-c", "pass"]) is not None
+    monkeypatch.setenv(jvm_archive.ENV, "off")
+    assert jvm_archive.write_in_background(writer) is None
+
+
+@pytest.mark.unit
+def test_make_install_does_not_write_the_archive():
+    makefile = (Path(__file__).resolve().parents[2] / "Makefile").read_text()
+    assert "jvm-archive" not in makefile.split("install: $(STAMP)")[0].split("$(STAMP): pyproject.toml")[1]

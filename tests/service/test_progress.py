@@ -27,15 +27,98 @@ def test_the_catch_up_line_counts_per_source_from_the_runs_first_offsets():
         "startOffset": '{"db.orders": {"0": 1000, "1": 0}, "db.products": {"0": 0}}',
         "endOffset": '{"db.orders": {"0": 1600, "1": 400}, "db.products": {"0": 50}}',
         "latestOffset": '{"db.orders": {"0": 5000, "1": 1000}, "db.products": {"0": 50}, "other": {"0": 9}}'}]})
-    assert first == [SourceProgress("orders", 1000, 4000, 2.0), SourceProgress("products", 50, 0, 2.0)]
+    assert first == [SourceProgress("orders", 1000, 4000, 500.0), SourceProgress("products", 50, 0, 25.0)]
     now[0] = 104.0
     second = tracker.observe({"sources": [{
         "startOffset": '{"db.orders": {"0": 1600, "1": 400}, "db.products": {"0": 50}}',
         "endOffset": '{"db.orders": {"0": 2600, "1": 400}, "db.products": {"0": 50}}',
         "latestOffset": '{"db.orders": {"0": 5000, "1": 1000}, "db.products": {"0": 50}}'}]})
     orders = second[0]
+    # the rate counts from the first report on: 1,000 records in the 2 s since
     assert (orders.done, orders.remaining, orders.rate, orders.eta_seconds) == (2000, 3000, 500.0, 6.0)
     assert format_progress_line(second) == ("orders: 2,000 done, 3,000 left, 500/s, ETA 6 s | "
-                                            "products: 50 done, 0 left, 12/s, ETA 0 s")
-    assert format_progress_line([SourceProgress("x", 0, 7_200_000, 3.0)]) == "x: 0 done, 7,200,000 left, 0/s, ETA ?"
-    assert "ETA 2 h 00 min" in format_progress_line([SourceProgress("x", 1000, 7_200_000, 1.0)])
+                                            "products: 50 done, 0 left, 0/s, ETA 0 s")
+    assert format_progress_line([SourceProgress("x", 0, 7_200_000, 0.0)]) == "x: 0 done, 7,200,000 left, 0/s, ETA ?"
+    assert "ETA 2 h 00 min" in format_progress_line([SourceProgress("x", 1000, 7_200_000, 1000.0)])
+
+
+def test_the_rate_leaves_out_spark_start_up():
+    # Spark took 120 s to start and plan before the first batch, which read 6,000 records in 3 s; then
+    # 12,000 more in 6 s. The rate is the batches' (2,000/s), not 18,000 over 129 s (140/s, ETA 7x too long).
+    from changelake.service.catchup import CatchUpTracker
+
+    now = [0.0]
+    tracker = CatchUpTracker({"t": "s"}.get, clock=lambda: now[0])
+    now[0] = 123.0
+    first = tracker.observe({"durationMs": {"triggerExecution": 3000}, "sources": [{
+        "startOffset": '{"t": {"0": 0}}', "endOffset": '{"t": {"0": 6000}}', "latestOffset": '{"t": {"0": 60000}}'}]})
+    assert first[0].rate == 2000.0 and first[0].eta_seconds == 27.0
+    now[0] = 129.0
+    later = tracker.observe({"durationMs": {"triggerExecution": 3000}, "sources": [{
+        "startOffset": '{"t": {"0": 12000}}', "endOffset": '{"t": {"0": 18000}}',
+        "latestOffset": '{"t": {"0": 60000}}'}]})
+    assert (later[0].done, later[0].rate, later[0].eta_seconds) == (18000, 2000.0, 21.0)
+
+
+def _config(tmp_path):
+    from changelake.service.config import parse_config
+
+    return parse_config(f"""
+pipeline: {{id: p, checkpoint: {tmp_path}/cp}}
+kafka: {{bootstrap_servers: "localhost:1"}}
+sources: [{{name: orders, topics: [db.orders], format: debezium-json, table: orders}}]
+tables: [{{name: orders, primary_key: [id]}}]
+storage: {{root: {tmp_path}/lake}}
+""")
+
+
+def _report(end: int, latest: int) -> dict:
+    return {"durationMs": {"triggerExecution": 1000}, "sources": [{
+        "startOffset": '{"db.orders": {"0": 0}}', "endOffset": f'{{"db.orders": {{"0": {end}}}}}',
+        "latestOffset": f'{{"db.orders": {{"0": {latest}}}}}'}]}
+
+
+def test_log_lines_clear_the_terminal_progress_line_and_it_comes_back_after_them(tmp_path):
+    import io
+    import logging
+
+    from changelake.service.logs import configure_logging
+    from changelake.service.runner import _CatchUpLine
+
+    configure_logging("INFO")
+    terminal = io.StringIO()
+    handler = next(h for h in logging.getLogger().handlers if getattr(h, "_changelake", False))
+    saved = handler.stream
+    handler.setStream(terminal)
+    try:
+        line = _CatchUpLine(_config(tmp_path), terminal)
+        line.show(_report(100, 1000))
+        logging.getLogger("changelake.test").warning("something happened")
+        line.show(_report(1000, 1000))
+        line.end()
+        logging.getLogger("changelake.test").warning("after the end")
+    finally:
+        handler.setStream(saved)
+    out = terminal.getvalue()
+    first = "orders: 100 done, 900 left, 100/s, ETA 9 s"
+    # the log line starts on a cleared line, ends with a newline, then the progress line is drawn again
+    assert f"\r\x1b[K{first}\r\x1b[K" in out
+    assert "WARNING changelake.test: something happened\n" + first in out
+    assert out.endswith("after the end\n") and "\r\x1b[K" not in out.split("orders: 1,000 done")[-1].split("\n", 1)[1]
+
+
+def test_without_a_terminal_progress_is_logged_periodically_with_records_left_and_eta(tmp_path, caplog):
+    import logging
+
+    from changelake.service.runner import _CatchUpLine
+
+    now = [0.0]
+    line = _CatchUpLine(_config(tmp_path), None, clock=lambda: now[0])
+    with caplog.at_level(logging.INFO, logger="changelake.service.runner"):
+        for t, end in ((1, 100), (10, 200), (31, 300), (40, 400), (62, 1000), (70, 1000)):
+            now[0] = float(t)
+            line.show(_report(end, 1000))
+    lines = [r.getMessage() for r in caplog.records if r.name == "changelake.service.runner"]
+    assert lines == ["catching up: orders: 100 done, 900 left, 100/s, ETA 9 s",
+                     "catching up: orders: 300 done, 700 left, 7/s, ETA 1 min 45 s",
+                     "caught up: orders: 1,000 done, 0 left, 15/s, ETA 0 s"]

@@ -69,12 +69,33 @@ changelake.io/pipeline: {{ include "changelake.pipelineId" . | quote }}
 {{- define "changelake.configDir" -}}/etc/changelake{{- end }}
 {{- define "changelake.sparkConfDir" -}}/etc/changelake/spark{{- end }}
 
-{{/* The pipeline config as rendered into the ConfigMap: metrics.port filled in from metrics.port. */}}
+{{/*
+The pipeline config as rendered into the ConfigMap:
+- metrics.port filled in from metrics.port;
+- values that replace the example's pipeline.sources drop the example's tables and views (Helm merges the
+  user's pipeline map into values.yaml's example, so they would otherwise stay: a routed source would get
+  the example's "products" table without a writer);
+- storage.root, when not given, is "<persistence.mountPath>/lake" on the claim (the guards require one
+  without a claim).
+*/}}
 {{- define "changelake.pipelineConfig" -}}
 {{- $cfg := deepCopy .Values.pipeline -}}
+{{- $example := .Files.Get "files/example-pipeline.yaml" | fromYaml -}}
+{{- if ne (toJson $cfg.sources) (toJson $example.sources) -}}
+{{- range $section := list "tables" "views" -}}
+{{- if and (hasKey $cfg $section) (eq (toJson (get $cfg $section)) (toJson (get $example $section))) -}}
+{{- $_ := unset $cfg $section -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- $metrics := default dict $cfg.metrics -}}
 {{- $_ := set $metrics "port" (default .Values.metrics.port $metrics.port) -}}
 {{- $_ := set $cfg "metrics" $metrics -}}
+{{- $storage := default dict $cfg.storage -}}
+{{- if and (not $storage.root) .Values.persistence.enabled -}}
+{{- $_ := set $storage "root" (printf "%s/lake" (trimSuffix "/" .Values.persistence.mountPath)) -}}
+{{- $_ := set $cfg "storage" $storage -}}
+{{- end -}}
 {{- toYaml $cfg -}}
 {{- end }}
 
@@ -116,6 +137,14 @@ that every install, upgrade and template run checks them.
 {{- end -}}
 {{- if not (hasPrefix (printf "%s/" (trimSuffix "/" $v.persistence.mountPath)) $checkpoint) -}}
 {{- fail (printf "pipeline.pipeline.checkpoint %q is not below persistence.mountPath %q: the checkpoint must live on the persistent volume" $checkpoint $v.persistence.mountPath) -}}
+{{- end -}}
+{{- end -}}
+{{- if not (or (($p.storage).root) $v.persistence.enabled) -}}
+{{- fail "pipeline.storage.root is required without persistence: where tables without a path, and dead letters, live (an object-store URI such as s3a://bucket/lake); with persistence it defaults to <persistence.mountPath>/lake" -}}
+{{- end -}}
+{{- with (($p.storage).root) -}}
+{{- if and $v.persistence.enabled $v.statefulset.enabled (not (include "changelake.isRemotePath" .)) (not (hasPrefix (printf "%s/" (trimSuffix "/" $v.persistence.mountPath)) .)) -}}
+{{- fail (printf "pipeline.storage.root %q is a local path not below persistence.mountPath %q: the tables would be lost with the pod; put it on the volume or use an object-store URI" . $v.persistence.mountPath) -}}
 {{- end -}}
 {{- end -}}
 {{- if and $v.sparkApplication.enabled $v.persistence.enabled -}}
@@ -223,6 +252,8 @@ envFrom:
   readOnly: true
 - name: tmp
   mountPath: /tmp
+- name: spark-local
+  mountPath: /tmp/spark
 {{- if .Values.secrets.kafkaTls.existingSecret }}
 - name: kafka-tls
   mountPath: {{ .Values.secrets.kafkaTls.mountPath }}
@@ -247,7 +278,11 @@ envFrom:
       - key: spark-defaults.conf
         path: spark-defaults.conf
 - name: tmp
-  emptyDir: {}
+  emptyDir:
+    sizeLimit: {{ .Values.scratch.tmpSizeLimit }}
+- name: spark-local
+  emptyDir:
+    sizeLimit: {{ .Values.scratch.sparkLocalSizeLimit }}
 {{- if .Values.secrets.kafkaTls.existingSecret }}
 - name: kafka-tls
   secret:
@@ -285,7 +320,7 @@ envFrom:
 {{- end }}
 {{- end }}
 
-{{/* Probes on the metrics port: /healthz for startup and liveness, /readyz for readiness. */}}
+{{/* Probes on the metrics port: /healthz for startup, /livez for liveness (a stalled query), /readyz for readiness. */}}
 {{- define "changelake.probes" -}}
 {{- $p := .Values.probes -}}
 startupProbe:
@@ -296,7 +331,7 @@ startupProbe:
   failureThreshold: {{ $p.startup.failureThreshold }}
 livenessProbe:
   httpGet:
-    path: /healthz
+    path: /livez
     port: metrics
   periodSeconds: {{ $p.liveness.periodSeconds }}
   timeoutSeconds: {{ $p.liveness.timeoutSeconds }}
