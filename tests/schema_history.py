@@ -199,7 +199,6 @@ class SchemaHistory:
         first = batches[0]
         if schemaless:
             return self._expected_schemaless(behaviour, batches)
-        p0 = min(c.pos for c in first)
         created = dict(min(first, key=lambda c: c.pos).columns)
         quarantined = None
         if behaviour == "exception":
@@ -209,13 +208,12 @@ class SchemaHistory:
             else:
                 quarantined = next((i for i, b in enumerate(batches) if i and any(
                     c.pos > recorded and dict(c.columns) != created for c in b)), None)
-        later = sorted({c.columns for c in read if c.pos >= p0}, key=lambda cols: min(
-            c.pos for c in read if c.columns == cols))
         if behaviour in ("evolve", "try_evolve"):
             columns = dict(max(read, key=lambda c: c.pos).columns)
-        elif behaviour == "lenient":
-            columns = dict(created)
-            for cols in later:
+        elif behaviour == "lenient":    # loses nothing: every column read, in the type of its newest position
+            columns = dict(created)     # (the widest: this history only widens), whatever position was read when
+            for cols in sorted({c.columns for c in read},
+                               key=lambda cols: min(c.pos for c in read if c.columns == cols)):
                 columns.update(dict(cols))
         else:
             columns = created

@@ -10,8 +10,8 @@ Schema changes (:func:`schema_plan`, the one home of the rule). The source's col
 (a new writer schema, a new Connect schema in a JSON envelope, a new field of
 schema-less JSON) are compared with the table's user columns; which of a batch's schemas
 count, and in what order, is the source position's rule (:mod:`changelake.connectors.schema_positions`:
-an older schema than the table's changes nothing); what happens to each difference is the
-table's ``schema_change`` behaviour (Flink CDC's ``schema.change.behavior``):
+an older schema than the table's changes nothing, or under lenient only adds and widens); what happens
+to each difference is the table's ``schema_change`` behaviour (Flink CDC's ``schema.change.behavior``):
 
 ===========================  ========  ==========  ========  ========  =========
 change of the source          evolve    try_evolve  lenient   ignore    exception

@@ -15,7 +15,8 @@ its position against the recorded one       schema is     what the table takes f
 none known yet, or newer or equal           newer         every change (add, widen, narrow, drop, other type
                                                           change), in position order, as the table's
                                                           ``schema_change`` behaviour says
-older                                       older         nothing: its changes are written as they are
+older                                       older         nothing: its changes are written as they are;
+                                                          under ``lenient`` only what loses nothing (below)
 cannot be ordered (below)                   unordered     only what loses nothing: added columns, widened
                                                           types (as the behaviour says)
 =========================================  ============  =====================================================
@@ -23,7 +24,11 @@ cannot be ordered (below)                   unordered     only what loses nothin
 A change read with an older schema is decoded with its own schema and written to the table's columns: a
 narrower value fits the wider column, a column the table no longer has is not written, and a column its
 schema lacks is written NULL in the row it changes, as for any change without a value for a column
-(docs/sink.md, "Schema"). Such a schema never narrows, drops or quarantines anything. "Equal" counts as
+(docs/sink.md, "Schema"). Such a schema never narrows, drops or quarantines anything. Under ``lenient``,
+which loses nothing, it still adds its columns and widens types: a column the source widened and then
+dropped keeps its widest type (the values read with it must fit), and a column added and dropped between
+positions the table already applied is added, as in position order; a lenient table so holds every column
+read in the widest type read, whatever the order of reading. "Equal" counts as
 newer so that a batch replayed after a crash between the property's commit and the schema change makes
 the change (the same message has the same position; two messages never share one).
 
@@ -107,6 +112,8 @@ def follow(table: pa.Schema, schemas: Sequence[SourceSchema], *, recorded: str |
             chain.append(s)
         else:
             older += 1
+            if behaviour == "lenient":      # lenient loses nothing: an older schema still adds and widens
+                loose.append(s)
     chain.sort(key=lambda s: s.position)
     virtual = table
     found: dict[tuple[str, str], ColumnChange] = {}

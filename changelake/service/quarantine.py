@@ -5,8 +5,8 @@ For a source decoded on the driver (its columns come from the messages: a Connec
 the JSON envelope, Avro writer schemas, or the fields of schema-less JSON), each batch's source
 schemas are compared with the table's columns in the order of their source positions, never in the
 order they were read (:func:`~changelake.connectors.schema_positions.follow`: a schema older than the
-one the table took changes nothing; the table of outcomes per change is in
-:mod:`changelake.connectors.delta_sink_schema`):
+one the table took changes nothing, or under lenient only adds and widens; the table of outcomes per
+change is in :mod:`changelake.connectors.delta_sink_schema`):
 
 * refuse: the table is quarantined. Every message of the batch for it, and of every later batch
   until a restart, is a dead letter with reason ``schema-incompatible`` and its raw bytes
@@ -196,8 +196,9 @@ class Quarantine:
             if c.outcome != "apply":
                 metrics.SCHEMA_CHANGES_NOT_APPLIED.labels(table=table, kind=c.kind, outcome=c.outcome).inc()
         if followed.older:
-            log.info("table %s: %d schema(s) of source %s older than the table's (position %s) written as they are",
-                     table, followed.older, source, recorded)
+            log.info("table %s: %d schema(s) of source %s older than the table's (position %s) written as they are"
+                     "%s", table, followed.older, source, recorded,
+                     " (lenient: their added columns and widened types taken)" if behaviour == "lenient" else "")
         rows, dead_letters = conform(rows, dead_letters, raw, followed.target, meta=meta, table=table)
         return Screened(rows, dead_letters, followed.dropped, followed.position)
 

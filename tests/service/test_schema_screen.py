@@ -117,13 +117,16 @@ def test_after_a_restart_an_older_message_neither_drops_an_added_column_nor_narr
 
 
 @pytest.mark.parametrize("restart", [False, True])
-def test_a_schema_between_the_last_change_and_the_newest_position_read_is_older(tmp_path, restart):
+@pytest.mark.parametrize("behaviour", ["evolve", "lenient"])
+def test_a_schema_between_the_last_change_and_the_newest_position_read_is_older(tmp_path, restart, behaviour):
     """ADD lot at 20 and DROP lot at 40: the change at 50 (no lot) is read first, from a partition ahead; the
-    changes at 25..30 (with lot) come later, from a partition behind: lot is neither added nor kept."""
+    changes at 26, 27 (with lot) come later, from a partition behind. evolve: lot is not added back. lenient,
+    which loses nothing: lot is added with the values read, as if the partitions had been read in order
+    (added at 20, kept at the drop)."""
     from changelake.connectors.delta_read import read_delta
     from changelake.connectors.delta_sink import TableSpec, open_sink
 
-    config, quarantine, decoder = _setup(tmp_path, "lenient")
+    config, quarantine, decoder = _setup(tmp_path, behaviour)
     sink = open_sink(TableSpec(name="items", path=config.table_path("items"), primary_key=("id",)),
                      pipeline_id="screen")
     ahead = records([_change(V1, {"id": 5, "qty": 5, "name": "e"}, 50)], topic="shop.items", partition=0)
@@ -137,7 +140,13 @@ def test_a_schema_between_the_last_change_and_the_newest_position_read_is_older(
     behind = records([_change(with_lot, {"id": i, "qty": i, "name": "b", "lot": f"L{i}"}, 20 + i) for i in (6, 7)],
                      topic="shop.items", partition=1)
     late = _screen(quarantine, decoder, behind)
-    assert "lot" not in late.rows.column_names and late.position is None
+    assert late.position is None and late.dropped == ()      # the recorded position stays 50
     sink.apply(late.rows, batch_id=2, dropped_columns=late.dropped, schema_position=late.position)
-    assert [f.name for f in read_delta(config.table_path("items")).schema if not f.name.startswith("_")] == \
-        ["id", "qty", "name"]
+    table = read_delta(config.table_path("items"))
+    if behaviour == "evolve":
+        assert "lot" not in late.rows.column_names
+        assert [f.name for f in table.schema if not f.name.startswith("_")] == ["id", "qty", "name"]
+    else:
+        assert [f.name for f in table.schema if not f.name.startswith("_")] == ["id", "qty", "name", "lot"]
+        assert sorted(table.select(["id", "lot"]).to_pylist(), key=lambda r: r["id"]) == [
+            {"id": 1, "lot": None}, {"id": 5, "lot": None}, {"id": 6, "lot": "L6"}, {"id": 7, "lot": "L7"}]

@@ -29,6 +29,21 @@ def test_an_older_schema_read_last_changes_nothing_under_every_behaviour():
         assert (got.target, got.changes, got.dropped, got.position, got.older) == (NEW, (), (), None, 1), behaviour
 
 
+def test_under_lenient_an_older_schema_still_adds_and_widens_what_the_newer_one_dropped():
+    # the table took position 30, where weight_g (widened to int32 at 15) and lot (added at 12) are dropped;
+    # lenient kept weight_g as int16; the changes of 12..29 read late carry the wider weight_g and lot
+    dropped = pa.schema([("id", pa.int32())])
+    table = OLD
+    got = follow(table, [SourceSchema(NEW, _log(20))], recorded=_log(30), behaviour="lenient", primary_key=["id"])
+    assert got.target == NEW and got.dropped == () and got.position is None and got.older == 1
+    assert {(c.kind, c.column, c.outcome) for c in got.changes} == {("widen_type", "weight_g", "apply"),
+                                                                   ("add_column", "lot", "apply")}
+    # nothing narrows or drops from it, and the other behaviours take nothing from it
+    assert follow(NEW, [SourceSchema(dropped, _log(20))], recorded=_log(30), behaviour="lenient").target == NEW
+    for behaviour in ("evolve", "try_evolve", "ignore", "exception"):
+        assert follow(table, [SourceSchema(NEW, _log(20))], recorded=_log(30), behaviour=behaviour).target == OLD
+
+
 def test_in_one_batch_the_schemas_are_taken_in_position_order_not_reading_order():
     # read: the newer schema first (partition 0), then the older one (partition 1, behind)
     got = follow(OLD, [SourceSchema(NEW, _log(30)), SourceSchema(OLD, _log(12))], recorded=_log(5),
