@@ -6,6 +6,11 @@ and password authentication over TCP; ``stop()`` stops it and removes the direct
 refuses to run as root, so as root the binaries run as the ``postgres`` user (``runuser``),
 which owns the directory.
 
+``start(settings={"wal_level": "logical"}, log_dir=...)`` passes server settings (``-c name=value``;
+logical decoding for Debezium needs ``wal_level=logical``) and writes the server log to
+``<log_dir>/postgres.log``, which stays after ``stop()``; ``ready()`` is a real protocol probe
+(a ``SELECT 1`` over TCP).
+
 Binaries are found in ``$PG_BINDIR``, else the newest ``/usr/lib/postgresql/<version>/bin``
 (Debian's layout), else on ``PATH``. :func:`missing` says what is absent and how to install it.
 """
@@ -89,8 +94,16 @@ class PostgresServer:
             for s in statements:
                 conn.execute(s, params)
 
+    def ready(self) -> bool:
+        """True when the server answers a query over TCP."""
+        try:
+            with self.connect() as conn:
+                return conn.execute("SELECT 1").fetchone() == (1,)
+        except Exception:
+            return False
+
     @classmethod
-    def start(cls) -> "PostgresServer":
+    def start(cls, *, settings: dict[str, str] | None = None, log_dir: str | None = None) -> "PostgresServer":
         why = missing()
         if why:
             raise RuntimeError(why)
@@ -117,9 +130,17 @@ class PostgresServer:
             "--auth-local=trust", "-E", "UTF8", "--no-sync")
         port = _free_port()
         options = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=50"
-        run(os.path.join(bins, "pg_ctl"), "-D", data, "-o", options, "-l", os.path.join(root, "log"), "-w",
-            "-t", "60", "start")
+        options += "".join(f" -c {name}={value}" for name, value in (settings or {}).items())
+        log = os.path.join(root, "log")
+        if log_dir:
+            os.makedirs(log_dir, exist_ok=True)
+            log = os.path.join(log_dir, "postgres.log")
+            open(log, "a").close()
+            if as_root:
+                shutil.chown(log, "postgres", "postgres")
+        run(os.path.join(bins, "pg_ctl"), "-D", data, "-o", options, "-l", log, "-w", "-t", "60", "start")
         server = cls(root, "127.0.0.1", port)
+        server.log_path = log
         server._stop = lambda: run(os.path.join(bins, "pg_ctl"), "-D", data, "-m", "fast", "-w", "stop")
         return server
 

@@ -1,0 +1,57 @@
+"""Where the JVM processes of the real-database tests find their jars and Java.
+
+One place to change when the project's pinned JVM artifacts land: :func:`connect_jars` returns the
+folder holding Kafka's broker (``kafka_2.13``), Kafka Connect (``connect-runtime``, ``connect-json``)
+and the Debezium connectors with their dependencies, one flat folder of jars as
+``mvn dependency:copy-dependencies`` writes it. ``$CHANGELAKE_CONNECT_JARS`` names it; the
+default is the development copy under ``/tmp/dbz-jvm/lib``.
+
+The artifacts (Maven Central), resolved with their dependencies:
+
+| artifact | for |
+| --- | --- |
+| ``org.apache.kafka:kafka_2.13:4.1.1`` | the KRaft broker (until the project's broker fixture replaces it) |
+| ``org.apache.kafka:connect-runtime:4.1.1``, ``connect-json:4.1.1`` | the Connect standalone worker, JSON converter |
+| ``org.apache.logging.log4j:log4j-slf4j-impl:2.24.3`` | the worker's and connectors' logs (SLF4J 1.7 to log4j 2) |
+| ``io.debezium:debezium-connector-postgres:3.6.1.Final`` | PostgreSQL (pgoutput) |
+| ``io.debezium:debezium-connector-mysql:3.6.1.Final`` | MariaDB (``debezium-connector-mariadb`` 3.6.1.Final is not served) |
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+
+DEFAULT_JARS = "/tmp/dbz-jvm/lib"
+#: jar name prefixes each JVM process needs in the folder
+NEEDED = {
+    "broker": ("kafka_2.13-", "kafka-server-", "kafka-raft-"),
+    "connect": ("connect-runtime-", "connect-json-", "debezium-connector-postgres-", "debezium-connector-mysql-"),
+}
+
+
+def connect_jars() -> str:
+    return os.environ.get("CHANGELAKE_CONNECT_JARS", DEFAULT_JARS)
+
+
+def java() -> str | None:
+    if os.environ.get("JAVA_HOME"):
+        return os.path.join(os.environ["JAVA_HOME"], "bin", "java")
+    return shutil.which("java")
+
+
+def classpath() -> str:
+    return os.path.join(connect_jars(), "*")
+
+
+def missing(kind: str) -> str | None:
+    """None when the ``kind`` process ("broker" or "connect") can start here, else what is missing."""
+    if java() is None:
+        return "no java: install Java 17 or set JAVA_HOME"
+    folder = connect_jars()
+    absent = [p for p in NEEDED[kind] if not glob.glob(os.path.join(folder, p + "*.jar"))]
+    if absent:
+        return (f"jars {', '.join(p.rstrip('-') for p in absent)} not in {folder} ($CHANGELAKE_CONNECT_JARS): "
+                "resolve the artifacts listed in tests/realdb/jvm.py with mvn dependency:copy-dependencies")
+    return None
