@@ -8,7 +8,8 @@ which owns the directory.
 
 ``start(settings={"wal_level": "logical"}, log_dir=...)`` passes server settings (``-c name=value``;
 logical decoding for Debezium needs ``wal_level=logical``) and writes the server log to
-``<log_dir>/postgres.log``, which stays after ``stop()``; ``ready()`` is a real protocol probe
+``<log_dir>/postgres.log`` (copied there by ``stop()``: the server's user may not reach a test's
+temporary directory); ``ready()`` is a real protocol probe
 (a ``SELECT 1`` over TCP).
 
 Binaries are found in ``$PG_BINDIR``, else the newest ``/usr/lib/postgresql/<version>/bin``
@@ -132,15 +133,10 @@ class PostgresServer:
         options = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=50"
         options += "".join(f" -c {name}={value}" for name, value in (settings or {}).items())
         log = os.path.join(root, "log")
-        if log_dir:
-            os.makedirs(log_dir, exist_ok=True)
-            log = os.path.join(log_dir, "postgres.log")
-            open(log, "a").close()
-            if as_root:
-                shutil.chown(log, "postgres", "postgres")
         run(os.path.join(bins, "pg_ctl"), "-D", data, "-o", options, "-l", log, "-w", "-t", "60", "start")
         server = cls(root, "127.0.0.1", port)
         server.log_path = log
+        server.log_dir = log_dir
         server._stop = lambda: run(os.path.join(bins, "pg_ctl"), "-D", data, "-m", "fast", "-w", "stop")
         return server
 
@@ -149,4 +145,7 @@ class PostgresServer:
             self._stop()
         finally:
             time.sleep(0.1)
+            if getattr(self, "log_dir", None) and os.path.exists(self.log_path):
+                os.makedirs(self.log_dir, exist_ok=True)
+                shutil.copyfile(self.log_path, os.path.join(self.log_dir, "postgres.log"))
             shutil.rmtree(self.root, ignore_errors=True)

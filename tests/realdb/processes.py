@@ -229,12 +229,10 @@ class MariaDbServer:
         self.root = tempfile.mkdtemp(prefix="changelake-mariadb-")
         self.port = free_port()
         as_root = os.geteuid() == 0
-        os.makedirs(log_dir, exist_ok=True)
-        self.log_path = os.path.join(log_dir, "mariadb.log")
-        open(self.log_path, "a").close()
+        self.log_dir = log_dir   # the server's log is copied there by stop() (mysql may not reach it)
+        self.log_path = os.path.join(self.root, "mariadb.log")
         if as_root:
             shutil.chown(self.root, "mysql", "mysql")
-            shutil.chown(self.log_path, "mysql", "mysql")
         prefix = ["runuser", "-u", "mysql", "--"] if as_root else []
         data = os.path.join(self.root, "data")
         init = subprocess.run(prefix + [shutil.which("mariadb-install-db") or "/usr/bin/mariadb-install-db",
@@ -292,4 +290,7 @@ class MariaDbServer:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        if os.path.exists(self.log_path):
+            os.makedirs(self.log_dir, exist_ok=True)
+            shutil.copyfile(self.log_path, os.path.join(self.log_dir, "mariadb.log"))
         shutil.rmtree(self.root, ignore_errors=True)
