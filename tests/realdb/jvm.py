@@ -4,7 +4,11 @@ One place to change when the project's pinned JVM artifacts land: :func:`connect
 folder holding Kafka's broker (``kafka_2.13``), Kafka Connect (``connect-runtime``, ``connect-json``)
 and the Debezium connectors with their dependencies, one flat folder of jars as
 ``mvn dependency:copy-dependencies`` writes it. ``$CHANGELAKE_CONNECT_JARS`` names it; the
-default is the development copy under ``/tmp/dbz-jvm/lib``.
+default is the development copy under ``/tmp/dbz-jvm/lib``. :func:`connect_plugins` is the worker's
+``plugin.path`` (``$CHANGELAKE_CONNECT_PLUGINS``, default ``/tmp/dbz-jvm/plugins``): a folder per
+connector that needs its own class loader, here ``debezium-mariadb/`` (the MariaDB connector and its
+runtime dependencies, resolved with ``-DincludeScope=runtime``, without ``connect-api`` and
+``kafka-clients``, which the worker provides).
 
 The artifacts (Maven Central), resolved with their dependencies:
 
@@ -14,7 +18,8 @@ The artifacts (Maven Central), resolved with their dependencies:
 | ``org.apache.kafka:connect-runtime:4.1.1``, ``connect-json:4.1.1`` | the Connect standalone worker, JSON converter |
 | ``org.apache.logging.log4j:log4j-slf4j-impl:2.24.3`` | the worker's and connectors' logs (SLF4J 1.7 to log4j 2) |
 | ``io.debezium:debezium-connector-postgres:3.6.1.Final`` | PostgreSQL (pgoutput) |
-| ``io.debezium:debezium-connector-mysql:3.6.1.Final`` | MariaDB (``debezium-connector-mariadb`` 3.6.1.Final is not served) |
+| ``io.debezium:debezium-connector-mysql:3.6.1.Final`` | MySQL (it fails on MariaDB 10.11: it sends ``SHOW BINARY LOG STATUS``) |
+| ``io.debezium:debezium-connector-mariadb:3.5.0.Final`` (plugin folder) | MariaDB: the newest version served (3.6.1.Final is not), in its own plugin class loader |
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import os
 import shutil
 
 DEFAULT_JARS = "/tmp/dbz-jvm/lib"
+DEFAULT_PLUGINS = "/tmp/dbz-jvm/plugins"
 #: jar name prefixes each JVM process needs in the folder
 NEEDED = {
     "broker": ("kafka_2.13-", "kafka-server-", "kafka-raft-"),
@@ -33,6 +39,10 @@ NEEDED = {
 
 def connect_jars() -> str:
     return os.environ.get("CHANGELAKE_CONNECT_JARS", DEFAULT_JARS)
+
+
+def connect_plugins() -> str:
+    return os.environ.get("CHANGELAKE_CONNECT_PLUGINS", DEFAULT_PLUGINS)
 
 
 def java() -> str | None:
@@ -50,7 +60,13 @@ def missing(kind: str) -> str | None:
     if java() is None:
         return "no java: install Java 17 or set JAVA_HOME"
     folder = connect_jars()
-    absent = [p for p in NEEDED[kind] if not glob.glob(os.path.join(folder, p + "*.jar"))]
+    absent = [p for p in NEEDED.get(kind, ()) if not glob.glob(os.path.join(folder, p + "*.jar"))]
+    if kind == "mariadb":
+        plugin = os.path.join(connect_plugins(), "debezium-mariadb")
+        if not glob.glob(os.path.join(plugin, "debezium-connector-mariadb-*.jar")):
+            return (f"debezium-connector-mariadb not in {plugin} ($CHANGELAKE_CONNECT_PLUGINS): resolve it as "
+                    "tests/realdb/jvm.py says")
+        return None
     if absent:
         return (f"jars {', '.join(p.rstrip('-') for p in absent)} not in {folder} ($CHANGELAKE_CONNECT_JARS): "
                 "resolve the artifacts listed in tests/realdb/jvm.py with mvn dependency:copy-dependencies")

@@ -42,6 +42,33 @@ def wait_for_marker(bootstrap: str, topic: str, n: int, *, timeout: float = 120)
     raise TimeoutError(f"Debezium did not write marker {n} to {topic} within {timeout:.0f} s")
 
 
+def topic_values(bootstrap: str, topic: str) -> list[dict | None]:
+    """Every value of partition 0 of ``topic`` as JSON (the payload of an envelope; None: a tombstone)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"read-{os.getpid()}-{time.time()}",
+                         "enable.auto.commit": False, "log_level": 0})
+    try:
+        _, end = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        values: list[dict | None] = []
+        while len(values) < end:
+            for msg in consumer.consume(500, timeout=5):
+                if msg.error():
+                    raise RuntimeError(f"{topic}: {msg.error()}")
+                value = json.loads(msg.value()) if msg.value() else None
+                values.append(value.get("payload", value) if value and "op" not in value else value)
+        return values
+    finally:
+        consumer.close()
+
+
+def topics(bootstrap: str) -> set[str]:
+    from confluent_kafka.admin import AdminClient
+
+    return set(AdminClient({"bootstrap.servers": bootstrap, "log_level": 0}).list_topics(timeout=10).topics)
+
+
 def write_pipeline(workdir: Path, *, pipeline_id: str, bootstrap: str, sources: list[dict[str, Any]],
                    tables: list[dict[str, Any]] | None = None, max_records: int = 100_000) -> Path:
     raw = {

@@ -161,6 +161,7 @@ class ConnectWorker(_JavaProcess):
             "value.converter": "org.apache.kafka.connect.json.JsonConverter",
             "offset.storage.file.filename": os.path.join(home, "offsets"),
             "offset.flush.interval.ms": "1000", "plugin.discovery": "only_scan",
+            "plugin.path": jvm.connect_plugins(),
         }
         config = os.path.join(home, "worker.properties")
         with open(config, "w") as f:

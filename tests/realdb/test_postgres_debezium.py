@@ -8,7 +8,11 @@ writes ``__debezium_unavailable_value`` for it), ``orders`` has REPLICA IDENTITY
 read the database: one with the JSON converter's schema envelope (topics ``pg.*``), one with
 ``schemas.enable=false`` (``pgs.*``), whose columns the pipeline declares with their wire encodings.
 
-``changelake run --available-now`` (the CLI, as a subprocess) mirrors the topics; every Delta table
+``changelake run --available-now`` (the CLI, as a subprocess) mirrors the topics, one source per table,
+and routes the whole database a second time through one source (``topic_pattern`` + ``route``, tables
+``pgr_<table>`` created as they come, keys learnt from the message keys; the pattern leaves out the
+transaction-metadata and heartbeat topics, which a routed source would make ``unrouted`` dead
+letters, docs/pipelines.md). Every source fails the run on a dead letter. Every Delta table
 must equal the database's own rows, read back with SQL. Then more SQL, a run killed with SIGKILL in
 the middle of a batch, a restart, and the same comparison.
 """
@@ -21,7 +25,8 @@ import pytest
 
 from changelake.spark.checkpoint import last_committed_batch
 
-from .lake import assert_same_rows, delta_rows, run_changelake, wait_for_marker, write_pipeline
+from .lake import (assert_same_rows, delta_rows, run_changelake, topic_values, topics, wait_for_marker,
+                   write_pipeline)
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 
@@ -193,11 +198,18 @@ def _sources(prefix: str, schemas: bool) -> list[dict]:
     return sources
 
 
+#: the whole database through one routed source
+ROUTED = {"name": "pg_routed", "topic_pattern": r"pg\.public\..*", "format": "debezium-json",
+          "options": {"schema-include": True, "upsert": True}, "on_error": "fail", "on_truncate": "apply",
+          "route": [{"source_table": r"shop\.public\.(.*)", "table": "pgr_$1"}]}
+
+
 def _assert_lake_equals_database(pg, workdir) -> None:
     for t in TABLES:
         expected = _db_rows(pg, t)
-        assert_same_rows(expected, delta_rows(str(workdir / "lake" / f"pg_{t}"), KEY,
-                                               json_columns=JSON_COLUMNS.get(t, ())), table=f"pg_{t}")
+        for table in (f"pg_{t}", f"pgr_{t}"):
+            assert_same_rows(expected, delta_rows(str(workdir / "lake" / table), KEY,
+                                                  json_columns=JSON_COLUMNS.get(t, ())), table=table)
     for t, columns in SCHEMALESS_COLUMNS.items():
         expected = [{k: v for k, v in r.items() if k in columns} for r in _db_rows(pg, t)]
         json_columns = JSON_COLUMNS.get(t, ()) + (("tags",) if t == "customers" else ())
@@ -208,8 +220,14 @@ def _assert_lake_equals_database(pg, workdir) -> None:
 def test_postgres_through_debezium_equals_the_database_also_after_sigkill(shop, kafka_bootstrap, tmp_path):
     shop.execute(*STREAM)
     shop.mark()
+    # what the connector wrote holds what this test is about
+    docs = [v for v in topic_values(kafka_bootstrap, "pg.public.docs") if v]
+    assert any(v["op"] == "u" and v["after"]["body"] == "__debezium_unavailable_value" for v in docs)
+    assert [v["op"] for v in docs[:3]] == ["r", "r", "r"]
+    assert any(v and v["op"] == "t" for v in topic_values(kafka_bootstrap, "pgs.public.scratch"))
+    assert {"pg.transaction", "__debezium-heartbeat.pg"} <= topics(kafka_bootstrap)
     config = write_pipeline(tmp_path, pipeline_id="realdb-pg", bootstrap=kafka_bootstrap,
-                            sources=_sources("pg", True) + _sources("pgs", False), max_records=60)
+                            sources=_sources("pg", True) + _sources("pgs", False) + [ROUTED], max_records=60)
     first = run_changelake(config)
     assert first.returncode == 0, first.stderr[-4000:]
     _assert_lake_equals_database(shop, tmp_path)
