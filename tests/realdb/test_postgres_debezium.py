@@ -164,6 +164,10 @@ def _db_rows(pg, table: str) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def shop(pg_logical, connect_worker, kafka_bootstrap):
+    from tests.realdb import jvm
+
+    if jvm.missing("postgres"):
+        pytest.skip(jvm.missing("postgres"))
     pg_logical.execute(f"CREATE DATABASE {DB}")
     pg = type(pg_logical)(pg_logical.root, pg_logical.host, pg_logical.port, dbname=DB)
     pg.execute(*SCHEMA)
