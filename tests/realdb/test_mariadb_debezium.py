@@ -5,7 +5,8 @@ MariaDB 10.11 (it sends ``SHOW BINARY LOG STATUS``): the worker runs ``debezium-
 3.5.0.Final, the newest served, from its own plugin folder (tests/realdb/jvm.py). One changelake source reads every table topic
 of the database (``topic_pattern``) and routes each change to a Delta table named after its source
 table (``route``), creating the tables as they come; keys are learnt from the message keys. The
-connector also writes its transaction-metadata, heartbeat and schema-change topics, which the pattern
+connector also writes its heartbeat and schema-change topics (and is asked for transaction metadata,
+though with MariaDB 10.11 it wrote no transaction topic), which the pattern
 leaves out (docs/pipelines.md: a routed source would make them ``unrouted`` dead letters).
 
 Real SQL: a snapshot, inserts, updates, deletes, a primary-key update, multi-row statements, a
@@ -167,7 +168,8 @@ def _assert_lake_equals_database(db, workdir) -> None:
 def test_a_routed_mariadb_database_equals_the_database_also_after_sigkill(shop, kafka_bootstrap, tmp_path):
     shop.execute(*STREAM, database=DB)
     shop.mark()
-    assert {f"{PREFIX}.transaction", f"__debezium-heartbeat.{PREFIX}", PREFIX} <= topics(kafka_bootstrap)
+    # heartbeats and schema changes (topic PREFIX) are written; the connector wrote no transaction topic here
+    assert {f"__debezium-heartbeat.{PREFIX}", PREFIX} <= topics(kafka_bootstrap)
     source = {"name": "shop", "topic_pattern": rf"{PREFIX}\.{DB}\..*", "format": "debezium-json",
               "options": {"schema-include": True}, "on_error": "fail", "on_truncate": "apply",
               "route": [{"source_table": rf"{DB}\.(.*)", "table": f"{PREFIX}_$1"}]}
