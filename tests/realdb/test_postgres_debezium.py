@@ -183,6 +183,7 @@ def shop(pg_logical, connect_worker, kafka_bootstrap):
             wait_for_marker(kafka_bootstrap, f"{prefix}.public.marker", marker["n"])
 
     pg.mark = mark
+    mark()       # a streamed change: the snapshot is over (the SQL below is streamed, not snapshotted)
     yield pg
     for name in ("pg", "pgs"):
         connect_worker.delete_connector(name)
