@@ -1,18 +1,19 @@
-"""Fixtures of the real-database tests: a Kafka broker, a Kafka Connect worker with the Debezium
-connectors, a PostgreSQL with logical decoding and a MariaDB with a ROW binlog, each started once
-(the broker and the worker per session, a database per module) with its log kept under pytest's
-temporary directory (``<basetemp>/realdb-logs*``).
+"""Fixtures of the real-database tests: a Kafka Connect worker with the Debezium connectors (one per
+session, both connectors in it, writing to the tests' Kafka broker, the ``kafka`` fixture of
+tests/conftest.py), a PostgreSQL with logical decoding and a MariaDB with a ROW binlog (one per module),
+each with its log kept under pytest's temporary directory (``<basetemp>/realdb-logs*``).
 
-``kafka_bootstrap`` and ``tests/realdb/jvm.py`` (the jars) are the two places that say where the
-broker and the JVM artifacts come from; a test skips, naming what is missing, when they cannot be had.
+The JVM artifacts are the project's pinned sets (changelake/jvm_deps.py): ``connect`` (the worker),
+``debezium-postgres`` and ``debezium-mariadb`` (its plugin folders). A test skips, naming the set or
+the Debian package that is missing, when one cannot be had.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from tests.realdb import jvm
-from tests.realdb.processes import ConnectWorker, KafkaBroker, MariaDbServer
+from changelake import jvm_deps
+from tests.realdb.processes import ConnectWorker, MariaDbServer
 
 
 def _skip_if(why: str | None) -> None:
@@ -26,25 +27,34 @@ def realdb_logs(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
-def kafka_bootstrap(realdb_logs):
-    """The bootstrap servers of a real Apache Kafka broker (KRaft, one node)."""
-    _skip_if(jvm.missing("broker"))
-    broker = KafkaBroker.start(realdb_logs)
-    try:
-        yield broker.bootstrap_servers
-    finally:
-        broker.stop()
+def kafka_bootstrap(kafka) -> str:
+    """The bootstrap servers of the tests' Kafka broker."""
+    return kafka.bootstrap_servers
 
 
 @pytest.fixture(scope="session")
 def connect_worker(kafka_bootstrap, realdb_logs):
-    """A Kafka Connect standalone worker with the Debezium connectors, writing to ``kafka_bootstrap``."""
-    _skip_if(jvm.missing("connect"))
-    worker = ConnectWorker.start(kafka_bootstrap, realdb_logs)
+    """A Kafka Connect standalone worker writing to ``kafka_bootstrap``, with every Debezium plugin set
+    that is installed on its ``plugin.path`` (a test needing one asks for its fixture below first)."""
+    _skip_if(ConnectWorker.missing())
+    plugins = [name for name in jvm_deps.PLUGINS if jvm_deps.missing(name) is None]
+    worker = ConnectWorker.start(kafka_bootstrap, realdb_logs, plugins=plugins)
     try:
         yield worker
     finally:
         worker.stop()
+
+
+@pytest.fixture(scope="session")
+def debezium_postgres() -> None:
+    """Skips, naming the set and how to install it, unless Debezium's PostgreSQL connector is installed."""
+    _skip_if(jvm_deps.missing("debezium-postgres"))
+
+
+@pytest.fixture(scope="session")
+def debezium_mariadb() -> None:
+    """Skips, naming the set and how to install it, unless Debezium's MariaDB connector is installed."""
+    _skip_if(jvm_deps.missing("debezium-mariadb"))
 
 
 @pytest.fixture(scope="module")

@@ -19,16 +19,29 @@ import yaml
 from changelake.connectors.delta_read import read_delta
 
 
+#: the connector settings that make each topic it creates one partition with the broker's replication
+#: factor (Connect's topic creation): the tests read a topic's changes in order from partition 0, and the
+#: tests' broker gives an auto-created topic 4 partitions (tests/conftest.py)
+ONE_PARTITION = {"topic.creation.default.partitions": "1", "topic.creation.default.replication.factor": "-1"}
+
+
 def wait_for_marker(bootstrap: str, topic: str, n: int, *, timeout: float = 120) -> None:
     """Wait until ``topic`` (a Debezium topic of a one-row ``marker`` table) holds a change whose
-    ``after.n`` is ``n``: Debezium reads the log in order, so every earlier change is in Kafka."""
+    ``after.n`` is ``n``: Debezium reads the log in order, so every earlier change is in Kafka. Reads
+    every partition of the topic (a connector without :data:`ONE_PARTITION` may have made several)."""
     from confluent_kafka import Consumer, TopicPartition
 
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"marker-{os.getpid()}-{time.time()}",
                          "enable.auto.commit": False, "log_level": 0})
     deadline = time.monotonic() + timeout
     try:
-        consumer.assign([TopicPartition(topic, 0, 0)])
+        partitions: list[int] = []
+        while not partitions and time.monotonic() < deadline:
+            found = consumer.list_topics(topic, timeout=5).topics.get(topic)
+            partitions = sorted(found.partitions) if found is not None and not found.error else []
+            if not partitions:
+                time.sleep(0.3)
+        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
         while time.monotonic() < deadline:
             for msg in consumer.consume(500, timeout=1):
                 if msg.error() or not msg.value():

@@ -1,11 +1,10 @@
 """External processes of the real-database tests, one small class each: ``start()``, ``ready()`` (a real
 protocol probe), ``stop()``, and a log file that stays in the directory given to ``start``.
 
-* :class:`KafkaBroker`: a single-node KRaft broker from the ``kafka_2.13`` jars (a development stand-in
-  for the project's broker fixture: the tests only use its ``bootstrap_servers``).
-* :class:`ConnectWorker`: a Kafka Connect standalone worker (``connect-runtime``) with the Debezium
-  connectors on its classpath; connectors are added through its REST API, each with its own
-  JSON converter settings.
+* :class:`ConnectWorker`: a Kafka Connect standalone worker, its classpath the ``connect`` set of
+  jvm/pom.xml, each Debezium connector a plugin folder of its own on its ``plugin.path`` (the
+  ``debezium-*`` sets, changelake/jvm_deps.py); connectors are added through its REST API, each with its
+  own JSON converter settings. It writes to the tests' Kafka broker (the ``kafka`` fixture).
 * :class:`MariaDbServer`: a MariaDB server (Debian's ``mariadb-server``) with a ROW binlog, run as the
   ``mysql`` user under ``runuser`` when the tests run as root.
 
@@ -19,15 +18,17 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.error
 import urllib.request
-import uuid
+from pathlib import Path
 
-from tests.realdb import jvm
+from changelake import jvm_deps
+from changelake.connectors.kafka_broker import _EXEC_WITH_PDEATHSIG
 
-#: JVM options of the broker and the worker: small heaps, C1 only, the serial collector (2 cores)
+#: JVM options of the worker: a small heap, C1 only, the serial collector (2 cores)
 JVM_OPTIONS = ["-Xms64m", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-Djava.awt.headless=true"]
 _LOG4J2 = """status = error
 appender.out.type = Console
@@ -43,20 +44,27 @@ logger.connect.level = INFO
 """
 
 
+def java() -> str | None:
+    if os.environ.get("JAVA_HOME"):
+        return os.path.join(os.environ["JAVA_HOME"], "bin", "java")
+    return shutil.which("java")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def wait_until(probe, *, timeout: float, what: str, log: str | None = None, process=None) -> None:
+def wait_until(probe, *, timeout: float, what: str, log: str | None = None, process=None,
+               interval: float = 0.3) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process is not None and process.poll() is not None:
             raise RuntimeError(f"{what}: the process exited with {process.returncode}{_tail(log)}")
         if probe():
             return
-        time.sleep(0.3)
+        time.sleep(interval)
     raise TimeoutError(f"{what}: not ready after {timeout:.0f} s{_tail(log)}")
 
 
@@ -67,22 +75,49 @@ def _tail(log: str | None, lines: int = 40) -> str:
         return f"\n--- last lines of {log}:\n" + "".join(f.readlines()[-lines:])
 
 
-class _JavaProcess:
-    name = "java"
+class ConnectWorker:
+    """A Kafka Connect standalone worker; ``add_connector`` creates a connector through the REST API."""
 
-    def _launch(self, log_dir: str, main: str, args: list[str], heap: str) -> None:
-        if not getattr(self, "workdir", None):
-            self.workdir = tempfile.mkdtemp(prefix=f"changelake-{self.name}-")
-        os.makedirs(log_dir, exist_ok=True)
-        self.log_path = os.path.join(log_dir, f"{self.name}.log")
+    @classmethod
+    def missing(cls) -> str | None:
+        """None when a worker can start here, else what is missing (the ``connect`` set, Java)."""
+        if java() is None:
+            return "no java: install Java 17 or set JAVA_HOME"
+        return jvm_deps.missing("connect")
+
+    @classmethod
+    def start(cls, bootstrap_servers: str, log_dir: str, *, plugins: list[str],
+              heap: str = "512m") -> "ConnectWorker":
+        """A worker whose ``plugin.path`` holds the installed plugin sets ``plugins`` (jvm_deps.PLUGINS)."""
+        self = cls()
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.workdir = tempfile.mkdtemp(prefix="changelake-connect-")
+        props = {
+            "bootstrap.servers": bootstrap_servers, "listeners": self.url,
+            "key.converter": "org.apache.kafka.connect.json.JsonConverter",
+            "value.converter": "org.apache.kafka.connect.json.JsonConverter",
+            "offset.storage.file.filename": os.path.join(self.workdir, "offsets"),
+            "offset.flush.interval.ms": "1000", "plugin.discovery": "only_scan",
+            "plugin.path": str(jvm_deps.plugin_path(plugins, Path(self.workdir) / "plugins")),
+        }
+        config = os.path.join(self.workdir, "worker.properties")
+        with open(config, "w") as f:
+            f.writelines(f"{k}={v}\n" for k, v in props.items())
         log4j = os.path.join(self.workdir, "log4j2.properties")
         with open(log4j, "w") as f:
             f.write(_LOG4J2)
-        cmd = [jvm.java(), f"-Xmx{heap}", *JVM_OPTIONS, f"-Dlog4j2.configurationFile={log4j}",
-               "-cp", jvm.classpath(), main, *args]
+        os.makedirs(log_dir, exist_ok=True)
+        self.log_path = os.path.join(log_dir, "connect.log")
         self._log = open(self.log_path, "ab")
+        # the JVM dies with the test process (PR_SET_PDEATHSIG, as the tests' broker)
+        cmd = [sys.executable, "-c", _EXEC_WITH_PDEATHSIG, java(), f"-Xmx{heap}", *JVM_OPTIONS,
+               f"-Dlog4j2.configurationFile={log4j}", "-cp", jvm_deps.classpath("connect"),
+               "org.apache.kafka.connect.cli.ConnectStandalone", config]
         self.process = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, cwd=self.workdir,
                                         start_new_session=True)
+        wait_until(self.ready, timeout=180, what="kafka connect worker", log=self.log_path, process=self.process)
+        return self
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -94,82 +129,6 @@ class _JavaProcess:
                 self.process.wait()
         self._log.close()
         shutil.rmtree(self.workdir, ignore_errors=True)
-
-
-class KafkaBroker(_JavaProcess):
-    """One KRaft node, broker and controller in one JVM, PLAINTEXT on a free port of 127.0.0.1."""
-
-    name = "kafka"
-
-    @classmethod
-    def start(cls, log_dir: str, *, heap: str = "384m") -> "KafkaBroker":
-        self = cls()
-        port, controller = free_port(), free_port()
-        self.bootstrap_servers = f"127.0.0.1:{port}"
-        self.workdir = tempfile.mkdtemp(prefix="changelake-kafka-")
-        props = {
-            "process.roles": "broker,controller", "node.id": "1",
-            "controller.quorum.voters": f"1@127.0.0.1:{controller}",
-            "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller}",
-            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
-            "controller.listener.names": "CONTROLLER", "inter.broker.listener.name": "PLAINTEXT",
-            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
-            "log.dirs": os.path.join(self.workdir, "data"), "num.partitions": "1",
-            "offsets.topic.replication.factor": "1", "offsets.topic.num.partitions": "4",
-            "transaction.state.log.replication.factor": "1", "transaction.state.log.min.isr": "1",
-            "transaction.state.log.num.partitions": "4", "share.coordinator.state.topic.replication.factor": "1",
-            "share.coordinator.state.topic.min.isr": "1", "group.initial.rebalance.delay.ms": "0",
-        }
-        config = os.path.join(self.workdir, "server.properties")
-        with open(config, "w") as f:
-            f.writelines(f"{k}={v}\n" for k, v in props.items())
-        fmt = subprocess.run([jvm.java(), "-Xmx128m", *JVM_OPTIONS, "-cp", jvm.classpath(), "kafka.tools.StorageTool",
-                              "format", "-t", uuid.uuid4().hex[:22], "-c", config],
-                             capture_output=True, text=True, timeout=120)
-        if fmt.returncode:
-            raise RuntimeError(f"kafka storage format failed:\n{fmt.stdout}\n{fmt.stderr}")
-        self._launch(log_dir, "kafka.Kafka", [config], heap)
-        wait_until(self.ready, timeout=120, what="kafka broker", log=self.log_path, process=self.process)
-        return self
-
-    def ready(self) -> bool:
-        from confluent_kafka.admin import AdminClient
-
-        host, port = self.bootstrap_servers.split(":")
-        try:
-            socket.create_connection((host, int(port)), timeout=1).close()
-            md = AdminClient({"bootstrap.servers": self.bootstrap_servers, "log_level": 0}).list_topics(timeout=5)
-            return bool(md.brokers)
-        except Exception:
-            return False
-
-
-class ConnectWorker(_JavaProcess):
-    """A Kafka Connect standalone worker; ``add_connector`` creates a connector through the REST API."""
-
-    name = "connect"
-
-    @classmethod
-    def start(cls, bootstrap_servers: str, log_dir: str, *, heap: str = "512m") -> "ConnectWorker":
-        self = cls()
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        home = tempfile.mkdtemp(prefix="changelake-connect-home-")
-        props = {
-            "bootstrap.servers": bootstrap_servers, "listeners": self.url,
-            "key.converter": "org.apache.kafka.connect.json.JsonConverter",
-            "value.converter": "org.apache.kafka.connect.json.JsonConverter",
-            "offset.storage.file.filename": os.path.join(home, "offsets"),
-            "offset.flush.interval.ms": "1000", "plugin.discovery": "only_scan",
-            "plugin.path": jvm.connect_plugins(),
-        }
-        config = os.path.join(home, "worker.properties")
-        with open(config, "w") as f:
-            f.writelines(f"{k}={v}\n" for k, v in props.items())
-        self.workdir = home
-        self._launch(log_dir, "org.apache.kafka.connect.cli.ConnectStandalone", [config], heap)
-        wait_until(self.ready, timeout=180, what="kafka connect worker", log=self.log_path, process=self.process)
-        return self
 
     def _request(self, method: str, path: str, body: dict | None = None):
         data = json.dumps(body).encode() if body is not None else None

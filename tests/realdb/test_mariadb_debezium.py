@@ -2,12 +2,12 @@
 
 Debezium 3.6.1.Final's MariaDB connector is not served by Maven Central and its MySQL connector fails on
 MariaDB 10.11 (it sends ``SHOW BINARY LOG STATUS``): the worker runs ``debezium-connector-mariadb``
-3.5.0.Final, the newest served, from its own plugin folder (tests/realdb/jvm.py). One changelake source reads every table topic
-of the database (``topic_pattern``) and routes each change to a Delta table named after its source
-table (``route``), creating the tables as they come; keys are learnt from the message keys. The
-connector also writes its heartbeat and schema-change topics (and is asked for transaction metadata,
-though with MariaDB 10.11 it wrote no transaction topic), which the pattern
-leaves out (docs/pipelines.md: a routed source would make them ``unrouted`` dead letters).
+3.5.0.Final, the newest served, from its own plugin folder (the ``debezium-mariadb`` set of
+jvm/pom.xml). One changelake source reads every table topic of the database (``topic_pattern``) and
+routes each change to a Delta table named after its source table (``route``), creating the tables as
+they come; keys are learnt from the message keys. The connector also writes its heartbeat and
+schema-change topics (and is asked for transaction metadata, though with MariaDB 10.11 it wrote no
+transaction topic), which the pattern leaves out (docs/pipelines.md: a routed source would make them ``unrouted`` dead letters).
 
 Real SQL: a snapshot, inserts, updates, deletes, a primary-key update, multi-row statements, a
 transaction over two tables, TRUNCATE, ALTER TABLE ADD COLUMN and a widening, NULLs, limits of
@@ -26,7 +26,8 @@ import pytest
 
 from changelake.spark.checkpoint import last_committed_batch
 
-from .lake import assert_same_rows, delta_rows, run_changelake, topics, wait_for_marker, write_pipeline
+from .lake import (ONE_PARTITION, assert_same_rows, delta_rows, run_changelake, topics, wait_for_marker,
+                   write_pipeline)
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 
@@ -122,6 +123,7 @@ def _connector(db, bootstrap: str) -> dict[str, str]:
         "provide.transaction.metadata": "true", "heartbeat.interval.ms": "500",
         "key.converter": converter, "value.converter": converter,
         "key.converter.schemas.enable": "true", "value.converter.schemas.enable": "true",
+        **ONE_PARTITION,
     }
 
 
@@ -143,11 +145,7 @@ def _db_rows(db, table: str) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def shop(mariadb, connect_worker, kafka_bootstrap):
-    from tests.realdb import jvm
-
-    if jvm.missing("mariadb"):
-        pytest.skip(jvm.missing("mariadb"))
+def shop(debezium_mariadb, mariadb, connect_worker, kafka_bootstrap):
     mariadb.execute(*SCHEMA)
     mariadb.execute(*SNAPSHOT, database=DB)
     connect_worker.add_connector(PREFIX, _connector(mariadb, kafka_bootstrap))

@@ -25,8 +25,8 @@ import pytest
 
 from changelake.spark.checkpoint import last_committed_batch
 
-from .lake import (assert_same_rows, delta_rows, run_changelake, topic_values, topics, wait_for_marker,
-                   write_pipeline)
+from .lake import (ONE_PARTITION, assert_same_rows, delta_rows, run_changelake, topic_values, topics,
+                   wait_for_marker, write_pipeline)
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 
@@ -141,6 +141,7 @@ def _connector(pg, prefix: str, *, schemas: bool) -> dict[str, str]:
         "provide.transaction.metadata": "true", "heartbeat.interval.ms": "500",
         "key.converter": converter, "value.converter": converter,
         "key.converter.schemas.enable": str(schemas).lower(), "value.converter.schemas.enable": str(schemas).lower(),
+        **ONE_PARTITION,
     }
 
 
@@ -163,11 +164,7 @@ def _db_rows(pg, table: str) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def shop(pg_logical, connect_worker, kafka_bootstrap):
-    from tests.realdb import jvm
-
-    if jvm.missing("postgres"):
-        pytest.skip(jvm.missing("postgres"))
+def shop(debezium_postgres, pg_logical, connect_worker, kafka_bootstrap):
     pg_logical.execute(f"CREATE DATABASE {DB}")
     pg = type(pg_logical)(pg_logical.root, pg_logical.host, pg_logical.port, dbname=DB)
     pg.execute(*SCHEMA)

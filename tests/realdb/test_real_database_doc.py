@@ -31,11 +31,8 @@ def test_the_page_marks_every_block_the_test_runs() -> None:
     assert set(blocks()) == {"setup.sql", "connector.json", "pipeline.yaml", "changes.sql", "run", "compare.py"}
 
 
-def test_try_it_with_a_real_database(pg_logical, connect_worker, kafka_bootstrap, tmp_path) -> None:
-    from tests.realdb import jvm
-
-    if jvm.missing("postgres"):
-        pytest.skip(jvm.missing("postgres"))
+def test_try_it_with_a_real_database(debezium_postgres, pg_logical, connect_worker, kafka_bootstrap,
+                                     tmp_path) -> None:
     page = blocks()
     pg_logical.execute("CREATE DATABASE inventory")
     pg = type(pg_logical)(pg_logical.root, pg_logical.host, pg_logical.port, dbname="inventory")
