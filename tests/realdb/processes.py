@@ -98,7 +98,7 @@ class ConnectWorker:
             "key.converter": "org.apache.kafka.connect.json.JsonConverter",
             "value.converter": "org.apache.kafka.connect.json.JsonConverter",
             "offset.storage.file.filename": os.path.join(self.workdir, "offsets"),
-            "offset.flush.interval.ms": "1000", "plugin.discovery": "only_scan",
+            "offset.flush.interval.ms": "1000", "plugin.discovery": "service_load",
             "plugin.path": str(jvm_deps.plugin_path(plugins, Path(self.workdir) / "plugins")),
         }
         config = os.path.join(self.workdir, "worker.properties")
