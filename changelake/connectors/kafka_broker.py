@@ -172,7 +172,8 @@ class LocalKafka:
             formats.append((n, subprocess.Popen(
                 # "--cluster-id=": a random id may begin with "-", which "-t ID" would take for an option
                 [*self._java(classpath), "kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}",
-                 "-c", str(config), "--ignore-formatted"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
+                 "-c", str(config), "--ignore-formatted"],
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
         for n, proc in formats:
             out, _ = proc.communicate()
             if proc.returncode != 0:

@@ -1,6 +1,6 @@
-"""Fixtures of the real-database tests: a Kafka Connect worker with the Debezium connectors (one per
-session, both connectors in it, writing to the tests' Kafka broker, the ``kafka`` fixture of
-tests/conftest.py), a PostgreSQL with logical decoding and a MariaDB with a ROW binlog (one per module),
+"""Fixtures of the real-database tests: a Kafka Connect worker with the Debezium connectors and a
+PostgreSQL with logical decoding, one per session each (both connectors in the one worker, writing to
+the tests' Kafka broker, the ``kafka`` fixture of tests/conftest.py), and a MariaDB with a ROW binlog,
 each with its log kept under pytest's temporary directory (``<basetemp>/realdb-logs*``).
 
 The JVM artifacts are the project's pinned sets (changelake/jvm_deps.py): ``connect`` (the worker),
@@ -57,9 +57,10 @@ def debezium_mariadb() -> None:
     _skip_if(jvm_deps.missing("debezium-mariadb"))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def pg_logical(realdb_logs):
-    """A PostgreSQL server with ``wal_level=logical`` (Debezium's pgoutput)."""
+    """A PostgreSQL server with ``wal_level=logical`` (Debezium's pgoutput); each test module makes its own
+    database (and replication slots) in it."""
     from tests.postgres_server import PostgresServer, missing
 
     _skip_if(missing())

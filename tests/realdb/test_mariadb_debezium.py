@@ -7,7 +7,8 @@ jvm/pom.xml). One changelake source reads every table topic of the database (``t
 routes each change to a Delta table named after its source table (``route``), creating the tables as
 they come; keys are learnt from the message keys. The connector also writes its heartbeat and
 schema-change topics (and is asked for transaction metadata, though with MariaDB 10.11 it wrote no
-transaction topic), which the pattern leaves out (docs/pipelines.md: a routed source would make them ``unrouted`` dead letters).
+transaction topic), which the pattern leaves out (docs/pipelines.md: a routed source would make them
+``unrouted`` dead letters).
 
 Real SQL: a snapshot, inserts, updates, deletes, a primary-key update, multi-row statements, a
 transaction over two tables, TRUNCATE, ALTER TABLE ADD COLUMN and a widening, NULLs, limits of
