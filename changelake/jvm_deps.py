@@ -5,15 +5,24 @@
 against ``jvm/jvm.lock`` (each jar's file name and SHA-256). ``make install`` runs
 ``python -m changelake.jvm_deps install``; nothing is fetched at run time (no Spark ``--packages``).
 
-==============  ==================================================================================
-set             what it is for
-==============  ==================================================================================
-``kafka``       an Apache Kafka broker in KRaft mode (changelake/connectors/kafka_broker.py,
-                ``changelake broker``, the tests' broker)
-``connect``     a Kafka Connect worker with Debezium's PostgreSQL and MySQL connectors, JSON converter
-``delta``       Delta Lake for Spark (delta-spark engine), beside pyspark's own jars
-``spark-kafka`` Spark's own Kafka source and sink, beside pyspark's own jars
-==============  ==================================================================================
+=====================  ===========================================================================
+set                    what it is for
+=====================  ===========================================================================
+``kafka``              an Apache Kafka broker in KRaft mode (changelake/connectors/kafka_broker.py,
+                       ``changelake broker``, the tests' broker)
+``connect``            a Kafka Connect worker's classpath: connect-runtime, the JSON converter, the
+                       log4j binding of its (and its connectors') SLF4J logs; no connector
+``debezium-postgres``  a Connect plugin folder: Debezium's PostgreSQL connector 3.6.1.Final
+``debezium-mariadb``   a Connect plugin folder: Debezium's MariaDB connector 3.5.0.Final (the newest
+                       on Maven Central)
+``delta``              Delta Lake for Spark (delta-spark engine), beside pyspark's own jars
+``spark-kafka``        Spark's own Kafka source and sink, beside pyspark's own jars
+=====================  ===========================================================================
+
+A plugin folder (:data:`PLUGINS`) is never put on a classpath: the worker loads each from its
+``plugin.path`` with a class loader of its own (two Debezium versions conflict on one classpath), and
+the folder leaves out what the worker provides (``connect-api``, ``kafka-clients``).
+:func:`plugin_path` makes the directory of the folders that a worker's ``plugin.path`` names.
 
 When a set cannot be resolved (no ``mvn``, Maven Central unreachable), ``install`` says so loudly,
 names the set and what will not run, and goes on: the tests that need the set skip with
@@ -41,10 +50,14 @@ from changelake.errors import ChangelakeError
 #: set -> what it is for (the profiles of jvm/pom.xml)
 SETS: dict[str, str] = {
     "kafka": "the Apache Kafka broker (changelake broker, the kafka and integration tests)",
-    "connect": "Kafka Connect with the Debezium connectors",
+    "connect": "the Kafka Connect worker's classpath",
+    "debezium-postgres": "Debezium's PostgreSQL connector, a Connect plugin folder",
+    "debezium-mariadb": "Debezium's MariaDB connector, a Connect plugin folder",
     "delta": "Delta Lake's jars for Spark (the delta-spark engine)",
     "spark-kafka": "Spark's own Kafka source and sink",
 }
+#: the sets that are Kafka Connect plugin folders (a worker's plugin.path), not classpaths
+PLUGINS = ("debezium-postgres", "debezium-mariadb")
 HOME_ENV = "CHANGELAKE_JVM_DEPS_HOME"
 REQUIRED_ENV = "CHANGELAKE_JVM_DEPS_REQUIRED"
 #: the plugin that copies a profile's runtime jars, pinned like the jars themselves
@@ -135,6 +148,23 @@ def jars(name: str) -> list[Path]:
 
 def classpath(name: str) -> str:
     return os.pathsep.join(str(j) for j in jars(name))
+
+
+def plugin_path(names: list[str] | tuple[str, ...], into: Path) -> Path:
+    """``into``, made to hold a link to each plugin folder of ``names`` (a Connect worker's ``plugin.path``
+    takes directories of plugin folders, and ``.jvm`` holds other sets too); :class:`JvmDepsMissing` when
+    one is not installed."""
+    into.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        if name not in PLUGINS:
+            raise JvmDepsMissing(f"{name!r} is not a Connect plugin set: those are {', '.join(PLUGINS)}")
+        why = missing(name)
+        if why:
+            raise JvmDepsMissing(why)
+        link = into / name
+        if not link.is_symlink():
+            link.symlink_to(set_dir(name), target_is_directory=True)
+    return into
 
 
 def _resolve(name: str, into: Path) -> dict[str, str]:

@@ -6,6 +6,12 @@ and password authentication over TCP; ``stop()`` stops it and removes the direct
 refuses to run as root, so as root the binaries run as the ``postgres`` user (``runuser``),
 which owns the directory.
 
+``start(settings={"wal_level": "logical"}, log_dir=...)`` passes server settings (``-c name=value``;
+logical decoding for Debezium needs ``wal_level=logical``) and writes the server log to
+``<log_dir>/postgres.log`` (copied there by ``stop()``: the server's user may not reach a test's
+temporary directory); ``ready()`` is a real protocol probe
+(a ``SELECT 1`` over TCP).
+
 Binaries are found in ``$PG_BINDIR``, else the newest ``/usr/lib/postgresql/<version>/bin``
 (Debian's layout), else on ``PATH``. :func:`missing` says what is absent and how to install it.
 """
@@ -89,8 +95,16 @@ class PostgresServer:
             for s in statements:
                 conn.execute(s, params)
 
+    def ready(self) -> bool:
+        """True when the server answers a query over TCP."""
+        try:
+            with self.connect() as conn:
+                return conn.execute("SELECT 1").fetchone() == (1,)
+        except Exception:
+            return False
+
     @classmethod
-    def start(cls) -> "PostgresServer":
+    def start(cls, *, settings: dict[str, str] | None = None, log_dir: str | None = None) -> "PostgresServer":
         why = missing()
         if why:
             raise RuntimeError(why)
@@ -117,9 +131,12 @@ class PostgresServer:
             "--auth-local=trust", "-E", "UTF8", "--no-sync")
         port = _free_port()
         options = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=50"
-        run(os.path.join(bins, "pg_ctl"), "-D", data, "-o", options, "-l", os.path.join(root, "log"), "-w",
-            "-t", "60", "start")
+        options += "".join(f" -c {name}={value}" for name, value in (settings or {}).items())
+        log = os.path.join(root, "log")
+        run(os.path.join(bins, "pg_ctl"), "-D", data, "-o", options, "-l", log, "-w", "-t", "60", "start")
         server = cls(root, "127.0.0.1", port)
+        server.log_path = log
+        server.log_dir = log_dir
         server._stop = lambda: run(os.path.join(bins, "pg_ctl"), "-D", data, "-m", "fast", "-w", "stop")
         return server
 
@@ -128,4 +145,7 @@ class PostgresServer:
             self._stop()
         finally:
             time.sleep(0.1)
+            if getattr(self, "log_dir", None) and os.path.exists(self.log_path):
+                os.makedirs(self.log_dir, exist_ok=True)
+                shutil.copyfile(self.log_path, os.path.join(self.log_dir, "postgres.log"))
             shutil.rmtree(self.root, ignore_errors=True)

@@ -24,7 +24,35 @@ def test_the_lock_was_written_from_the_pom_as_it_is_and_pins_every_set():
         assert sets[name], f"jvm/jvm.lock pins no jar for {name!r}"
         assert all(re.fullmatch(r"[0-9a-f]{64}", d) for d in sets[name].values())
     assert any(f.startswith("kafka_2.13-") for f in sets["kafka"])
-    assert any(f.startswith("debezium-connector-postgres-3.6.1.Final") for f in sets["connect"])
+    assert any(f.startswith("connect-runtime-") for f in sets["connect"])
+    assert any(f.startswith("debezium-connector-postgres-3.6.1.Final") for f in sets["debezium-postgres"])
+    assert any(f.startswith("debezium-connector-mariadb-") for f in sets["debezium-mariadb"])
+
+
+def test_the_connect_workers_classpath_holds_no_connector_and_a_plugin_folder_nothing_the_worker_provides():
+    """Two Debezium versions on one classpath break the MariaDB connector's task; a plugin folder's own
+    connect-api or kafka-clients would shadow the worker's (docs/operations.md, "JVM dependencies")."""
+    _, sets = jvm_deps.read_lock()
+    assert not [f for f in sets["connect"] if f.startswith("debezium-")]
+    assert any(f.startswith("log4j-slf4j-impl-") for f in sets["connect"])
+    for name in jvm_deps.PLUGINS:
+        assert not [f for f in sets[name] if f.startswith(("connect-api-", "kafka-clients-"))], name
+
+
+def test_plugin_path_links_the_installed_plugin_folders_and_names_a_missing_one(monkeypatch, tmp_path):
+    monkeypatch.setenv(jvm_deps.HOME_ENV, str(tmp_path / "jvm"))
+    with pytest.raises(jvm_deps.JvmDepsMissing, match="'debezium-mariadb'.*make install"):
+        jvm_deps.plugin_path(["debezium-mariadb"], tmp_path / "plugins")
+    with pytest.raises(jvm_deps.JvmDepsMissing, match="not a Connect plugin set"):
+        jvm_deps.plugin_path(["connect"], tmp_path / "plugins")
+    _, sets = jvm_deps.read_lock()
+    folder = tmp_path / "jvm" / "debezium-postgres"
+    folder.mkdir(parents=True)
+    (folder / ".installed").write_text("\n".join(f"debezium-postgres {f} {d}"
+                                                  for f, d in sorted(sets["debezium-postgres"].items())) + "\n")
+    plugins = jvm_deps.plugin_path(["debezium-postgres"], tmp_path / "plugins")
+    assert [p.name for p in plugins.iterdir()] == ["debezium-postgres"]
+    assert (plugins / "debezium-postgres").resolve() == folder.resolve()
 
 
 def test_a_set_not_installed_says_which_and_how(monkeypatch, tmp_path):

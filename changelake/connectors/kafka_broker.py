@@ -170,8 +170,10 @@ class LocalKafka:
         for n in self.node_ids:
             config = self._write_config(n)
             formats.append((n, subprocess.Popen(
-                [*self._java(classpath), "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config),
-                 "--ignore-formatted"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
+                # "--cluster-id=": a random id may begin with "-", which "-t ID" would take for an option
+                [*self._java(classpath), "kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}",
+                 "-c", str(config), "--ignore-formatted"],
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
         for n, proc in formats:
             out, _ = proc.communicate()
             if proc.returncode != 0:

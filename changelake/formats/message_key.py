@@ -6,6 +6,10 @@ Confluent-framed Avro (magic byte 0, schema id, body) whose registered schema is
 a record. :func:`key_shapes` returns, per distinct field list, how many messages
 had it and where the first one was; a message without a usable key has
 ``fields`` None.
+
+Messages that carry no row say nothing about the key and are left out: tombstones (no
+value), and the Debezium JSON events without a key by design, a ``TRUNCATE`` (op ``t``, one
+per truncated table) and a logical decoding message (op ``m``).
 """
 
 from __future__ import annotations
@@ -45,14 +49,33 @@ def key_fields(raw: bytes | None, decoder: Any = None) -> tuple[str, ...] | None
     return tuple(value) or None if isinstance(value, dict) else None
 
 
+#: Debezium ops of events that carry no row, hence no key
+_ROWLESS_OPS = ("t", "m")
+
+
+def _rowless(value: bytes) -> bool:
+    """True for a Debezium JSON truncate or message event (with or without the schema envelope)."""
+    try:
+        event = orjson.loads(value)
+    except orjson.JSONDecodeError:
+        return False
+    if isinstance(event, dict) and "op" not in event and isinstance(event.get("payload"), dict):
+        event = event["payload"]
+    return isinstance(event, dict) and event.get("op") in _ROWLESS_OPS
+
+
 def key_shapes(records: pa.Table, decoder: Any = None) -> pa.Table:
     """SHAPES_SCHEMA: the distinct key field lists of ``records`` (raw Kafka records); tombstones
-    (no value) are left out."""
+    (no value) and keyless events without a row (Debezium JSON truncate and message events) are
+    left out."""
     records = records.filter(pc.invert(pc.is_null(records["value"])))
     shapes: dict[str | None, list] = {}
     cache: dict[bytes | None, str | None] = {}
-    for key, topic, partition, offset in zip(records["key"].to_pylist(), records["topic"].to_pylist(),
-                                             records["partition"].to_pylist(), records["offset"].to_pylist()):
+    for key, value, topic, partition, offset in zip(records["key"].to_pylist(), records["value"].to_pylist(),
+                                                    records["topic"].to_pylist(), records["partition"].to_pylist(),
+                                                    records["offset"].to_pylist()):
+        if not key and _rowless(value):
+            continue
         if key not in cache:
             fields = key_fields(key, decoder)
             cache[key] = None if fields is None else json.dumps(list(fields))

@@ -47,6 +47,19 @@ def test_shapes_leave_tombstones_out_and_name_the_first_message() -> None:
     assert shapes[None]["messages"] == 1 and shapes[None]["offset"] == 103
 
 
+def test_shapes_leave_out_keyless_truncate_and_message_events() -> None:
+    """Debezium's Postgres and MySQL connectors write a TRUNCATE (op t) and a logical decoding message (op m)
+    with a null key, with or without the schema envelope: they carry no row, so they say nothing about the
+    key (a table learnt its key wrongly or failed before). A keyless row change still counts."""
+    truncate = {"op": "t", "source": {"connector": "postgresql", "lsn": 7}, "before": None, "after": None}
+    table = records([{"op": "c"}, truncate, {"schema": {"type": "struct"}, "payload": truncate}, {"op": "m"},
+                     {"op": "c"}], keys=[b'{"id": 1}', None, b"", None, None])
+    shapes = {r["fields"]: r for r in key_shapes(table).to_pylist()}
+    assert shapes['["id"]']["messages"] == 1
+    assert shapes[None]["messages"] == 1 and shapes[None]["offset"] == 104
+    assert key_shapes(records([truncate], keys=[None])).num_rows == 0
+
+
 CONFIG = """
 pipeline: {id: p, checkpoint: %(root)s/ckpt}
 kafka: {bootstrap_servers: "localhost:9092"}
