@@ -477,6 +477,20 @@ class SourceEnvelopes:
         if out.target or out.sent:
             yield out.batch()
 
+    def snapshot(self, route: int, rows: pa.Table) -> Iterator[pa.RecordBatch]:
+        """A mirrored source's table snapshot (``route``'s rows as +I changes) to the graph only: its
+        table already holds them. Columns the table does not keep (none of the graph's today) are null."""
+        out = Envelopes(self.chain, -1)
+        for node_id in self.sources.get(route, ()):
+            schema = _changelog(self.chain.plan[node_id].schema)
+            missing = [f for f in schema if f.name not in rows.column_names]
+            padded = rows
+            for f in missing:
+                padded = padded.append_column(f, pa.nulls(rows.num_rows, f.type))
+            route_source(Router(self.chain), [node_id], padded, out)
+        if out.target or out.sent:
+            yield out.batch()
+
     def _route(self, rows: Mapping[int, list[pa.Table]], out: Envelopes) -> None:
         router = Router(self.chain)
         for route, tables in rows.items():
@@ -489,8 +503,15 @@ class RoutedStage:
 
     spark_schema = ENVELOPE
 
-    def __init__(self, stage: Any, envelopes: SourceEnvelopes) -> None:
+    def __init__(self, stage: Any, envelopes: SourceEnvelopes, snapshots: Mapping[int, Any] | None = None) -> None:
         self.stage, self.envelopes = stage, envelopes
+        #: route -> its mirrored table's snapshot (``TableSnapshot``) for a rebuilt checkpoint's first batch
+        self.snapshots = dict(snapshots or {})
+
+    def snapshot(self, route: int) -> Iterator[pa.RecordBatch]:
+        """A :class:`~changelake.spark.kafka_source.SnapshotTask`: the route's table snapshot as envelopes."""
+        for batch in self.envelopes.snapshot(route, self.snapshots[route].changes()):
+            yield pa.RecordBatch.from_arrays(batch.columns, schema=_NULLABLE_ENVELOPE)
 
     def begin(self, epochs: dict) -> None:
         """The read task's partitions' epoch states at their start (:meth:`DecodeStage.begin`)."""

@@ -181,6 +181,8 @@ class DecodingStreamReader(KafkaStreamReader):
         self.stage = stage
 
     def read(self, partition: Any) -> Iterator[pa.RecordBatch]:
+        if isinstance(partition, SnapshotTask):     # a rebuilt checkpoint's first batch (RoutedStage.snapshot)
+            return self.stage.snapshot(partition.route)
         begin = getattr(self.stage, "begin", None)
         if begin is not None:
             begin({(r.topic, r.partition): r.epoch for r in getattr(partition, "ranges", ()) if r.epoch})
