@@ -80,10 +80,11 @@ def plan_rebuild(config: ChangelakeConfig, plan: PhysicalPlan, generation: int) 
     if unmirrored:
         raise RebuildRefused(
             f"--rebuild-views builds the views from the sources' mirrored tables, but source(s) "
-            f"{', '.join(unmirrored)} are not mirrored into a table. Either mirror them (sources[].table: "
-            "<name>, run the old views once so the table holds them, then rebuild), or re-read the topics: move "
-            f"the checkpoint {checkpoint} away and run without --rebuild-views; the new checkpoint re-reads every "
-            f"source from starting_offsets: earliest ({RESTART_DOC})")
+            f"{', '.join(unmirrored)} are not mirrored into a table. Re-read the topics instead: move the "
+            f"checkpoint {checkpoint} away and run without --rebuild-views; the new checkpoint re-reads every "
+            "source from starting_offsets: earliest. To rebuild from the lake next time, mirror the source(s) "
+            "into a table (sources[].table: <name>) in that same change, so the re-read fills the table "
+            f"({RESTART_DOC})")
     last = last_committed_batch(checkpoint)
     offsets = batch_end_offsets(checkpoint, last[0]) if last is not None else {}
     if last is None or not offsets:

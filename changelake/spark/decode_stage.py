@@ -46,7 +46,8 @@ from changelake.changelog import DEAD_LETTER_SCHEMA, OFFSET, PARTITION, TOPIC
 from changelake.formats.message_key import key_shapes
 from changelake.formats.sequence import PartitionEpoch, Sequencer, changes_table, resequenced, states_table
 from changelake.key_changes import split_key_changes
-from changelake.spark.kafka_source import ARROW_SCHEMA, KafkaOptions, KafkaSource, KafkaStreamReader, split_markers
+from changelake.spark.kafka_source import (ARROW_SCHEMA, KafkaOptions, KafkaSource, KafkaStreamReader, SnapshotTask,
+                                          split_markers)
 from changelake.spark.payloads import from_ipc, to_ipc
 
 SCHEMA = pa.schema([pa.field("_route", pa.int16()), pa.field("part", pa.string()), pa.field("payload", pa.binary())])

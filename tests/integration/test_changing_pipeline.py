@@ -184,5 +184,5 @@ def test_rebuild_views_builds_a_view_added_and_one_changed_from_the_mirrored_tab
     refused = run(path, args=("--rebuild-views",))
     assert refused.returncode == 2, refused.stderr[-3000:]
     assert "products are not mirrored" in refused.stderr and "sources[].table" in refused.stderr
-    assert "starting_offsets: earliest" in refused.stderr
+    assert "starting_offsets: earliest" in refused.stderr and "move the checkpoint" in refused.stderr
     assert not os.path.isdir(checkpoint + ".gen1"), "nothing moved before the refusal"
