@@ -110,8 +110,8 @@ def prepare(config: ChangelakeConfig, plan: PhysicalPlan | None, *, buckets: int
     views = table_fingerprints(plan) if plan is not None else {}
     state = state_fingerprint(plan, buckets, default_buckets) if plan is not None else None
     rebuild = None
-    if recorded is not None and recorded.rebuild:
-        rebuild = rebuilds.Rebuild.from_json(recorded.rebuild)
+    if recorded is not None and recorded.rebuild and last_committed_batch(checkpoint) is None:
+        rebuild = rebuilds.Rebuild.from_json(recorded.rebuild)      # a rebuild whose first batch is not done
     elif rebuild_views and plan is not None and recorded is not None and _views_moved(recorded, views, state):
         try:
             rebuild = rebuilds.plan_rebuild(config, plan, recorded.generation)

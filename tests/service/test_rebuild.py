@@ -97,6 +97,14 @@ def test_rebuild_views_starts_the_next_generation_at_the_old_checkpoints_offsets
     resumed = start(edited)
     assert resumed.generation == 1 and resumed.rebuild == begun.rebuild
 
+    write(config, "orders", "order_id", [(5, f"l{5:020d}")], batch_id=0, generation=1)
+    committed(edited, 0, {"lc.inventory.orders": {"0": 20, "1": 4}})   # its first batch done: rebuilt
+    assert start(edited).rebuild is None
+    again = config_with_views(tmp_path, views=[VIEWS[0], {**VIEWS[1], "aggregates": {"orders": "count(*)"}}])
+    rebuilt = start(again, rebuild_views=True)                          # the views changed once more
+    assert rebuilt.generation == 2 and rebuilt.rebuild.offsets == {"lc.inventory.orders": {"0": 20, "1": 4}}
+    assert rebuilt.rebuild.generation == 1 and os.path.isdir(checkpoint + ".gen1")
+
 
 def test_rebuild_views_with_nothing_changed_continues_the_checkpoint(tmp_path):
     config = config_with_views(tmp_path)
