@@ -6,8 +6,8 @@
 * A view added and one changed on an existing checkpoint: refused, naming the views and the fix; the fix
   (a new checkpoint) gives tables equal to the batch query over the source's final state.
 * The same with ``run --rebuild-views``: the views are rebuilt from the mirrored tables and continue from
-  the old checkpoint's offsets (only the records produced since are read); a view over a source that is not
-  mirrored is refused with the fix.
+  the old checkpoint's offsets (only the records produced since are read), also when the rebuild is killed
+  in its first batch and restarted; a view over a source that is not mirrored is refused with the fix.
 """
 
 from __future__ import annotations
@@ -42,9 +42,13 @@ SALES = """SELECT p.category, count(*)::BIGINT AS orders, sum(o.quantity)::BIGIN
            FROM orders o JOIN products p ON o.product_id = p.id GROUP BY p.category"""
 
 
-def run(path, *, checkpoint: str | None = None, args: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
-    """``changelake run --available-now -c path`` (the checkpoint overridden from the environment)."""
+def run(path, *, checkpoint: str | None = None, args: tuple[str, ...] = (),
+        fault: str | None = None) -> subprocess.CompletedProcess:
+    """``changelake run --available-now -c path`` (the checkpoint overridden from the environment; ``fault``:
+    a kill point of changelake.service.pipeline)."""
     env = {k: v for k, v in os.environ.items() if k != "CHANGELAKE_FAULT"}
+    if fault:
+        env["CHANGELAKE_FAULT"] = fault
     if checkpoint:
         env["CHANGELAKE_PIPELINE__CHECKPOINT"] = checkpoint
     return subprocess.run([sys.executable, "-m", "changelake.service.cli", "--log-level", "WARNING", "run",
@@ -156,7 +160,9 @@ def test_rebuild_views_builds_a_view_added_and_one_changed_from_the_mirrored_tab
     config = load_config(path)
     sent = more_changes(db, kafka.bootstrap_servers, prefix, 40)
 
-    rebuilt = run(path, args=("--rebuild-views",))           # docs/operations.md: --rebuild-views
+    crashed = run(path, args=("--rebuild-views",), fault="after-first-table@0")   # killed in its first batch
+    assert crashed.returncode != 0
+    rebuilt = run(path)                                      # the restart resumes the rebuild (no flag needed)
     assert rebuilt.returncode == 0, rebuilt.stderr[-3000:]
     # only the records produced since the old checkpoint's last batch were read: the views' input before
     # them came from the mirrored tables
