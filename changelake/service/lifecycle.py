@@ -20,6 +20,9 @@ At start (:func:`prepare`), before the query reads anything::
     existing, recorded             a view added or changed, or the state     refused: start a new checkpoint
                                    moved (a stateful view added, removed,
                                    reordered; buckets, two_level)
+    existing, recorded,            a view added or changed, or the state     generation g + 1 from the mirrored
+      run --rebuild-views          moved                                     tables (service.rebuild); the old
+                                                                              checkpoint kept at <checkpoint>.gen<g>
     existing, recorded             a view whose table is no longer written   its generation (logged)
     existing, not recorded         (a checkpoint of an older changelake)     generation 0, recorded now (views
                                                                               changed before cannot be told)
