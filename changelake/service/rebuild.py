@@ -8,7 +8,8 @@ the run starts the next checkpoint generation from the lake::
        its Kafka end offsets
     2  per source the graph reads: its mirrored        the newest Delta version whose transaction version
        table as batch b left it                        (changelake:<pipeline id>:<table>) is at most (g, b)
-    3  refuse when a source is not mirrored            "mirror it with table:, or re-read the topic"
+    3  refuse when a source is not mirrored, or into   "re-read the topics with a new checkpoint (and
+       a history table (history: scd2)                 mirror the source in that change)"
     4  record the plan in the old checkpoint, move     <checkpoint>/changelake/rebuild.json, then
        it to <checkpoint>.gen<g>                       <checkpoint> -> <checkpoint>.gen<g>
     5  the new checkpoint (generation g + 1) records   lineage.json "rebuild"; the epoch states of the
@@ -85,6 +86,13 @@ def plan_rebuild(config: ChangelakeConfig, plan: PhysicalPlan, generation: int) 
             "source from starting_offsets: earliest. To rebuild from the lake next time, mirror the source(s) "
             "into a table (sources[].table: <name>) in that same change, so the re-read fills the table "
             f"({RESTART_DOC})")
+    histories = sorted(n.source for n in plan.sources if config.table(sources[n.source].table).history is not None)
+    if histories:
+        raise RebuildRefused(
+            f"source(s) {', '.join(histories)} are mirrored into history tables (history: scd2), which keep every "
+            "version of a key, not the source's state: the views cannot be rebuilt from them. Move the checkpoint "
+            f"{checkpoint} away and run without --rebuild-views; the new checkpoint re-reads every source from "
+            f"starting_offsets: earliest ({RESTART_DOC})")
     last = last_committed_batch(checkpoint)
     offsets = batch_end_offsets(checkpoint, last[0]) if last is not None else {}
     if last is None or not offsets:

@@ -144,3 +144,18 @@ def test_a_rebuilt_checkpoint_starts_from_the_old_ones_epoch_states(tmp_path):
     write_epochs(new, 0, {("t", 1): {"at": 50, "epoch": 3}})            # the new checkpoint's first batch
     assert epochs_at(new, {("t", 0): 12, ("t", 1): 55}) == {("t", 0): {"at": 10, "epoch": 1},
                                                             ("t", 1): {"at": 50, "epoch": 3}}
+
+
+def test_rebuild_views_over_a_history_table_is_refused(tmp_path):
+    config = config_with_views(tmp_path)
+    start(config)
+    committed(config, 3, {"lc.inventory.orders": {"0": 17}})
+    path = tmp_path / "pipeline.yaml"
+    data = yaml.safe_load(path.read_text())
+    data["views"] = CHANGED
+    for t in data["tables"]:
+        if t["name"] == "orders":
+            t["history"] = "scd2"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    with pytest.raises(RestartRefused, match=r"orders are mirrored into history tables.*Move the checkpoint"):
+        start(load_config(path), rebuild_views=True)
