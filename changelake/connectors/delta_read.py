@@ -54,6 +54,12 @@ def version_at_position(path: str, app_id: str, position: int, *,
     return None
 
 
+def table_columns(path: str, version: int, *, storage_options: dict[str, str] | None = None) -> set[str]:
+    """The names of the table's columns at ``version``."""
+    return set(pa.schema(DeltaTable(path, version=version, storage_options=storage_options or None)
+                         .schema().to_arrow()).names)
+
+
 @dataclass(frozen=True)
 class TableSnapshot:
     """A mirrored table at one version as changes: every row an insert (``_kind`` +I) with the ``_seq`` it

@@ -9,7 +9,8 @@ the run starts the next checkpoint generation from the lake::
     2  per source the graph reads: its mirrored        the newest Delta version whose transaction version
        table as batch b left it                        (changelake:<pipeline id>:<table>) is at most (g, b)
     3  refuse when a source is not mirrored, or into   "re-read the topics with a new checkpoint (and
-       a history table (history: scd2)                 mirror the source in that change)"
+       a history table (history: scd2), or its table   mirror the source in that change)"
+       lacks a column the views read
     4  record the plan in the old checkpoint, move     <checkpoint>/changelake/rebuild.json, then
        it to <checkpoint>.gen<g>                       <checkpoint> -> <checkpoint>.gen<g>
     5  the new checkpoint (generation g + 1) records   lineage.json "rebuild"; the epoch states of the
@@ -35,7 +36,7 @@ from typing import Any
 
 from changelake.changelog import commit_position
 from changelake.connectors.commits import RESTART_DOC
-from changelake.connectors.delta_read import version_at_position
+from changelake.connectors.delta_read import table_columns, version_at_position
 from changelake.errors import ChangelakeError
 from changelake.plan.physical import PhysicalPlan
 from changelake.service.config import ChangelakeConfig
@@ -112,6 +113,14 @@ def plan_rebuild(config: ChangelakeConfig, plan: PhysicalPlan, generation: int) 
                 f"source {name} is mirrored into table {table}, but the table has no version at batch {last[0]} "
                 f"of checkpoint generation {generation} (missing, or its log was cleaned up): move the checkpoint "
                 f"away and run without --rebuild-views to re-read the topics ({RESTART_DOC})")
+        node = next(n for n in plan.sources if n.source == name)
+        held = table_columns(config.table_path(table), version, storage_options=options)
+        lacking = [f.name for f in node.schema if f.name not in held]
+        if lacking:
+            raise RebuildRefused(
+                f"source {name}'s view input needs column(s) {', '.join(lacking)}, which its table {table} did not "
+                f"hold at batch {last[0]}: the views cannot be rebuilt from it. Move the checkpoint away and run "
+                f"without --rebuild-views to re-read the topics ({RESTART_DOC})")
         tables[name] = version
     return Rebuild(generation=generation, batch=last[0], offsets=offsets, tables=tables,
                    kept=f"{checkpoint.rstrip('/')}.gen{generation}")

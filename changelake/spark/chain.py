@@ -478,16 +478,11 @@ class SourceEnvelopes:
             yield out.batch()
 
     def snapshot(self, route: int, rows: pa.Table) -> Iterator[pa.RecordBatch]:
-        """A mirrored source's table snapshot (``route``'s rows as +I changes) to the graph only: its
-        table already holds them. Columns the table does not keep (none of the graph's today) are null."""
+        """A mirrored source's table snapshot (``route``'s rows as +I changes, at least the source node's
+        columns: ``changelake.service.rebuild`` checked the table holds them) to the graph only: its table
+        already holds them."""
         out = Envelopes(self.chain, -1)
-        for node_id in self.sources.get(route, ()):
-            schema = _changelog(self.chain.plan[node_id].schema)
-            missing = [f for f in schema if f.name not in rows.column_names]
-            padded = rows
-            for f in missing:
-                padded = padded.append_column(f, pa.nulls(rows.num_rows, f.type))
-            route_source(Router(self.chain), [node_id], padded, out)
+        route_source(Router(self.chain), self.sources.get(route, ()), rows, out)
         if out.target or out.sent:
             yield out.batch()
 

@@ -33,11 +33,17 @@ def start(config, **options):
     return prepare(config, pipeline_from_config(config).plan(), **options)
 
 
-def write(config, table: str, key: str, rows: list[tuple[int, str]], *, batch_id: int, generation: int = 0) -> None:
+def write(config, table: str, key: str, rows: list[tuple[int, str]], *, batch_id: int, generation: int = 0,
+          columns: bool = True) -> None:
+    """Rows of ``table`` (key and _seq given; with ``columns``, its source's other columns null)."""
     sink = open_sink(TableSpec(name=table, path=config.table_path(table), primary_key=(key,)),
                      pipeline_id=config.pipeline.id, generation=generation)
-    sink.apply(pa.table({key: [k for k, _ in rows], "_kind": pa.array([0] * len(rows), pa.int8()),
-                         "_seq": [s for _, s in rows]}), batch_id=batch_id)
+    data = {key: pa.array([k for k, _ in rows], pa.int64())}
+    source = next((n for n in pipeline_from_config(config).plan().sources if n.source == table), None)
+    for f in (source.schema if source is not None and columns else ()):
+        data.setdefault(f.name, pa.nulls(len(rows), f.type))
+    data |= {"_kind": pa.array([0] * len(rows), pa.int8()), "_seq": [s for _, s in rows]}
+    sink.apply(pa.table(data), batch_id=batch_id)
 
 
 def committed(config, batch_id: int, offsets: dict) -> None:
@@ -49,11 +55,11 @@ def committed(config, batch_id: int, offsets: dict) -> None:
             (root / log / str(b)).write_text("v1\n{}\n" + (json.dumps(offsets) if log == "offsets" else ""))
 
 
-def lake(config) -> None:
+def lake(config, *, columns: bool = True) -> None:
     """Batches 0-3 of generation 0 wrote the mirrors; batch 4 was half written (orders only) when it crashed."""
     for b in range(4):
-        write(config, "orders", "order_id", [(b, f"l{b:020d}")], batch_id=b)
-        write(config, "products", "id", [(b, f"l{b:020d}")], batch_id=b)
+        write(config, "orders", "order_id", [(b, f"l{b:020d}")], batch_id=b, columns=columns)
+        write(config, "products", "id", [(b, f"l{b:020d}")], batch_id=b, columns=columns)
     write(config, "orders", "order_id", [(99, f"l{99:020d}")], batch_id=4)
 
 
@@ -159,3 +165,12 @@ def test_rebuild_views_over_a_history_table_is_refused(tmp_path):
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     with pytest.raises(RestartRefused, match=r"orders are mirrored into history tables.*Move the checkpoint"):
         start(load_config(path), rebuild_views=True)
+
+
+def test_rebuild_views_from_a_table_that_lacks_a_column_the_views_read_is_refused(tmp_path):
+    config = config_with_views(tmp_path)
+    start(config)
+    lake(config, columns=False)                  # the tables hold the keys only
+    committed(config, 3, {"lc.inventory.orders": {"0": 17}})
+    with pytest.raises(RestartRefused, match=r"source products.s view input needs column\(s\) name, .*at batch 3"):
+        start(config_with_views(tmp_path, views=CHANGED), rebuild_views=True)
