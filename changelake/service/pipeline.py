@@ -277,7 +277,8 @@ class BatchProcessor:
         then holds their dead letters, key-change counts and truncates, not their rows."""
         stats, parts = self.stage.split(out)
         for i, got in parts.items():
-            self.epochs.take(self.routes[i].spec.name, got)
+            if "epochs" in got or "epochchg" in got:     # a source route's (graph changes are keyed by graph table)
+                self.epochs.take(self.routes[i].spec.name, got)
         self._dropped, self._positions = {}, {}
         self.keys.learn(_key_shapes(self.routes, parts))
         graph_changes = {self.graph_tables[i]: got.pop(CHANGES_PART) for i, got in parts.items()
