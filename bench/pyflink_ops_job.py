@@ -78,9 +78,7 @@ def collect_final(env, sql: str) -> dict:
     Mini-batch is switched on so that the collect sink receives few updates, not one per event.
     """
     conf = env.get_config()
-    import os
-    if os.environ.get("BK_MINIBATCH", "on") == "on":
-        conf.set("table.exec.mini-batch.enabled", "true")
+    conf.set("table.exec.mini-batch.enabled", "true")
     conf.set("table.exec.mini-batch.allow-latency", "5 s")
     conf.set("table.exec.mini-batch.size", "100000")
     final = {}
