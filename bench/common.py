@@ -28,6 +28,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+#: PyFlink's own interpreter (apache-flink==2.3.0 in a venv of its own), the benchmarks' --flink-python default
+DEFAULT_FLINK_PYTHON = "/tmp/venv-flink/bin/python"
 BROKERS = ("real", "embedded")
 #: the real broker's settings for the benchmarks: auto-created topics get 4 partitions (as on the mock,
 #: so every benchmark keeps its topic layout) and records of any age are kept

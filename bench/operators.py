@@ -72,7 +72,8 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import PeakMemory, add_broker_option, machine, open_broker, run_python_job, skip_pyflink
+from bench.common import (DEFAULT_FLINK_PYTHON, PeakMemory, add_broker_option, machine, open_broker, run_python_job,
+                          skip_pyflink)
 from bench.gen import debezium_envelope
 from bench.spark_timing import BatchClock, spark_stages
 
@@ -484,7 +485,7 @@ def main() -> int:
     ap.add_argument("--changelake", choices=("auto", "spark", "local", "none"), default="auto")
     ap.add_argument("--queries", default="a,b")
     ap.add_argument("--skip-pyflink", action="store_true")
-    ap.add_argument("--flink-python", default="/tmp/venv-flink/bin/python")
+    ap.add_argument("--flink-python", default=DEFAULT_FLINK_PYTHON)
     ap.add_argument("--topics", type=int, default=4, help="topics per table (the mock broker keeps 5 MB/partition)")
     add_broker_option(ap)
     ap.add_argument("--batch", type=int, default=250_000, help="max records per micro-batch")
