@@ -1,5 +1,6 @@
 """Mirror benchmark: 1,000,000 Debezium JSON events over 200,000 keys (~10% deletes)
-through Kafka (``--broker real|embedded``, bench/common.py) -> changelake (Spark) -> Delta (delta-rs), on embedded defaults.
+through Kafka (``--broker real|embedded``, bench/common.py) -> changelake (Spark) -> Delta (delta-rs),
+on embedded defaults.
 
     .venv/bin/python bench/mirror.py [--events 1000000] [--keys 200000] [--profile]
     .venv/bin/python bench/mirror.py --quick     # smoke run: 20,000 events, 4,000 keys, 2 micro-batches

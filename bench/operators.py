@@ -276,7 +276,8 @@ def flink_source(broker, data: Path, topics: int) -> list[str]:
 
     if broker.kind != "real":
         return ["files", str(data)]
-    spec = ",".join(f"{t}=" + ";".join(TOPIC.format(table=t, n=n) for n in range(topics)) for t in ("products", "orders"))
+    spec = ",".join(f"{t}=" + ";".join(TOPIC.format(table=t, n=n) for n in range(topics))
+                    for t in ("products", "orders"))
     return ["kafka", broker.bootstrap_servers, spec, ";".join(str(j) for j in jvm_deps.jars("flink-kafka"))]
 
 

@@ -3,7 +3,8 @@
     .venv/bin/python bench/scaleout.py [--changes 20000] [--batch 5000]
     .venv/bin/python bench/scaleout.py --quick     # 1,500 changes, batches of 700 (tests/integration/test_cluster_mode.py)
 
-Writes one inventory history (three Debezium JSON tables, ~2% redelivered) to a broker (``--broker real|embedded``, bench/common.py),
+Writes one inventory history (three Debezium JSON tables, ~2% redelivered) to a broker
+(``--broker real|embedded``, bench/common.py),
 then runs the chart's driver entry point (``docker/spark_driver.py run --available-now``, the demo
 pipeline: three mirrors and a join -> group -> top-N graph) under ``spark-submit --master M`` for
 both masters, one after the other, on the same topics. The pipeline YAML names no master: only
