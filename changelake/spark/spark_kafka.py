@@ -18,8 +18,8 @@ read tasks           ``pipeline.read_tasks``, ranges packed into them    one per
 admission            ``pipeline.max_records_per_batch``                  ``maxOffsetsPerTrigger`` (the same
                                                                          value unless ``kafka.spark_options``
                                                                          sets it)
-offsets gone from    counted (``changelake_records_expired_total``), the  the query fails (Spark's
-Kafka before read    batch goes on                                       ``failOnDataLoss``, true unless
+offsets gone from    counted (``changelake_expired_offsets_skipped_       the query fails (Spark's
+Kafka before read    total``), the batch goes on                         ``failOnDataLoss``, true unless
                                                                          ``kafka.spark_options`` says false)
 a rebuilt            its first batch reads the mirrored tables'          refused (start the rebuild with the
 checkpoint           snapshots                                           ``python`` reader)
