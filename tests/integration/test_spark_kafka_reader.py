@@ -114,3 +114,44 @@ def test_spark_kafka_reader_sends_a_malformed_message_to_the_dead_letters_with_i
     assert set(letters["reason"].to_pylist()) == {"malformed"}
     assert all(ts is not None for ts in letters["timestamp"].to_pylist())
     assert sum(processor.totals.dead_letters.values()) == 2
+
+
+def test_spark_kafka_reader_reads_replayed_dead_letters_at_their_original_positions(spark, kafka, tmp_path, capsys):
+    """``changelake dlq replay`` writes to ``<topic>.replay`` with the letter's position in headers: the
+    spark-kafka reader subscribes to replay topics too and decodes each record at that position."""
+    import yaml
+
+    from changelake.changelog import seq_from_kafka
+    from changelake.service.cli import main
+    from changelake.service.config import parse_config
+
+    from .test_dlq_replay import HISTORY, _rows
+
+    topic = kafka.topic("skreplay")
+    p = Producer({"bootstrap.servers": kafka.bootstrap_servers, "log_level": 3})
+    for key, value in HISTORY:
+        p.produce(topic, key=key, value=value, partition=0)
+    p.flush(30)
+
+    def configured(upsert: bool):
+        raw = {"pipeline": {"id": f"skdlq-{topic}", "checkpoint": str(tmp_path / "ckpt")},
+               "kafka": {"bootstrap_servers": kafka.bootstrap_servers, "reader": "spark-kafka"},
+               "sources": [{"name": "products", "topics": [topic], "format": "debezium-json", "table": "products",
+                            "on_error": "dlq", "options": {"upsert": upsert}}],
+               "tables": [{"name": "products", "primary_key": ["id"]}],
+               "storage": {"root": str(tmp_path / "lake")}}
+        path = tmp_path / "pipeline.yaml"
+        path.write_text(yaml.safe_dump(raw, sort_keys=False))
+        return parse_config(path.read_text(), origin=str(path)), str(path)
+
+    config, _ = configured(upsert=False)
+    _run(spark, config)
+    assert {k: v[0] for k, v in _rows(config).items()} == {1: "new"}
+    config, path = configured(upsert=True)      # the cause is fixed: replay the letters, run on the same checkpoint
+    assert main(["dlq", "replay", "-c", path]) == 0
+    assert "replayed 2 dead letter(s)" in capsys.readouterr().out
+    processor, _ = _run(spark, config)
+    assert processor.totals.records == 2
+    rows = _rows(config)
+    assert rows[1] == ("new", seq_from_kafka(0, 2))     # the replayed older update stays older
+    assert rows[2] == ("x", seq_from_kafka(0, 3))       # at the position it was first read at
