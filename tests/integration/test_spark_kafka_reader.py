@@ -92,6 +92,31 @@ def test_spark_kafka_reader_resumes_from_its_checkpoint_without_loss_or_duplicat
     assert verify(config, db.state) == {t: "ok" for t in db.state}
 
 
+def test_a_checkpoint_changes_readers_without_loss_or_duplicates(spark, kafka, tmp_path):
+    """Both readers keep the same offsets in Spark's checkpoint: a pipeline may switch kafka.reader and resume."""
+    import changelake.service.inventory as inv
+    from changelake.connectors.kafka_broker import create_topics
+
+    prefix = kafka.topic("skswitch")
+    create_topics(kafka.bootstrap_servers, {inv.topic_for(t).replace(inv.SERVER, prefix, 1): 4 for t in inv.TABLES})
+    db = inv.InventoryDatabase(seed=41)
+    msgs = [inv.Message(m.topic.replace(inv.SERVER, prefix, 1), m.key, m.value)
+            for m in db.history(snapshot_sizes={"customers": 20, "products": 30, "orders": 40}, changes=300,
+                                redeliver=0)]
+    third = len(msgs) // 3
+    python = _config(kafka, tmp_path, prefix, "python")
+    java = python.model_copy(update={"kafka": python.kafka.model_copy(update={"reader": "spark-kafka"})})
+    inv.produce(msgs[:third], kafka.bootstrap_servers)
+    first, _ = _run(spark, python)
+    inv.produce(msgs[third:2 * third], kafka.bootstrap_servers)
+    second, _ = _run(spark, java)           # the python reader's checkpoint, read on by Spark's Kafka source
+    inv.produce(msgs[2 * third:], kafka.bootstrap_servers)
+    third_run, _ = _run(spark, python)      # and back
+    assert (first.totals.records, second.totals.records, third_run.totals.records) == \
+        (third, third, len(msgs) - 2 * third)
+    assert verify(python, db.state) == {t: "ok" for t in db.state}
+
+
 def test_spark_kafka_reader_sends_a_malformed_message_to_the_dead_letters_with_its_position(spark, kafka, tmp_path):
     prefix = kafka.topic("skdlq")
     db = write_history(kafka.bootstrap_servers, seed=5, changes=150, topic_prefix=prefix)
