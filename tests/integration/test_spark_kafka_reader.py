@@ -180,3 +180,32 @@ def test_spark_kafka_reader_reads_replayed_dead_letters_at_their_original_positi
     rows = _rows(config)
     assert rows[1] == ("new", seq_from_kafka(0, 2))     # the replayed older update stays older
     assert rows[2] == ("x", seq_from_kafka(0, 3))       # at the position it was first read at
+
+
+def test_spark_kafka_reader_starts_a_new_checkpoint_where_starting_offsets_say(spark, kafka, tmp_path):
+    """sources[].starting_offsets {timestamp: ...}: resolved per partition on the driver (as the python reader
+    does) and given to Spark's source as explicit startingOffsets; `latest` as Spark's own."""
+    import orjson
+
+    from .test_starting_offsets import MOMENT, MOMENT_MS, _config as offsets_config, _event, _ids
+
+    topic = kafka.topic("sksince", partitions=2)
+    producer = Producer({"bootstrap.servers": kafka.bootstrap_servers, "log_level": 3})
+    stamps = {i: MOMENT_MS - 3_600_000 + i * 60_000 for i in range(1, 21)}
+    stamps |= {i: MOMENT_MS + (i - 21) * 1_000 for i in range(21, 31)}
+    for i, stamp in stamps.items():
+        producer.produce(topic, key=orjson.dumps({"id": i}), value=_event(100 * i, {"id": i, "amount": i}),
+                         partition=i % 2, timestamp=stamp)
+    assert producer.flush(30) == 0
+
+    def spark_kafka(config):
+        return config.model_copy(update={"kafka": config.kafka.model_copy(update={"reader": "spark-kafka"})})
+
+    since = spark_kafka(offsets_config(kafka.bootstrap_servers, tmp_path / "since", topic,
+                                       {"timestamp": MOMENT.isoformat()}))
+    assert _ids(spark, since) == list(range(21, 31))
+    latest = spark_kafka(offsets_config(kafka.bootstrap_servers, tmp_path / "latest", topic, "latest"))
+    assert _ids(spark, latest) == []
+    producer.produce(topic, key=orjson.dumps({"id": 99}), value=_event(9_900, {"id": 99, "amount": 99}), partition=0)
+    assert producer.flush(30) == 0
+    assert _ids(spark, latest) == [99]          # the checkpoint began at the end: only what came after
