@@ -6,8 +6,10 @@
 #   docker build --target spark -t changelake:0.1.0-spark .   # SparkApplication mode
 #
 # Stages:
-#   jars     - fetches the Delta Lake (and optionally S3A) jars from Maven Central
-#              and checks them against Maven's published SHA-1 sums.
+#   jvm      - installs the project's pinned Spark JVM sets (jvm/pom.xml, checked
+#              against jvm/jvm.lock: delta, spark-kafka) with Maven, as `make install` does.
+#   jars     - fetches the optional S3A jars from Maven Central and checks them
+#              against Maven's published SHA-1 sums.
 #   builder  - builds a virtualenv with changelake and the pinned dependencies
 #              from pyproject.toml.
 #   runtime  - Python 3.11 + Java 17 JRE, non-root, ENTRYPOINT ["changelake"].
@@ -18,11 +20,24 @@ ARG PYTHON_VERSION=3.11
 ARG DEBIAN_RELEASE=bookworm
 
 # ---------------------------------------------------------------------------
+FROM python:${PYTHON_VERSION}-slim-${DEBIAN_RELEASE} AS jvm
+
+# The one pinned list of JVM artifacts (jvm/pom.xml, jvm/jvm.lock), installed by changelake/jvm_deps.py into
+# /opt/changelake/jvm/<set>/ with the lock beside them; a jar that differs from the lock fails the build.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends maven openjdk-17-jdk-headless \
+ && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY jvm ./jvm
+COPY changelake ./changelake
+RUN CHANGELAKE_JVM_DEPS_HOME=/opt/changelake/jvm CHANGELAKE_JVM_DEPS_REQUIRED=1 \
+    python -m changelake.jvm_deps install delta spark-kafka \
+ && cp jvm/jvm.lock /opt/changelake/jvm/jvm.lock \
+ && rm -rf /root/.m2
+
+# ---------------------------------------------------------------------------
 FROM debian:${DEBIAN_RELEASE}-slim AS jars
 
-# Delta Lake for Spark; must stay in step with delta-spark in pyproject.toml.
-ARG DELTA_VERSION=4.4.1
-ARG SCALA_BINARY_VERSION=2.13
 # Hadoop S3A connector; must equal the hadoop-client-api version bundled in pyspark's jars/.
 ARG WITH_S3A=true
 ARG HADOOP_VERSION=3.5.0
@@ -37,8 +52,6 @@ RUN apt-get update \
 
 COPY docker/fetch-jar.sh /usr/local/bin/fetch-jar
 WORKDIR /jars
-RUN fetch-jar "${MAVEN_REPO}" io.delta "delta-spark_${SCALA_BINARY_VERSION}" "${DELTA_VERSION}" \
- && fetch-jar "${MAVEN_REPO}" io.delta delta-storage "${DELTA_VERSION}"
 RUN if [ "${WITH_S3A}" = "true" ]; then \
       sdk="${AWS_SDK_BUNDLE_VERSION}"; \
       if [ "$sdk" = "auto" ]; then \
@@ -86,6 +99,7 @@ ENV JAVA_HOME=/opt/java \
     SPARK_HOME=/opt/venv/lib/python${PYTHON_VERSION}/site-packages/pyspark \
     CHANGELAKE_METRICS__PORT=${METRICS_PORT} \
     CHANGELAKE_JVM_ARCHIVE=/opt/changelake/spark-classes.jsa \
+    CHANGELAKE_JVM_DEPS_HOME=/opt/changelake/jvm \
     HOME=/home/changelake
 # The JRE directory name differs per architecture; give it one stable path.
 RUN ln -s "$(dirname "$(dirname "$(readlink -f "$(command -v java)")")")" /opt/java \
@@ -93,6 +107,10 @@ RUN ln -s "$(dirname "$(dirname "$(readlink -f "$(command -v java)")")")" /opt/j
 
 COPY --from=builder /opt/venv /opt/venv
 COPY --from=jars /jars/ ${SPARK_HOME}/jars/
+# The pinned sets: delta on Spark's own classpath (linked into its jars/), spark-kafka added to spark.jars by
+# the session builder (kafka.reader: spark-kafka) or listed by the chart's SparkApplication (spec.jars)
+COPY --from=jvm /opt/changelake/jvm /opt/changelake/jvm
+RUN ln -s /opt/changelake/jvm/delta/*.jar "${SPARK_HOME}/jars/"
 
 # Spark's classes in a class-data-sharing archive, written by a short demo run at build time: the driver
 # JVM maps them in instead of loading them one by one (changelake/spark/jvm_archive.py; ~2 s less per start).

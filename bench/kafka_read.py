@@ -18,6 +18,16 @@ Rates are per CPU-second of this process (``time.process_time``: librdkafka's fe
 they are per core; wall time is printed too. The best of ``--repeat`` runs. Each run must read every
 produced event exactly once, in offset order per partition, and decode each into changelog rows.
 ``--profile N`` prints the top N functions of one extra run of each under cProfile.
+
+``--reader python|spark-kafka|both`` measures the readers of ``kafka.reader`` instead, as the pipeline runs
+them: a Spark streaming query (``local[2]``, one session for both, ``--available-now`` in batches of
+``--batch`` records) of the ``changelake.spark.query`` wiring, Kafka source -> decode stage in the read
+tasks -> each batch's payloads collected on the driver and counted (no Delta commit: only the readers
+differ). Each query must read every produced event exactly once. Reported per reader: records/s over the
+batches (wall), the per-batch time (median and max of Spark's ``triggerExecution``), start-up (from
+``start()`` to the first batch's payloads on the driver, with the first batch), and the peak memory of
+the process tree. ``--repeat`` rounds alternate the order (python first, then spark-kafka first, ...);
+the ratio line compares the best of each (the machine is shared: compare within one run).
 """
 
 from __future__ import annotations
@@ -137,6 +147,92 @@ def profile(fn, top: int) -> None:
     pstats.Stats(prof).sort_stats("tottime").print_stats(top)
 
 
+class _Counted:
+    """The processor of a streaming query that only collects and counts the decode stage's payloads."""
+
+    plan = None
+
+    def __init__(self, stage) -> None:
+        self.stage = stage
+        self.routes = stage.routes
+        self.records = self.rows = 0
+        self.first_at: float | None = None
+
+    def process_decoded(self, out, batch_id, **_):
+        stats, parts = self.stage.split(out)
+        self.records += sum(r for r, _, _ in stats.values())
+        self.rows += sum(got["rows"].num_rows for got in parts.values() if "rows" in got)
+        dead = sum(got["dl"].num_rows for got in parts.values() if "dl" in got)
+        if dead:
+            raise SystemExit(f"batch {batch_id}: {dead} dead letters")
+        if self.first_at is None:
+            self.first_at = time.perf_counter()
+
+
+def spark_reader_run(spark, reader: str, config, work: Path, n: int) -> dict:
+    """One available-now query of ``reader`` over every produced event; its figures."""
+    import statistics
+
+    from bench.common import PeakMemory
+    from changelake.service.pipeline import BatchProcessor, kafka_reader_options
+    from changelake.spark.query import PipelineQuery, start
+
+    counted = _Counted(BatchProcessor(config).stage)
+    options = kafka_reader_options(config)
+    spark_kafka = None
+    if reader == "spark-kafka":
+        from changelake.spark.spark_kafka import source_options
+
+        spark_kafka = source_options(options, config.kafka.plain_properties(), {})
+    checkpoint = str(work / f"ckpt-{reader}-{time.monotonic_ns()}")
+    with PeakMemory() as memory:
+        t0 = time.perf_counter()
+        query = start(spark, PipelineQuery(counted, read_tasks=config.pipeline.read_tasks), name=f"bench-{reader}",
+                      checkpoint=checkpoint, reader_options=options, available_now=True, trigger_seconds=1,
+                      spark_kafka_options=spark_kafka)
+        query.awaitTermination()
+        wall = time.perf_counter() - t0
+    if counted.records != n or counted.rows < n:
+        raise SystemExit(f"{reader}: read {counted.records:,} records ({counted.rows:,} rows), produced {n:,}")
+    batches = [p for p in query.recentProgress if p["numInputRows"]]
+    per_batch = [p["durationMs"]["triggerExecution"] / 1000 for p in batches]
+    later = per_batch[1:] or per_batch
+    return {"reader": reader, "records": counted.records, "wall": wall, "batches": len(batches),
+            "rate": counted.records / wall, "startup": counted.first_at - t0,
+            "batch_median": statistics.median(later), "batch_max": max(later), "memory_mb": memory.total_mb}
+
+
+def spark_readers(args, broker, work: Path, produced: int) -> None:
+    from changelake import jvm_deps
+    from changelake.service.config import parse_config
+    from changelake.spark.session import build_session
+
+    readers = ["python", "spark-kafka"] if args.reader == "both" else [args.reader]
+    if "spark-kafka" in readers and jvm_deps.missing("spark-kafka"):
+        raise SystemExit(jvm_deps.missing("spark-kafka"))
+    config = parse_config(orjson.dumps(changelake_config("a", bootstrap=broker.bootstrap_servers, work=work,
+                                                         batch=args.batch)).decode())
+    spark = build_session(app_name="bench-kafka-read", master="local[2]", ui=False,
+                          jar_sets=("spark-kafka",) if "spark-kafka" in readers else ())
+    best: dict[str, dict] = {}
+    for round_ in range(args.repeat):
+        for reader in readers if round_ % 2 == 0 else readers[::-1]:
+            r = spark_reader_run(spark, reader, config, work, produced)
+            print(f"round {round_ + 1} {reader:<12} {r['records']:>9,} records in {r['batches']} batches: "
+                  f"{r['rate']:>9,.0f} records/s (wall {r['wall']:.1f}s), per batch median {r['batch_median']:.2f}s "
+                  f"max {r['batch_max']:.2f}s, start-up to first batch {r['startup']:.1f}s, "
+                  f"peak memory {r['memory_mb']:,.0f} MB", flush=True)
+            if reader not in best or r["rate"] > best[reader]["rate"]:
+                best[reader] = r
+    if len(best) == 2:
+        py, sk = best["python"], best["spark-kafka"]
+        print(f"spark-kafka / python (best of {args.repeat}): throughput {sk['rate'] / py['rate']:.2f}, per-batch "
+              f"median {sk['batch_median'] / py['batch_median']:.2f}, start-up {sk['startup'] / py['startup']:.2f}, "
+              f"peak memory {sk['memory_mb'] / py['memory_mb']:.2f}", flush=True)
+    spark.stop()
+    print("kafka read run ok", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--events", type=int, default=1_000_000)
@@ -145,6 +241,9 @@ def main() -> None:
     ap.add_argument("--profile", type=int, default=0, metavar="N", help="print the top N functions under cProfile")
     add_broker_option(ap)
     ap.add_argument("--quick", action="store_true", help="smoke run: 20,000 events over 4,000 keys, once")
+    ap.add_argument("--reader", choices=("python", "spark-kafka", "both"), default=None,
+                    help="measure kafka.reader's readers in Spark streaming queries instead (module docstring)")
+    ap.add_argument("--batch", type=int, default=100_000, help="--reader: records per micro-batch at most")
     args = ap.parse_args()
     if args.quick:
         args.events, args.keys, args.repeat = 20_000, 4_000, 1
@@ -157,6 +256,9 @@ def main() -> None:
         start = time.perf_counter()
         produced = produce(broker.bootstrap_servers, args.events, args.keys)
         print(f"produced {produced:,} events in {time.perf_counter() - start:.1f}s", flush=True)
+        if args.reader:
+            spark_readers(args, broker, Path(work), produced)
+            return
         opts, rngs = ranges(broker.bootstrap_servers)
         config = parse_config(orjson.dumps(changelake_config("a", bootstrap=broker.bootstrap_servers,
                                                              work=Path(work), batch=250_000)).decode())

@@ -34,7 +34,13 @@ everywhere or it does not start. ``CHANGELAKE_JVM_DEPS_HOME`` moves ``.jvm`` els
 image's ``/opt/changelake/jvm``).
 
 After an edit of ``jvm/pom.xml``: ``python -m changelake.jvm_deps lock`` resolves every set again and
-rewrites the lock (review its diff: it lists every jar that comes or goes).
+rewrites the lock (review its diff: it lists every jar that comes or goes) and the Helm chart's list of the
+image's jars (:func:`write_chart_jars`).
+
+The image (Dockerfile, stage ``jvm``) installs the Spark sets of :data:`IMAGE_SETS` the same way, into
+:data:`IMAGE_HOME` with the lock beside them (an installed package has no ``jvm/`` directory: :func:`lock_path`
+falls back to ``<home>/jvm.lock``); the chart's SparkApplication names their jars as ``local://`` paths from
+``helm/changelake/files/jvm-jars.yaml``.
 """
 
 from __future__ import annotations
@@ -61,6 +67,9 @@ SETS: dict[str, str] = {
 }
 #: the sets that are Kafka Connect plugin folders (a worker's plugin.path), not classpaths
 PLUGINS = ("debezium-postgres", "debezium-mariadb")
+#: the sets the image installs (Spark's classpath), and where
+IMAGE_SETS = ("delta", "spark-kafka")
+IMAGE_HOME = "/opt/changelake/jvm"
 HOME_ENV = "CHANGELAKE_JVM_DEPS_HOME"
 REQUIRED_ENV = "CHANGELAKE_JVM_DEPS_REQUIRED"
 #: the plugin that copies a profile's runtime jars, pinned like the jars themselves
@@ -81,7 +90,29 @@ def pom_path() -> Path:
 
 
 def lock_path() -> Path:
-    return project_root() / "jvm" / "jvm.lock"
+    """``jvm/jvm.lock`` of the project; in an installed package (the image), the copy beside the sets."""
+    path = project_root() / "jvm" / "jvm.lock"
+    return path if path.exists() or not (home() / "jvm.lock").exists() else home() / "jvm.lock"
+
+
+def chart_jars_path() -> Path:
+    return project_root() / "helm" / "changelake" / "files" / "jvm-jars.yaml"
+
+
+def chart_jars_text() -> str:
+    """``helm/changelake/files/jvm-jars.yaml``: the jars of :data:`IMAGE_SETS` in the image, from the lock."""
+    _, sets = read_lock()
+    lines = ["# The jars the image installs (Dockerfile, stage jvm) into <home>/<set>/, as jvm/jvm.lock pins them.",
+             "# Written by `python -m changelake.jvm_deps lock` (or `... chart`); do not edit by hand.",
+             f"home: {IMAGE_HOME}", "sets:"]
+    for name in IMAGE_SETS:
+        lines.append(f"  {name}:")
+        lines.extend(f"    - {file}" for file in sorted(sets.get(name, {})))
+    return "\n".join(lines) + "\n"
+
+
+def write_chart_jars() -> None:
+    chart_jars_path().write_text(chart_jars_text())
 
 
 def home() -> Path:
@@ -234,11 +265,12 @@ def write_lock() -> None:
         for name in SETS:
             lines.extend(_lock_lines(name, _resolve(name, Path(tmp) / name)))
     lock_path().write_text("\n".join(lines) + "\n")
+    write_chart_jars()
 
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    usage = ("usage: python -m changelake.jvm_deps install [SET...] | lock | classpath SET | status\n"
+    usage = ("usage: python -m changelake.jvm_deps install [SET...] | lock | chart | classpath SET | status\n"
              f"sets: {', '.join(SETS)}")
     if not args:
         print(usage, file=sys.stderr)
@@ -251,6 +283,9 @@ def main(argv: list[str] | None = None) -> int:
             return install(rest, required=os.environ.get(REQUIRED_ENV, "") not in ("", "0"))
         if verb == "lock":
             write_lock()
+            return 0
+        if verb == "chart":
+            write_chart_jars()
             return 0
         if verb == "classpath" and len(rest) == 1:
             print(classpath(rest[0]))

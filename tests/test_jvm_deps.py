@@ -83,6 +83,23 @@ def test_an_installed_set_differing_from_the_lock_is_not_taken(monkeypatch, tmp_
     assert "not the one jvm/jvm.lock pins" in jvm_deps.missing("spark-kafka")
 
 
+def test_an_installed_package_reads_the_lock_beside_the_sets(monkeypatch, tmp_path):
+    """The image: changelake is installed in site-packages (no jvm/ there) and the sets with the lock are in
+    CHANGELAKE_JVM_DEPS_HOME (Dockerfile, stage jvm): a set installed as that lock says is usable."""
+    _, sets = jvm_deps.read_lock()
+    home = tmp_path / "jvm"
+    (home / "spark-kafka").mkdir(parents=True)
+    (home / "jvm.lock").write_text(jvm_deps.lock_path().read_text())
+    (home / "spark-kafka" / ".installed").write_text(
+        "\n".join(f"spark-kafka {f} {d}" for f, d in sorted(sets["spark-kafka"].items())) + "\n")
+    monkeypatch.setenv(jvm_deps.HOME_ENV, str(home))
+    monkeypatch.setattr(jvm_deps, "project_root", lambda: tmp_path / "site-packages")
+    assert jvm_deps.lock_path() == home / "jvm.lock"
+    assert jvm_deps.missing("spark-kafka") is None
+    (home / "jvm.lock").unlink()                  # no lock anywhere: nothing is taken as pinned
+    assert "not the one jvm/jvm.lock pins" in jvm_deps.missing("spark-kafka")
+
+
 @pytest.mark.parametrize("name", ["delta", "spark-kafka"])
 def test_the_sets_for_sparks_classpath_bring_no_jar_pyspark_already_ships(name):
     import pyspark

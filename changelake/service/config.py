@@ -91,8 +91,16 @@ class KafkaSettings(_Model):
     bootstrap_servers: str = Field(description="host:port[,host:port...] of the Kafka brokers")
     properties: dict[str, SecretStr] = Field(default_factory=dict,
                                              description="librdkafka consumer properties (security.protocol, sasl.*, ssl.*)")
+    reader: Literal["python", "spark-kafka"] = Field(
+        "python", description="what reads Kafka (docs/operations.md, 'Kafka readers'): python (librdkafka in a Spark "
+        "Python data source) or spark-kafka (Spark's own Kafka source, the spark-kafka JVM set on spark.jars; "
+        "kafka.properties mapped to the Java client's)")
+    spark_options: dict[str, SecretStr] = Field(
+        default_factory=dict, description="reader spark-kafka: Spark Kafka source options passed as they are, over "
+        "those changelake derives (failOnDataLoss, maxOffsetsPerTrigger, startingOffsets, kafka.<Java consumer "
+        "property>, ...)")
 
-    @field_validator("properties", mode="before")
+    @field_validator("properties", "spark_options", mode="before")
     @classmethod
     def _scalars_as_text(cls, props: Any) -> Any:
         """YAML's ``enable.ssl.certificate.verification: false`` or ``fetch.max.bytes: 1048576`` as librdkafka
@@ -104,6 +112,9 @@ class KafkaSettings(_Model):
 
     def plain_properties(self) -> dict[str, str]:
         return {k: v.get_secret_value() for k, v in self.properties.items()}
+
+    def plain_spark_options(self) -> dict[str, str]:
+        return {k: v.get_secret_value() for k, v in self.spark_options.items()}
 
 
 class ColumnDecl(_Model):
@@ -1079,7 +1090,8 @@ def check_config_text(text: str, *, environ: Mapping[str, str] | None = None, or
         if together:
             warnings.append(origins.problem(("kafka", "properties"), together))
     if config is not None:
-        checks = config.reference_problems() + config_checks.partition_problems(config)
+        checks = config.reference_problems() + config_checks.partition_problems(config) + \
+            config_checks.reader_problems(config)
         errors.extend(origins.problem(loc, message) for loc, message in checks)
     if errors:      # else the views' own check lists them beside every other view's (views.graph_problems)
         errors.extend(origins.problem(loc, message) for loc, message in config_checks.sql_problems(data))

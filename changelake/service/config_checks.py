@@ -16,6 +16,11 @@ a credential written in the file       kafka.properties, storage.options, source
 ``views[].sql``                        syntax and unsupported constructs, when something      error
                                        else is wrong too (else the planner's check lists them)
 ``partition_by`` of a mirrored table   a column the source declares (or the route rule's)      error
+``kafka.reader: spark-kafka``          each ``kafka.properties`` entry has a Java client       error
+                                       equivalent; ``kafka.spark_options`` are Spark Kafka
+                                       source options changelake does not set itself
+                                       (changelake/spark/spark_kafka_options.py)
+``kafka.spark_options``                only with ``kafka.reader: spark-kafka``                 error
 =====================================  =====================================================  ========
 
 A graph table's ``partition_by`` is checked with the planner's schemas (:func:`changelake.service.views.graph_problems`).
@@ -256,3 +261,20 @@ def _columns_of(source: Any) -> list[str]:
         return _decoded_columns(source).names
     except (ConfigError, ValueError):
         return list(source.columns)
+
+
+def reader_problems(config: ChangelakeConfig) -> list[tuple[Loc, str]]:
+    """What the chosen Kafka reader (``kafka.reader``) cannot take of the Kafka settings."""
+    from changelake.spark.spark_kafka_options import option_problems, property_problems
+
+    kafka = config.kafka
+    if kafka.reader != "spark-kafka":
+        return [(("kafka", "spark_options", key), f"{key!r} is a Spark Kafka source option, which only "
+                 "kafka.reader: spark-kafka reads; set the reader, or move a client setting to kafka.properties")
+                for key in kafka.spark_options]
+    problems: list[tuple[Loc, str]] = [
+        (("kafka", "properties", key), f"{key!r} cannot be given to Spark's Kafka source (kafka.reader: spark-kafka): "
+         f"{why}") for key, why in property_problems(kafka.plain_properties())]
+    problems += [(("kafka", "spark_options", key), f"{key!r}: {why}")
+                 for key, why in option_problems(kafka.plain_spark_options())]
+    return problems

@@ -776,11 +776,22 @@ def start_query(spark: Any, config: ChangelakeConfig, processor: BatchProcessor,
     processor.start_generation(begun.generation, sorted(begun.replaced))
     options = kafka_reader_options(config)
     if begun.rebuild is not None:
+        if config.kafka.reader == "spark-kafka":
+            raise ConfigError("the views changed, so their checkpoint is rebuilt from the mirrored tables, whose first "
+                              "batch only kafka.reader: python can read (it adds the tables' snapshots to the Kafka "
+                              "ranges); run once with kafka.reader: python until the first batch is done, then switch "
+                              "back (both readers keep the same offsets in the checkpoint)")
         options.update(_rebuild_options(config, processor, begun.rebuild))
+    spark_kafka = None
+    if config.kafka.reader == "spark-kafka":     # Spark's own Kafka source (changelake.spark.spark_kafka)
+        from changelake.spark.spark_kafka import source_options
+
+        spark_kafka = source_options(options, config.kafka.plain_properties(), config.kafka.plain_spark_options())
     processor.query = PipelineQuery(processor, read_tasks=config.pipeline.read_tasks)
     return start(spark, processor.query, name=config.pipeline.id, checkpoint=config.pipeline.checkpoint,
                  reader_options=options, available_now=once,
-                 trigger_seconds=parse_duration(config.pipeline.trigger_interval), group_id=consumer_group(config))
+                 trigger_seconds=parse_duration(config.pipeline.trigger_interval), group_id=consumer_group(config),
+                 spark_kafka_options=spark_kafka)
 
 
 def _rebuild_options(config: ChangelakeConfig, processor: BatchProcessor, rebuild: Any) -> dict[str, str]:

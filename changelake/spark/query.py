@@ -197,9 +197,12 @@ class _GroupOffsets:
 
 
 def start(spark: Any, query: PipelineQuery, *, name: str, checkpoint: str, reader_options: Mapping[str, str],
-          available_now: bool, trigger_seconds: float, group_id: str | None = None) -> Any:
+          available_now: bool, trigger_seconds: float, group_id: str | None = None,
+          spark_kafka_options: Mapping[str, str] | None = None) -> Any:
     """Start the streaming query; returns Spark's StreamingQuery. With ``group_id``, each batch's end
-    offsets are committed to that consumer group after the batch's Delta commits."""
+    offsets are committed to that consumer group after the batch's Delta commits. ``reader_options`` are the
+    ``python`` reader's (:class:`~changelake.spark.kafka_source.KafkaOptions`); with ``spark_kafka_options``
+    Spark's own Kafka source reads instead, with those options (:mod:`changelake.spark.spark_kafka`)."""
     if group_id is not None:
         query.after_batch = _GroupOffsets(checkpoint, reader_options, group_id)
     if query.processor.plan is not None:        # the operators' state (changelake.spark.binding)
@@ -207,12 +210,18 @@ def start(spark: Any, query: PipelineQuery, *, name: str, checkpoint: str, reade
         # which group (so which shuffle partition) holds each state bucket: as the checkpoint recorded it
         query.groups = checkpoint_layout(checkpoint, int(spark.conf.get("spark.sql.shuffle.partitions")))
     use_local_file_manager(spark, checkpoint)       # set before the query takes its Hadoop configuration
-    # the source decodes in its read tasks: registered per query, as it carries this pipeline's decode stage
-    spark.dataSource.register(decoding_source(query.source_stage()))
-    reader = spark.readStream.format(SOURCE_NAME)
-    for k, v in reader_options.items():
-        reader = reader.option(k, v)
-    writer = (query.stream(reader.load()).writeStream.queryName(name)
+    if spark_kafka_options is not None:       # Spark's Kafka source, the decode stage in a mapInArrow behind it
+        from changelake.spark.spark_kafka import load
+
+        decoded = load(spark, spark_kafka_options, reader_options, query.source_stage())
+    else:
+        # the source decodes in its read tasks: registered per query, as it carries this pipeline's decode stage
+        spark.dataSource.register(decoding_source(query.source_stage()))
+        reader = spark.readStream.format(SOURCE_NAME)
+        for k, v in reader_options.items():
+            reader = reader.option(k, v)
+        decoded = reader.load()
+    writer = (query.stream(decoded).writeStream.queryName(name)
               .foreachBatch(query)
               .option("checkpointLocation", checkpoint))
     if available_now:

@@ -27,7 +27,7 @@ import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from pyspark.sql import SparkSession
 
@@ -170,13 +170,30 @@ def delta_jars_on_classpath() -> bool:
     return bool(delta_spark_jars())
 
 
+def jar_set_settings(names: Sequence[str], launcher: Mapping[str, str], chosen: Mapping[str, str]) -> dict[str, str]:
+    """``spark.jars`` with the jars of the project's JVM sets ``names`` (changelake/jvm_deps.py) after those the
+    launcher or the pipeline give: Spark puts them on the driver's class path and ships them to the executors
+    (local, local-cluster and cluster masters alike), never fetched at run time (no ``--packages``). Nothing
+    under spark-submit, whose JVM already runs (the chart's SparkApplication lists them itself). A set that is
+    not installed raises ``JvmDepsMissing``, which says how to install it."""
+    if not names or os.environ.get("PYSPARK_GATEWAY_PORT"):
+        return {}
+    from changelake import jvm_deps
+
+    given = [j for src in (launcher, chosen) for j in src.get("spark.jars", "").split(",") if j]
+    mine = [str(p) for name in names for p in jvm_deps.jars(name)]
+    return {"spark.jars": ",".join(dict.fromkeys(given + mine))}
+
+
 def build_session(*, app_name: str = "changelake", master: str | None = None,
                   conf: Mapping[str, str] | None = None, ui: bool = True,
-                  launcher: Mapping[str, str] | None = None) -> SparkSession:
+                  launcher: Mapping[str, str] | None = None, jar_sets: Sequence[str] = ()) -> SparkSession:
     """A Spark session for one pipeline, with the settings of the module docstring's precedence.
 
     Python workers use this interpreter (through ``changelake-worker-python`` where it is installed beside
     it: changelake/spark/worker_python.py) and Delta's SQL extensions are enabled when its jars are present.
+    ``jar_sets``: JVM sets whose jars go on ``spark.jars`` (:func:`jar_set_settings`; ``spark-kafka`` for
+    ``kafka.reader: spark-kafka``).
     """
     launcher = launcher_settings() if launcher is None else launcher
     settings = session_settings(master=master, conf=conf, launcher=launcher)
@@ -212,6 +229,7 @@ def build_session(*, app_name: str = "changelake", master: str | None = None,
                                       chosen.get("spark.driver.extraJavaOptions", ""))
         if options:
             chosen[_JAVA_OPTIONS] = options
+    chosen.update(jar_set_settings(jar_sets, launcher, chosen))
     if delta_jars_on_classpath():
         chosen.setdefault("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
         chosen.setdefault("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")

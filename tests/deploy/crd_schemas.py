@@ -79,6 +79,30 @@ _POD_TEMPLATE = {
                 "type": "object", "required": ["name"], "properties": {"name": {"const": "changelake"}}}}}}}}},
 }
 
+#: The Apache Spark Kubernetes Operator's own CRD, ``spec`` of ``sparkapplications.spark.apache.org`` version v1
+#: (build-tools/helm/spark-kubernetes-operator/crds/sparkapplications.spark.apache.org-v1.yaml of
+#: apache/spark-kubernetes-operator at d5acafd): every field with its type. :data:`SPARK_APPLICATION` may only
+#: use these, with these types (tests/deploy/test_chart.py checks it).
+SPARK_OPERATOR_V1_SPEC_FIELDS = {
+    "applicationTolerations": "object", "configMapSpecs": "array", "deploymentMode": "string", "driverArgs": "array",
+    "driverGrpcRouteList": "array", "driverHttpRouteList": "array", "driverServiceIngressList": "array",
+    "driverSpec": "object", "executorSpec": "object", "files": "string", "jars": "string", "mainClass": "string",
+    "proxyUser": "string", "pyFiles": "string", "runtimeVersions": "object", "sparkConf": "object",
+    "sparkRFiles": "string",
+}
+#: the same CRD's nested fields the chart writes: path -> the fields there
+SPARK_OPERATOR_V1_NESTED = {
+    ("runtimeVersions",): {"jdkVersion", "scalaVersion", "sparkVersion"},
+    ("applicationTolerations",): {"applicationTimeoutConfig", "instanceConfig", "resourceRetainDurationMillis",
+                                  "resourceRetainPolicy", "restartConfig", "ttlAfterStopMillis"},
+    ("applicationTolerations", "restartConfig"): {
+        "maxRestartAttempts", "maxRestartOnFailure", "maxRestartOnSchedulingFailure", "restartBackoffMillis",
+        "restartBackoffMillisForFailure", "restartBackoffMillisForSchedulingFailure", "restartCounterResetMillis",
+        "restartPolicy"},
+    ("driverSpec",): {"podTemplateSpec"},
+    ("executorSpec",): {"podTemplateSpec"},
+}
+
 SPARK_APPLICATION = _resource("spark.apache.org/v1", "SparkApplication", {
     "type": "object", "additionalProperties": False,
     "required": ["runtimeVersions", "sparkConf"],
@@ -86,7 +110,8 @@ SPARK_APPLICATION = _resource("spark.apache.org/v1", "SparkApplication", {
     "properties": {
         "pyFiles": {"type": "string", "pattern": "^local://"},
         "mainClass": _STR,
-        "jars": _STR,
+        # comma-separated, as spark.jars (the operator hands it to spark-submit); local:// = a path in the image
+        "jars": {"type": "string", "pattern": r"^local://[^,]+\.jar(,local://[^,]+\.jar)*$"},
         "driverArgs": {"type": "array", "items": _STR},
         "runtimeVersions": {"type": "object", "required": ["sparkVersion"], "additionalProperties": False,
                             "properties": {"sparkVersion": _STR, "scalaVersion": _STR}},

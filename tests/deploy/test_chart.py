@@ -55,6 +55,7 @@ VALID_COMBINATIONS = {
     "on-delete-existing-serviceaccount": {"statefulset": {"updateStrategy": "OnDelete"},
                                           "serviceAccount": {"create": False, "name": "pipelines"}},
     "spark-application": SPARK_APP,
+    "spark-application-spark-kafka": merged(SPARK_APP, {"pipeline": {"kafka": {"reader": "spark-kafka"}}}),
     "spark-application-all-flags": merged(SPARK_APP, SECRETS, MONITORING, {
         "sparkApplication": {"dynamicAllocation": {"enabled": True, "maxExecutors": 8}},
         "spark": {"conf": {"spark.sql.shuffle.partitions": "16"}}}),
@@ -391,6 +392,49 @@ def test_spark_application(render: Any) -> None:
     role = one(docs, "Role")
     assert binding["subjects"][0]["name"] == conf["spark.kubernetes.authenticate.driver.serviceAccountName"]
     assert any("pods" in r["resources"] and "create" in r["verbs"] for r in role["rules"])
+
+
+def test_spark_application_lists_the_images_pinned_spark_kafka_jars(render: Any) -> None:
+    """kafka.reader spark-kafka: spec.jars (the operator's spark.jars) names every jar of the image's spark-kafka
+    set, as jvm/jvm.lock pins it, at the path the image installs it to; the python reader needs none."""
+    from changelake import jvm_deps
+
+    _, locked = jvm_deps.read_lock()
+    app = one(render(merged(SPARK_APP, {"pipeline": {"kafka": {"reader": "spark-kafka"}}})), "SparkApplication")
+    jars = app["spec"]["jars"].split(",")
+    assert sorted(jars) == sorted(f"local://{jvm_deps.IMAGE_HOME}/spark-kafka/{j}" for j in locked["spark-kafka"])
+    assert any("/spark-sql-kafka-0-10_2.13-" in j for j in jars)
+    assert "jars" not in one(render(SPARK_APP), "SparkApplication")["spec"]
+
+
+def test_the_charts_jar_list_is_the_lock() -> None:
+    """helm/changelake/files/jvm-jars.yaml is written from jvm/jvm.lock (python -m changelake.jvm_deps chart)."""
+    from changelake import jvm_deps
+
+    assert (CHART / "files" / "jvm-jars.yaml").read_text() == jvm_deps.chart_jars_text(), \
+        "run `python -m changelake.jvm_deps chart` after a change of jvm/jvm.lock"
+
+
+def test_spark_application_uses_only_the_operators_crd_fields(combination: Any) -> None:
+    """Every field the chart writes in a SparkApplication's spec exists in the operator's own CRD (v1), with the
+    CRD's type; so does the hand-written schema's every field."""
+    from crd_schemas import SPARK_APPLICATION, SPARK_OPERATOR_V1_NESTED, SPARK_OPERATOR_V1_SPEC_FIELDS
+
+    types = {"object": dict, "array": list, "string": str}
+    declared = SPARK_APPLICATION["properties"]["spec"]["properties"]
+    assert set(declared) <= set(SPARK_OPERATOR_V1_SPEC_FIELDS)
+    for name, schema in declared.items():
+        assert schema.get("type", SPARK_OPERATOR_V1_SPEC_FIELDS[name]) == SPARK_OPERATOR_V1_SPEC_FIELDS[name], name
+    _, _, docs = combination
+    for app in by_kind(docs, "SparkApplication"):
+        spec = app["spec"]
+        for name, value in spec.items():
+            assert isinstance(value, types[SPARK_OPERATOR_V1_SPEC_FIELDS[name]]), name
+        for path, fields in SPARK_OPERATOR_V1_NESTED.items():
+            node = spec
+            for part in path:
+                node = node.get(part, {})
+            assert set(node) <= fields, (path, set(node) - fields)
 
 
 def test_spark_application_dynamic_allocation(render: Any) -> None:

@@ -50,7 +50,7 @@ def _last(stage: str, word: str) -> str:
 
 
 def test_stages() -> None:
-    assert {"jars", "builder", "runtime", "spark"} <= set(STAGES)
+    assert {"jvm", "jars", "builder", "runtime", "spark"} <= set(STAGES)
     assert list(STAGES)[-2:] == ["runtime", "spark"], "runtime must be followed only by the spark variant"
 
 
@@ -61,8 +61,27 @@ def test_python_version_satisfies_requires_python() -> None:
         assert _last(stage, "FROM").startswith("python:${PYTHON_VERSION}-"), stage
 
 
-def test_delta_version_matches_delta_spark_pin() -> None:
-    assert _args("jars")["DELTA_VERSION"] == _pins()["delta-spark"]
+def test_the_image_installs_the_pinned_spark_sets_where_its_sessions_look() -> None:
+    """The jvm stage installs the Spark sets (delta, spark-kafka) from the one pinned list (jvm/pom.xml, checked
+    against jvm/jvm.lock; a set it cannot resolve fails the build) into the home that the runtime's
+    CHANGELAKE_JVM_DEPS_HOME names, with the lock beside them (an installed package has no jvm/ directory); the
+    runtime copies them and puts delta's on Spark's own classpath. The chart's SparkApplication names the same
+    paths (tests/deploy/test_chart.py)."""
+    from changelake import jvm_deps
+
+    install = " ".join(args for w, args in STAGES["jvm"] if w == "RUN" and "jvm_deps install" in args)
+    assert f"python -m changelake.jvm_deps install {' '.join(jvm_deps.IMAGE_SETS)}" in install
+    assert f"CHANGELAKE_JVM_DEPS_HOME={jvm_deps.IMAGE_HOME}" in install and "CHANGELAKE_JVM_DEPS_REQUIRED=1" in install
+    assert f"cp jvm/jvm.lock {jvm_deps.IMAGE_HOME}/jvm.lock" in install
+    copied = [args.split() for w, args in STAGES["jvm"] if w == "COPY"]
+    assert ["jvm", "./jvm"] in copied and ["changelake", "./changelake"] in copied
+    env = dict(part.partition("=")[::2] for part in _last("runtime", "ENV").split())
+    assert env["CHANGELAKE_JVM_DEPS_HOME"] == jvm_deps.IMAGE_HOME
+    assert ["--from=jvm", jvm_deps.IMAGE_HOME, jvm_deps.IMAGE_HOME] in [a.split() for w, a in STAGES["runtime"]
+                                                                       if w == "COPY"]
+    links = " ".join(args for w, args in STAGES["runtime"] if w == "RUN")
+    assert f'ln -s {jvm_deps.IMAGE_HOME}/delta/*.jar "${{SPARK_HOME}}/jars/"' in links
+    assert not any("delta" in args for w, args in STAGES["jars"] if w == "RUN"), "delta comes from the pinned set"
 
 
 def test_pyspark_pin_satisfies_delta_spark() -> None:
@@ -91,12 +110,6 @@ def _installed_pyspark_jars() -> list[str]:
     return [p.name for p in (Path(spec.origin).parent / "jars").glob("*.jar")]
 
 
-def test_scala_version_matches_pyspark() -> None:
-    scala = [re.fullmatch(r"scala-library-(\d+\.\d+)\.\d+\.jar", j) for j in _installed_pyspark_jars()]
-    (version,) = {m.group(1) for m in scala if m}
-    assert _args("jars")["SCALA_BINARY_VERSION"] == version
-
-
 def test_hadoop_aws_matches_pyspark_hadoop_client() -> None:
     hadoop = [re.fullmatch(r"hadoop-client-api-(.+)\.jar", j) for j in _installed_pyspark_jars()]
     (version,) = {m.group(1) for m in hadoop if m}
@@ -108,9 +121,6 @@ def test_jars_land_in_pyspark_jars_dir() -> None:
     assert copies and copies[0].split()[-1] == "${SPARK_HOME}/jars/"
     env = " ".join(args for w, args in STAGES["runtime"] if w == "ENV")
     assert "SPARK_HOME=/opt/venv/lib/python${PYTHON_VERSION}/site-packages/pyspark" in env
-    fetch = " ".join(args for w, args in STAGES["jars"] if w == "RUN")
-    assert 'io.delta "delta-spark_${SCALA_BINARY_VERSION}" "${DELTA_VERSION}"' in fetch
-    assert 'io.delta delta-storage "${DELTA_VERSION}"' in fetch
 
 
 def test_installs_the_pinned_dependencies_from_pyproject() -> None:

@@ -357,3 +357,18 @@ readinessProbe:
 {{- define "changelake.metricsServiceLabel" -}}
 changelake.io/scrape: "true"
 {{- end }}
+
+{{/* The image's jars a SparkApplication adds to Spark's classpath, as local:// URIs (empty: none): the
+spark-kafka set when the pipeline's kafka.reader is spark-kafka. The list is files/jvm-jars.yaml, written from
+jvm/jvm.lock (python -m changelake.jvm_deps chart); delta's jars are in Spark's own jars/ directory of the image. */}}
+{{- define "changelake.sparkJars" -}}
+{{- $kafka := .Values.pipeline.kafka | default dict -}}
+{{- if eq ($kafka.reader | default "python") "spark-kafka" -}}
+{{- $jvm := .Files.Get "files/jvm-jars.yaml" | fromYaml -}}
+{{- $jars := list -}}
+{{- range (index $jvm.sets "spark-kafka") -}}
+{{- $jars = append $jars (printf "local://%s/spark-kafka/%s" $jvm.home .) -}}
+{{- end -}}
+{{- join "," $jars -}}
+{{- end -}}
+{{- end }}
