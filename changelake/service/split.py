@@ -28,9 +28,9 @@ When the mode is decided::
 
     checkpoint            <checkpoint>/mirrors      runs
     new                   -                         two queries (own_query), one (with_graph)
-    existing              present                   two queries
-    existing              absent                    one query: the checkpoint was created with the mirrors
-                                                    in the graph's query (a new checkpoint splits them)
+    existing              present                   two queries, whatever pipeline.mirrors says (logged)
+    existing              absent                    one query, whatever pipeline.mirrors says (logged): the
+                                                    checkpoint was created with the mirrors in the graph's query
 """
 
 from __future__ import annotations
@@ -70,12 +70,18 @@ def split(config: ChangelakeConfig, *, rebuild_views: bool = False) -> Split | N
 
     graph_tables = {t.name for t in config.tables if t.from_ is not None}
     mirrored = [s for s in config.sources if s.table is not None or s.route is not None]
-    if config.pipeline.mirrors != "own_query" or not graph_tables or not mirrored:
+    if not graph_tables or not mirrored:
         return None
     checkpoint = config.pipeline.checkpoint
-    if has_offsets(checkpoint) and not path_exists(mirror_checkpoint(config)):
-        log.info("checkpoint %s was created with the mirrors in the operator graph's query: they stay there (a new "
-                 "checkpoint runs them in a query of their own, pipeline.mirrors)", checkpoint)
+    wanted = config.pipeline.mirrors == "own_query"
+    if has_offsets(checkpoint):         # an existing checkpoint keeps the mode it was created with
+        apart = path_exists(mirror_checkpoint(config))
+        if apart != wanted:
+            log.warning("checkpoint %s was created with the mirrors %s: they stay there (pipeline.mirrors: %s applies to "
+                        "a new checkpoint)", checkpoint, "in a query of their own" if apart else
+                        "in the operator graph's query", config.pipeline.mirrors)
+        wanted = apart
+    if not wanted:
         return None
     if rebuild_views:
         raise ConfigError("--rebuild-views rebuilds the views from the mirrored tables at the graph's offsets, but "
