@@ -3,6 +3,7 @@
     .venv/bin/python bench/freshness.py [--rate 2000] [--duration 300] [--keys 100000] [--no-graph]
         [--broker real|embedded]
     .venv/bin/python bench/freshness.py --quick     # smoke run: 12 s at 200 events/s, 2,000 keys
+    .venv/bin/python bench/freshness.py --join [--orders N] [--mirrors own_query|with_graph] [--quick]
 
 **What runs.** A Kafka broker (``--broker``, bench/common.py, printed by the run: Apache Kafka from the
 project's ``kafka`` JVM set where it is installed, else librdkafka's mock cluster); a producer process that writes
@@ -16,6 +17,17 @@ delta-rs) with two tables:
 * ``category_stock`` (unless ``--no-graph``): a graph table, ``GROUP BY category`` with
   ``count(*)`` and ``sum(stock)`` over the same source (``normalize: false``, as Flink's
   ``cdc-events-duplicate`` default).
+
+With ``--join`` (issue 29's graph), a second source, ``orders`` (``order_id``, ``product_id``, ``quantity``,
+``purchaser``; ``--orders`` keys, default ``--keys``), on topics of its own and mirrored into ``orders``,
+takes ``ORDER_SHARE`` (3/4) of the steady changes (a new quantity, a tenth of them another product, 5%
+deletes); the views are ``orders JOIN products`` and, per category, an aggregate (``category_sales``:
+count, sum of quantity) and a Top-3 of the order lines by quantity (``category_top3``, keyed by category
+and rank). ``--mirrors`` sets ``pipeline.mirrors``: the mirrors in a streaming query of their own
+(``own_query``, the default) or in the graph's (``with_graph``); each table's changes are placed in
+the batches of the query that writes it (its checkpoint). Freshness is given per table (a mirror: its
+own source's changes; a graph table: every change) and per kind, mirrors and graph tables (each change
+once per table of the kind); the "where the time goes" figures are the mirrors'.
 
 Before the timed phase the producer writes a snapshot of every key (``op: r``) and the pipeline
 catches up on it, so Spark's start-up and first micro-batch are not in the figures. Then the
