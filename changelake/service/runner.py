@@ -135,10 +135,15 @@ class PipelineRunner:
                 spark.streams.removeListener(listener)
             if self.endpoint is not None and not self.serve_http_after_stop:
                 self.endpoint.stop()
-        last = queries[-1].lastProgress
-        end_offsets = {}
-        if last:
-            end_offsets = parse_offsets(last["sources"][0].get("endOffset")) if last.get("sources") else {}
+        # per partition, the end offset of the query furthest behind among those that read it
+        end_offsets: dict[str, dict[str, int]] = {}
+        for query in queries:
+            last = query.lastProgress
+            found = parse_offsets(last["sources"][0].get("endOffset")) if last and last.get("sources") else {}
+            for topic, parts in found.items():
+                mine = end_offsets.setdefault(topic, {})
+                for part, offset in parts.items():
+                    mine[part] = min(int(offset), mine.get(part, int(offset)))
         executors = executor_tasks(spark)
         if executors:
             log.info("ran on %d executor(s): %s", len(executors),
