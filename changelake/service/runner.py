@@ -92,13 +92,15 @@ class PipelineRunner:
             log.info("the mirrors run in a streaming query of their own (checkpoint %s): they commit on their own "
                      "cadence, whatever the views' batches take (pipeline.mirrors: own_query)",
                      parts.mirrors.pipeline.checkpoint)
-            runs = [(parts.mirrors, BatchProcessor(parts.mirrors, spark=spark, graph=None, query=MIRRORS_APP),
-                     lambda name: name not in graph_tables),
-                    (parts.graph, BatchProcessor(parts.graph, spark=spark, accounted_elsewhere=parts.elsewhere),
-                     lambda name: name in graph_tables)]
+            # the graph's query starts first: a refused start (changed views, a stale checkpoint) is refused
+            # before the mirrors' query reads anything
+            runs = [(parts.graph, BatchProcessor(parts.graph, spark=spark, accounted_elsewhere=parts.elsewhere),
+                     lambda name: name in graph_tables),
+                    (parts.mirrors, BatchProcessor(parts.mirrors, spark=spark, graph=None, query=MIRRORS_APP),
+                     lambda name: name not in graph_tables)]
         listeners = []
         for run_cfg, processor, _ in runs:
-            listener = ProgressListener(self.health, on_progress=terminal.show if processor is runs[0][1] else None,
+            listener = ProgressListener(self.health, on_progress=terminal.show if processor is runs[-1][1] else None,
                                         query=None if parts is None else cfg.pipeline.id + processor.query_name,
                                         lags=lags)
             spark.streams.addListener(listener)
