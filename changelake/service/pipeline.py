@@ -335,8 +335,8 @@ class BatchProcessor:
                        ) -> dict[tuple[str, int], Any]:
         """The batch without what the other query accounts for (``accounted_elsewhere``): those sources' dead
         letters, truncates and read statistics (their rows went to the graph on the executors)."""
-        for i, got in parts.items():
-            if self.routes[i].spec.name in self.accounted_elsewhere:
+        for i, got in parts.items():        # (a graph table's changes are keyed by its index: not a route's)
+            if i < len(self.routes) and self.routes[i].spec.name in self.accounted_elsewhere:
                 for part in ("dl", "trunc", "keys", "moves"):
                     got.pop(part, None)
 
