@@ -24,7 +24,7 @@ takes ``ORDER_SHARE`` (3/4) of the steady changes (a new quantity, a tenth of th
 deletes); the views are ``orders JOIN products`` and, per category, an aggregate (``category_sales``:
 count, sum of quantity) and a Top-3 of the order lines by quantity (``category_top3``, keyed by category
 and rank). ``--mirrors`` sets ``pipeline.mirrors``: the mirrors in a streaming query of their own
-(``own_query``, the default) or in the graph's (``with_graph``); each table's changes are placed in
+(``own_query``) or in the graph's (``with_graph``, the default); each table's changes are placed in
 the batches of the query that writes it (its checkpoint). Freshness is given per table (a mirror: its
 own source's changes; a graph table: every change) and per kind, mirrors and graph tables (each change
 once per table of the kind); the "where the time goes" figures are the mirrors'.

@@ -1,6 +1,6 @@
 """Mirrors in a streaming query of their own: a mirror never waits for a slow operator graph.
 
-A pipeline with views and mirrored tables runs, with ``pipeline.mirrors: own_query`` (the default), two
+A pipeline with views and mirrored tables runs, with ``pipeline.mirrors: own_query`` (experimental), two
 Spark streaming queries in one session, each reading the topics it needs:
 
 =============  ========================================  ===============================================

@@ -147,9 +147,7 @@ def test_rebuild_views_builds_a_view_added_and_one_changed_from_the_mirrored_tab
     db = write_history(kafka.bootstrap_servers, seed=13, changes=150, topic_prefix=prefix, redeliver=10,
                        sizes={"customers": 5, "products": 12, "orders": 30})
     graph = {"views": [JOIN, BY_CATEGORY], "tables": [{"name": "category_sales", "from": "by_category",
-                                                         "primary_key": ["category"]}],
-             # --rebuild-views rebuilds from the mirrored tables at the graph's offsets: one query for both
-             "pipeline": {**SETTINGS, "mirrors": "with_graph"}}
+                                                         "primary_key": ["category"]}], "pipeline": SETTINGS}
     config, path = graph_config(kafka.bootstrap_servers, tmp_path, prefix, graph)
     first = run(path)
     assert first.returncode == 0, first.stderr[-3000:]

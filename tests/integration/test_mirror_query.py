@@ -53,9 +53,9 @@ def test_mirror_commits_while_the_graph_batch_is_slow_and_a_sigkill_restart_appl
                        sizes={"customers": 10, "products": 15, "orders": 40})
     graph = {"views": VIEWS, "tables": [{"name": t, "from": src, "primary_key": key} for (t, (key, _)), src in
                                         zip(GRAPH_TABLES.items(), ("by_category", "top3", "lines"))],
-             "pipeline": {"spark_conf": {"spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2"}}}
+             "pipeline": {"mirrors": "own_query",
+                          "spark_conf": {"spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2"}}}
     config, path = graph_config(kafka.bootstrap_servers, tmp_path, prefix, graph)
-    assert config.pipeline.mirrors == "own_query"           # the default
     lake = tmp_path / "lake"
 
     crashed = _run(path, {"CHANGELAKE_SLOW_GRAPH": "300@0", "CHANGELAKE_FAULT": "after-first-table@1@mirrors"})

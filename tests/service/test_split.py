@@ -20,6 +20,10 @@ from .test_lifecycle import config_with_views
 pytestmark = pytest.mark.unit
 
 
+def own_query(config):
+    return config.model_copy(update={"pipeline": config.pipeline.model_copy(update={"mirrors": "own_query"})})
+
+
 def _offsets(checkpoint: str) -> None:
     os.makedirs(f"{checkpoint}/offsets", exist_ok=True)
     with open(f"{checkpoint}/offsets/0", "w") as f:
@@ -27,7 +31,7 @@ def _offsets(checkpoint: str) -> None:
 
 
 def test_a_pipeline_with_views_and_mirrors_runs_two_queries_that_write_disjoint_tables(tmp_path):
-    config = config_with_views(tmp_path)
+    config = own_query(config_with_views(tmp_path))
     two = split(config)
     assert two is not None
     assert two.mirrors.pipeline.checkpoint == mirror_checkpoint(config) == config.pipeline.checkpoint + "/mirrors"
@@ -44,8 +48,9 @@ def test_a_pipeline_with_views_and_mirrors_runs_two_queries_that_write_disjoint_
 
 
 def test_the_mode_is_decided_when_the_checkpoint_is_created(tmp_path):
-    config = config_with_views(tmp_path / "a")
-    one = config.model_copy(update={"pipeline": config.pipeline.model_copy(update={"mirrors": "with_graph"})})
+    one = config_with_views(tmp_path / "a")
+    assert one.pipeline.mirrors == "with_graph"            # the default
+    config = own_query(one)
     assert split(one) is None
     _offsets(config.pipeline.checkpoint)            # an existing checkpoint without <checkpoint>/mirrors
     assert split(config) is None
@@ -58,7 +63,7 @@ def test_the_mode_is_decided_when_the_checkpoint_is_created(tmp_path):
 def test_each_query_checks_only_its_own_tables_at_start(tmp_path):
     """The mirrors' query is at batch 40 while the graph's checkpoint has committed nothing: neither start is
     refused, since each compares its own tables with its own checkpoint."""
-    config = config_with_views(tmp_path)
+    config = own_query(config_with_views(tmp_path))
     two = split(config)
     sink = open_sink(TableSpec(name="orders", path=config.table_path("orders"), primary_key=("order_id",)),
                      pipeline_id=config.pipeline.id)
