@@ -187,7 +187,8 @@ class Changes:
         return "products", k, self._envelope("u", before, after)
 
     def _next_order(self) -> tuple[str, int, bytes]:
-        """An order's change: a new quantity (a tenth of them another product), 5% deletes, a deleted one inserted again."""
+        """An order's change: a new quantity (a tenth of them another product), 5% deletes, a deleted one
+        inserted again."""
         rng = self.rng
         k = rng.randint(1, self.order_keys)
         before = self.orders.get(k)
@@ -440,11 +441,13 @@ def verify(cfg, final: dict[str, list[dict]], tables: list[str]) -> dict[str, st
             con.register(name, pa.Table.from_pylist(rows))
     queries = {
         MIRROR: (("id",), ("id", "category", "price", "stock"), "SELECT id, category, price, stock FROM products"),
-        ORDERS: (("order_id",), ("order_id", "product_id", "quantity"), "SELECT order_id, product_id, quantity FROM orders"),
+        ORDERS: (("order_id",), ("order_id", "product_id", "quantity"),
+                 "SELECT order_id, product_id, quantity FROM orders"),
         GRAPH: (("category",), ("category", "products", "stock"),
                 "SELECT category, count(*), sum(stock) FROM products GROUP BY category"),
         SALES: (("category",), ("category", "orders", "units"),
-                "SELECT category, count(*), sum(quantity) FROM orders JOIN products ON product_id = id GROUP BY category"),
+                "SELECT category, count(*), sum(quantity) FROM orders JOIN products ON product_id = id "
+                "GROUP BY category"),
         TOP3: (("category", "rank"), ("category", "rank", "order_id", "quantity"),
                "SELECT category, rank, order_id, quantity FROM (SELECT category, order_id, quantity, row_number() OVER "
                "(PARTITION BY category ORDER BY quantity DESC, order_id ASC) AS rank FROM orders JOIN products "
@@ -453,7 +456,8 @@ def verify(cfg, final: dict[str, list[dict]], tables: list[str]) -> dict[str, st
     out = {}
     for t in tables:
         key, columns, sql = queries[t]
-        want = [tuple(int(v) if isinstance(v, (int, np.integer)) else v for v in row) for row in con.sql(sql).fetchall()]
+        want = [tuple(int(v) if isinstance(v, (int, np.integer)) else v for v in row)
+                for row in con.sql(sql).fetchall()]
         out[t] = compare(t, key, columns, want)
     con.close()
     return out
@@ -633,7 +637,8 @@ def main(argv: list[str] | None = None) -> int:
     split = ~np.isnan(wait) & ~np.isnan(own)
     if split.any():
         (w50, w99), (o50, o99) = np.percentile(wait[split], [50, 99]), np.percentile(own[split], [50, 99])
-        print(f"\n{'mirrors' if args.join else MIRROR}: append -> start of the batch that read it p50 {w50:.2f} s, p99 {w99:.2f} s; "
+        print(f"\n{'mirrors' if args.join else MIRROR}: append -> start of the batch that read it p50 {w50:.2f} s, "
+              f"p99 {w99:.2f} s; "
               f"that batch's start -> its commit p50 {o50:.2f} s, p99 {o99:.2f} s")
         slow = np.argsort(-(mirror - acked))[: max(1, len(acked) // 100)]    # the slowest 1%
         ids, counts = np.unique(batch[slow], return_counts=True)

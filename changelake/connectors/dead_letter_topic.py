@@ -172,7 +172,8 @@ class DeadLetterTopic:
         if self._producer is None:
             from confluent_kafka import Producer
 
-            producer = Producer({**self._client_conf, "transactional.id": f"changelake-{self.pipeline_id}-dead-letters{self.query}"})
+            producer = Producer({**self._client_conf,
+                                 "transactional.id": f"changelake-{self.pipeline_id}-dead-letters{self.query}"})
             producer.init_transactions(_TIMEOUT_S)      # aborts a transaction a crashed process left open
             self._producer = producer
         return self._producer

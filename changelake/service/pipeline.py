@@ -811,7 +811,8 @@ def start_query(spark: Any, config: ChangelakeConfig, processor: BatchProcessor,
     return start(spark, processor.query, name=config.pipeline.id + processor.query_name,
                  checkpoint=config.pipeline.checkpoint,
                  reader_options=options, available_now=once,
-                 trigger_seconds=parse_duration(config.pipeline.trigger_interval), group_id=consumer_group(config) + processor.query_name)
+                 trigger_seconds=parse_duration(config.pipeline.trigger_interval),
+                 group_id=consumer_group(config) + processor.query_name)
 
 
 def _rebuild_options(config: ChangelakeConfig, processor: BatchProcessor, rebuild: Any) -> dict[str, str]:

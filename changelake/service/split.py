@@ -77,8 +77,8 @@ def split(config: ChangelakeConfig, *, rebuild_views: bool = False) -> Split | N
     if has_offsets(checkpoint):         # an existing checkpoint keeps the mode it was created with
         apart = path_exists(mirror_checkpoint(config))
         if apart != wanted:
-            log.warning("checkpoint %s was created with the mirrors %s: they stay there (pipeline.mirrors: %s applies to "
-                        "a new checkpoint)", checkpoint, "in a query of their own" if apart else
+            log.warning("checkpoint %s was created with the mirrors %s: they stay there (pipeline.mirrors: %s "
+                        "applies to a new checkpoint)", checkpoint, "in a query of their own" if apart else
                         "in the operator graph's query", config.pipeline.mirrors)
         wanted = apart
     if not wanted:

@@ -75,7 +75,8 @@ def collect_status(config: ChangelakeConfig) -> PipelineStatus:
     try:
         status.partitions = group_lag(config)
         if two:     # the mirrors' query commits to a group of its own: a partition lags as its slower query
-            status.partitions = _slower(status.partitions, group_lag(config, group=consumer_group(config) + MIRRORS_APP))
+            mirrors = group_lag(config, group=consumer_group(config) + MIRRORS_APP)
+            status.partitions = _slower(status.partitions, mirrors)
     except Exception as exc:  # KafkaException: report it, show the rest
         status.kafka_error = str(exc)
     status.last_batch = last_batch(config.pipeline.checkpoint)
