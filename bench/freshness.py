@@ -3,6 +3,7 @@
     .venv/bin/python bench/freshness.py [--rate 2000] [--duration 300] [--keys 100000] [--no-graph]
         [--broker real|embedded]
     .venv/bin/python bench/freshness.py --quick     # smoke run: 12 s at 200 events/s, 2,000 keys
+    .venv/bin/python bench/freshness.py --join [--orders N] [--mirrors own_query|with_graph] [--quick]
 
 **What runs.** A Kafka broker (``--broker``, bench/common.py, printed by the run: Apache Kafka from the
 project's ``kafka`` JVM set where it is installed, else librdkafka's mock cluster); a producer process that writes
@@ -16,6 +17,17 @@ delta-rs) with two tables:
 * ``category_stock`` (unless ``--no-graph``): a graph table, ``GROUP BY category`` with
   ``count(*)`` and ``sum(stock)`` over the same source (``normalize: false``, as Flink's
   ``cdc-events-duplicate`` default).
+
+With ``--join`` (issue 29's graph), a second source, ``orders`` (``order_id``, ``product_id``, ``quantity``,
+``purchaser``; ``--orders`` keys, default ``--keys``), on topics of its own and mirrored into ``orders``,
+takes ``ORDER_SHARE`` (3/4) of the steady changes (a new quantity, a tenth of them another product, 5%
+deletes); the views are ``orders JOIN products`` and, per category, an aggregate (``category_sales``:
+count, sum of quantity) and a Top-3 of the order lines by quantity (``category_top3``, keyed by category
+and rank). ``--mirrors`` sets ``pipeline.mirrors``: the mirrors in a streaming query of their own
+(``own_query``) or in the graph's (``with_graph``, the default); each table's changes are placed in
+the batches of the query that writes it (its checkpoint). Freshness is given per table (a mirror: its
+own source's changes; a graph table: every change) and per kind, mirrors and graph tables (each change
+once per table of the kind); the "where the time goes" figures are the mirrors'.
 
 Before the timed phase the producer writes a snapshot of every key (``op: r``) and the pipeline
 catches up on it, so Spark's start-up and first micro-batch are not in the figures. Then the
@@ -99,20 +111,34 @@ from bench.spark_timing import BatchClock
 CATEGORIES = ["tools", "garden", "kitchen", "toys", "sports", "office", "auto", "outdoor", "books", "music"]
 COLUMNS = {"id": "bigint", "name": "string", "description": "string", "category": "string",
            "weight": "double", "price": "double", "stock": "int", "active": "boolean"}
-TOPIC = "bench.fresh.products.{n}"
+ORDER_COLUMNS = {"order_id": "bigint", "product_id": "bigint", "quantity": "int", "purchaser": "bigint"}
+#: source table -> its topics' names (``n``: the topic's number)
+TOPICS = {"products": "bench.fresh.products.{n}", "orders": "bench.fresh.orders.{n}"}
+TOPIC = TOPICS["products"]
 PIPELINE_ID = "bench-freshness"
 MIRROR, GRAPH = "products", "category_stock"
-TARGETS = {MIRROR: "p99 <= 3 s at 10,000 events/s", GRAPH: "p99 <= 5 s at 2,000 events/s, no growing backlog"}
+ORDERS = "orders"
+#: the --join graph's tables: orders JOIN products, then per category an aggregate and a Top-3
+SALES, TOP3 = "category_sales", "category_top3"
+#: the share of --join's steady changes that are orders' (the rest are products')
+ORDER_SHARE = 0.75
+TARGETS = {MIRROR: "p99 <= 3 s at 10,000 events/s", GRAPH: "p99 <= 5 s at 2,000 events/s, no growing backlog",
+           ORDERS: "p99 <= 3 s at 2,000 events/s (issue 29)", SALES: "p99 <= 3 s at 2,000 events/s (issue 29)",
+           TOP3: "p99 <= 3 s at 2,000 events/s (issue 29)"}
 
 
 # -- the source database --------------------------------------------------------------------------------
 class Changes:
-    """A products table's Debezium history: a snapshot of ``keys`` rows, then changes one at a time."""
+    """A products table's Debezium history: a snapshot of ``keys`` rows, then changes one at a time; with
+    ``orders`` (--join), also an orders table of that many rows, each naming a product, whose changes are
+    ``ORDER_SHARE`` of the steady phase. Both tables share one binlog."""
 
-    def __init__(self, keys: int, seed: int = 12) -> None:
+    def __init__(self, keys: int, seed: int = 12, *, orders: int = 0) -> None:
         self.keys = keys
+        self.order_keys = orders
         self.rng = random.Random(seed)
         self.live: dict[int, dict] = {}
+        self.orders: dict[int, dict] = {}
         self.pos = 154
         self.ts = 1_700_000_000_000
 
@@ -122,32 +148,61 @@ class Changes:
                 "category": rng.choice(CATEGORIES), "weight": round(rng.uniform(0.1, 50), 3),
                 "price": round(rng.uniform(1, 999), 2), "stock": rng.randint(0, 5000), "active": rng.random() < 0.9}
 
-    def _envelope(self, op: str, before: dict | None, after: dict | None) -> bytes:
+    def _order(self, i: int) -> dict:
+        rng = self.rng
+        return {"order_id": i, "product_id": rng.randint(1, self.keys), "quantity": rng.randint(1, 1000),
+                "purchaser": rng.randint(1, 50_000)}
+
+    def _envelope(self, op: str, before: dict | None, after: dict | None, table: str = "products") -> bytes:
         self.pos += 200
         self.ts += 1
-        return debezium_envelope(op, before, after, table="products", pos=self.pos, ts=self.ts,
+        return debezium_envelope(op, before, after, table=table, pos=self.pos, ts=self.ts,
                                  snapshot="true" if op == "r" else "false")
 
     def snapshot(self):
+        """(table, key, value) of every row, products first."""
         for i in range(1, self.keys + 1):
             self.live[i] = self._row(i)
-            yield i, self._envelope("r", None, self.live[i])
+            yield "products", i, self._envelope("r", None, self.live[i])
+        for i in range(1, self.order_keys + 1):
+            self.orders[i] = self._order(i)
+            yield "orders", i, self._envelope("r", None, self.orders[i], "orders")
 
-    def next(self) -> tuple[int, bytes]:
+    def next(self) -> tuple[str, int, bytes]:
         rng = self.rng
+        if self.order_keys and rng.random() < ORDER_SHARE:
+            return self._next_order()
         k = rng.randint(1, self.keys)
         before = self.live.get(k)
         if before is None:
             self.live[k] = self._row(k)
-            return k, self._envelope("c", None, self.live[k])
+            return "products", k, self._envelope("c", None, self.live[k])
         if rng.random() < 0.05:
             del self.live[k]
-            return k, self._envelope("d", before, None)
+            return "products", k, self._envelope("d", before, None)
         after = dict(before, price=round(rng.uniform(1, 999), 2), stock=rng.randint(0, 5000))
         if rng.random() < 0.2:
             after["category"] = rng.choice(CATEGORIES)
         self.live[k] = after
-        return k, self._envelope("u", before, after)
+        return "products", k, self._envelope("u", before, after)
+
+    def _next_order(self) -> tuple[str, int, bytes]:
+        """An order's change: a new quantity (a tenth of them another product), 5% deletes, a deleted one
+        inserted again."""
+        rng = self.rng
+        k = rng.randint(1, self.order_keys)
+        before = self.orders.get(k)
+        if before is None:
+            self.orders[k] = self._order(k)
+            return "orders", k, self._envelope("c", None, self.orders[k], "orders")
+        if rng.random() < 0.05:
+            del self.orders[k]
+            return "orders", k, self._envelope("d", before, None, "orders")
+        after = dict(before, quantity=rng.randint(1, 1000))
+        if rng.random() < 0.1:
+            after["product_id"] = rng.randint(1, self.keys)
+        self.orders[k] = after
+        return "orders", k, self._envelope("u", before, after, "orders")
 
 
 # -- the producer process -------------------------------------------------------------------------------
@@ -157,7 +212,8 @@ def produce_main(args: argparse.Namespace) -> int:
     from confluent_kafka import Producer
 
     out = Path(args.out)
-    topics = [TOPIC.format(n=n) for n in range(args.topics)]
+    tables = ["products", "orders"] if args.join else ["products"]
+    topics = [TOPICS[t].format(n=n) for t in tables for n in range(args.topics)]
     topic_no = {t: i for i, t in enumerate(topics)}
     # delivery reports of the steady phase: topic, partition, offset, handed to the producer (s), ack (s).
     # (The mock broker stamps every record with LogAppendTime 1234 ms, so the ack is the append time here.)
@@ -181,19 +237,21 @@ def produce_main(args: argparse.Namespace) -> int:
                          "batch.num.messages": 10_000, "queue.buffering.max.messages": 1_000_000,
                          "log_level": 3})
 
-    def send(key: int, value: bytes) -> None:
+    def send(table: str, key: int, value: bytes) -> None:
+        topic = TOPICS[table].format(n=key % args.topics)
         while True:
             try:
-                producer.produce(topics[key % len(topics)], key=b'{"id":%d}' % key, value=value,
+                producer.produce(topic, key=(b'{"id":%d}' if table == "products" else b'{"order_id":%d}') % key,
+                                 value=value,
                                  on_delivery=functools.partial(delivered, time.time()))
                 return
             except BufferError:
                 producer.poll(0.01)
 
-    changes = Changes(args.keys, seed=args.seed)
+    changes = Changes(args.keys, seed=args.seed, orders=args.orders if args.join else 0)
     n = 0
-    for key, value in changes.snapshot():
-        send(key, value)
+    for table, key, value in changes.snapshot():
+        send(table, key, value)
         n += 1
         if n % 10_000 == 0:
             producer.poll(0)
@@ -221,7 +279,8 @@ def produce_main(args: argparse.Namespace) -> int:
     np.savez(out / "deliveries.npz", topic=np.frombuffer(rep_topic, np.int8), partition=np.frombuffer(rep_part, np.int8),
              offset=np.frombuffer(rep_off, np.int64), sent=np.frombuffer(rep_sent, np.float64),
              acked=np.frombuffer(rep_acked, np.float64), topics=np.array(topics))
-    (out / "final_state.json").write_bytes(orjson.dumps(list(changes.live.values())))
+    (out / "final_state.json").write_bytes(orjson.dumps({"products": list(changes.live.values()),
+                                                         "orders": list(changes.orders.values())}))
     print(f"PRODUCED {n} {produced_s:.3f} {time.process_time():.3f}", flush=True)
     return 0
 
@@ -315,11 +374,34 @@ def config(args: argparse.Namespace, bootstrap: str, work: Path):
         "storage": {"root": str(work / "lake")},
         "metrics": {"port": 0},
     }
-    if args.graph:
+    if args.join:
+        raw["sources"].append({"name": "orders", "topic_pattern": TOPICS["orders"].format(n="").replace(".", r"\.")
+                               + r"\d+", "format": "debezium-json", "columns": ORDER_COLUMNS, "table": ORDERS,
+                               "primary_key": ["order_id"], "normalize": False})
+        raw["tables"].append({"name": ORDERS, "primary_key": ["order_id"]})
+        raw["views"] = [
+            {"name": "order_lines", "join": {"left": "orders", "right": "products", "on": {"product_id": "id"}}},
+            {"name": "sales", "from": "order_lines", "group_by": ["category"],
+             "aggregates": {"orders": "count(*)", "units": "sum(quantity)"}},
+            {"name": "top3", "from": "order_lines",
+             "top_n": {"n": 3, "order_by": ["quantity desc", "order_id asc"], "partition_by": ["category"],
+                       "rank_column": "rank"}}]
+        raw["tables"] += [{"name": SALES, "from": "sales", "primary_key": ["category"]},
+                          {"name": TOP3, "from": "top3", "primary_key": ["category", "rank"]}]
+    elif args.graph:
         raw["views"] = [{"name": "by_category", "from": "products", "group_by": ["category"],
                          "aggregates": {"products": "count(*)", "stock": "sum(stock)"}}]
         raw["tables"].append({"name": GRAPH, "from": "by_category", "primary_key": ["category"]})
+    if args.mirrors:
+        raw["pipeline"]["mirrors"] = args.mirrors
     return parse_config(orjson.dumps(raw).decode())
+
+
+def query_checkpoint(cfg, table: str) -> str:
+    """The checkpoint of the streaming query that writes ``table`` (the mirrors may run in their own)."""
+    from changelake.service.split import query_checkpoint as of_table
+
+    return of_table(cfg, table)
 
 
 def wait_committed(checkpoint: Path, records: int, *, timeout_s: float, alive) -> bool:
@@ -335,27 +417,49 @@ def wait_committed(checkpoint: Path, records: int, *, timeout_s: float, alive) -
     return False
 
 
-def verify(cfg, final: list[dict], graph: bool) -> dict[str, str]:
+def verify(cfg, final: dict[str, list[dict]], tables: list[str]) -> dict[str, str]:
+    """Each table against the source's final state: the mirrors row by row, the graph tables against DuckDB's
+    query over the final state."""
     import duckdb
     import pyarrow as pa
 
     from changelake.connectors.delta_read import read_delta
 
+    def compare(table: str, key: tuple[str, ...], columns: tuple[str, ...], want_rows: list[tuple]) -> str:
+        got = read_delta(cfg.table_path(table), columns=list(columns)).to_pylist()
+        n = len(key)
+        have = {tuple(r[c] for c in key): tuple(r[c] for c in columns[n:]) for r in got}
+        want = {r[:n]: tuple(r[n:]) for r in want_rows}
+        if have == want and len(got) == len(have):
+            return "ok"
+        differ = sum(have.get(k) != v for k, v in want.items())
+        return f"MISMATCH: {len(got)} rows, {len(want)} expected, {differ} differ or missing"
+
+    con = duckdb.connect()
+    for name, rows in final.items():       # (by register only: DuckDB would read a local variable of the name)
+        if rows:
+            con.register(name, pa.Table.from_pylist(rows))
+    queries = {
+        MIRROR: (("id",), ("id", "category", "price", "stock"), "SELECT id, category, price, stock FROM products"),
+        ORDERS: (("order_id",), ("order_id", "product_id", "quantity"),
+                 "SELECT order_id, product_id, quantity FROM orders"),
+        GRAPH: (("category",), ("category", "products", "stock"),
+                "SELECT category, count(*), sum(stock) FROM products GROUP BY category"),
+        SALES: (("category",), ("category", "orders", "units"),
+                "SELECT category, count(*), sum(quantity) FROM orders JOIN products ON product_id = id "
+                "GROUP BY category"),
+        TOP3: (("category", "rank"), ("category", "rank", "order_id", "quantity"),
+               "SELECT category, rank, order_id, quantity FROM (SELECT category, order_id, quantity, row_number() OVER "
+               "(PARTITION BY category ORDER BY quantity DESC, order_id ASC) AS rank FROM orders JOIN products "
+               "ON product_id = id) WHERE rank <= 3"),
+    }
     out = {}
-    got = read_delta(cfg.table_path(MIRROR), columns=["id", "category", "price", "stock"]).to_pylist()
-    want = {r["id"]: (r["category"], r["price"], r["stock"]) for r in final}
-    have = {r["id"]: (r["category"], r["price"], r["stock"]) for r in got}
-    out[MIRROR] = "ok" if have == want and len(got) == len(have) else \
-        f"MISMATCH: {len(have)} rows, {len(want)} expected, {sum(have.get(k) != v for k, v in want.items())} differ"
-    if graph:
-        con = duckdb.connect()
-        con.register("products", pa.table({c: [r[c] for r in final] for c in ("id", "category", "stock")}))
-        want_g = {k: (int(c), int(s)) for k, c, s in
-                  con.sql("SELECT category, count(*), sum(stock) FROM products GROUP BY category").fetchall()}
-        con.close()
-        rows = read_delta(cfg.table_path(GRAPH), columns=["category", "products", "stock"]).to_pylist()
-        have_g = {r["category"]: (int(r["products"]), int(r["stock"])) for r in rows}
-        out[GRAPH] = "ok" if have_g == want_g else f"MISMATCH: {sorted(have_g.items())[:3]} vs {sorted(want_g.items())[:3]}"
+    for t in tables:
+        key, columns, sql = queries[t]
+        want = [tuple(int(v) if isinstance(v, (int, np.integer)) else v for v in row)
+                for row in con.sql(sql).fetchall()]
+        out[t] = compare(t, key, columns, want)
+    con.close()
     return out
 
 
@@ -369,10 +473,17 @@ def main(argv: list[str] | None = None) -> int:
                     help="the producer's linger.ms: how long it gathers records into one message set")
     ap.add_argument("--trigger", default="1 second", help="the pipeline's trigger_interval")
     ap.add_argument("--no-graph", dest="graph", action="store_false", help="the mirror table only")
+    ap.add_argument("--join", action="store_true",
+                    help="issue 29's graph: products and orders mirrored, orders JOIN products, per category an "
+                         "aggregate and a Top-3 (ORDER_SHARE of the changes are orders')")
+    ap.add_argument("--orders", type=int, default=None, help="order keys with --join (default: --keys)")
+    ap.add_argument("--mirrors", choices=("own_query", "with_graph"), default=None,
+                    help="the pipeline's pipeline.mirrors (default: the service's default)")
     ap.add_argument("--drain", type=float, default=None,
                     help="seconds to wait for the pipeline to commit the rest after production (default: "
                          "max(60, duration))")
-    ap.add_argument("--quick", action="store_true", help="smoke run: 12 s at 200 events/s over 2,000 keys")
+    ap.add_argument("--quick", action="store_true", help="smoke run: 12 s at 200 events/s over 2,000 keys "
+                                                         "(--join: 1,000 keys, 2,000 orders, 1 topic per table)")
     ap.add_argument("--workdir", help="keep the run here (default: a temporary directory, removed)")
     ap.add_argument("--seed", type=int, default=12)
     add_broker_option(ap)
@@ -382,6 +493,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.quick:
         args.rate, args.duration, args.keys, args.topics = 200, 12, 2_000, 2
+        if args.join:
+            args.keys, args.orders, args.topics = 1_000, 2_000, 1
+    if args.orders is None:
+        args.orders = args.keys
+    if args.join:
+        args.graph = True
     if args.produce:
         return produce_main(args)
     drain_s = args.drain if args.drain is not None else max(60.0, args.duration)
@@ -390,7 +507,9 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     load0 = os.getloadavg()
-    tables = [MIRROR, GRAPH] if args.graph else [MIRROR]
+    mirrors = [MIRROR, ORDERS] if args.join else [MIRROR]
+    graph_tables = [SALES, TOP3] if args.join else [GRAPH] if args.graph else []
+    tables = mirrors + graph_tables
     print(f"freshness: {args.rate:,.0f} events/s for {args.duration:.0f} s over {args.keys:,} keys, "
           f"{args.topics} topics x 4 partitions, producer linger {args.linger:g} ms, trigger {args.trigger}, tables {tables}; {machine()}; "
           f"load average {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}; "
@@ -402,10 +521,13 @@ def main(argv: list[str] | None = None) -> int:
     with open_broker(args.broker, quick=args.quick) as broker:
         cfg = config(args, broker.bootstrap_servers, work)
         checkpoint = Path(cfg.pipeline.checkpoint)
+        #: the checkpoint of the query that writes each table (the mirrors may run in a query of their own)
+        checkpoints = {t: Path(query_checkpoint(cfg, t)) for t in tables}
         producer = subprocess.Popen(
             [sys.executable, str(Path(__file__).resolve()), "--produce", "--bootstrap", broker.bootstrap_servers,
              "--out", str(work), "--rate", str(args.rate), "--duration", str(args.duration), "--keys", str(args.keys),
-             "--topics", str(args.topics), "--seed", str(args.seed), "--linger", str(args.linger)],
+             "--topics", str(args.topics), "--seed", str(args.seed), "--linger", str(args.linger),
+             "--orders", str(args.orders), *(["--join"] if args.join else [])],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         # the pipeline's memory: this process, its Spark JVM and Python workers; not the broker, not the producer
         mem = PeakMemory(exclude=(broker.pid, producer.pid)).__enter__()
@@ -430,7 +552,8 @@ def main(argv: list[str] | None = None) -> int:
             thread = threading.Thread(target=run, name="pipeline", daemon=True)
             t_start = time.monotonic()
             thread.start()
-            if not wait_committed(checkpoint, snapshot, timeout_s=600, alive=thread.is_alive):
+            if not all(wait_committed(c, snapshot, timeout_s=600, alive=thread.is_alive)
+                       for c in set(checkpoints.values())):
                 raise SystemExit(f"the pipeline did not catch up on the snapshot: {outcome.get('error')!r}")
             print(f"pipeline caught up on the snapshot in {time.monotonic() - t_start:.1f}s (Spark start-up "
                   "included); steady phase starts", flush=True)
@@ -444,7 +567,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"produced {produced:,} changes in {produced_s:.1f}s (the producer process used {producer_cpu:.1f} "
                   "CPU-s of the machine's cores); waiting for the pipeline to commit them", flush=True)
             t_drain = time.monotonic()
-            drained = wait_committed(checkpoint, snapshot + produced, timeout_s=drain_s, alive=thread.is_alive)
+            drained = all(wait_committed(c, snapshot + produced, timeout_s=drain_s, alive=thread.is_alive)
+                          for c in set(checkpoints.values()))
             drain_wait = time.monotonic() - t_drain
             runner.request_stop()
             thread.join(timeout=300)
@@ -462,11 +586,18 @@ def main(argv: list[str] | None = None) -> int:
         d = np.load(work / "deliveries.npz")
         topics = [str(t) for t in d["topics"]]
         acked, sent = d["acked"], d["sent"]
-        batch = read_batches(topics, d["topic"], d["partition"], d["offset"], batch_end_offsets(checkpoint))
-        starts = batch_starts(checkpoint)
-        visible = {t: visible_at(batch, delta_commits(Path(cfg.table_path(t)))) for t in tables}
+        batches = {c: read_batches(topics, d["topic"], d["partition"], d["offset"], batch_end_offsets(c))
+                   for c in set(checkpoints.values())}
+        batch = batches[checkpoints[MIRROR]]
+        starts = batch_starts(checkpoints[MIRROR])
+        visible = {t: visible_at(batches[checkpoints[t]], delta_commits(Path(cfg.table_path(t)))) for t in tables}
+        # the changes each table shows: a mirror its own source's, a graph table every source's
+        source_topics = {t: np.array([topics.index(n) for n in topics if n.startswith(TOPICS[t].format(n=""))])
+                         for t in mirrors}
+        feeds = {t: np.isin(d["topic"], source_topics[t]) if t in mirrors else np.ones(len(acked), bool)
+                 for t in tables}
         final = orjson.loads((work / "final_state.json").read_bytes())
-        checks = verify(cfg, final, args.graph)
+        checks = verify(cfg, final, tables)
 
     t0, t1 = acked.min(), acked.max()
     expired = result.totals.expired if result else -1
@@ -479,27 +610,38 @@ def main(argv: list[str] | None = None) -> int:
           + f"; total {mem.total_mb:,.0f} MB")
     print("\n| table | changes | freshness p50 | p99 | max | not committed | target |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | --- |")
-    for t in tables:
-        lat = visible[t] - acked
+    rows = [(t, visible[t][feeds[t]] - acked[feeds[t]], TARGETS[t]) for t in tables]
+    if args.join:       # each change once per kind of table: when every mirror (graph table) showed it
+        rows += [(f"{label} (all)", np.concatenate([visible[t][feeds[t]] - acked[feeds[t]] for t in group]), "")
+                 for label, group in (("mirrors", mirrors), ("graph tables", graph_tables))]
+    for t, lat, target in rows:
         done = lat[~np.isnan(lat)]
         missing = int(np.isnan(lat).sum())
         ok &= missing == 0
         p50, p99 = np.percentile(done, [50, 99]) if len(done) else (float("nan"),) * 2
         mx = done.max() if len(done) else float("nan")
-        print(f"| {t} | {len(lat):,} | {p50:.2f} s | {p99:.2f} s | {mx:.2f} s | {missing:,} | {TARGETS[t]} |")
+        print(f"| {t} | {len(lat):,} | {p50:.2f} s | {p99:.2f} s | {mx:.2f} s | {missing:,} | {target} |")
 
     # where a change's time goes: waiting for the batch that reads it to start (the running batch, then the
     # trigger), then that batch until the mirror's commit
+    # per change, when its mirror showed it (each change has one mirror)
+    mirror = visible[MIRROR].copy()
+    for t in mirrors[1:]:
+        mirror[feeds[t]] = visible[t][feeds[t]]
+    commit_of: dict[int, float] = {}
+    for t in mirrors:
+        for b, stamp in zip(*delta_commits(Path(cfg.table_path(t)))):
+            commit_of[int(b)] = min(commit_of.get(int(b), stamp), stamp)
     start_of = np.array([starts.get(int(b), np.nan) for b in batch])
-    wait, own = start_of - acked, visible[MIRROR] - start_of
+    wait, own = start_of - acked, mirror - start_of
     split = ~np.isnan(wait) & ~np.isnan(own)
     if split.any():
         (w50, w99), (o50, o99) = np.percentile(wait[split], [50, 99]), np.percentile(own[split], [50, 99])
-        print(f"\n{MIRROR}: append -> start of the batch that read it p50 {w50:.2f} s, p99 {w99:.2f} s; "
+        print(f"\n{'mirrors' if args.join else MIRROR}: append -> start of the batch that read it p50 {w50:.2f} s, "
+              f"p99 {w99:.2f} s; "
               f"that batch's start -> its commit p50 {o50:.2f} s, p99 {o99:.2f} s")
-        slow = np.argsort(-(visible[MIRROR] - acked))[: max(1, len(acked) // 100)]    # the slowest 1%
+        slow = np.argsort(-(mirror - acked))[: max(1, len(acked) // 100)]    # the slowest 1%
         ids, counts = np.unique(batch[slow], return_counts=True)
-        commit_of = dict(zip(*delta_commits(Path(cfg.table_path(MIRROR)))))
         print("the slowest 1% of changes were read by batches " + "; ".join(
             f"{b} ({c:,} of them; it started {starts[b] - t0:.1f}s into the steady phase, "
             f"{starts[b] - starts.get(b - 1, np.nan):.2f}s after the one before, and committed "
@@ -511,11 +653,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"batch starts while producing: every {np.median(gaps):.2f}s (median; p99 {np.percentile(gaps, 99):.2f}s, "
                   f"max {gaps.max():.2f}s)")
 
-    mirror = visible[MIRROR]
     committed_in = np.count_nonzero(mirror <= t1)
     sustained = committed_in / max(t1 - t0, 1e-9)
     last = np.nanmax(mirror) if np.isfinite(mirror).any() else float("nan")
-    _, stamps = delta_commits(Path(cfg.table_path(MIRROR)))
+    stamps = np.array(sorted(commit_of.values()))
     steady = stamps[(stamps >= t0) & (stamps <= t1)]
     gaps = np.diff(steady)
     print(f"\nrecords/s: offered {len(acked) / max(t1 - t0, 1e-9):,.0f}; committed to the mirror while producing "

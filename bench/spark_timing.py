@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -44,7 +45,9 @@ class BatchClock:
         from changelake.service import pipeline, runner
         from changelake.spark import query
 
-        driver: list[float] = []
+        # per thread: a pipeline of two queries (mirrors in their own, changelake.service.split) runs two
+        # micro-batches at once, each in its query's thread
+        drivers: dict[int, list[float]] = {}
 
         def timed(label: str):
             def around(fn):
@@ -65,12 +68,13 @@ class BatchClock:
                     self.records.append(getattr(report, "records", 0))
                     return report
                 finally:
-                    driver.append(time.perf_counter() - t)
+                    drivers.setdefault(threading.get_ident(), []).append(time.perf_counter() - t)
             return call
 
         def whole_batch(fn):
             def call(*args, **kwargs):
                 t = time.perf_counter()
+                driver = drivers.setdefault(threading.get_ident(), [])
                 driver.clear()
                 fn(*args, **kwargs)
                 total = time.perf_counter() - t

@@ -71,11 +71,14 @@ _TIMEOUT_S = 60
 
 
 def letter_headers(letter: Mapping[str, Any], *, pipeline_id: str, batch_id: int,
-                   generation: int = 0) -> list[tuple[str, bytes]]:
-    """Kafka headers of one dead letter (a row of LETTER_SCHEMA as a dict)."""
+                   generation: int = 0, query: str = "") -> list[tuple[str, bytes]]:
+    """Kafka headers of one dead letter (a row of LETTER_SCHEMA as a dict); ``query``: which of the
+    pipeline's queries wrote it when it runs two (``service.split``; its batch ids are its own)."""
     fields = {"reason": letter["reason"], "error": letter["error"], "topic": letter["topic"],
               "partition": letter["partition"], "offset": letter["offset"], "source": letter["source"],
               "pipeline": pipeline_id, "batch": batch_id, "generation": generation}
+    if query:
+        fields["query"] = query
     if letter.get("table"):
         fields["table"] = letter["table"]
     return [(HEADER_PREFIX + k, str(v).encode()) for k, v in fields.items()]
@@ -90,11 +93,14 @@ class DeadLetterTopic:
     """Produces dead letters to Kafka topics in one transaction per batch."""
 
     def __init__(self, *, bootstrap_servers: str, properties: Mapping[str, str], pipeline_id: str,
-                 ledger_path: str, storage_options: Mapping[str, str] | None = None, generation: int = 0) -> None:
+                 ledger_path: str, storage_options: Mapping[str, str] | None = None, generation: int = 0,
+                 query: str = "") -> None:
         self.pipeline_id = pipeline_id
         self.generation = generation
         self.ledger_path = ledger_path
-        self._app_id = f"changelake:{pipeline_id}:dead-letter-topic"
+        #: the pipeline's query that writes (``service.split``): its own app id, transactional id and header
+        self.query = query
+        self._app_id = f"changelake:{pipeline_id}:dead-letter-topic{query}"
         self._client_conf = {"bootstrap.servers": bootstrap_servers, "log_level": 3, **properties}
         self._storage_options = dict(storage_options) if storage_options else None
         self._producer: Any = None
@@ -142,7 +148,7 @@ class DeadLetterTopic:
                 ts = letter["timestamp"]
                 producer.produce(letter["dead_letter_topic"], key=letter["key"], value=letter["value"],
                                  headers=letter_headers(letter, pipeline_id=self.pipeline_id, batch_id=batch_id,
-                                                        generation=self.generation),
+                                                        generation=self.generation, query=self.query),
                                  timestamp=int(ts.timestamp() * 1000) if ts is not None else 0,
                                  on_delivery=delivered)
                 producer.poll(0)
@@ -166,7 +172,8 @@ class DeadLetterTopic:
         if self._producer is None:
             from confluent_kafka import Producer
 
-            producer = Producer({**self._client_conf, "transactional.id": f"changelake-{self.pipeline_id}-dead-letters"})
+            producer = Producer({**self._client_conf,
+                                 "transactional.id": f"changelake-{self.pipeline_id}-dead-letters{self.query}"})
             producer.init_transactions(_TIMEOUT_S)      # aborts a transaction a crashed process left open
             self._producer = producer
         return self._producer
@@ -209,7 +216,7 @@ class DeadLetterTopic:
         for msg in read_topics(self._client_conf, topics, start=self._recorded_ends()):
             h = header_dict(msg.headers())
             if (h.get("pipeline") == want["pipeline"] and h.get("batch") == want["batch"]
-                    and h.get("generation", "0") == want["generation"]):
+                    and h.get("generation", "0") == want["generation"] and h.get("query", "") == self.query):
                 key = (msg.topic(), msg.partition())
                 ends[key] = max(ends.get(key, -1), msg.offset() + 1)
         return ends or None

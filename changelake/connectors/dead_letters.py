@@ -24,11 +24,12 @@ STORE_SCHEMA = DEAD_LETTER_SCHEMA.append(pa.field("source", pa.string())).append
 
 class DeadLetterStore:
     def __init__(self, path: str, *, pipeline_id: str, storage_options: dict[str, str] | None = None,
-                 generation: int = 0) -> None:
+                 generation: int = 0, query: str = "") -> None:
         self.path = path
         self.pipeline_id = pipeline_id
         self.generation = generation
-        self._app_id = f"changelake:{pipeline_id}:dead-letters"
+        # ``query``: which of the pipeline's two queries writes (``service.split``): its batch ids are its own
+        self._app_id = f"changelake:{pipeline_id}:dead-letters{query}"
         self._storage_options = storage_options or None
 
     def append(self, letters: pa.Table, *, source: str | pa.Array, batch_id: int,

@@ -21,14 +21,14 @@ def ledger_path(config: ChangelakeConfig) -> str:
 
 
 class DeadLetterPaths:
-    def __init__(self, config: ChangelakeConfig) -> None:
+    def __init__(self, config: ChangelakeConfig, *, query: str = "") -> None:
         storage = config.storage.plain_options() or None
         self._topic_of = {s.name: config.dead_letter_topic(s.name) for s in config.sources}
         self.store = DeadLetterStore(config.dead_letter_path(), pipeline_id=config.pipeline.id,
-                                     storage_options=storage)
+                                     storage_options=storage, query=query)
         self.topic = DeadLetterTopic(bootstrap_servers=config.kafka.bootstrap_servers,
                                      properties=config.kafka.plain_properties(), pipeline_id=config.pipeline.id,
-                                     ledger_path=ledger_path(config), storage_options=storage)
+                                     ledger_path=ledger_path(config), storage_options=storage, query=query)
 
     def write(self, letters: list[tuple[str, pa.Table, str | None] | tuple[str, pa.Table]], *, batch_id: int) -> None:
         """Write one batch's dead letters, given as (source name, DEAD_LETTER_SCHEMA table, the table they were

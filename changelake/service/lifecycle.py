@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -100,16 +100,19 @@ class Start:
 
 
 def prepare(config: ChangelakeConfig, plan: PhysicalPlan | None, *, buckets: int | Mapping[str, int] = 32,
-            default_buckets: int = 32, rebuild_views: bool = False) -> Start:
+            default_buckets: int = 32, rebuild_views: bool = False, writes: Callable[[str], bool] | None = None,
+            app_suffix: str = "") -> Start:
     """Check the checkpoint against the lake and the views (module docstring); record it when it is new.
     With ``rebuild_views``, changed views on an existing checkpoint start the next generation from the
-    mirrored tables instead (``service.rebuild``). Raises :class:`RestartRefused` with what to do."""
+    mirrored tables instead (``service.rebuild``). Raises :class:`RestartRefused` with what to do.
+    ``writes``: the tables this checkpoint's query writes (default: every table of the lake); ``app_suffix``:
+    of its dead letters' app ids (a pipeline of two queries, ``service.split``)."""
     from changelake.service import rebuild as rebuilds
 
     checkpoint = config.pipeline.checkpoint
     recorded = read_lineage(checkpoint)
     existing = recorded is not None or _has_offsets(checkpoint)
-    positions = dict(_recorded_positions(config))
+    positions = dict(_recorded_positions(config, writes=writes, app_suffix=app_suffix))
     views = table_fingerprints(plan) if plan is not None else {}
     state = state_fingerprint(plan, buckets, default_buckets) if plan is not None else None
     rebuild = None
@@ -239,15 +242,17 @@ def _label(what: str) -> str:
     return what if what.startswith("the ") else f"table {what}"
 
 
-def _recorded_positions(config: ChangelakeConfig) -> Iterator[tuple[str, int]]:
-    """(table name, or 'the dead-letter table ...', commit position) of every write this pipeline recorded."""
+def _recorded_positions(config: ChangelakeConfig, *, writes: Callable[[str], bool] | None = None,
+                        app_suffix: str = "") -> Iterator[tuple[str, int]]:
+    """(table name, or 'the dead-letter table ...', commit position) of every write this pipeline recorded
+    (of the tables ``writes`` accepts)."""
     pid = config.pipeline.id
     options = config.storage.plain_options() or None
     seen: set[str] = set()
     candidates = [(t.name, config.table_path(t.name)) for t in config.tables]
     candidates += [(name, path) for name, path in _tables_under(config.storage.root)]
     for name, path in candidates:
-        if name in seen:
+        if name in seen or writes is not None and not writes(name):
             continue
         seen.add(name)
         position = _txn(path, f"changelake:{pid}:{name}", options)
@@ -256,7 +261,7 @@ def _recorded_positions(config: ChangelakeConfig) -> Iterator[tuple[str, int]]:
     for what, path, app in ((f"the dead-letter table {config.dead_letter_path()}", config.dead_letter_path(),
                              "dead-letters"),
                             (f"the dead-letter ledger {ledger_path(config)}", ledger_path(config), "dead-letter-topic")):
-        position = _txn(path, f"changelake:{pid}:{app}", options)
+        position = _txn(path, f"changelake:{pid}:{app}{app_suffix}", options)
         if position is not None:
             yield what, position
 
@@ -284,6 +289,22 @@ def _txn(path: str, app_id: str, options: Mapping[str, str] | None) -> int | Non
         return DeltaTable(path, storage_options=options).transaction_version(app_id)
     except OSError:
         return None
+
+
+def path_exists(path: str) -> bool:
+    """A file or directory is at ``path`` (a local path or a URI)."""
+    from pyarrow import fs as pafs
+
+    fs, root = filesystem(path)
+    try:
+        return fs.get_file_info(root).type != pafs.FileType.NotFound
+    except OSError:
+        return False
+
+
+def has_offsets(checkpoint: str) -> bool:
+    """The checkpoint's query has planned a batch (its offset log is not empty)."""
+    return _has_offsets(checkpoint)
 
 
 def _has_offsets(checkpoint: str) -> bool:

@@ -80,15 +80,19 @@ from changelake.spark.decode_stage import DecodeStage, check_keys
 
 log = logging.getLogger(__name__)
 
-#: Test hook: ``CHANGELAKE_FAULT=<point>@<batch id>`` kills the process with SIGKILL at that point.
+#: Test hook: ``CHANGELAKE_FAULT=<point>@<batch id>`` kills the process with SIGKILL at that point (in the query of
+#: the pipeline's checkpoint); ``<point>@<batch id>@mirrors``: in the mirrors' own query (``service.split``).
 FAULT_ENV = "CHANGELAKE_FAULT"
+#: Test hook: ``CHANGELAKE_SLOW_GRAPH=<seconds>@<batch id>``: the operator graph's batch sleeps that long before its
+#: Delta commits (an artificially slow view; tests/integration/test_mirror_query.py)
+SLOW_GRAPH_ENV = "CHANGELAKE_SLOW_GRAPH"
 _KIND_LABEL = {k.value: k.short for k in RowKind}
 #: Delta tables a batch commits at once (delta-rs engine; see ``BatchProcessor._commit_tables``)
 COMMIT_THREADS = 4
 
 
-def _fault(point: str, batch_id: int) -> None:
-    if os.environ.get(FAULT_ENV) == f"{point}@{batch_id}":
+def _fault(point: str, batch_id: int, query: str = "") -> None:
+    if os.environ.get(FAULT_ENV) == f"{point}@{batch_id}{query.replace('.', '@')}":
         log.error("fault injection: killing the process at %s of batch %d", point, batch_id)
         os.kill(os.getpid(), signal.SIGKILL)
 
@@ -132,11 +136,16 @@ class BatchProcessor:
 
     ``graph`` is the operator graph (default: the config's ``views`` and ``tables[].from``,
     :func:`~changelake.service.views.pipeline_from_config`); None runs only the mirrors.
+    ``query``: which query of a pipeline of two (``service.split``: ``.mirrors``, or "" for the graph's);
+    ``accounted_elsewhere``: sources whose records, dead letters and truncates the other query accounts
+    for (this one only feeds their rows to the graph).
     """
 
     def __init__(self, config: ChangelakeConfig, *, spark: Any = None, graph: Pipeline | None = _NO_GRAPH,
-                 buckets: int = 32) -> None:
+                 buckets: int = 32, query: str = "", accounted_elsewhere: frozenset[str] = frozenset()) -> None:
         self.config = config
+        self.query_name = query
+        self.accounted_elsewhere = accounted_elsewhere
         self.routes = [_Route(s) for s in config.sources]
         graph = pipeline_from_config(config) if graph is _NO_GRAPH else graph
         self.plan: PhysicalPlan | None = None if graph is None else graph.plan()
@@ -159,7 +168,7 @@ class BatchProcessor:
         self._spark = spark
         self.sinks: dict[str, DeltaUpsertSink] = {}     # opened once the table's key is known
         self._pool: ThreadPoolExecutor | None = None     # the concurrent Delta commits, started on first use
-        self.dead_letters = DeadLetterPaths(config)
+        self.dead_letters = DeadLetterPaths(config, query=query)
         self.quarantine = Quarantine(config, self.keys)
         self.epochs = EpochBook(config.pipeline.checkpoint)
         #: table -> columns its source's newest schema dropped, for the sink (set per batch)
@@ -276,6 +285,8 @@ class BatchProcessor:
         (``changelake.spark.batch_frames.TableFrame``: a DataFrame and its counts per kind); ``out``
         then holds their dead letters, key-change counts and truncates, not their rows."""
         stats, parts = self.stage.split(out)
+        if self.accounted_elsewhere:
+            stats = self._not_elsewhere(stats, parts)
         for i, got in parts.items():
             if "epochs" in got or "epochchg" in got:     # a source route's (graph changes are keyed by graph table)
                 self.epochs.take(self.routes[i].spec.name, got)
@@ -319,6 +330,21 @@ class BatchProcessor:
         report = self._apply(stats, decoded, batch_id, graph_changes, late_rows, moves, truncates, frames or {})
         report.epochs = epochs
         return report
+
+    def _not_elsewhere(self, stats: dict[tuple[str, int], Any], parts: dict[int, dict[str, pa.Table]]
+                       ) -> dict[tuple[str, int], Any]:
+        """The batch without what the other query accounts for (``accounted_elsewhere``): those sources' dead
+        letters, truncates and read statistics (their rows went to the graph on the executors)."""
+        for i, got in parts.items():        # (a graph table's changes are keyed by its index: not a route's)
+            if i < len(self.routes) and self.routes[i].spec.name in self.accounted_elsewhere:
+                for part in ("dl", "trunc", "keys", "moves"):
+                    got.pop(part, None)
+
+        def elsewhere(topic: str) -> bool:
+            route = next((r for r in self.routes if r.matches(topic)), None)
+            return route is not None and route.spec.name in self.accounted_elsewhere
+
+        return {tp: v for tp, v in stats.items() if not elsewhere(tp[0])}
 
     def _route_raw(self, route: "_Route", raw: pa.Table
                    ) -> tuple[list[tuple["_Route", pa.Table, pa.Table]], list[tuple["_Route", pa.Table]]]:
@@ -477,7 +503,9 @@ class BatchProcessor:
                 out = latest_per_key(out, primary_key=pk)
             per_table.setdefault(name, []).append(out)
 
-        _fault("before-sinks", batch_id)
+        _fault("before-sinks", batch_id, self.query_name)
+        if self.plan is not None and os.environ.get(SLOW_GRAPH_ENV, "").endswith(f"@{batch_id}"):
+            time.sleep(float(os.environ[SLOW_GRAPH_ENV].split("@")[0]))
         self.dead_letters.write(letters, batch_id=batch_id)
         commits = []
         positions = dict(self._positions)       # the newest schema positions, known to the screen once committed
@@ -504,7 +532,7 @@ class BatchProcessor:
         self.quarantine.advance(positions)
         report.committed_tables.extend(name for name, _ in commits if results[name].committed)
         self.replacing -= {name for name, _ in commits}
-        _fault("after-sinks", batch_id)
+        _fault("after-sinks", batch_id, self.query_name)
         report.seconds = time.monotonic() - started
         self.last_report = report
         self._accumulate(report)
@@ -530,7 +558,7 @@ class BatchProcessor:
             for i, (name, commit) in enumerate(commits):
                 results[name] = commit()
                 if i == 0:
-                    _fault("after-first-table", batch_id)
+                    _fault("after-first-table", batch_id, self.query_name)
             return results
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=COMMIT_THREADS, thread_name_prefix="delta-commit")
@@ -538,7 +566,7 @@ class BatchProcessor:
         first = True
         for done in as_completed(futures):
             if first and done.exception() is None:
-                _fault("after-first-table", batch_id)
+                _fault("after-first-table", batch_id, self.query_name)
                 first = False
         failed = [f for f in futures if f.exception() is not None]
         if failed:
@@ -762,9 +790,11 @@ def kafka_reader_options(config: ChangelakeConfig) -> dict[str, str]:
 
 
 def start_query(spark: Any, config: ChangelakeConfig, processor: BatchProcessor, *,
-                available_now: bool | None = None, rebuild_views: bool = False) -> Any:
+                available_now: bool | None = None, rebuild_views: bool = False,
+                writes: Callable[[str], bool] | None = None) -> Any:
     """Start ``processor``'s streaming query (:mod:`changelake.spark.query`); returns Spark's StreamingQuery.
-    ``rebuild_views``: changed views start from the mirrored tables (``changelake.service.rebuild``)."""
+    ``rebuild_views``: changed views start from the mirrored tables (``changelake.service.rebuild``);
+    ``writes``: the tables the query writes, when the pipeline runs two (``service.split``)."""
     from changelake.spark.query import PipelineQuery, start
 
     from changelake.service.lifecycle import prepare
@@ -772,7 +802,7 @@ def start_query(spark: Any, config: ChangelakeConfig, processor: BatchProcessor,
 
     once = config.pipeline.available_now if available_now is None else available_now
     begun = prepare(config, processor.plan, buckets=processor.buckets, default_buckets=DEFAULT_BUCKETS,
-                    rebuild_views=rebuild_views)
+                    rebuild_views=rebuild_views, writes=writes, app_suffix=processor.query_name)
     processor.start_generation(begun.generation, sorted(begun.replaced))
     options = kafka_reader_options(config)
     if begun.rebuild is not None:
@@ -788,10 +818,11 @@ def start_query(spark: Any, config: ChangelakeConfig, processor: BatchProcessor,
 
         spark_kafka = source_options(options, config.kafka.plain_properties(), config.kafka.plain_spark_options())
     processor.query = PipelineQuery(processor, read_tasks=config.pipeline.read_tasks)
-    return start(spark, processor.query, name=config.pipeline.id, checkpoint=config.pipeline.checkpoint,
+    return start(spark, processor.query, name=config.pipeline.id + processor.query_name,
+                 checkpoint=config.pipeline.checkpoint,
                  reader_options=options, available_now=once,
-                 trigger_seconds=parse_duration(config.pipeline.trigger_interval), group_id=consumer_group(config),
-                 spark_kafka_options=spark_kafka)
+                 trigger_seconds=parse_duration(config.pipeline.trigger_interval),
+                 group_id=consumer_group(config) + processor.query_name, spark_kafka_options=spark_kafka)
 
 
 def _rebuild_options(config: ChangelakeConfig, processor: BatchProcessor, rebuild: Any) -> dict[str, str]:

@@ -18,6 +18,7 @@ from changelake.service.http import Health, HttpEndpoint
 from changelake.service.logs import log_format
 from changelake.service.pipeline import BatchProcessor, BatchReport, start_query
 from changelake.service.preflight import broker_topics, side_topic, skipped_side_topics
+from changelake.service.split import MIRRORS_APP, split
 from changelake.spark.progress import ProgressListener, parse_offsets
 from changelake.spark.session import build_session, driver_jvm, executor_tasks
 
@@ -76,51 +77,129 @@ class PipelineRunner:
         conf = dict(cfg.pipeline.spark_conf)
         if log_format() == "json":      # Spark's log4j lines as JSON objects too (changelake.service.logs)
             conf.setdefault("spark.log.structuredLogging.enabled", "true")
+        parts = split(cfg, rebuild_views=rebuild_views)
+        if parts is not None:       # the mirrors in a query of their own: FAIR pools, so neither waits for the other
+            conf.setdefault("spark.scheduler.mode", "FAIR")
         spark = self._spark or build_session(app_name=f"changelake-{cfg.pipeline.id}", master=cfg.pipeline.master,
                                             conf=conf, jar_sets=("spark-kafka",) if cfg.kafka.reader == "spark-kafka"
                                             else ())
         metrics.JVM.watch(*driver_jvm(spark))
         terminal = _CatchUpLine.for_run(cfg)
-        listener = ProgressListener(self.health, on_progress=terminal.show)
-        spark.streams.addListener(listener)
-        processor = BatchProcessor(cfg, spark=spark)
+        lags: dict = {}
+        if parts is None:
+            runs = [(cfg, BatchProcessor(cfg, spark=spark), None)]
+        else:
+            graph_tables = {t.name for t in parts.graph.tables}
+            log.info("the mirrors run in a streaming query of their own (checkpoint %s): they commit on their own "
+                     "cadence, whatever the views' batches take (pipeline.mirrors: own_query)",
+                     parts.mirrors.pipeline.checkpoint)
+            # the graph's query starts first: a refused start (changed views, a stale checkpoint) is refused
+            # before the mirrors' query reads anything
+            runs = [(parts.graph, BatchProcessor(parts.graph, spark=spark, accounted_elsewhere=parts.elsewhere),
+                     lambda name: name in graph_tables),
+                    (parts.mirrors, BatchProcessor(parts.mirrors, spark=spark, graph=None, query=MIRRORS_APP),
+                     lambda name: name not in graph_tables)]
+        listeners = []
+        for run_cfg, processor, _ in runs:
+            listener = ProgressListener(self.health, on_progress=terminal.show if processor is runs[-1][1] else None,
+                                        query=None if parts is None else cfg.pipeline.id + processor.query_name,
+                                        lags=lags)
+            spark.streams.addListener(listener)
+            listeners.append(listener)
         started = time.monotonic()
-        query = start_query(spark, cfg, processor, available_now=available_now, rebuild_views=rebuild_views)
-        self.health.query_active = lambda: query.isActive
-        self.health.trigger_active = lambda: bool(query.status.get("isTriggerActive", False))
+        queries = []
         try:
-            while query.isActive:
-                if self._stop.is_set() and not query.status.get("isTriggerActive", False):
-                    query.stop()
-                    break
-                query.awaitTermination(0.5)
-            query.awaitTermination()     # re-raises the query's error, if it failed
+            for run_cfg, processor, writes in runs:
+                if parts is not None:
+                    spark.sparkContext.setLocalProperty("spark.scheduler.pool", processor.query_name or "graph")
+                queries.append(start_query(spark, run_cfg, processor, available_now=available_now,
+                                           rebuild_views=rebuild_views, writes=writes))
+        except BaseException:
+            for q in queries:
+                q.stop()
+            raise
+        finally:
+            if parts is not None:
+                spark.sparkContext.setLocalProperty("spark.scheduler.pool", None)
+        self.health.query_active = lambda: all(q.isActive for q in queries)
+        self.health.trigger_active = lambda: any(q.status.get("isTriggerActive", False) for q in queries)
+        try:
+            _await(queries, self._stop)
         finally:
             seconds = time.monotonic() - started
-            listener.on_progress = None
+            for listener in listeners:
+                listener.on_progress = None
             terminal.end()
             # Progress events reach the listener asynchronously, the last batch's maybe after the end: every
             # batch's report is recorded here, before /metrics stops, so its final figures count every batch.
-            for report in query.recentProgress:
-                listener.record_progress(report)
-            spark.streams.removeListener(listener)
+            for listener, query in zip(listeners, queries):
+                for report in query.recentProgress:
+                    listener.record_progress(report)
+                spark.streams.removeListener(listener)
             if self.endpoint is not None and not self.serve_http_after_stop:
                 self.endpoint.stop()
-        last = query.lastProgress
-        end_offsets = {}
-        if last:
-            end_offsets = parse_offsets(last["sources"][0].get("endOffset")) if last.get("sources") else {}
+        # per partition, the end offset of the query furthest behind among those that read it
+        end_offsets: dict[str, dict[str, int]] = {}
+        for query in queries:
+            last = query.lastProgress
+            found = parse_offsets(last["sources"][0].get("endOffset")) if last and last.get("sources") else {}
+            for topic, parts in found.items():
+                mine = end_offsets.setdefault(topic, {})
+                for part, offset in parts.items():
+                    mine[part] = min(int(offset), mine.get(part, int(offset)))
         executors = executor_tasks(spark)
         if executors:
             log.info("ran on %d executor(s): %s", len(executors),
                      ", ".join(f"executor {e}: {n} task(s)" for e, n in sorted(executors.items())))
-        return RunResult(totals=processor.totals, lag=dict(listener.last_lag), end_offsets=end_offsets,
-                         progress=list(query.recentProgress),
+        lag: dict[tuple[str, str], int] = {}
+        for listener in listeners:
+            for tp, n in listener.last_lag.items():
+                lag[tp] = max(lag.get(tp, 0), n)
+        return RunResult(totals=_totals([p for _, p, _ in runs]), lag=lag, end_offsets=end_offsets,
+                         progress=[r for q in queries for r in q.recentProgress],
                          metrics_url=self.endpoint.url() if self.endpoint else None,
                          stopped_by_signal=self._stop.is_set(), seconds=seconds, executors=executors)
 
     #: keep the endpoint up after the query ends (the demo prints the URL and lets you scrape it)
     serve_http_after_stop = False
+
+
+def _await(queries: list[Any], stop: threading.Event) -> None:
+    """Until every query ends: on a stop request each query stops between its batches; when one query fails,
+    the others stop too and its error is raised (a pipeline of two queries runs or stops as one)."""
+    running = list(queries)
+    while running:
+        for q in list(running):
+            if not q.isActive:
+                running.remove(q)
+                if q.exception() is not None:
+                    for other in running:
+                        other.stop()
+                    q.awaitTermination()        # re-raises the query's error
+            elif stop.is_set() and not q.status.get("isTriggerActive", False):
+                q.stop()
+                running.remove(q)
+        if running:
+            running[0].awaitTermination(0.5)
+    for q in queries:
+        q.awaitTermination()     # re-raises a query's error, if one failed
+
+
+def _totals(processors: list[BatchProcessor]) -> BatchReport:
+    """The run's totals over the pipeline's queries (a mirrors' query and a graph's: disjoint tables)."""
+    if len(processors) == 1:
+        return processors[0].totals
+    out = BatchReport(batch_id=processors[0].totals.batch_id)
+    for p in processors:
+        t = p.totals
+        out.records = max(out.records, t.records)       # both read the shared sources: not a sum
+        out.expired = max(out.expired, t.expired)
+        out.changes.update(t.changes)
+        for field_name in ("dead_letters", "key_changes", "truncates"):
+            acc = getattr(out, field_name)
+            for k, n in getattr(t, field_name).items():
+                acc[k] = acc.get(k, 0) + n
+    return out
 
 
 class _CatchUpLine:

@@ -59,6 +59,8 @@ class PipelineStatus:
     partitions: list[PartitionLag] = field(default_factory=list)
     kafka_error: str | None = None
     last_batch: LastBatch | None = None
+    #: the mirrors' own query's last batch (``pipeline.mirrors: own_query``, ``service.split``); None: one query
+    mirrors_batch: LastBatch | None = None
     tables: list[TableFiles] = field(default_factory=list)
     dead_letters: dict[tuple[str, str], int] = field(default_factory=dict)      # (source, reason) -> rows
     dead_letter_topics: list[str] = field(default_factory=list)
@@ -67,11 +69,19 @@ class PipelineStatus:
 def collect_status(config: ChangelakeConfig) -> PipelineStatus:
     status = PipelineStatus(pipeline_id=config.pipeline.id, group=consumer_group(config))
     broker_topics(config)           # an unreachable broker: one line (SourceError), at once
+    from changelake.service.split import MIRRORS_APP, split
+
+    two = split(config) is not None
     try:
         status.partitions = group_lag(config)
+        if two:     # the mirrors' query commits to a group of its own: a partition lags as its slower query
+            mirrors = group_lag(config, group=consumer_group(config) + MIRRORS_APP)
+            status.partitions = _slower(status.partitions, mirrors)
     except Exception as exc:  # KafkaException: report it, show the rest
         status.kafka_error = str(exc)
     status.last_batch = last_batch(config.pipeline.checkpoint)
+    if two:
+        status.mirrors_batch = last_batch(split(config).mirrors.pipeline.checkpoint)
     storage = config.storage.plain_options() or None
     for t in config.tables:
         path = config.table_path(t.name)
@@ -84,12 +94,24 @@ def collect_status(config: ChangelakeConfig) -> PipelineStatus:
     return status
 
 
-def group_lag(config: ChangelakeConfig) -> list[PartitionLag]:
-    """Per partition of the pipeline's topics: the group's committed offset and the end offset."""
+def _slower(a: list[PartitionLag], b: list[PartitionLag]) -> list[PartitionLag]:
+    """Per partition, the lag of the group further behind (a partition one group has not committed: unknown)."""
+    other = {(p.topic, p.partition): p.committed for p in b}
+    out = []
+    for p in a:
+        c = other.get((p.topic, p.partition), p.committed)
+        committed = None if p.committed is None or c is None else min(p.committed, c)
+        out.append(PartitionLag(p.topic, p.partition, committed, p.end))
+    return out
+
+
+def group_lag(config: ChangelakeConfig, *, group: str | None = None) -> list[PartitionLag]:
+    """Per partition of the pipeline's topics: the group's (default: the pipeline's) committed offset and the
+    end offset."""
     from confluent_kafka import Consumer, TopicPartition
 
     conf = {"bootstrap.servers": config.kafka.bootstrap_servers, "enable.auto.commit": False, "log_level": 3,
-            **config.kafka.plain_properties(), "group.id": consumer_group(config), "logger": RDKAFKA_LOGGER}
+            **config.kafka.plain_properties(), "group.id": group or consumer_group(config), "logger": RDKAFKA_LOGGER}
     consumer = Consumer(conf)
     try:
         md = consumer.list_topics(timeout=_TIMEOUT_S)
@@ -179,6 +201,10 @@ def format_status(s: PipelineStatus, *, now: datetime | None = None) -> str:
         age = (now - s.last_batch.finished_at).total_seconds()
         out.append(f"last batch: {s.last_batch.batch_id}, committed {s.last_batch.finished_at:%Y-%m-%d %H:%M:%S} UTC "
                    f"({_ago(age)} ago)")
+    if s.mirrors_batch is not None:
+        age = (now - s.mirrors_batch.finished_at).total_seconds()
+        out.append(f"mirrors' last batch (their own query): {s.mirrors_batch.batch_id}, committed "
+                   f"{s.mirrors_batch.finished_at:%Y-%m-%d %H:%M:%S} UTC ({_ago(age)} ago)")
     out += ["", "tables:", f"  {'table':<40} {'version':>8} {'files':>8} {'bytes':>14}"]
     for t in s.tables:
         version = "-" if t.version is None else str(t.version)
@@ -220,16 +246,19 @@ def status_json(s: PipelineStatus, *, now: datetime | None = None) -> str:
 
     now = now or datetime.now(timezone.utc)
     known = [p.lag for p in s.partitions if p.lag is not None]
-    last = None if s.last_batch is None else {
-        "batch_id": s.last_batch.batch_id, "finished_at": s.last_batch.finished_at.isoformat(),
-        "age_seconds": round((now - s.last_batch.finished_at).total_seconds(), 3),
-        "end_offsets": s.last_batch.end_offsets}
+    def batch(b: LastBatch | None) -> dict | None:
+        return None if b is None else {
+            "batch_id": b.batch_id, "finished_at": b.finished_at.isoformat(),
+            "age_seconds": round((now - b.finished_at).total_seconds(), 3), "end_offsets": b.end_offsets}
+
+    last = batch(s.last_batch)
     return json.dumps({
         "pipeline_id": s.pipeline_id, "consumer_group": s.group, "kafka_error": s.kafka_error,
         "partitions": [{"topic": p.topic, "partition": p.partition, "committed": p.committed, "end": p.end,
                         "lag": p.lag} for p in s.partitions],
         "total_lag": sum(known) if s.kafka_error is None else None,
         "last_batch": last,
+        "mirrors_last_batch": batch(s.mirrors_batch),
         "tables": [{"name": t.name, "path": t.path, "version": t.version, "files": t.files, "bytes": t.bytes}
                    for t in s.tables],
         "dead_letters": [{"source": source, "reason": reason, "rows": n}

@@ -35,10 +35,17 @@ def lag_by_partition(source_progress: dict[str, Any]) -> dict[tuple[str, str], i
 
 
 class ProgressListener(StreamingQueryListener):
-    def __init__(self, health: Any, *, on_progress: Any = None) -> None:
+    """``query``: the name of the one query it follows (None: every query's reports); ``lags``: shared by the
+    listeners of one pipeline's queries (query -> (topic, partition) -> lag), so that a partition's lag
+    gauges show the query furthest behind."""
+
+    def __init__(self, health: Any, *, on_progress: Any = None, query: str | None = None,
+                 lags: dict[str, dict[tuple[str, str], int]] | None = None) -> None:
         # health: the service's Health (duck-typed: this wing imports no service); on_progress(progress dict)
         self.health = health
         self.on_progress = on_progress
+        self.query = query
+        self.lags = lags if lags is not None else {}
         self.last_lag: dict[tuple[str, str], int] = {}
         self._seen: set[int] = set()
         self._newest = -1
@@ -49,7 +56,9 @@ class ProgressListener(StreamingQueryListener):
                  "compiles the plan, which can take a minute or more on a busy machine", event.name)
 
     def onQueryProgress(self, event: Any) -> None:
-        self.record_progress(json.loads(event.progress.json))
+        p = json.loads(event.progress.json)
+        if self.query is None or p.get("name") == self.query:
+            self.record_progress(p)
 
     def record_progress(self, p: dict[str, Any]) -> None:
         """Update metrics and health from one progress report (a dict of Spark's progress JSON). Each batch
@@ -76,9 +85,12 @@ class ProgressListener(StreamingQueryListener):
             metrics.LAST_BATCH_TS.set(time.time())
             self.health.batch_finished(p)
             now, started = time.time(), metrics.PROCESS_START._value.get()
+            mine = self.lags.setdefault(self.query or "", {})
             for source in p.get("sources", []):
                 lag = lag_by_partition(source)
-                for (topic, part), n in lag.items():
+                mine.update(lag)
+                for (topic, part), _ in lag.items():
+                    n = max(q.get((topic, part), 0) for q in self.lags.values())
                     metrics.CONSUMER_LAG.labels(topic, part).set(n)
                     metrics.CONSUMER_LAG_SECONDS.labels(topic, part).set(
                         metrics.READ_TIMES.lag_seconds(topic, part, n, now=now, started=started))

@@ -51,6 +51,12 @@ SMOKE: dict[str, tuple[list[str], tuple[str, ...], list[str]]] = {
                                                r"\| category_stock \| [\d,]+ \| [\d.]+ s \|",
                                                r"records/s: offered [\d,]+", r"backlog .* at the end of production",
                                                r"freshness run ok"]),
+    "freshness.py join": (["--join"], ("spark", "kafka"),
+                          [r"\| mirrors \(all\) \| [\d,]+ \| [\d.]+ s \| [\d.]+ s \| [\d.]+ s \| 0 \|",
+                           r"\| graph tables \(all\) \| [\d,]+ \| [\d.]+ s \| [\d.]+ s \| [\d.]+ s \| 0 \|",
+                           r"verification of category_top3 against the source's final state: ok",
+                           r"verification of orders against the source's final state: ok",
+                           r"freshness run ok"]),
 }
 #: helper modules and what exercises them
 HELPERS = {
