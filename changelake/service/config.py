@@ -643,7 +643,11 @@ class StorageSettings(_Model):
         "batch is collected), auto: executors with delta-spark, driver with delta-rs")
 
     def plain_options(self) -> dict[str, str]:
-        return {k: v.get_secret_value() for k, v in self.options.items()}
+        """The options as delta-rs gets them: the secrets revealed, and on S3 the commit mode added when the
+        user chose none (``changelake.connectors.object_store``)."""
+        from changelake.connectors.object_store import delta_options
+
+        return delta_options({k: v.get_secret_value() for k, v in self.options.items()}, [self.root])
 
 
 class DeadLetterSettings(_Model):

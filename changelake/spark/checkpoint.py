@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
 Offsets = dict[str, dict[str, int]]
@@ -97,15 +96,11 @@ def use_local_file_manager(spark: Any, checkpoint: str) -> bool:
     return False
 
 
-def filesystem(uri: str) -> tuple[Any, str]:
-    from pyarrow import fs as pafs
+def filesystem(uri: str, options: dict[str, str] | None = None) -> tuple[Any, str]:
+    """(pyarrow filesystem, path) of a checkpoint or lake URI (``connectors.object_store.arrow_filesystem``)."""
+    from changelake.connectors.object_store import arrow_filesystem
 
-    if "://" not in uri:
-        return pafs.LocalFileSystem(), str(Path(uri).absolute())
-    scheme, rest = uri.split("://", 1)
-    if scheme in ("s3a", "s3n"):
-        uri = f"s3://{rest}"
-    return pafs.FileSystem.from_uri(uri)
+    return arrow_filesystem(uri, options)
 
 
 # --- epoch states of the sources' partitions (changelake.formats.sequence) ----------------------------
