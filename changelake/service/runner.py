@@ -15,6 +15,7 @@ from changelake import metrics
 from changelake.service.catchup import CatchUpTracker, format_progress_line
 from changelake.service.config import ChangelakeConfig, parse_duration
 from changelake.service.http import Health, HttpEndpoint
+from changelake.service.lease import Lease
 from changelake.service.logs import log_format
 from changelake.service.pipeline import BatchProcessor, BatchReport, start_query
 from changelake.service.preflight import broker_topics, side_topic, skipped_side_topics
@@ -70,6 +71,16 @@ class PipelineRunner:
             metrics.TOPICS_SKIPPED.labels(topic, side_topic(topic) or "").set(1)
             log.info("source %s: topic_pattern matches %s, a Debezium %s topic: not read (no row changes; "
                      "docs/pipelines.md, 'Topic patterns')", source, topic, side_topic(topic))
+        lease = Lease.for_config(cfg)
+        lease.acquire()     # a second instance of the pipeline stops here: LeaseHeld (changelake.service.lease)
+        lease.start_renewing()
+        try:
+            return self._run(lease, available_now=available_now, rebuild_views=rebuild_views)
+        finally:
+            lease.release()
+
+    def _run(self, lease: Lease, *, available_now: bool | None, rebuild_views: bool) -> RunResult:
+        cfg = self.config
         if self.serve_http:
             self.endpoint = HttpEndpoint(self.health, host=cfg.metrics.host, port=cfg.metrics.port).start()
             log.info("metrics and health on %s", self.endpoint.url("/"))
@@ -83,6 +94,7 @@ class PipelineRunner:
         listener = ProgressListener(self.health, on_progress=terminal.show)
         spark.streams.addListener(listener)
         processor = BatchProcessor(cfg, spark=spark)
+        processor.lease = lease
         started = time.monotonic()
         query = start_query(spark, cfg, processor, available_now=available_now, rebuild_views=rebuild_views)
         self.health.query_active = lambda: query.isActive
