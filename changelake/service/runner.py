@@ -19,6 +19,7 @@ from changelake.service.lease import Lease
 from changelake.service.logs import log_format
 from changelake.service.pipeline import BatchProcessor, BatchReport, start_query
 from changelake.service.preflight import broker_topics, side_topic, skipped_side_topics
+from changelake.spark.checkpoint import checkpoint_store_problem
 from changelake.spark.progress import ProgressListener, parse_offsets
 from changelake.spark.session import build_session, driver_jvm, executor_tasks
 
@@ -71,6 +72,9 @@ class PipelineRunner:
             metrics.TOPICS_SKIPPED.labels(topic, side_topic(topic) or "").set(1)
             log.info("source %s: topic_pattern matches %s, a Debezium %s topic: not read (no row changes; "
                      "docs/pipelines.md, 'Topic patterns')", source, topic, side_topic(topic))
+        store = checkpoint_store_problem(cfg.pipeline.checkpoint, cfg.pipeline.spark_conf)
+        if store:           # the launcher may still put the connector on the classpath (spark-submit --jars)
+            log.warning("%s", store)
         lease = Lease.for_config(cfg)
         lease.acquire()     # a second instance of the pipeline stops here: LeaseHeld (changelake.service.lease)
         lease.start_renewing()

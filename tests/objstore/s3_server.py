@@ -124,6 +124,12 @@ class FaultProxy:
                 pass
 
             def _handle(self) -> None:
+                try:
+                    self._proxy()
+                except (BrokenPipeError, ConnectionResetError):     # the client gave up on this request
+                    self.close_connection = True
+
+            def _proxy(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
                 fault = proxy._take(self.command, self.path)
@@ -136,7 +142,9 @@ class FaultProxy:
                 for k, v in headers:
                     if k.lower() not in ("transfer-encoding", "connection", "content-length"):
                         self.send_header(k, v)
-                self.send_header("Content-Length", str(len(data)))
+                length = dict((k.lower(), v) for k, v in headers).get("content-length") \
+                    if self.command == "HEAD" else None           # a HEAD's length is the object's
+                self.send_header("Content-Length", length or str(len(data)))
                 self.end_headers()
                 if self.command != "HEAD":
                     self.wfile.write(data)
