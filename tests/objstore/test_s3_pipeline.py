@@ -42,7 +42,8 @@ def _on_s3(path, bucket: str, options: dict[str, str]):
 
 
 def _rows(config, table: str, columns: list[str]) -> list[tuple]:
-    dt = DeltaTable(config.table_path(table), storage_options=config.storage.plain_options())
+    path = config.dead_letter_path() if table == "_dead_letters" else config.table_path(table)
+    dt = DeltaTable(path, storage_options=config.storage.plain_options())
     sql = f"SELECT {', '.join(columns)} FROM t"
     return [tuple(r.values()) for r in pa.table(QueryBuilder().register("t", dt).execute(sql)).to_pylist()]
 
@@ -63,7 +64,8 @@ def _bad_messages(servers: str, topic: str, n: int) -> None:
     producer.flush(30)
 
 
-def test_mirrors_and_graph_on_s3_survive_sigkill_and_s3_errors_exactly_once(kafka, s3, bucket, proxy, tmp_path):
+def test_mirrors_and_graph_on_s3_survive_sigkill_and_s3_errors_exactly_once(kafka, s3, bucket, proxy, tmp_path,
+                                                                            monkeypatch):
     prefix = kafka.topic("s3graph")
     db = write_history(kafka.bootstrap_servers, seed=11, changes=300, topic_prefix=prefix, redeliver=30,
                        sizes={"customers": 10, "products": 15, "orders": 40})
@@ -77,7 +79,10 @@ def test_mirrors_and_graph_on_s3_survive_sigkill_and_s3_errors_exactly_once(kafk
     for s in data["sources"]:
         s["primary_key"] = ["order_id" if s["name"] == "orders" else "id"]
     path.write_text(yaml.safe_dump(data, sort_keys=False))
-    config = _on_s3(path, bucket, s3.options(proxy.endpoint))
+    options = s3.options(proxy.endpoint)
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):    # credentials from the environment, as on a pod
+        monkeypatch.setenv(key, options.pop(key))
+    config = _on_s3(path, bucket, options)
     assert config.storage.plain_options()["aws_conditional_put"] == "etag"     # the S3 commit mode, by default
     want = _expected(db)
 
