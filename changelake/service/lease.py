@@ -98,6 +98,7 @@ class Lease:
         self._lost: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._handle: DeltaTable | None = None
 
     @classmethod
     def for_config(cls, config) -> "Lease":
@@ -202,13 +203,19 @@ class Lease:
                       f"{holder.describe() if holder else 'unknown'} (this instance, {self.owner}, stops)")
 
     def _table(self) -> DeltaTable:
+        """The lease table at its newest version (created on first use); the handle is kept and brought up to
+        date incrementally, so a check reads only the commits since the last one."""
+        if self._handle is not None:
+            self._handle.update_incremental()
+            return self._handle
         try:
-            return DeltaTable(self.path, storage_options=self._options)
+            self._handle = DeltaTable(self.path, storage_options=self._options)
         except TableNotFoundError:
             DeltaTable.create(self.path, _SCHEMA, mode="ignore", storage_options=self._options,
                               configuration={"delta.logRetentionDuration": "interval 1 day"},
                               raise_if_key_not_exists=False)
-            return DeltaTable(self.path, storage_options=self._options)
+            self._handle = DeltaTable(self.path, storage_options=self._options)
+        return self._handle
 
     def _commit(self, table: DeltaTable, event: str) -> None:
         now = self._clock()
