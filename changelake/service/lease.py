@@ -18,7 +18,8 @@ the log is the lease's fencing token. At start (:meth:`Lease.acquire`), from the
 While it runs, a thread renews the lease every third of ``lease_ttl``, and :meth:`Lease.check` runs before
 each batch writes anything (tables, dead letters, ledger): a lease commit by anyone else since this
 instance's last one means another instance took over, and the batch stops with :class:`LeaseLost` before
-its first write, so no table or checkpoint is written by both. A graceful stop releases the lease.
+its first write, so no table or checkpoint is written by both; an idle instance whose renewal finds the
+lease taken stops its query between batches (``service.runner``). A graceful stop releases the lease.
 """
 
 from __future__ import annotations
@@ -134,6 +135,11 @@ class Lease:
                             f"({_DOC})") from None
         log.info("pipeline %s: lease %s taken by %s (ttl %.0f s)", self.pipeline_id, self.path, self.owner,
                  self.ttl_s)
+
+    @property
+    def lost(self) -> str | None:
+        """Why this instance lost the lease (another took it over), or None while it holds it."""
+        return self._lost
 
     def start_renewing(self) -> None:
         """Renew the lease every third of its ttl from a daemon thread, until :meth:`release`."""

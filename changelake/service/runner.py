@@ -15,7 +15,7 @@ from changelake import metrics
 from changelake.service.catchup import CatchUpTracker, format_progress_line
 from changelake.service.config import ChangelakeConfig, parse_duration
 from changelake.service.http import Health, HttpEndpoint
-from changelake.service.lease import Lease
+from changelake.service.lease import Lease, LeaseLost
 from changelake.service.logs import log_format
 from changelake.service.pipeline import BatchProcessor, BatchReport, start_query
 from changelake.service.preflight import broker_topics, side_topic, skipped_side_topics
@@ -105,11 +105,14 @@ class PipelineRunner:
         self.health.trigger_active = lambda: bool(query.status.get("isTriggerActive", False))
         try:
             while query.isActive:
-                if self._stop.is_set() and not query.status.get("isTriggerActive", False):
+                stopping = self._stop.is_set() or lease.lost is not None    # taken over: no batch would write
+                if stopping and not query.status.get("isTriggerActive", False):
                     query.stop()
                     break
                 query.awaitTermination(0.5)
             query.awaitTermination()     # re-raises the query's error, if it failed
+            if lease.lost is not None:
+                raise LeaseLost(lease.lost)
         finally:
             seconds = time.monotonic() - started
             listener.on_progress = None

@@ -4,8 +4,9 @@ requests on demand), the Spark checkpoint on a local path (docs/operations.md, "
 * Mirrors and an operator graph end to end on S3, SIGKILLed after a batch's Delta commits and before Spark
   recorded the batch (``after-sinks@1``), then restarted while S3 refuses the first log writes (503) and
   loses the reply of one table commit it applied: each change once, tables equal to the source.
-* Two ``changelake run`` processes of one pipeline: the second refuses to start while the first runs, and
-  starts once the first stopped (the lease, changelake.service.lease).
+* Two ``changelake run`` processes of one pipeline: the second refuses to start while the first runs; the
+  first, its lease then taken over, stops (exit code 2) without writing; the next instance starts at once
+  (the lease, changelake.service.lease).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from deltalake import DeltaTable, QueryBuilder
 
 from changelake.service.config import load_config
 from changelake.service.demo import TABLES, verify
-from changelake.service.lease import KEY, lease_path
+from changelake.service.lease import KEY, Lease, lease_path
 
 from ..integration.helpers import pipeline_config, write_history
 from ..integration.test_crash_recovery import _run_pipeline
@@ -108,13 +109,14 @@ def test_mirrors_and_graph_on_s3_survive_sigkill_and_s3_errors_exactly_once(kafk
     assert len(letters) == len(set(letters)) == 3                     # dead letters on S3, once each
 
 
-def test_a_second_instance_refuses_to_start_while_the_first_runs(kafka, s3, bucket, tmp_path):
+def test_a_second_instance_refuses_to_start_and_a_taken_over_one_stops(kafka, s3, bucket, tmp_path):
     prefix = kafka.topic("s3twice")
     db = write_history(kafka.bootstrap_servers, seed=3, changes=200, topic_prefix=prefix, redeliver=10,
                        sizes={"customers": 10, "products": 10, "orders": 20})
     _, path = pipeline_config(kafka.bootstrap_servers, tmp_path, topic_prefix=prefix,
-                              overrides={"pipeline": {"trigger_interval": "1 second", "lease_ttl": "30 seconds"}})
+                              overrides={"pipeline": {"trigger_interval": "1 second", "lease_ttl": "15 seconds"}})
     config = _on_s3(path, bucket, s3.options())
+    lease_table = lease_path(config.storage.root, config.pipeline.id)
     env = {k: v for k, v in os.environ.items() if k != "CHANGELAKE_FAULT"}
     cli = [sys.executable, "-m", "changelake.service.cli", "--log-level", "WARNING"]
     first = subprocess.Popen(cli + ["run", "-c", str(path)], env=env, stdout=subprocess.DEVNULL,
@@ -122,8 +124,8 @@ def test_a_second_instance_refuses_to_start_while_the_first_runs(kafka, s3, buck
     try:
         deadline = time.monotonic() + 300
         while verify(config, db.state) != {t: "ok" for t in db.state}:      # the first instance caught up
-            assert first.poll() is None and time.monotonic() < deadline, first.stderr.read()[-3000:] \
-                if first.poll() is not None else "timed out"
+            assert first.poll() is None, first.stderr.read()[-3000:]
+            assert time.monotonic() < deadline, "the first instance did not catch up within 300 s"
             time.sleep(1)
 
         started = time.monotonic()
@@ -132,16 +134,23 @@ def test_a_second_instance_refuses_to_start_while_the_first_runs(kafka, s3, buck
         assert second.returncode == 2, second.stderr[-3000:]
         assert "is already running" in second.stderr and "lease" in second.stderr
         assert time.monotonic() - started < 30         # refused before Spark starts: nothing of it written
-        assert first.poll() is None                    # the first goes on
-        holder = DeltaTable(lease_path(config.storage.root, config.pipeline.id),
-                            storage_options=config.storage.plain_options()).history(1)[0][KEY]
-        assert f'"pid": {first.pid}' in holder
-    finally:
-        first.send_signal(signal.SIGTERM)              # a graceful stop releases the lease
-        _, err = first.communicate(timeout=120)
-    assert first.returncode == 0, err[-3000:]
+        holder = DeltaTable(lease_table, storage_options=config.storage.plain_options()).history(1)[0][KEY]
+        assert f'"pid": {first.pid}' in holder and first.poll() is None     # the first holds it and goes on
 
-    after = _run_pipeline(path)                        # now the second instance starts at once
+        # another instance takes the lease over, as after the first had stalled beyond lease_ttl
+        taker = Lease(lease_table, pipeline_id=config.pipeline.id, ttl_s=15,
+                      storage_options=config.storage.plain_options(), clock=lambda: time.time() + 3600)
+        taker.acquire()
+        _, err = first.communicate(timeout=60)     # its next renewal finds the lease taken: it stops
+        assert first.returncode == 2, err[-3000:]
+        assert "took the lease" in err and taker.owner in err
+        taker.release()
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.communicate()
+
+    after = _run_pipeline(path)                        # the lease released: the next instance starts at once
     assert after.returncode == 0, after.stderr[-3000:]
     assert verify(config, db.state) == {t: "ok" for t in db.state}
     assert _each_key_once(config, {t: [TABLES[t]["key"]] for t in db.state}) == {t: 0 for t in db.state}
