@@ -5,17 +5,25 @@ Each row keeps the raw key and value bytes, the Kafka position, a bounded
 are idempotent per (pipeline id, checkpoint generation, batch id) through Delta transaction ids
 (the batch's commit position, with the rule of :mod:`changelake.connectors.commits`), so a
 batch replayed after a crash does not quarantine its messages twice, and a new checkpoint's
-batches are written after an older one's.
+batches are written after an older one's. A commit that fails as a conflict (another writer's commit, or
+this append's own commit whose reply the object store lost: delta-rs then finds its own transaction id
+there) is checked again and retried, at most ``COMMIT_ATTEMPTS`` times; never appended twice.
 """
 
 from __future__ import annotations
 
+import time
+
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake.exceptions import CommitFailedError
 
 from changelake.changelog import DEAD_LETTER_SCHEMA, commit_position
 from changelake.connectors.commits import check_position
 from changelake.connectors.delta_read import read_delta
+
+#: tries at one batch's append (a conflict is re-checked, then retried)
+COMMIT_ATTEMPTS = 4
 
 STORE_SCHEMA = DEAD_LETTER_SCHEMA.append(pa.field("source", pa.string())).append(
     pa.field("pipeline_id", pa.string())).append(pa.field("batch_id", pa.int64())).append(
@@ -38,6 +46,17 @@ class DeadLetterStore:
         when this batch was already written. A store written before the ``table`` column existed gets it."""
         if letters.num_rows == 0:
             return False
+        for attempt in range(1, COMMIT_ATTEMPTS + 1):
+            try:
+                return self._append_once(letters, source=source, batch_id=batch_id, table=table)
+            except CommitFailedError:
+                if attempt == COMMIT_ATTEMPTS:
+                    raise
+                time.sleep(0.1 * 2 ** attempt)
+        raise AssertionError("unreachable")
+
+    def _append_once(self, letters: pa.Table, *, source: str | pa.Array, batch_id: int,
+                     table: str | pa.Array | None) -> bool:
         recorded = self._committed_version()
         if check_position(None if recorded < 0 else recorded, generation=self.generation, batch_id=batch_id,
                           what=f"the dead-letter table {self.path}") == "replay":

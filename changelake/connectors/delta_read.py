@@ -14,6 +14,7 @@ import pyarrow.dataset as ds
 from deltalake import DeltaTable
 
 from changelake.changelog import KIND, RowKind
+from changelake.connectors.object_store import arrow_filesystem
 
 
 def read_delta(path: str, *, storage_options: dict[str, str] | None = None,
@@ -28,7 +29,11 @@ def read_delta(path: str, *, storage_options: dict[str, str] | None = None,
         return empty.select(columns) if columns else empty
     partitioning = ds.partitioning(pa.schema([schema.field(c) for c in partition_cols]), flavor="hive") \
         if partition_cols else None
-    dataset = ds.dataset(uris, schema=schema, format="parquet", partitioning=partitioning)
+    filesystem = None
+    if "://" in uris[0]:        # an object store: pyarrow reaches it with the same endpoint and credentials
+        filesystem, _ = arrow_filesystem(uris[0], storage_options)
+        uris = [u.split("://", 1)[1] for u in uris]
+    dataset = ds.dataset(uris, schema=schema, format="parquet", partitioning=partitioning, filesystem=filesystem)
     return dataset.to_table(columns=columns)
 
 

@@ -333,6 +333,7 @@ class DeltaUpsertSink(abc.ABC):
                     log.warning("table %s batch %d: concurrent write conflict, retry %d: %s",
                                 self.spec.name, batch_id, attempt, exc)
                     self._forget_logs()
+                    self._contract_checked = False      # another job may have changed the schema
                     time.sleep(min(0.1 * 2 ** attempt, 2.0))
                     continue
                 metrics.COMMIT_FAILURES.labels(table=self.spec.name).inc()

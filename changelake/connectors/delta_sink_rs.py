@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Field, QueryBuilder, Transaction, write_deltalake
-from deltalake.exceptions import CommitFailedError
+from deltalake.exceptions import CommitFailedError, DeltaError
 
 from changelake.changelog import KIND, SEQ
 from changelake.connectors.delta_sink import DeltaUpsertSink, MergeCounts
@@ -26,6 +26,9 @@ from changelake.connectors.delta_sink_merge import (
 )
 from changelake.connectors.delta_sink_merge import double_quote as quote
 from changelake.connectors.delta_sink_schema import DELETED_AT
+
+#: How object_store (under delta-rs) words a missing object, on every store.
+_FILE_GONE = "not found"
 
 #: The tombstone table is compacted, at expiry time, once it has more files than this.
 COMPACT_ABOVE_FILES = 8
@@ -167,4 +170,6 @@ class DeltaRsSink(DeltaUpsertSink):
         return len(self._log(path).vacuum(retention_hours=hours, dry_run=False, enforce_retention_duration=False))
 
     def _is_conflict(self, exc: BaseException) -> bool:
-        return isinstance(exc, CommitFailedError)
+        """A commit conflict, or a data file of the sink's snapshot gone (another job's VACUUM removed the
+        files its OPTIMIZE replaced): both are retried from a fresh snapshot."""
+        return isinstance(exc, CommitFailedError) or (isinstance(exc, DeltaError) and _FILE_GONE in str(exc))

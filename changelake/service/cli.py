@@ -278,6 +278,11 @@ def _validate(args: argparse.Namespace) -> int:
         return 2
     if config is not None:      # the planner's checks: columns, keys, join key types, expressions
         problems += [origins.problem(loc, message) for loc, message in graph_problems(config)]
+        from changelake.spark.checkpoint import checkpoint_store_problem
+
+        store = checkpoint_store_problem(config.pipeline.checkpoint, config.pipeline.spark_conf)
+        if store:
+            problems.append(origins.problem(("pipeline", "checkpoint"), store))
     if args.json:
         counts = {} if problems or config is None else {
             "sources": len(config.sources), "views": len(config.views), "tables": len(config.tables),

@@ -89,7 +89,12 @@ class PipelineSettings(_Model):
     spark_conf: dict[str, str] = Field(default_factory=dict, description="Spark settings; a key the launcher sets "
                                        "(spark-submit --conf, spark-defaults.conf) keeps the launcher's value")
 
-    _interval = field_validator("trigger_interval", mode="before")(_check_duration)
+    lease_ttl: str = Field("1 minute", description="how long the pipeline's lease lasts without renewal "
+                           "(renewed every third of it): a second instance of the pipeline refuses to start while "
+                           "the lease is held, and takes over once it has expired (operations.md, 'One instance "
+                           "per pipeline')")
+
+    _interval = field_validator("trigger_interval", "lease_ttl", mode="before")(_check_duration)
 
     _ttl = field_validator("state_ttl", mode="before")(_check_optional_duration)
 
@@ -661,7 +666,11 @@ class StorageSettings(_Model):
         "batch is collected), auto: executors with delta-spark, driver with delta-rs")
 
     def plain_options(self) -> dict[str, str]:
-        return {k: v.get_secret_value() for k, v in self.options.items()}
+        """The options as delta-rs gets them: the secrets revealed, and on S3 the commit mode added when the
+        user chose none (``changelake.connectors.object_store``)."""
+        from changelake.connectors.object_store import delta_options
+
+        return delta_options({k: v.get_secret_value() for k, v in self.options.items()}, [self.root])
 
 
 class DeadLetterSettings(_Model):

@@ -250,7 +250,7 @@ def _recorded_positions(config: ChangelakeConfig, *, writes: Callable[[str], boo
     options = config.storage.plain_options() or None
     seen: set[str] = set()
     candidates = [(t.name, config.table_path(t.name)) for t in config.tables]
-    candidates += [(name, path) for name, path in _tables_under(config.storage.root)]
+    candidates += [(name, path) for name, path in _tables_under(config.storage.root, options)]
     for name, path in candidates:
         if name in seen or writes is not None and not writes(name):
             continue
@@ -266,12 +266,12 @@ def _recorded_positions(config: ChangelakeConfig, *, writes: Callable[[str], boo
             yield what, position
 
 
-def _tables_under(root: str) -> Iterator[tuple[str, str]]:
+def _tables_under(root: str, options: Mapping[str, str] | None = None) -> Iterator[tuple[str, str]]:
     """(directory name, URI) of the Delta tables directly under ``root``."""
     from pyarrow import fs as pafs
 
     try:
-        fs, base = filesystem(root)
+        fs, base = filesystem(root, dict(options) if options else None)
         infos = fs.get_file_info(pafs.FileSelector(base, allow_not_found=True))
     except (OSError, ValueError):
         return

@@ -169,6 +169,9 @@ class BatchProcessor:
         self.sinks: dict[str, DeltaUpsertSink] = {}     # opened once the table's key is known
         self._pool: ThreadPoolExecutor | None = None     # the concurrent Delta commits, started on first use
         self.dead_letters = DeadLetterPaths(config, query=query)
+        #: the pipeline's lease (``changelake.service.lease``), checked before a batch writes; None: not run
+        #: by the CLI's runner (tests, the in-process API)
+        self.lease: Any = None
         self.quarantine = Quarantine(config, self.keys)
         self.epochs = EpochBook(config.pipeline.checkpoint)
         #: table -> columns its source's newest schema dropped, for the sink (set per batch)
@@ -284,6 +287,8 @@ class BatchProcessor:
         ``frames``: the changes of :meth:`framed_tables` that stayed on the executors, per table
         (``changelake.spark.batch_frames.TableFrame``: a DataFrame and its counts per kind); ``out``
         then holds their dead letters, key-change counts and truncates, not their rows."""
+        if self.lease is not None:
+            self.lease.check(batch_id)      # another instance took over: stop before this batch writes
         stats, parts = self.stage.split(out)
         if self.accounted_elsewhere:
             stats = self._not_elsewhere(stats, parts)

@@ -9,16 +9,18 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from changelake import metrics
 from changelake.service.catchup import CatchUpTracker, format_progress_line
 from changelake.service.config import ChangelakeConfig, parse_duration
 from changelake.service.http import Health, HttpEndpoint
+from changelake.service.lease import Lease, LeaseLost
 from changelake.service.logs import log_format
 from changelake.service.pipeline import BatchProcessor, BatchReport, start_query
 from changelake.service.preflight import broker_topics, side_topic, skipped_side_topics
 from changelake.service.split import MIRRORS_APP, split
+from changelake.spark.checkpoint import checkpoint_store_problem
 from changelake.spark.progress import ProgressListener, parse_offsets
 from changelake.spark.session import build_session, driver_jvm, executor_tasks
 
@@ -71,6 +73,19 @@ class PipelineRunner:
             metrics.TOPICS_SKIPPED.labels(topic, side_topic(topic) or "").set(1)
             log.info("source %s: topic_pattern matches %s, a Debezium %s topic: not read (no row changes; "
                      "docs/pipelines.md, 'Topic patterns')", source, topic, side_topic(topic))
+        store = checkpoint_store_problem(cfg.pipeline.checkpoint, cfg.pipeline.spark_conf)
+        if store:           # the launcher may still put the connector on the classpath (spark-submit --jars)
+            log.warning("%s", store)
+        lease = Lease.for_config(cfg)
+        lease.acquire()     # a second instance of the pipeline stops here: LeaseHeld (changelake.service.lease)
+        lease.start_renewing()
+        try:
+            return self._run(lease, available_now=available_now, rebuild_views=rebuild_views)
+        finally:
+            lease.release()
+
+    def _run(self, lease: Lease, *, available_now: bool | None, rebuild_views: bool) -> RunResult:
+        cfg = self.config
         if self.serve_http:
             self.endpoint = HttpEndpoint(self.health, host=cfg.metrics.host, port=cfg.metrics.port).start()
             log.info("metrics and health on %s", self.endpoint.url("/"))
@@ -106,6 +121,8 @@ class PipelineRunner:
                                         lags=lags)
             spark.streams.addListener(listener)
             listeners.append(listener)
+        for _, processor, _ in runs:
+            processor.lease = lease
         started = time.monotonic()
         queries = []
         try:
@@ -124,7 +141,9 @@ class PipelineRunner:
         self.health.query_active = lambda: all(q.isActive for q in queries)
         self.health.trigger_active = lambda: any(q.status.get("isTriggerActive", False) for q in queries)
         try:
-            _await(queries, self._stop)
+            _await(queries, lambda: self._stop.is_set() or lease.lost is not None)   # taken over: no batch would write
+            if lease.lost is not None:
+                raise LeaseLost(lease.lost)
         finally:
             seconds = time.monotonic() - started
             for listener in listeners:
@@ -164,7 +183,7 @@ class PipelineRunner:
     serve_http_after_stop = False
 
 
-def _await(queries: list[Any], stop: threading.Event) -> None:
+def _await(queries: list[Any], stopping: Callable[[], bool]) -> None:
     """Until every query ends: on a stop request each query stops between its batches; when one query fails,
     the others stop too and its error is raised (a pipeline of two queries runs or stops as one)."""
     running = list(queries)
@@ -176,7 +195,7 @@ def _await(queries: list[Any], stop: threading.Event) -> None:
                     for other in running:
                         other.stop()
                     q.awaitTermination()        # re-raises the query's error
-            elif stop.is_set() and not q.status.get("isTriggerActive", False):
+            elif stopping() and not q.status.get("isTriggerActive", False):
                 q.stop()
                 running.remove(q)
         if running:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
 Offsets = dict[str, dict[str, int]]
@@ -97,15 +96,11 @@ def use_local_file_manager(spark: Any, checkpoint: str) -> bool:
     return False
 
 
-def filesystem(uri: str) -> tuple[Any, str]:
-    from pyarrow import fs as pafs
+def filesystem(uri: str, options: dict[str, str] | None = None) -> tuple[Any, str]:
+    """(pyarrow filesystem, path) of a checkpoint or lake URI (``connectors.object_store.arrow_filesystem``)."""
+    from changelake.connectors.object_store import arrow_filesystem
 
-    if "://" not in uri:
-        return pafs.LocalFileSystem(), str(Path(uri).absolute())
-    scheme, rest = uri.split("://", 1)
-    if scheme in ("s3a", "s3n"):
-        uri = f"s3://{rest}"
-    return pafs.FileSystem.from_uri(uri)
+    return arrow_filesystem(uri, options)
 
 
 # --- epoch states of the sources' partitions (changelake.formats.sequence) ----------------------------
@@ -196,3 +191,41 @@ def write_epochs(checkpoint: str, batch_id: int, states: dict[tuple[str, int], d
             fs.delete_file(f"{root}/{EPOCHS_DIR}/{old}.json")
         except OSError:
             pass
+
+
+# --- a checkpoint on an object store: Hadoop's connector for it must be on Spark's classpath --------------
+
+#: scheme of a checkpoint URI -> (the jar of Hadoop's connector for it, what to tell the user)
+CHECKPOINT_CONNECTORS = {
+    "s3a": ("hadoop-aws-*.jar", "hadoop-aws (the version of pyspark's hadoop-client-api) and the AWS SDK v2 "
+                                "bundle; the Docker image carries both unless built with WITH_S3A=false"),
+    "gs": ("gcs-connector-*.jar", "Google's gcs-connector (hadoop3 shaded jar)"),
+    "abfs": ("hadoop-azure-*.jar", "hadoop-azure (the version of pyspark's hadoop-client-api)"),
+    "abfss": ("hadoop-azure-*.jar", "hadoop-azure (the version of pyspark's hadoop-client-api)"),
+}
+
+
+def checkpoint_store_problem(checkpoint: str, spark_conf: dict[str, str] | None = None) -> str | None:
+    """Why Spark could not write ``checkpoint`` (an object-store URI whose Hadoop connector is not in Spark's
+    jar directories nor named by ``spark.jars`` in ``spark_conf``), or None. A local path (a volume) needs none."""
+    import glob
+    import os
+
+    from changelake.spark.delta_jars import jar_dirs
+
+    if is_local(checkpoint) or "://" not in checkpoint:
+        return None
+    scheme = checkpoint.split("://", 1)[0].lower()
+    if scheme in ("s3", "s3n"):
+        return (f"checkpoint {checkpoint}: Spark writes S3 checkpoints through Hadoop's S3A connector: write it "
+                f"as s3a://{checkpoint.split('://', 1)[1]} (docs/operations.md, \"Object storage\")")
+    if scheme not in CHECKPOINT_CONNECTORS:
+        return None
+    pattern, what = CHECKPOINT_CONNECTORS[scheme]
+    named = " ".join((spark_conf or {}).get(k, "") for k in ("spark.jars", "spark.jars.packages", "spark.driver.extraClassPath"))
+    if any(glob.glob(os.path.join(d, pattern)) for d in jar_dirs()) or pattern.split("-*")[0] in named:
+        return None
+    return (f"checkpoint {checkpoint}: Spark needs Hadoop's connector for {scheme}:// on its classpath, and "
+            f"{pattern} is in none of {', '.join(jar_dirs())} nor in spark.jars: add {what}, or keep the "
+            "checkpoint on a local path or a mounted volume (a PersistentVolumeClaim) while the tables stay on "
+            "the object store (docs/operations.md, \"Object storage\")")

@@ -118,7 +118,7 @@ def test_a_secret_file_named_by_the_environment_reads_the_file(tmp_path):
     config = parse_config(open(path).read(), environ=env)
     assert config.kafka.plain_properties()["sasl.password"] == "s3cret"
     assert "sasl.password.file" not in config.kafka.properties
-    assert config.storage.plain_options() == {"aws_secret_access_key": "s3cret"}
+    assert config.storage.plain_options()["aws_secret_access_key"] == "s3cret"
     out = subprocess.run([sys.executable, "-m", "changelake.service.cli", "validate", "-c", path], capture_output=True,
                          text=True, env={"PATH": "/usr/bin:/bin", **env})
     assert out.returncode == 0, out.stderr

@@ -1,0 +1,80 @@
+"""The object-store options every Delta read and write of a pipeline gets (``storage.options``).
+
+delta-rs takes the user's ``storage.options`` as they are (endpoint, region, credentials: see
+docs/operations.md, "Object storage"); for S3 it adds one default, the commit mode, because two
+writers must never both believe they wrote the same table version::
+
+    S3 options given by the user                        added
+    AWS_S3_LOCKING_PROVIDER (dynamodb)                  nothing: the user's DynamoDB lock serialises commits
+    aws_conditional_put (any value)                     nothing: the user's choice
+    neither, and the lake is on S3 (s3://, s3a://)     aws_conditional_put: etag -- a commit is a PUT with
+      or an AWS_* option is given                         If-None-Match: *, which S3 (since 2024), MinIO,
+                                                          Cloudflare R2 and moto honour
+
+Keys are matched case-insensitively, as delta-rs does. Transient errors (HTTP 5xx, timeouts) are retried
+by delta-rs's object store client with exponential backoff (10 tries within 3 minutes by default; the
+options ``max_retries``, ``retry_timeout`` and ``backoff_config.*`` change that).
+
+:func:`arrow_filesystem` opens the same store through pyarrow, with the same endpoint and credentials
+(listing the tables under ``storage.root``, reading a checkpoint's files on S3).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = ["CONDITIONAL_PUT", "arrow_filesystem", "delta_options", "is_s3"]
+
+#: The option naming S3's commit mode, and the value changelake defaults it to.
+CONDITIONAL_PUT = ("aws_conditional_put", "etag")
+LOCKING_PROVIDER = "aws_s3_locking_provider"
+
+
+def is_s3(uri: str) -> bool:
+    return uri.split("://", 1)[0].lower() in ("s3", "s3a") if "://" in uri else False
+
+
+def delta_options(options: Mapping[str, str], locations: Iterable[str] = ()) -> dict[str, str]:
+    """``options`` with the S3 commit mode of the module docstring added where it applies."""
+    out = dict(options)
+    keys = {k.lower() for k in out}
+    on_s3 = any(is_s3(u) for u in locations) or any(k.startswith("aws_") for k in keys)
+    if on_s3 and LOCKING_PROVIDER not in keys and CONDITIONAL_PUT[0] not in keys:
+        out[CONDITIONAL_PUT[0]] = CONDITIONAL_PUT[1]
+    return out
+
+
+def _option(options: Mapping[str, str], *names: str) -> str | None:
+    lowered = {k.lower(): v for k, v in options.items()}
+    return next((lowered[n] for n in names if n in lowered), None)
+
+
+def arrow_filesystem(uri: str, options: Mapping[str, str] | None = None) -> tuple[Any, str]:
+    """(pyarrow filesystem, path in it) of ``uri``; on S3 with ``options``' endpoint, region and credentials
+    (the environment's when the options name none, as delta-rs does)."""
+    from pyarrow import fs as pafs
+
+    if "://" not in uri:
+        return pafs.LocalFileSystem(), str(Path(uri).absolute())
+    scheme, rest = uri.split("://", 1)
+    if scheme.lower() in ("s3a", "s3n"):
+        uri, scheme = f"s3://{rest}", "s3"
+    if scheme.lower() != "s3" or not options:
+        return pafs.FileSystem.from_uri(uri)
+    endpoint = _option(options, "aws_endpoint_url", "aws_endpoint", "endpoint", "aws_endpoint_url_s3")
+    kwargs: dict[str, Any] = {}
+    if endpoint:
+        proto, _, host = endpoint.partition("://")
+        kwargs.update(endpoint_override=host or proto, scheme=proto if host else "https")
+    for key, names in (("region", ("aws_region", "region", "aws_default_region")),
+                       ("access_key", ("aws_access_key_id", "access_key_id")),
+                       ("secret_key", ("aws_secret_access_key", "secret_access_key")),
+                       ("session_token", ("aws_session_token", "session_token"))):
+        value = _option(options, *names)
+        if value:
+            kwargs[key] = value
+    if not kwargs:
+        return pafs.FileSystem.from_uri(uri)
+    return pafs.S3FileSystem(**kwargs), rest
