@@ -36,6 +36,7 @@ the state of the batch before it, so it emits the same changes again.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -54,7 +55,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from changelake import metrics
-from changelake.changelog import DEAD_LETTER_SCHEMA, KIND, SEQ, RowKind
+from changelake.changelog import DEAD_LETTER_SCHEMA, KIND, SEQ, RowKind, commit_position
+from changelake.connectors.consistency import ConsistencyLog, Cut, table_version
 from changelake.connectors.delta_sink import ApplyResult, DeltaUpsertSink, Maintenance, TableSpec, open_sink
 from changelake.connectors.delta_sink_kernel import check_truncate_order, latest_per_key
 from changelake.errors import ConfigError, DecodeError
@@ -64,6 +66,7 @@ from changelake.formats.encodings import source_schema
 from changelake.formats.message_key import key_shapes
 from changelake.formats.origin import Origin
 from changelake.formats.sequence import by_kafka
+from changelake.formats.transactions import BOUNDARIES_SCHEMA, EVENTS_SCHEMA
 from changelake.plan.graph import Pipeline
 from changelake.plan.physical import PhysicalPlan, sink_changes
 from changelake.service.config import (ORIGIN_COLUMNS, ChangelakeConfig, MaintenanceSpec, SourceSpec, StartingTimestamp,
@@ -74,6 +77,7 @@ from changelake.service.key_inference import TableKeys
 from changelake.service.preflight import pattern_without_side_topics
 from changelake.service.quarantine import Quarantine
 from changelake.service.routing import Router, Target
+from changelake.service.transactions import GateBook, GateState, transaction_gate
 from changelake.service.views import pipeline_from_config
 from changelake.spark.compile import CHANGES_PART
 from changelake.spark.decode_stage import DecodeStage, check_keys
@@ -104,6 +108,7 @@ class BatchReport:
     expired: int = 0
     epochs: dict[str, int] = field(default_factory=dict)                # source -> epoch changes found
     committed_tables: list[str] = field(default_factory=list)
+    transactions: dict[str, Any] = field(default_factory=dict)         # consistency: transaction (the gate's figures)
     framed_tables: list[str] = field(default_factory=list)              # reduced on the executors (frames)
     seconds: float = 0.0
 
@@ -166,7 +171,15 @@ class BatchProcessor:
         self._dropped: dict[str, tuple[str, ...]] = {}
         #: table -> the source position of the newest schema it takes from the batch, for the sink (per batch)
         self._positions: dict[str, str] = {}
-        self.stage = DecodeStage(self.routes, graph_keys={i: n.upsert_key or () for i, n in self.graph_routes.items()})
+        self.stage = DecodeStage(self.routes, graph_keys={i: n.upsert_key or () for i, n in self.graph_routes.items()},
+                                 boundary_topics=sorted({s.transaction_topic_name() for s in config.sources} - {None}))
+        #: ``consistency: transaction``: the gate, its states in the checkpoint, the cut table
+        self.gate = transaction_gate(config, self.routes)
+        self.gate_book = GateBook(config.pipeline.checkpoint)
+        self._gate_after: tuple[int, GateState] | None = None
+        self.cuts = ConsistencyLog(config.consistency_table_path(), pipeline_id=config.pipeline.id,
+                                   storage_options=config.storage.plain_options()) \
+            if config.writes_consistency_table() else None
         # The stage goes to the executors once, with the query: routes whose table's key is unknown at
         # start report their message keys' fields every batch; the first batch that has some teaches it.
         unknown = self.keys.unknown()
@@ -254,8 +267,9 @@ class BatchProcessor:
         for i, r in enumerate(self.routes):
             if r.spec.table is not None:
                 feeds.setdefault(r.spec.table, []).append(i)
+        # a gated table's rows wait on the driver (consistency: transaction), so they are collected
         candidates = {name: self.keys.key_of(name) for name, routes in feeds.items()
-                      if all(i in self.stage.executor_routes for i in routes)}
+                      if all(i in self.stage.executor_routes and i not in self.stage.txn_routes for i in routes)}
         candidates.update({name: tuple(self.config.table(name).primary_key) for name in self.graph_tables})
         framed = {}
         for name, key in candidates.items():
@@ -276,6 +290,9 @@ class BatchProcessor:
         (``changelake.spark.batch_frames.TableFrame``: a DataFrame and its counts per kind); ``out``
         then holds their dead letters, key-change counts and truncates, not their rows."""
         stats, parts = self.stage.split(out)
+        side = parts.pop(-1, {})                    # route -1: the END events of the transaction metadata topics
+        boundaries = side.get("bounds", BOUNDARIES_SCHEMA.empty_table())
+        events = [got.pop("txn") for got in parts.values() if "txn" in got]
         for i, got in parts.items():
             if "epochs" in got or "epochchg" in got:     # a source route's (graph changes are keyed by graph table)
                 self.epochs.take(self.routes[i].spec.name, got)
@@ -316,7 +333,8 @@ class BatchProcessor:
                                 dead if dead is not None else DEAD_LETTER_SCHEMA.empty_table()))
         decoded.extend(self._rejected(rejected))
         epochs = self.epochs.settle(batch_id)       # recorded before the Delta commits: a replay reads them
-        report = self._apply(stats, decoded, batch_id, graph_changes, late_rows, moves, truncates, frames or {})
+        report = self._apply(stats, decoded, batch_id, graph_changes, late_rows, moves, truncates, frames or {},
+                             transactions=(events, boundaries))
         report.epochs = epochs
         return report
 
@@ -425,11 +443,12 @@ class BatchProcessor:
                decoded: list[tuple["_Route", pa.Table, pa.Table]], batch_id: int,
                graph_changes: dict[str, pa.Table] | None = None, late_rows: dict | None = None,
                moves: dict[str, int] | None = None,
-               truncates: Sequence[tuple["_Route", pa.Table]] = (), frames: dict[str, Any] | None = None
-               ) -> BatchReport:
+               truncates: Sequence[tuple["_Route", pa.Table]] = (), frames: dict[str, Any] | None = None,
+               transactions: tuple[list[pa.Table], pa.Table] | None = None) -> BatchReport:
         """``moves``: per source, the key changes the decode stage split for the graph; ``truncates``: per
         route, the TRUNCATE messages its decoder read (``changelog.TRUNCATE_SCHEMA``); ``frames``: the
-        tables whose changes stayed on the executors (see :meth:`process_decoded`)."""
+        tables whose changes stayed on the executors (see :meth:`process_decoded`); ``transactions``: the
+        transaction of each change record read and the END events read (``consistency: transaction``)."""
         frames = frames or {}
         started = time.monotonic()
         report = BatchReport(batch_id=batch_id, key_changes=dict(moves or {}))
@@ -458,6 +477,7 @@ class BatchProcessor:
                 per_table.setdefault(route.spec.table, []).append(rows)
         for source, n in report.key_changes.items():
             metrics.KEY_CHANGES.labels(source=source).inc(n)
+        cut = self._gate(per_table, transactions, batch_id, report)
         letters.extend(self._late_letters(late_rows or {}, batch_id, report))
         truncate_at = self._truncates(truncates, report)
         for name in frames:
@@ -480,7 +500,9 @@ class BatchProcessor:
         _fault("before-sinks", batch_id)
         self.dead_letters.write(letters, batch_id=batch_id)
         commits = []
-        positions = dict(self._positions)       # the newest schema positions, known to the screen once committed
+        positions = dict(self._positions)
+        consistent = {"batch_id": str(batch_id), "last_transaction": cut.last_transaction or "",
+                      "source_position": cut.source_position or ""}       # the newest schema positions, known to the screen once committed
         for name, parts in sorted(per_table.items()):
             frame = frames.get(name)
             if frame is None:
@@ -493,6 +515,8 @@ class BatchProcessor:
                 changes, kinds, apply = frame.changes, frame.kinds, self._sink(name).apply_frame
                 report.framed_tables.append(name)
             report.changes[name] = kinds
+            if self.gate is not None or self.cuts is not None:
+                self._sink(name).commit_metadata = {"changelake.consistency": json.dumps(consistent)}
             for kind, n in kinds.items():
                 metrics.CHANGES_IN.labels(name, kind).inc(n)
             commits.append((name, functools.partial(apply, changes, batch_id=batch_id, truncate_at=truncate_at.get(name),
@@ -505,6 +529,7 @@ class BatchProcessor:
         report.committed_tables.extend(name for name, _ in commits if results[name].committed)
         self.replacing -= {name for name, _ in commits}
         _fault("after-sinks", batch_id)
+        self._record_cut(cut, batch_id)
         report.seconds = time.monotonic() - started
         self.last_report = report
         self._accumulate(report)
@@ -512,6 +537,44 @@ class BatchProcessor:
                  report.records, json.dumps(report.changes), json.dumps(report.key_changes),
                  json.dumps(report.dead_letters), report.seconds)
         return report
+
+    def _gate(self, per_table: dict[str, list[pa.Table]], transactions: tuple[list[pa.Table], pa.Table] | None,
+              batch_id: int, report: BatchReport) -> Cut:
+        """``consistency: transaction``: the gated tables' rows in ``per_table`` replaced by those of complete
+        transactions (:mod:`changelake.service.transactions`), the gate's state written to the checkpoint
+        before the commits; the batch's cut (its table versions are added once they are committed)."""
+        if self.gate is None:
+            return Cut(batch_id=batch_id, generation=self.generation, tables={})
+        gated = {r.spec.table for r in self._all_routes() if r.spec.consistency == "transaction" and r.spec.table}
+        rows = {t: per_table.pop(t) for t in list(per_table) if t in gated}
+        events, boundaries = transactions or ([], BOUNDARIES_SCHEMA.empty_table())
+        events = pa.concat_tables(events) if events else EVENTS_SCHEMA.empty_table()
+        cached = self._gate_after
+        before = cached[1] if cached is not None and cached[0] == batch_id - 1 else self.gate_book.before(batch_id)
+        result, after = self.gate.apply(before, rows, events, boundaries, batch_id=batch_id)
+        self.gate_book.write(batch_id, after)
+        self._gate_after = (batch_id, after)
+        for table, kept in result.rows.items():
+            if kept.num_rows:
+                per_table[table] = [kept]
+        report.transactions = {"committed": result.released, "held": result.held_transactions,
+                               "held_rows": result.held_rows, "split": result.split}
+        return Cut(batch_id=batch_id, generation=self.generation, tables={}, transactions=after.committed,
+                   last_transaction=result.last_txn, source_position=result.last_position,
+                   held_transactions=result.held_transactions, held_rows=result.held_rows)
+
+    def _record_cut(self, cut: Cut, batch_id: int) -> None:
+        """The batch's row of ``_changelake_consistency``, once all its table commits are in."""
+        if self.cuts is None:
+            return
+        options = self.config.storage.plain_options()
+        versions = {}
+        for name in [t.name for t in self.config.tables] + sorted(self.routed_tables):
+            version = table_version(self._table_path(name), options)
+            if version is not None:
+                versions[name] = version
+        self.cuts.record(dataclasses.replace(cut, tables=versions), version=commit_position(batch_id, self.generation))
+        _fault("after-cut", batch_id)
 
     def _commit_tables(self, commits: list[tuple[str, Callable[[], ApplyResult]]], batch_id: int, *,
                        at_once: bool) -> dict[str, ApplyResult]:
@@ -733,7 +796,8 @@ def kafka_reader_options(config: ChangelakeConfig) -> dict[str, str]:
     opts: dict[str, str] = {"bootstrap.servers": config.kafka.bootstrap_servers}
     # a pattern never reads Debezium's transaction-metadata topics (changelake.service.preflight)
     patterns = [pattern_without_side_topics(s.topic_pattern) for s in config.sources if s.topic_pattern]
-    topics = sorted({t for s in config.sources for t in (s.topics or ())})
+    topics = sorted({t for s in config.sources for t in (s.topics or ())} |
+                    ({s.transaction_topic_name() for s in config.sources} - {None}))
     if patterns:
         alternatives = patterns + [re.escape(t) for t in topics]
         opts["topicPattern"] = "|".join(f"(?:{p})" for p in alternatives)

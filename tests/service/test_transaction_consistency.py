@@ -1,0 +1,197 @@
+"""Transaction-consistent commits (``consistency: transaction``), in process: decode stage -> driver gate ->
+delta-rs sinks -> ``_changelake_consistency`` (no JVM, no broker).
+
+Generated histories of multi-table transactions (tests/txn_history.py), spread over topics and partitions
+and read in micro-batches cut at random offsets. After every batch a reader takes the documented consistent
+snapshot (each table at the versions of the progress table's newest row) and checks what every source
+transaction keeps: the sum of balances is constant, every order line has its order, and, stronger, the
+snapshot is the database's state after the n-th transaction, n being the row's ``transactions``. With the
+default (``consistency: offset``) the same reader sees broken invariants: the check can fail.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+import yaml
+
+from changelake import metrics
+from changelake.connectors.consistency import ConsistencyLog
+from changelake.connectors.delta_read import read_delta
+from changelake.errors import ConfigError
+from changelake.service.config import parse_config
+from changelake.service.pipeline import BatchProcessor
+from tests import txn_history as th
+
+pytestmark = pytest.mark.unit
+
+SEEDS = [1, 2, 3]
+
+
+def _config(tmp_path, *, consistency: str = "transaction", **pipeline):
+    sources = [{"name": t, "topics": [th.TOPICS[t]], "format": "debezium-json", "table": t,
+                "columns": {c: "bigint" for c in cols}, "consistency": consistency}
+               for t, cols in th.TABLES.items()]
+    raw = {"pipeline": {"id": "txn-test", "checkpoint": str(tmp_path / "ckpt"), "consistency_table": True,
+                        **pipeline},
+           "kafka": {"bootstrap_servers": "localhost:1"}, "storage": {"root": str(tmp_path / "lake")},
+           "sources": sources, "tables": [{"name": t, "primary_key": ["id"]} for t in th.TABLES]}
+    return parse_config(yaml.safe_dump(raw))
+
+
+def _run(processor: BatchProcessor, batch: pa.RecordBatch, batch_id: int):
+    out = pa.Table.from_batches(list(processor.stage(iter([batch]))))
+    return processor.process_decoded(out, batch_id)
+
+
+def consistent_snapshot(config) -> tuple[dict, dict[str, dict[int, dict]]]:
+    """The newest row of the progress table and each table at its version (the documented read)."""
+    progress = read_delta(config.consistency_table_path())
+    row = max(progress.to_pylist(), key=lambda r: r["batch_id"])
+    tables = {}
+    for name, version in row["tables"]:
+        rows = read_delta(config.table_path(name), version=version, columns=th.TABLES[name]).to_pylist()
+        tables[name] = {r["id"]: r for r in rows}
+    return row, tables
+
+
+def violations(tables: dict[str, dict[int, dict]]) -> list[str]:
+    found = []
+    balances = [r["balance"] for r in tables.get("accounts", {}).values()]
+    if balances and sum(balances) != th.TOTAL:
+        found.append(f"sum of balances {sum(balances)} != {th.TOTAL}")
+    orders = tables.get("orders", {})
+    orphans = [r["id"] for r in tables.get("order_lines", {}).values() if r["order_id"] not in orders]
+    if orphans:
+        found.append(f"order lines without their order: {orphans}")
+    return found
+
+
+def _drive(tmp_path, seed: int, consistency: str, **pipeline) -> tuple[list[str], int, th.History, object]:
+    config = _config(tmp_path, consistency=consistency, **pipeline)
+    history = th.generate(seed)
+    processor = BatchProcessor(config, graph=None)
+    found = []
+    batches = th.random_batches(history, seed)
+    for b, batch in enumerate(batches):
+        _run(processor, batch, b)
+        row, tables = consistent_snapshot(config)
+        assert row["batch_id"] == b
+        found += [f"batch {b}: {v}" for v in violations(tables)]
+        if consistency == "transaction":
+            expected = {t: rows for t, rows in history.states[row["transactions"]].items() if rows}
+            assert {t: rows for t, rows in tables.items() if rows} == expected, f"seed {seed} batch {b}"
+    return found, len(batches), history, config
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_every_snapshot_is_a_state_the_database_had(tmp_path, seed):
+    found, batches, history, config = _drive(tmp_path, seed, "transaction")
+    assert found == []
+    assert batches > 10
+    row, tables = consistent_snapshot(config)       # all read: the final state, no row held
+    assert row["transactions"] == len(history.states) - 1 and row["held_rows"] == 0
+    assert tables == history.states[-1]
+
+
+def test_the_default_shows_half_transactions(tmp_path):
+    """The reader and the invariants are able to fail: cut at offsets, snapshots break them."""
+    found = []
+    for seed in SEEDS:
+        got, _, history, config = _drive(tmp_path / str(seed), seed, "offset")
+        found += got
+        assert consistent_snapshot(config)[1] == history.states[-1]      # and the end is right all the same
+    assert len(found) >= 3, found
+
+
+def test_held_rows_survive_a_restart_and_a_crash_between_two_tables(tmp_path, monkeypatch):
+    """A batch whose second table commit fails (after the first went in), then a new process replays it:
+    the held rows come back from the checkpoint, each change is applied once, and the progress table and
+    the tables agree after every batch."""
+    seed = 4
+    config = _config(tmp_path)
+    history = th.generate(seed)
+    batches = th.random_batches(history, seed)
+    processor = BatchProcessor(config, graph=None)
+    crash_at = None
+    for b, batch in enumerate(batches):
+        if crash_at is None and b >= 3:
+            report = _run(processor, batch, b)
+            if len(report.committed_tables) >= 2 and report.transactions["held_rows"]:
+                crash_at = b + 1
+            continue
+        if b == crash_at:
+            calls = []
+            original = type(processor._sink("orders")).apply
+
+            def failing(self, changes, **kw):
+                calls.append(self.spec.name)
+                if self.spec.name == "orders":
+                    raise RuntimeError("killed between two tables' commits")
+                return original(self, changes, **kw)
+
+            monkeypatch.setattr(type(processor._sink("orders")), "apply", failing)
+            with pytest.raises(RuntimeError):
+                _run(processor, batch, b)
+            monkeypatch.undo()
+            processor = BatchProcessor(config, graph=None)       # restart: state from the checkpoint only
+        _run(processor, batch, b)
+        row, tables = consistent_snapshot(config)
+        expected = {t: rows for t, rows in history.states[row["transactions"]].items() if rows}
+        assert {t: rows for t, rows in tables.items() if rows} == expected
+    assert crash_at is not None
+    assert consistent_snapshot(config)[1] == history.states[-1]
+    # one progress row per batch, none twice
+    ids = read_delta(config.consistency_table_path(), columns=["batch_id"])["batch_id"].to_pylist()
+    assert sorted(ids) == list(range(len(batches)))
+
+
+def test_the_limit_splits_and_says_so(tmp_path, caplog):
+    before = metrics.REGISTRY.get_sample_value("changelake_transactions_split_total") or 0
+    config = _config(tmp_path, max_held_rows=2)
+    history = th.generate(5, transactions=30)
+    processor = BatchProcessor(config, graph=None)
+    with caplog.at_level("WARNING"):
+        for b, batch in enumerate(th.random_batches(history, 5)):
+            _run(processor, batch, b)
+    assert (metrics.REGISTRY.get_sample_value("changelake_transactions_split_total") or 0) > before
+    assert "exceed pipeline.max_held_rows (2)" in caplog.text
+    assert consistent_snapshot(config)[1] == history.states[-1]      # split, not lost
+
+
+def test_each_table_commit_records_its_consistent_position(tmp_path):
+    from deltalake import DeltaTable
+
+    config = _config(tmp_path)
+    history = th.generate(6, transactions=10)
+    processor = BatchProcessor(config, graph=None)
+    for b, batch in enumerate(th.random_batches(history, 6)):
+        _run(processor, batch, b)
+    row, _ = consistent_snapshot(config)
+    commit = DeltaTable(config.table_path("accounts")).history(1)[0]
+    assert commit["changelake.consistency"]
+    import json
+
+    meta = json.loads(commit["changelake.consistency"])
+    assert meta["last_transaction"] and meta["source_position"].startswith(th.TXN_TOPIC + ":0:")
+    assert row["source_position"].startswith(th.TXN_TOPIC + ":0:")
+
+
+def test_config_refuses_what_it_cannot_keep(tmp_path):
+    raw = {"pipeline": {"id": "p", "checkpoint": str(tmp_path)}, "kafka": {"bootstrap_servers": "x:1"},
+           "sources": [{"name": "s", "topics": ["a.b.c"], "format": "canal-json", "table": "t",
+                        "consistency": "transaction"}],
+           "tables": [{"name": "t", "primary_key": ["id"]}]}
+    with pytest.raises(ConfigError, match="carries none"):
+        parse_config(yaml.safe_dump(raw))
+    raw["sources"][0]["format"] = "debezium-json"
+    raw["views"] = [{"name": "v", "from": "s", "filter": "id > 1"}]
+    raw["tables"].append({"name": "vt", "from": "v", "primary_key": ["id"]})
+    raw["sources"][0]["columns"] = {"id": "bigint"}
+    with pytest.raises(ConfigError, match="mirrored tables only"):
+        parse_config(yaml.safe_dump(raw))
+    del raw["views"]
+    raw["tables"].pop()
+    config = parse_config(yaml.safe_dump(raw))
+    assert config.sources[0].transaction_topic_name() == "a.transaction"
+    assert ConsistencyLog  # the progress table's writer is importable without Spark
