@@ -19,9 +19,16 @@ from changelake.spark.kafka_source import ARROW_SCHEMA, EXPIRED
 
 PREFIX = "dbz"
 DB = "shop"
-TXN_TOPIC = f"{PREFIX}.transaction"
 TABLES = {"accounts": ["id", "balance"], "orders": ["id", "customer"], "order_lines": ["id", "order_id", "qty"]}
-TOPICS = {t: f"{PREFIX}.{DB}.{t}" for t in TABLES}
+
+
+def topics(prefix: str = PREFIX) -> dict[str, str]:
+    """table -> its topic, for a connector whose topic.prefix is ``prefix``."""
+    return {t: f"{prefix}.{DB}.{t}" for t in TABLES}
+
+
+TOPICS = topics()
+TXN_TOPIC = f"{PREFIX}.transaction"
 PARTITIONS = 4
 ACCOUNTS = 6
 TOTAL = ACCOUNTS * 100
@@ -37,11 +44,12 @@ class History:
         self.records.setdefault((topic, partition), []).append((key, value))
 
 
-def generate(seed: int, transactions: int = 60, *, untracked: bool = True) -> History:
+def generate(seed: int, transactions: int = 60, *, untracked: bool = True, prefix: str = PREFIX) -> History:
     """``transactions`` random transactions after the one that opens the accounts. ``untracked``: some
     transactions also write ``audit``, a table the pipeline does not read (its END counts it)."""
     rng = random.Random(seed)
     h = History()
+    names, txn_topic = topics(prefix), f"{prefix}.transaction"
     db: dict[str, dict[int, dict]] = {t: {} for t in TABLES}
     h.states.append(_copy(db))
     pos = [4]
@@ -56,13 +64,13 @@ def generate(seed: int, transactions: int = 60, *, untracked: bool = True) -> Hi
                  "source": {"connector": "mysql", "db": DB, "table": table, "file": "mysql-bin.000001",
                             "pos": pos[0], "row": 0, "ts_ms": 1_700_000_000_000 + pos[0]},
                  "transaction": {"id": txn, "total_order": order[0], "data_collection_order": order[1][table]}}
-        h.append(TOPICS[table], row["id"] % PARTITIONS, orjson.dumps({"id": row["id"]}), orjson.dumps(value))
+        h.append(names[table], row["id"] % PARTITIONS, orjson.dumps({"id": row["id"]}), orjson.dumps(value))
         if op == "d":
-            h.append(TOPICS[table], row["id"] % PARTITIONS, orjson.dumps({"id": row["id"]}), None)  # tombstone
+            h.append(names[table], row["id"] % PARTITIONS, orjson.dumps({"id": row["id"]}), None)  # tombstone
 
     for k in range(transactions + 1):
         txn = f"{1000 + k}:{pos[0]}"
-        h.append(TXN_TOPIC, 0, None, orjson.dumps({"status": "BEGIN", "id": txn, "event_count": None,
+        h.append(txn_topic, 0, None, orjson.dumps({"status": "BEGIN", "id": txn, "event_count": None,
                                                    "data_collections": None}))
         order: list = [0, {}]
         kind = "open" if k == 0 else rng.choice(["transfer", "transfer", "order", "order", "cancel"])
@@ -95,7 +103,7 @@ def generate(seed: int, transactions: int = 60, *, untracked: bool = True) -> Hi
         collections = [{"data_collection": f"{DB}.{t}", "event_count": n} for t, n in order[1].items()]
         if untracked and rng.random() < 0.3:
             collections.append({"data_collection": f"{DB}.audit", "event_count": 1})
-        h.append(TXN_TOPIC, 0, None, orjson.dumps({"status": "END", "id": txn, "event_count": order[0],
+        h.append(txn_topic, 0, None, orjson.dumps({"status": "END", "id": txn, "event_count": order[0],
                                                    "data_collections": collections}))
         h.states.append(_copy(db))
     return h
@@ -103,6 +111,17 @@ def generate(seed: int, transactions: int = 60, *, untracked: bool = True) -> Hi
 
 def _copy(db: dict) -> dict:
     return {t: {k: dict(v) for k, v in rows.items()} for t, rows in db.items()}
+
+
+def produce(h: History, servers: str) -> None:
+    """Write the history to a Kafka broker, each record to its partition, in order."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": servers, "log_level": 3, "linger.ms": 5})
+    for (topic, partition), recs in sorted(h.records.items()):
+        for key, value in recs:
+            producer.produce(topic, key=key, value=value, partition=partition)
+    producer.flush(30)
 
 
 def random_batches(h: History, seed: int, *, max_step: int = 6) -> list[pa.RecordBatch]:
