@@ -55,6 +55,8 @@ class Cut:
     source_position: str | None = None
     held_transactions: int = 0
     held_rows: int = 0
+    released: int = 0          # transactions this batch applied (not in the table)
+    split: int = 0             # transactions the limit split in this batch (not in the table)
 
 
 class ConsistencyLog:

@@ -36,7 +36,6 @@ the state of the batch before it, so it emits the same changes again.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import logging
@@ -56,7 +55,7 @@ import pyarrow.compute as pc
 
 from changelake import metrics
 from changelake.changelog import DEAD_LETTER_SCHEMA, KIND, SEQ, RowKind, commit_position
-from changelake.connectors.consistency import ConsistencyLog, Cut, table_version
+from changelake.connectors.consistency import Cut, table_version
 from changelake.connectors.delta_sink import ApplyResult, DeltaUpsertSink, Maintenance, TableSpec, open_sink
 from changelake.connectors.delta_sink_kernel import check_truncate_order, latest_per_key
 from changelake.errors import ConfigError, DecodeError
@@ -66,7 +65,6 @@ from changelake.formats.encodings import source_schema
 from changelake.formats.message_key import key_shapes
 from changelake.formats.origin import Origin
 from changelake.formats.sequence import by_kafka
-from changelake.formats.transactions import BOUNDARIES_SCHEMA, EVENTS_SCHEMA
 from changelake.plan.graph import Pipeline
 from changelake.plan.physical import PhysicalPlan, sink_changes
 from changelake.service.config import (ORIGIN_COLUMNS, ChangelakeConfig, MaintenanceSpec, SourceSpec, StartingTimestamp,
@@ -77,7 +75,7 @@ from changelake.service.key_inference import TableKeys
 from changelake.service.preflight import pattern_without_side_topics
 from changelake.service.quarantine import Quarantine
 from changelake.service.routing import Router, Target
-from changelake.service.transactions import GateBook, GateState, transaction_gate
+from changelake.service.transactions import TransactionCommits
 from changelake.service.views import pipeline_from_config
 from changelake.spark.compile import CHANGES_PART
 from changelake.spark.decode_stage import DecodeStage, check_keys
@@ -173,13 +171,8 @@ class BatchProcessor:
         self._positions: dict[str, str] = {}
         self.stage = DecodeStage(self.routes, graph_keys={i: n.upsert_key or () for i, n in self.graph_routes.items()},
                                  boundary_topics=sorted({s.transaction_topic_name() for s in config.sources} - {None}))
-        #: ``consistency: transaction``: the gate, its states in the checkpoint, the cut table
-        self.gate = transaction_gate(config, self.routes)
-        self.gate_book = GateBook(config.pipeline.checkpoint)
-        self._gate_after: tuple[int, GateState] | None = None
-        self.cuts = ConsistencyLog(config.consistency_table_path(), pipeline_id=config.pipeline.id,
-                                   storage_options=config.storage.plain_options()) \
-            if config.writes_consistency_table() else None
+        #: ``consistency: transaction`` (the gate, its states in the checkpoint) and ``_changelake_consistency``
+        self.consistency = TransactionCommits(config, self.routes)
         # The stage goes to the executors once, with the query: routes whose table's key is unknown at
         # start report their message keys' fields every batch; the first batch that has some teaches it.
         unknown = self.keys.unknown()
@@ -291,7 +284,7 @@ class BatchProcessor:
         then holds their dead letters, key-change counts and truncates, not their rows."""
         stats, parts = self.stage.split(out)
         side = parts.pop(-1, {})                    # route -1: the END events of the transaction metadata topics
-        boundaries = side.get("bounds", BOUNDARIES_SCHEMA.empty_table())
+        boundaries = side.get("bounds")
         events = [got.pop("txn") for got in parts.values() if "txn" in got]
         for i, got in parts.items():
             if "epochs" in got or "epochchg" in got:     # a source route's (graph changes are keyed by graph table)
@@ -515,7 +508,7 @@ class BatchProcessor:
                 changes, kinds, apply = frame.changes, frame.kinds, self._sink(name).apply_frame
                 report.framed_tables.append(name)
             report.changes[name] = kinds
-            if self.gate is not None or self.cuts is not None:
+            if self.consistency.active:
                 self._sink(name).commit_metadata = {"changelake.consistency": json.dumps(consistent)}
             for kind, n in kinds.items():
                 metrics.CHANGES_IN.labels(name, kind).inc(n)
@@ -540,40 +533,24 @@ class BatchProcessor:
 
     def _gate(self, per_table: dict[str, list[pa.Table]], transactions: tuple[list[pa.Table], pa.Table] | None,
               batch_id: int, report: BatchReport) -> Cut:
-        """``consistency: transaction``: the gated tables' rows in ``per_table`` replaced by those of complete
-        transactions (:mod:`changelake.service.transactions`), the gate's state written to the checkpoint
-        before the commits; the batch's cut (its table versions are added once they are committed)."""
-        if self.gate is None:
-            return Cut(batch_id=batch_id, generation=self.generation, tables={})
+        """``consistency: transaction``: the gated tables' rows in ``per_table`` become those of complete source
+        transactions (:class:`~changelake.service.transactions.TransactionCommits`); the batch's cut."""
         gated = {r.spec.table for r in self._all_routes() if r.spec.consistency == "transaction" and r.spec.table}
-        rows = {t: per_table.pop(t) for t in list(per_table) if t in gated}
-        events, boundaries = transactions or ([], BOUNDARIES_SCHEMA.empty_table())
-        events = pa.concat_tables(events) if events else EVENTS_SCHEMA.empty_table()
-        cached = self._gate_after
-        before = cached[1] if cached is not None and cached[0] == batch_id - 1 else self.gate_book.before(batch_id)
-        result, after = self.gate.apply(before, rows, events, boundaries, batch_id=batch_id)
-        self.gate_book.write(batch_id, after)
-        self._gate_after = (batch_id, after)
-        for table, kept in result.rows.items():
-            if kept.num_rows:
-                per_table[table] = [kept]
-        report.transactions = {"committed": result.released, "held": result.held_transactions,
-                               "held_rows": result.held_rows, "split": result.split}
-        return Cut(batch_id=batch_id, generation=self.generation, tables={}, transactions=after.committed,
-                   last_transaction=result.last_txn, source_position=result.last_position,
-                   held_transactions=result.held_transactions, held_rows=result.held_rows)
+        events, boundaries = transactions or ([], None)
+        cut = self.consistency.hold(per_table, gated, events, boundaries, batch_id=batch_id, generation=self.generation)
+        if self.consistency.gate is not None:
+            report.transactions = {"committed": cut.released, "held": cut.held_transactions,
+                                   "held_rows": cut.held_rows, "split": cut.split}
+        return cut
 
     def _record_cut(self, cut: Cut, batch_id: int) -> None:
         """The batch's row of ``_changelake_consistency``, once all its table commits are in."""
-        if self.cuts is None:
+        if self.consistency.cuts is None:
             return
         options = self.config.storage.plain_options()
-        versions = {}
-        for name in [t.name for t in self.config.tables] + sorted(self.routed_tables):
-            version = table_version(self._table_path(name), options)
-            if version is not None:
-                versions[name] = version
-        self.cuts.record(dataclasses.replace(cut, tables=versions), version=commit_position(batch_id, self.generation))
+        names = [t.name for t in self.config.tables] + sorted(self.routed_tables)
+        self.consistency.record(cut, {n: table_version(self._table_path(n), options) for n in names},
+                                position=commit_position(batch_id, self.generation))
         _fault("after-cut", batch_id)
 
     def _commit_tables(self, commits: list[tuple[str, Callable[[], ApplyResult]]], batch_id: int, *,

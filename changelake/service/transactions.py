@@ -44,6 +44,8 @@ import pyarrow.compute as pc
 
 from changelake import metrics
 from changelake.changelog import OFFSET, PARTITION, TOPIC
+from changelake.connectors.consistency import ConsistencyLog, Cut
+from changelake.formats.transactions import BOUNDARIES_SCHEMA, EVENTS_SCHEMA
 
 log = logging.getLogger(__name__)
 
@@ -298,3 +300,51 @@ def transaction_gate(config: Any, routes: Sequence[Any]) -> TransactionGate | No
 
     return TransactionGate(collection_of=collection_of, tracked=tracked,
                            max_held_rows=config.pipeline.max_held_rows)
+
+
+class TransactionCommits:
+    """A pipeline's consistency: the gate (None without ``consistency: transaction``) with its states in the
+    checkpoint, and the progress table (None unless ``config.writes_consistency_table()``)."""
+
+    def __init__(self, config: Any, routes: Sequence[Any]) -> None:
+        self.gate = transaction_gate(config, routes)
+        self.book = GateBook(config.pipeline.checkpoint)
+        self.cuts = ConsistencyLog(config.consistency_table_path(), pipeline_id=config.pipeline.id,
+                                   storage_options=config.storage.plain_options()) \
+            if config.writes_consistency_table() else None
+        self._after: tuple[int, GateState] | None = None       # the state the last batch left, in memory
+
+    @property
+    def active(self) -> bool:
+        return self.gate is not None or self.cuts is not None
+
+    def hold(self, per_table: dict[str, list[pa.Table]], gated: set[str], events: Sequence[pa.Table],
+             boundaries: pa.Table | None, *, batch_id: int, generation: int) -> Cut:
+        """The rows of the ``gated`` tables in ``per_table`` replaced (in place) by those of complete
+        transactions; the gate's state after the batch written to the checkpoint (before the commits: a
+        replay starts from the state before it). Returns the batch's cut, its table versions to come."""
+        if self.gate is None:
+            return Cut(batch_id=batch_id, generation=generation, tables={})
+        rows = {t: per_table.pop(t) for t in list(per_table) if t in gated}
+        found = pa.concat_tables(events) if events else EVENTS_SCHEMA.empty_table()
+        ends = boundaries if boundaries is not None else BOUNDARIES_SCHEMA.empty_table()
+        cached = self._after
+        before = cached[1] if cached is not None and cached[0] == batch_id - 1 else self.book.before(batch_id)
+        result, after = self.gate.apply(before, rows, found, ends, batch_id=batch_id)
+        self.book.write(batch_id, after)
+        self._after = (batch_id, after)
+        for table, kept in result.rows.items():
+            if kept.num_rows:
+                per_table[table] = [kept]
+        return Cut(batch_id=batch_id, generation=generation, tables={}, transactions=after.committed,
+                   last_transaction=result.last_txn, source_position=result.last_position,
+                   held_transactions=result.held_transactions, held_rows=result.held_rows,
+                   released=result.released, split=result.split)
+
+    def record(self, cut: Cut, versions: Mapping[str, int | None], *, position: int) -> None:
+        """The batch's row of the progress table, with each existing table's version."""
+        import dataclasses
+
+        if self.cuts is not None:
+            self.cuts.record(dataclasses.replace(cut, tables={n: v for n, v in versions.items() if v is not None}),
+                             version=position)
