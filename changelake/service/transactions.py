@@ -45,6 +45,7 @@ import pyarrow.compute as pc
 from changelake import metrics
 from changelake.changelog import OFFSET, PARTITION, TOPIC
 from changelake.connectors.consistency import ConsistencyLog, Cut
+from changelake.errors import ConfigError
 from changelake.formats.transactions import BOUNDARIES_SCHEMA, EVENTS_SCHEMA
 
 log = logging.getLogger(__name__)
@@ -130,6 +131,10 @@ class TransactionGate:
             counts = seen.setdefault(txn, {})
             counts[collection] = counts.get(collection, 0) + 1
         # 2. the ENDs, in commit order; Maxwell's last change of a transaction is its END
+        if boundaries.num_rows and pc.max(boundaries["partition"]).as_py() > 0:
+            raise ConfigError(f"transaction metadata topic {boundaries['topic'][0].as_py()!r} has more than one "
+                              "partition, so its END events are not in commit order; recreate it with one partition "
+                              "(Debezium: topic.creation.<group>.partitions: 1 for it), or set consistency: offset")
         ends = boundaries.sort_by([("partition", "ascending"), ("offset", "ascending")]).to_pylist()
         for end in ends:
             if end["txn"] in done:

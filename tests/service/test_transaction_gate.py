@@ -111,3 +111,12 @@ def test_the_checkpoint_keeps_the_held_rows_for_the_batch_after(tmp_path):
     again = book.before(1)                           # batch 1 replayed: starts from batch 0's state
     assert again.held["a"].equals(s0.held["a"]) and again.seen == {"1": {"db.a": 1}}
     assert book.before(0).held == {}
+
+
+def test_a_transaction_topic_of_several_partitions_is_refused():
+    from changelake.errors import ConfigError
+
+    ends = _ends([(1, "1", {"db.a": 1})]).to_pydict()
+    ends["partition"] = [2]
+    with pytest.raises(ConfigError, match="more than one partition"):
+        _gate().apply(GateState(), {}, _events([]), pa.table(ends, schema=BOUNDARIES_SCHEMA), batch_id=0)
