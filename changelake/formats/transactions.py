@@ -15,6 +15,11 @@ maxwell-json       ``xid``                                                the ch
                                                                           Maxwell partitions by database, its default)
 =================  =====================================================  ==========================================
 
+Debezium's PostgreSQL connector writes a transaction id as ``<txId>:<LSN>``, with the LSN of the event itself in
+a change and the commit's LSN in the END (measured with Debezium 3.6.1: ``734:26378888`` in a change, ``734:26379616``
+in its END): an id of that form (digits, a colon, digits) is taken as its ``txId``, on both sides. Other
+connectors' ids (MySQL GTIDs, SQL Server LSNs, ...) are used as they are.
+
 A change's data collection is its topic without the connector's topic prefix (Debezium names a table's
 topic ``<prefix>.<collection>``, and an END event counts the events per ``<collection>``), so the count is
 the number of Kafka records read from that topic with that transaction id: one event, one record, however
@@ -24,6 +29,7 @@ transaction. Maxwell transaction ids are made ``<database>:<xid>`` (xids of diff
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import orjson
@@ -43,6 +49,16 @@ BOUNDARIES_SCHEMA = pa.schema([
     pa.field("collections", pa.list_(pa.struct([pa.field("collection", pa.string()),
                                                  pa.field("event_count", pa.int64())]))),
 ])
+
+_PG_ID = re.compile(r"(\d+):\d+")
+
+
+def transaction_id(raw: Any) -> str:
+    """The id that names a transaction both in its changes and in its END (see the module's docstring)."""
+    text = str(raw)
+    pg = _PG_ID.fullmatch(text)
+    return pg.group(1) if pg else text
+
 
 #: the formats that carry transaction boundaries
 FORMATS = ("debezium-json", "maxwell-json")
@@ -74,7 +90,7 @@ def event_transactions(records: pa.Table, fmt: str) -> pa.Table:
             continue
         if fmt == "debezium-json":
             block = obj.get("transaction")
-            txn = block.get("id") if isinstance(block, dict) else None
+            txn = transaction_id(block["id"]) if isinstance(block, dict) and block.get("id") is not None else None
             last = False
         else:
             xid = obj.get("xid")
@@ -106,7 +122,7 @@ def transaction_boundaries(records: pa.Table) -> tuple[pa.Table, list[int]]:
             continue
         collections = [{"collection": str(c.get("data_collection")), "event_count": int(c.get("event_count") or 0)}
                        for c in obj["data_collections"] if isinstance(c, dict)]
-        for name, v in zip(BOUNDARIES_SCHEMA.names, (topic, partition, offset, str(obj["id"]),
+        for name, v in zip(BOUNDARIES_SCHEMA.names, (topic, partition, offset, transaction_id(obj["id"]),
                                                      int(obj.get("event_count") or 0), collections)):
             out[name].append(v)
     return pa.table(out, schema=BOUNDARIES_SCHEMA), bad

@@ -100,6 +100,10 @@ def _wait_for_ends(bootstrap: str, n: int, timeout: float = 120) -> None:
 def test_every_cut_of_the_real_connector_is_a_state_the_database_had(bank, kafka, tmp_path):
     states = _transactions(bank, TRANSACTIONS, seed=7)
     _wait_for_ends(kafka.bootstrap_servers, TRANSACTIONS + 1)
+    # the connector names a transaction <txId>:<LSN>, the LSN its event's in a change, the commit's in the END
+    end = next(v for v in topic_values(kafka.bootstrap_servers, f"{PREFIX}.transaction") if v and v["status"] == "END")
+    event = next(v for v in topic_values(kafka.bootstrap_servers, f"{PREFIX}.public.accounts") if v)
+    assert end["id"].split(":")[0] == event["transaction"]["id"].split(":")[0] == str(event["source"]["txId"])
     sources = [{"name": t, "topics": [f"{PREFIX}.public.{t}"], "format": "debezium-json",
                 "options": {"schema-include": True}, "table": t, "on_error": "fail", "consistency": "transaction"}
                for t in TABLES]

@@ -63,6 +63,15 @@ def test_formats_read_the_transaction_of_each_event_and_the_ends():
     assert ends.to_pylist()[0]["collections"] == [{"collection": "db.a", "event_count": 1},
                                                   {"collection": "db.b", "event_count": 1}]
     assert bad == [2]
+    # Debezium PostgreSQL: <txId>:<LSN of the event> in a change, <txId>:<commit LSN> in the END (3.6.1)
+    pg_event = {**dbz, "transaction": {"id": "734:26378888", "total_order": 2, "data_collection_order": 2}}
+    pg_end = {"status": "END", "id": "734:26379616", "event_count": 1,
+              "data_collections": [{"data_collection": "public.a", "event_count": 1}]}
+    assert event_transactions(_records([("p.public.a", 0, 0, pg_event)]), "debezium-json")["txn"].to_pylist() == \
+        transaction_boundaries(_records([("p.transaction", 0, 0, pg_end)]))[0]["txn"].to_pylist() == ["734"]
+    gtid = {**dbz, "transaction": {"id": "3e11fa47-71ca-11e1-9e33-c80aa9429562:23"}}
+    assert event_transactions(_records([("p.db.a", 0, 0, gtid)]), "debezium-json")["txn"].to_pylist() == \
+        ["3e11fa47-71ca-11e1-9e33-c80aa9429562:23"]
 
 
 def test_a_transaction_waits_for_its_end_and_all_its_events_in_every_table():
