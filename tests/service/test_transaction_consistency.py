@@ -221,3 +221,36 @@ def test_config_refuses_what_it_cannot_keep(tmp_path):
     config = parse_config(yaml.safe_dump(raw))
     assert config.sources[0].transaction_topic_name() == "a.transaction"
     assert ConsistencyLog  # the progress table's writer is importable without Spark
+
+
+@pytest.mark.spark
+def test_the_spark_sql_reader_sees_the_same_consistent_point(spark, tmp_path):
+    """docs/pipelines.md's Spark SQL: the newest progress row, then each table VERSION AS OF its version."""
+    from changelake.spark.delta_sink import delta_spark_missing
+
+    missing = delta_spark_missing(spark)
+    if missing:
+        pytest.skip(f"Spark SQL on Delta tables (delta.`path`): {missing}; the test session gets Delta's SQL "
+                    "extension when delta-spark's jars are in pyspark's jars directory or $SPARK_HOME/jars")
+    config = _config(tmp_path)
+    history = th.generate(8, transactions=12)
+    processor = BatchProcessor(config, graph=None)
+    for b, batch in enumerate(th.random_batches(history, 8)):
+        _run(processor, batch, b)
+        row, tables = consistent_snapshot(config)
+        if len(tables) == 3 and row["held_rows"]:
+            break       # a point inside the history, with rows held back
+    sql = next(body for lang, body in re.findall(r"```(\w*)\n(.*?)```", DOC, flags=re.DOTALL)
+               if lang == "sql" and "_changelake_consistency" in body)
+    statements = [s.strip() for s in re.sub(r"--[^\n]*", "", sql).split(";") if s.strip()]
+    statements = [s.replace("/var/lib/lake", config.storage.root) for s in statements]
+    newest = spark.sql(statements[0]).collect()[0]
+    assert newest["batch_id"] == row["batch_id"]
+    versions = dict(newest["tables"])
+    at = [re.sub(r"delta\.`[^`]*/(\w+)` VERSION AS OF \d+",
+                 lambda m: f"delta.`{config.table_path(m.group(1))}` VERSION AS OF {versions[m.group(1)]}", s)
+          for s in statements[1:]]
+    total = spark.sql(at[0]).collect()[0][0]
+    orphans = spark.sql(at[1]).collect()[0][0]
+    assert total == (sum(r["balance"] for r in tables["accounts"].values()) if tables.get("accounts") else None)
+    assert orphans == 0
