@@ -789,6 +789,10 @@ def kafka_reader_options(config: ChangelakeConfig) -> dict[str, str]:
                 starting[t] = s.starting_offsets.get(t, "earliest")
             else:
                 starting[t] = s.starting_offsets
+        txn_topic = s.transaction_topic_name()
+        if txn_topic is not None and not isinstance(s.starting_offsets, dict):
+            # ENDs of transactions whose changes are never read would keep every later one waiting
+            starting[txn_topic] = starting[(s.topics or [txn_topic])[0]] if s.topics else "earliest"
     if any(v != "earliest" for v in starting.values()):
         opts["startingOffsets"] = json.dumps(starting)
     opts["replayTopics"] = "|".join(f"(?:{s.replay_topic_regex()})" for s in config.sources)

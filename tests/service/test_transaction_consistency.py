@@ -254,3 +254,17 @@ def test_the_spark_sql_reader_sees_the_same_consistent_point(spark, tmp_path):
     orphans = spark.sql(at[1]).collect()[0][0]
     assert total == (sum(r["balance"] for r in tables["accounts"].values()) if tables.get("accounts") else None)
     assert orphans == 0
+
+
+def test_the_transaction_topic_starts_where_its_sources_start(tmp_path):
+    from changelake.service.pipeline import kafka_reader_options
+
+    raw = {"pipeline": {"id": "p", "checkpoint": str(tmp_path)}, "kafka": {"bootstrap_servers": "x:1"},
+           "sources": [{"name": "s", "topics": ["dbz.shop.a"], "table": "t", "consistency": "transaction",
+                        "starting_offsets": "latest"}],
+           "tables": [{"name": "t", "primary_key": ["id"]}]}
+    options = kafka_reader_options(parse_config(yaml.safe_dump(raw)))
+    assert options["topics"] == "dbz.shop.a,dbz.transaction"
+    import json
+
+    assert json.loads(options["startingOffsets"]) == {"dbz.shop.a": "latest", "dbz.transaction": "latest"}
