@@ -135,6 +135,22 @@ SKIPPED_BAD = Counter(
     "changelake_bad_records_skipped_total", "Bad messages dropped because the source says on_error: skip.",
     ["topic", "reason"], registry=REGISTRY)
 
+TRANSACTIONS_RELEASED = Counter(
+    "changelake_transactions_committed_total",
+    "Source transactions applied in full (sources with consistency: transaction).", registry=REGISTRY)
+TRANSACTIONS_HELD = Gauge(
+    "changelake_transactions_held",
+    "Source transactions read in part, whose rows wait for a later batch (consistency: transaction).",
+    registry=REGISTRY)
+HELD_ROWS = Gauge(
+    "changelake_transaction_held_rows",
+    "Changelog rows of incomplete source transactions held for a later batch (bounded by "
+    "pipeline.max_held_rows).", registry=REGISTRY)
+TRANSACTIONS_SPLIT = Counter(
+    "changelake_transactions_split_total",
+    "Incomplete source transactions applied in part because the held rows exceeded pipeline.max_held_rows.",
+    registry=REGISTRY)
+
 # --- sink -------------------------------------------------------------------------
 TRUNCATED_ROWS = Counter(
     "changelake_truncated_rows_total", "Rows of a Delta table removed by truncates (on_truncate: apply), by table.",

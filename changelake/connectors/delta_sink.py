@@ -281,6 +281,9 @@ class DeltaUpsertSink(abc.ABC):
         self._contract_checked = False
         self._tombstone_contract_checked = False
         self._logs: dict[str, DeltaTable] = {}
+        #: recorded with the batch's commit (delta-rs engine): the source position the table is consistent to
+        #: (``changelake.consistency``), set by the pipeline before each batch
+        self.commit_metadata: dict[str, str] = {}
 
     # --- public -----------------------------------------------------------------
 

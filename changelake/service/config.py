@@ -88,6 +88,14 @@ class PipelineSettings(_Model):
                                "spark-defaults.conf); default local[2]")
     spark_conf: dict[str, str] = Field(default_factory=dict, description="Spark settings; a key the launcher sets "
                                        "(spark-submit --conf, spark-defaults.conf) keeps the launcher's value")
+    max_held_rows: int = Field(1_000_000, gt=0, description="sources with consistency: transaction: changelog rows "
+                               "of incomplete source transactions held for later batches at most; beyond it the held "
+                               "transactions are applied as they are (split), logged and counted (docs/pipelines.md, "
+                               "'Transaction-consistent tables')")
+    consistency_table: bool | None = Field(None, description="append a row per batch to "
+                                           "<storage.root>/_changelake_consistency: the source position the tables "
+                                           "are consistent to and each table's Delta version; default on when a "
+                                           "source has consistency: transaction")
 
     lease_ttl: str = Field("1 minute", description="how long the pipeline's lease lasts without renewal "
                            "(renewed every third of it): a second instance of the pipeline refuses to start while "
@@ -309,6 +317,8 @@ class RouteRule(TableSettings):
 ORIGIN_COLUMNS = ("source_db", "source_table")
 #: ``changelake dlq replay`` writes a dead letter of topic T to T + this, unless the source names a replay_topic
 REPLAY_SUFFIX = ".replay"
+#: the progress table of consistent cuts, under ``storage.root`` (``changelake.connectors.consistency``)
+CONSISTENCY_TABLE = "_changelake_consistency"
 
 
 class SourceSpec(_Model):
@@ -361,6 +371,13 @@ class SourceSpec(_Model):
         "one server epoch; a failover or log reset starts a newer epoch, docs/formats.md 'Ordering'), kafka (the "
         "Kafka offset within the partition), or {column: name} (an integer, date or timestamp column; ties by "
         "offset). Changing it for an existing table needs a new table")
+    consistency: Literal["offset", "transaction"] = Field(
+        "offset", description="offset: a micro-batch applies what it read up to its Kafka offsets; transaction: only "
+        "source transactions read in full (debezium-json with provide.transaction.metadata, maxwell-json), a partial "
+        "one is held for a later batch (docs/pipelines.md, 'Transaction-consistent tables')")
+    transaction_topic: str | None = Field(
+        None, description="consistency: transaction on debezium-json: the connector's transaction metadata topic "
+        "(default <topic.prefix>.transaction, the prefix being its topics' first name part)")
     unavailable_value: str | None = Field(
         UNAVAILABLE_VALUE, description="the text the connector writes for a value it did not send (Debezium's "
         "unavailable.value.placeholder: an unchanged TOASTed Postgres column); such a value keeps the stored one "
@@ -427,7 +444,25 @@ class SourceSpec(_Model):
                              "topic of the pipeline's own (default <topic>.replay), never to the database's")
         if self.replay_topic is not None and self.replay_topic == self.dead_letter_topic:
             raise ValueError("replay_topic and dead_letter_topic must differ")
+        if self.consistency == "transaction":
+            from changelake.formats.transactions import FORMATS
+
+            if self.format not in FORMATS:
+                raise ValueError(f"consistency: transaction needs transaction boundaries in the messages; format "
+                                 f"{self.format!r} carries none that changelake reads (those that do: "
+                                 f"{', '.join(FORMATS)}). Set consistency: offset")
+            if self.format == "debezium-json" and self.transaction_topic is None and not self.topics:
+                raise ValueError("consistency: transaction with a topic_pattern: name the connector's transaction "
+                                 "metadata topic in transaction_topic")
+        elif self.transaction_topic is not None:
+            raise ValueError("transaction_topic is only read with consistency: transaction")
         return self
+
+    def transaction_topic_name(self) -> str | None:
+        """The Debezium transaction metadata topic a ``consistency: transaction`` source reads, else None."""
+        if self.consistency != "transaction" or self.format != "debezium-json":
+            return None
+        return self.transaction_topic or f"{(self.topics or [''])[0].split('.')[0]}.transaction"
 
     def replay_topic_for(self, topic: str) -> str:
         """Where ``changelake dlq replay`` sends a dead letter read from ``topic``."""
@@ -440,6 +475,25 @@ class SourceSpec(_Model):
         if self.topic_pattern is not None:
             return f"(?:{self.topic_pattern}){re.escape(REPLAY_SUFFIX)}"
         return "|".join(re.escape(t + REPLAY_SUFFIX) for t in self.topics or ())
+
+
+def _consistency_problems(sources: list[SourceSpec], read: set[str]) -> list[tuple[tuple, str]]:
+    """``consistency: transaction`` holds the rows of an incomplete transaction on the driver before the
+    Delta sinks: it covers mirrored tables; views compute on the executors before that point."""
+    problems: list[tuple[tuple, str]] = []
+    topics = {s.transaction_topic_name() for s in sources} - {None}
+    for i, s in enumerate(sources):
+        if s.consistency != "transaction":
+            continue
+        if s.name in read:
+            problems.append((("sources", i, "consistency"), f"source {s.name!r} has consistency: transaction, but "
+                             "views or tables read it: transaction-consistent commits cover mirrored tables only so "
+                             "far. Give the views a source entry of their own (consistency: offset)"))
+        if len(topics) > 1 and s.transaction_topic_name() is not None:
+            problems.append((("sources", i, "transaction_topic"), f"source {s.name!r}: the sources with "
+                             f"consistency: transaction read different transaction metadata topics {sorted(topics)}; "
+                             "one pipeline follows one connector's transactions (run one pipeline per connector)"))
+    return problems
 
 
 def _sequence_by_problems(i: int, s: SourceSpec) -> list[tuple[tuple, str]]:
@@ -804,6 +858,7 @@ class ChangelakeConfig(_Model):
             problems.extend(_sequence_by_problems(i, s))
             if s.table is None and s.route is None and s.name not in read:
                 problems.append((("sources", i), f"source {s.name!r} has no 'table' and no view or table reads it"))
+        problems.extend(_consistency_problems(self.sources, read))
         for i, v in enumerate(self.views):
             if v.name not in read:
                 problems.append((("views", i), f"view {v.name!r} is not read by any view or table"))
@@ -813,6 +868,18 @@ class ChangelakeConfig(_Model):
             if lk.name not in used:
                 problems.append((("lookups", i), f"lookup {lk.name!r} is not used by any view's lookup_join"))
         return problems
+
+    def consistent_sources(self) -> list[SourceSpec]:
+        """The sources with ``consistency: transaction``."""
+        return [s for s in self.sources if s.consistency == "transaction"]
+
+    def writes_consistency_table(self) -> bool:
+        """Whether each batch appends its row to ``_changelake_consistency`` (``pipeline.consistency_table``)."""
+        wanted = self.pipeline.consistency_table
+        return bool(self.consistent_sources()) if wanted is None else wanted
+
+    def consistency_table_path(self) -> str:
+        return _join(self.storage.root, CONSISTENCY_TABLE)
 
     def view_inputs(self, view: ViewSpec) -> list[str]:
         """The sources and views ``view`` reads (its query's names that are not lookups)."""

@@ -54,7 +54,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from changelake import metrics
-from changelake.changelog import DEAD_LETTER_SCHEMA, KIND, SEQ, RowKind
+from changelake.changelog import DEAD_LETTER_SCHEMA, KIND, SEQ, RowKind, commit_position
+from changelake.connectors.consistency import Cut, table_version
 from changelake.connectors.delta_sink import ApplyResult, DeltaUpsertSink, Maintenance, TableSpec, open_sink
 from changelake.connectors.delta_sink_kernel import check_truncate_order, latest_per_key
 from changelake.errors import ConfigError, DecodeError
@@ -74,6 +75,7 @@ from changelake.service.key_inference import TableKeys
 from changelake.service.preflight import pattern_without_side_topics
 from changelake.service.quarantine import Quarantine
 from changelake.service.routing import Router, Target
+from changelake.service.transactions import TransactionCommits
 from changelake.service.views import pipeline_from_config
 from changelake.spark.compile import CHANGES_PART
 from changelake.spark.decode_stage import DecodeStage, check_keys
@@ -108,6 +110,7 @@ class BatchReport:
     expired: int = 0
     epochs: dict[str, int] = field(default_factory=dict)                # source -> epoch changes found
     committed_tables: list[str] = field(default_factory=list)
+    transactions: dict[str, Any] = field(default_factory=dict)         # consistency: transaction (the gate's figures)
     framed_tables: list[str] = field(default_factory=list)              # reduced on the executors (frames)
     seconds: float = 0.0
 
@@ -178,7 +181,10 @@ class BatchProcessor:
         self._dropped: dict[str, tuple[str, ...]] = {}
         #: table -> the source position of the newest schema it takes from the batch, for the sink (per batch)
         self._positions: dict[str, str] = {}
-        self.stage = DecodeStage(self.routes, graph_keys={i: n.upsert_key or () for i, n in self.graph_routes.items()})
+        self.stage = DecodeStage(self.routes, graph_keys={i: n.upsert_key or () for i, n in self.graph_routes.items()},
+                                 boundary_topics=sorted({s.transaction_topic_name() for s in config.sources} - {None}))
+        #: ``consistency: transaction`` (the gate, its states in the checkpoint) and ``_changelake_consistency``
+        self.consistency = TransactionCommits(config, self.routes)
         # The stage goes to the executors once, with the query: routes whose table's key is unknown at
         # start report their message keys' fields every batch; the first batch that has some teaches it.
         unknown = self.keys.unknown()
@@ -266,8 +272,9 @@ class BatchProcessor:
         for i, r in enumerate(self.routes):
             if r.spec.table is not None:
                 feeds.setdefault(r.spec.table, []).append(i)
+        # a gated table's rows wait on the driver (consistency: transaction), so they are collected
         candidates = {name: self.keys.key_of(name) for name, routes in feeds.items()
-                      if all(i in self.stage.executor_routes for i in routes)}
+                      if all(i in self.stage.executor_routes and i not in self.stage.txn_routes for i in routes)}
         candidates.update({name: tuple(self.config.table(name).primary_key) for name in self.graph_tables})
         framed = {}
         for name, key in candidates.items():
@@ -290,6 +297,9 @@ class BatchProcessor:
         if self.lease is not None:
             self.lease.check(batch_id)      # another instance took over: stop before this batch writes
         stats, parts = self.stage.split(out)
+        side = parts.pop(-1, {})                    # route -1: the END events of the transaction metadata topics
+        boundaries = side.get("bounds")
+        events = [got.pop("txn") for got in parts.values() if "txn" in got]
         if self.accounted_elsewhere:
             stats = self._not_elsewhere(stats, parts)
         for i, got in parts.items():
@@ -332,7 +342,8 @@ class BatchProcessor:
                                 dead if dead is not None else DEAD_LETTER_SCHEMA.empty_table()))
         decoded.extend(self._rejected(rejected))
         epochs = self.epochs.settle(batch_id)       # recorded before the Delta commits: a replay reads them
-        report = self._apply(stats, decoded, batch_id, graph_changes, late_rows, moves, truncates, frames or {})
+        report = self._apply(stats, decoded, batch_id, graph_changes, late_rows, moves, truncates, frames or {},
+                             transactions=(events, boundaries))
         report.epochs = epochs
         return report
 
@@ -456,11 +467,12 @@ class BatchProcessor:
                decoded: list[tuple["_Route", pa.Table, pa.Table]], batch_id: int,
                graph_changes: dict[str, pa.Table] | None = None, late_rows: dict | None = None,
                moves: dict[str, int] | None = None,
-               truncates: Sequence[tuple["_Route", pa.Table]] = (), frames: dict[str, Any] | None = None
-               ) -> BatchReport:
+               truncates: Sequence[tuple["_Route", pa.Table]] = (), frames: dict[str, Any] | None = None,
+               transactions: tuple[list[pa.Table], pa.Table] | None = None) -> BatchReport:
         """``moves``: per source, the key changes the decode stage split for the graph; ``truncates``: per
         route, the TRUNCATE messages its decoder read (``changelog.TRUNCATE_SCHEMA``); ``frames``: the
-        tables whose changes stayed on the executors (see :meth:`process_decoded`)."""
+        tables whose changes stayed on the executors (see :meth:`process_decoded`); ``transactions``: the
+        transaction of each change record read and the END events read (``consistency: transaction``)."""
         frames = frames or {}
         started = time.monotonic()
         report = BatchReport(batch_id=batch_id, key_changes=dict(moves or {}))
@@ -489,6 +501,7 @@ class BatchProcessor:
                 per_table.setdefault(route.spec.table, []).append(rows)
         for source, n in report.key_changes.items():
             metrics.KEY_CHANGES.labels(source=source).inc(n)
+        cut = self._gate(per_table, transactions, batch_id, report)
         letters.extend(self._late_letters(late_rows or {}, batch_id, report))
         truncate_at = self._truncates(truncates, report)
         for name in frames:
@@ -513,7 +526,9 @@ class BatchProcessor:
             time.sleep(float(os.environ[SLOW_GRAPH_ENV].split("@")[0]))
         self.dead_letters.write(letters, batch_id=batch_id)
         commits = []
-        positions = dict(self._positions)       # the newest schema positions, known to the screen once committed
+        positions = dict(self._positions)
+        consistent = {"batch_id": str(batch_id), "last_transaction": cut.last_transaction or "",
+                      "source_position": cut.source_position or ""}       # the newest schema positions, known to the screen once committed
         for name, parts in sorted(per_table.items()):
             frame = frames.get(name)
             if frame is None:
@@ -526,6 +541,8 @@ class BatchProcessor:
                 changes, kinds, apply = frame.changes, frame.kinds, self._sink(name).apply_frame
                 report.framed_tables.append(name)
             report.changes[name] = kinds
+            if self.consistency.active:
+                self._sink(name).commit_metadata = {"changelake.consistency": json.dumps(consistent)}
             for kind, n in kinds.items():
                 metrics.CHANGES_IN.labels(name, kind).inc(n)
             commits.append((name, functools.partial(apply, changes, batch_id=batch_id, truncate_at=truncate_at.get(name),
@@ -538,6 +555,7 @@ class BatchProcessor:
         report.committed_tables.extend(name for name, _ in commits if results[name].committed)
         self.replacing -= {name for name, _ in commits}
         _fault("after-sinks", batch_id, self.query_name)
+        self._record_cut(cut, batch_id)
         report.seconds = time.monotonic() - started
         self.last_report = report
         self._accumulate(report)
@@ -545,6 +563,28 @@ class BatchProcessor:
                  report.records, json.dumps(report.changes), json.dumps(report.key_changes),
                  json.dumps(report.dead_letters), report.seconds)
         return report
+
+    def _gate(self, per_table: dict[str, list[pa.Table]], transactions: tuple[list[pa.Table], pa.Table] | None,
+              batch_id: int, report: BatchReport) -> Cut:
+        """``consistency: transaction``: the gated tables' rows in ``per_table`` become those of complete source
+        transactions (:class:`~changelake.service.transactions.TransactionCommits`); the batch's cut."""
+        gated = {r.spec.table for r in self._all_routes() if r.spec.consistency == "transaction" and r.spec.table}
+        events, boundaries = transactions or ([], None)
+        cut = self.consistency.hold(per_table, gated, events, boundaries, batch_id=batch_id, generation=self.generation)
+        if self.consistency.gate is not None:
+            report.transactions = {"committed": cut.released, "held": cut.held_transactions,
+                                   "held_rows": cut.held_rows, "split": cut.split}
+        return cut
+
+    def _record_cut(self, cut: Cut, batch_id: int) -> None:
+        """The batch's row of ``_changelake_consistency``, once all its table commits are in."""
+        if self.consistency.cuts is None:
+            return
+        options = self.config.storage.plain_options()
+        names = [t.name for t in self.config.tables] + sorted(self.routed_tables)
+        self.consistency.record(cut, {n: table_version(self._table_path(n), options) for n in names},
+                                position=commit_position(batch_id, self.generation))
+        _fault("after-cut", batch_id)
 
     def _commit_tables(self, commits: list[tuple[str, Callable[[], ApplyResult]]], batch_id: int, *,
                        at_once: bool) -> dict[str, ApplyResult]:
@@ -766,7 +806,8 @@ def kafka_reader_options(config: ChangelakeConfig) -> dict[str, str]:
     opts: dict[str, str] = {"bootstrap.servers": config.kafka.bootstrap_servers}
     # a pattern never reads Debezium's transaction-metadata topics (changelake.service.preflight)
     patterns = [pattern_without_side_topics(s.topic_pattern) for s in config.sources if s.topic_pattern]
-    topics = sorted({t for s in config.sources for t in (s.topics or ())})
+    topics = sorted({t for s in config.sources for t in (s.topics or ())} |
+                    ({s.transaction_topic_name() for s in config.sources} - {None}))
     if patterns:
         alternatives = patterns + [re.escape(t) for t in topics]
         opts["topicPattern"] = "|".join(f"(?:{p})" for p in alternatives)
@@ -781,6 +822,10 @@ def kafka_reader_options(config: ChangelakeConfig) -> dict[str, str]:
                 starting[t] = s.starting_offsets.get(t, "earliest")
             else:
                 starting[t] = s.starting_offsets
+        txn_topic = s.transaction_topic_name()
+        if txn_topic is not None and not isinstance(s.starting_offsets, dict):
+            # ENDs of transactions whose changes are never read would keep every later one waiting
+            starting[txn_topic] = starting[(s.topics or [txn_topic])[0]] if s.topics else "earliest"
     if any(v != "earliest" for v in starting.values()):
         opts["startingOffsets"] = json.dumps(starting)
     opts["replayTopics"] = "|".join(f"(?:{s.replay_topic_regex()})" for s in config.sources)

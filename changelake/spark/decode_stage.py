@@ -31,6 +31,9 @@ a few seconds as IPC payloads on 2 cores). Each output row is one payload:
 ``epochs``   the epoch state of each partition route ``_route`` decoded, at the end of the task
              (``changelake.formats.sequence.STATES_SCHEMA``): recorded in the checkpoint by the driver
 ``epochchg`` the epoch changes found there (``CHANGES_SCHEMA``): logged and counted by the driver
+``txn``    the source transaction of each change record of route ``_route`` (``consistency: transaction``;
+           ``changelake.formats.transactions.EVENTS_SCHEMA``)
+``bounds`` the END events read from the transaction metadata topics (route -1; ``BOUNDARIES_SCHEMA``)
 =========  ==========================================================================
 """
 
@@ -44,7 +47,9 @@ import pyarrow.compute as pc
 
 from changelake.changelog import DEAD_LETTER_SCHEMA, OFFSET, PARTITION, TOPIC
 from changelake.formats.message_key import key_shapes
+from changelake.formats.assemble import dead_letters
 from changelake.formats.sequence import PartitionEpoch, Sequencer, changes_table, resequenced, states_table
+from changelake.formats.transactions import event_transactions, transaction_boundaries
 from changelake.key_changes import split_key_changes
 from changelake.spark.kafka_source import (ARROW_SCHEMA, KafkaOptions, KafkaSource, KafkaStreamReader, SnapshotTask,
                                           split_markers)
@@ -54,7 +59,7 @@ SCHEMA = pa.schema([pa.field("_route", pa.int16()), pa.field("part", pa.string()
 SPARK_SCHEMA = "_route smallint, part string, payload binary"
 #: every ``part`` a payload can have (the stage's, and the graph tables' ``changes``): an envelope addressed
 #: to the driver carries its part as an index into this tuple (``changelake.spark.chain.DRIVER``)
-PARTS = ("stats", "rows", "moves", "dl", "trunc", "raw", "keys", "changes", "epochs", "epochchg")
+PARTS = ("stats", "rows", "moves", "dl", "trunc", "raw", "keys", "changes", "epochs", "epochchg", "txn", "bounds")
 STATS_SCHEMA = pa.schema([pa.field("topic", pa.string()), pa.field("partition", pa.int32()),
                           pa.field("records", pa.int64()), pa.field("expired", pa.int64()),
                           pa.field("last_ts", pa.int64())])
@@ -63,8 +68,14 @@ STATS_SCHEMA = pa.schema([pa.field("topic", pa.string()), pa.field("partition", 
 class DecodeStage:
     """Built on the driver from the routes; pickled into every task."""
 
-    def __init__(self, routes: Sequence[Any], *, graph_keys: dict[int, tuple[str, ...]] | None = None) -> None:
+    def __init__(self, routes: Sequence[Any], *, graph_keys: dict[int, tuple[str, ...]] | None = None,
+                 boundary_topics: Sequence[str] = ()) -> None:
         self.routes = list(routes)
+        #: routes with ``consistency: transaction`` (their records' transactions are read), and the
+        #: transaction metadata topics whose END events the driver's gate needs
+        self.txn_routes = [i for i, r in enumerate(self.routes)
+                           if getattr(r.spec, "consistency", "offset") == "transaction"]
+        self.boundary_topics = frozenset(boundary_topics)
         #: route -> key columns of the graph source it feeds: rows with a null key become dead letters here
         self.graph_keys = dict(graph_keys or {})
         #: routes decoded in the executors (their columns are known up front)
@@ -110,6 +121,9 @@ class DecodeStage:
         out: list[tuple[int, str, bytes]] = [(-1, "stats", to_ipc(_stats(records, expired)))]
         topics = records["topic"]
         present = pc.unique(topics).to_pylist()
+        bounds = [t for t in present if t in self.boundary_topics]
+        if bounds:
+            out.extend(self._boundaries(records.filter(pc.is_in(topics, pa.array(bounds, pa.string())))))
         for i, route in enumerate(self.routes):
             names = [t for t in present if route.matches(t)]
             if not names:
@@ -117,6 +131,10 @@ class DecodeStage:
             mine = records.filter(pc.is_in(topics, pa.array(names, pa.string())))
             if i in self.learn_keys:
                 out.append((i, "keys", to_ipc(key_shapes(mine, route.decoder))))
+            if i in self.txn_routes:
+                events = event_transactions(mine, route.spec.format)
+                if events.num_rows:
+                    out.append((i, "txn", to_ipc(events)))
             if i not in self.executor_routes:
                 out.append((i, "raw", to_ipc(mine)))
                 continue
@@ -135,6 +153,18 @@ class DecodeStage:
             if truncates.num_rows:
                 out.append((i, "trunc", to_ipc(truncates)))
         return payload_batch(out)
+
+    def _boundaries(self, records: pa.Table) -> list[tuple[int, str, bytes]]:
+        """The END events of transaction metadata records (route -1); a malformed one is a dead letter of
+        the first route with ``consistency: transaction``."""
+        ends, bad = transaction_boundaries(records)
+        out = [(-1, "bounds", to_ipc(ends))] if ends.num_rows else []
+        if bad and self.txn_routes:
+            why = ("a transaction metadata record that is neither a BEGIN nor an END event (status, id, "
+                   "data_collections); check the connector's transaction.topic")
+            letters = dead_letters(records, [(j, "malformed", why) for j in bad])
+            out.append((self.txn_routes[0], "dl", to_ipc(letters.cast(DEAD_LETTER_SCHEMA))))
+        return out
 
     # --- driver side -------------------------------------------------------
     def split(self, out: pa.Table) -> tuple[dict[tuple[str, int], tuple[int, int]], dict[int, dict[str, pa.Table]]]:
