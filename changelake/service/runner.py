@@ -18,7 +18,7 @@ from changelake.service.http import Health, HttpEndpoint
 from changelake.service.logs import TerminalStderr, log_format
 from changelake.service.pipeline import BatchProcessor, BatchReport, start_query
 from changelake.service.preflight import broker_topics, side_topic, skipped_side_topics
-from changelake.spark.progress import ProgressListener, parse_offsets
+from changelake.spark.progress import ProgressListener, parse_offsets, work_done
 from changelake.spark.session import build_session, driver_jvm, executor_tasks
 
 log = logging.getLogger(__name__)
@@ -87,11 +87,16 @@ class PipelineRunner:
         query = start_query(spark, cfg, processor, available_now=available_now, rebuild_views=rebuild_views)
         self.health.query_active = lambda: query.isActive
         self.health.trigger_active = lambda: bool(query.status.get("isTriggerActive", False))
+        self.health.work = lambda: work_done(spark)
+        sampled = 0.0
         try:
             while query.isActive:
                 if self._stop.is_set() and not query.status.get("isTriggerActive", False):
                     query.stop()
                     break
+                if time.monotonic() - sampled >= self.WORK_SAMPLE_S:     # /livez: is a running batch moving?
+                    sampled = time.monotonic()
+                    self.health.sample_work()
                 query.awaitTermination(0.5)
             query.awaitTermination()     # re-raises the query's error, if it failed
         finally:
@@ -117,6 +122,9 @@ class PipelineRunner:
                          progress=list(query.recentProgress),
                          metrics_url=self.endpoint.url() if self.endpoint else None,
                          stopped_by_signal=self._stop.is_set(), seconds=seconds, executors=executors)
+
+    #: seconds between two looks at the running batch's work (changelake.service.http, /livez)
+    WORK_SAMPLE_S = 5.0
 
     #: keep the endpoint up after the query ends (the demo prints the URL and lets you scrape it)
     serve_http_after_stop = False
