@@ -2,23 +2,35 @@
 PYTHON ?= python3.11
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
-STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml jvm/pom.xml jvm/jvm.lock | cksum | cut -d' ' -f1)
+#: the demo's install: the package and its runtime dependencies (the demo runs the embedded broker and
+#: delta-rs: no test tools, no JVM jars)
+RUN_STAMP := $(VENV)/.installed-run-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+#: everything `make test` needs on top: the test extra and jvm/pom.xml's jars (docs/operations.md, "JVM dependencies")
+STAMP     := $(VENV)/.installed-all-$(shell cat pyproject.toml jvm/pom.xml jvm/jvm.lock | cksum | cut -d' ' -f1)
 
 .PHONY: demo test test-fast bench install clean config-reference
 
-$(STAMP): pyproject.toml jvm/pom.xml jvm/jvm.lock
+# --prefer-binary: a wheel rather than a newer sdist to build (pyspark itself only comes as an sdist)
+$(RUN_STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet --prefer-binary -e .
+	rm -f $(VENV)/.installed-run-*
+	touch $(RUN_STAMP)
+
+# the test extra's requirements alone: `pip install -e '.[test]'` would build the editable package again
+$(STAMP): $(RUN_STAMP) jvm/pom.xml jvm/jvm.lock
+	$(PY) -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["test"]))' > $(VENV)/test-requirements.txt
+	$(PY) -m pip install --quiet --prefer-binary -r $(VENV)/test-requirements.txt
 	$(PY) -m changelake.jvm_deps install   # jvm/pom.xml's jars into .jvm/ (docs/operations.md, "JVM dependencies")
-	rm -f $(VENV)/.installed-*
+	rm -f $(VENV)/.installed-all-*
 	touch $(STAMP)
 
 install: $(STAMP)
 
 ## Mirror a simulated inventory database: embedded Kafka -> Spark -> Delta, then verify.
 ## (Spark's JVM class archive is written in the background after it: `changelake jvm-archive`.)
-demo: $(STAMP)
+## Installs only what the demo runs; `make test` / `make install` add the test tools and the JVM jars.
+demo: $(RUN_STAMP)
 	$(VENV)/bin/changelake demo --workdir demo-output
 
 ## Every test tier (unit, spark, kafka, integration), and every benchmark in bench/ in its --quick

@@ -192,10 +192,19 @@ class BulkHistogram(Collector):
         if values.size == 0:
             return
         per_bucket = np.bincount(np.searchsorted(self.bounds, values, side="left"), minlength=len(self.bounds) + 1)
+        self.observe_counts(label, per_bucket.tolist(), float(values.sum()))
+
+    def observe_counts(self, label: str, per_bucket: Sequence[int], total: float) -> None:
+        """Observations already counted per bucket (``per_bucket[i]``: values in (bounds[i-1], bounds[i]], the
+        last one above every bound; e.g. counted on Spark's executors) whose sum is ``total``."""
+        if len(per_bucket) != len(self.bounds) + 1:
+            raise ValueError(f"{self.name}: {len(per_bucket)} bucket counts for {len(self.bounds) + 1} buckets")
+        if not any(per_bucket):
+            return
         counts = self._counts.setdefault(label, [0] * (len(self.bounds) + 1))
-        for i, n in enumerate(per_bucket.tolist()):
-            counts[i] += n
-        self._sums[label] = self._sums.get(label, 0.0) + float(values.sum())
+        for i, n in enumerate(per_bucket):
+            counts[i] += int(n)
+        self._sums[label] = self._sums.get(label, 0.0) + float(total)
 
     def describe(self) -> Iterator[HistogramMetricFamily]:
         yield HistogramMetricFamily(self.name, self.documentation, labels=[self.label])

@@ -143,3 +143,26 @@ def test_the_flink_kafka_set_brings_no_class_pyflink_already_ships():
     theirs = classes(sorted(Path(home, "lib").glob("*.jar")))
     assert "org/apache/flink/formats/json/debezium/DebeziumJsonFormatFactory.class" in theirs
     assert not ours & theirs, sorted(ours & theirs)[:10]
+
+
+def test_make_demo_installs_no_jvm_jars_and_no_test_tools_while_make_test_installs_both(tmp_path):
+    # a newcomer's first `make demo` runs the embedded broker and delta-rs: it must not wait for Maven or
+    # the test tools; `make test` (CI: CHANGELAKE_JVM_DEPS_REQUIRED=1) still installs every set
+    import shutil
+    import subprocess
+
+    make = shutil.which("make")
+    if make is None:
+        pytest.skip("GNU make is not on PATH (Debian package make)")
+    root = jvm_deps.project_root()
+
+    def planned(target: str) -> str:
+        done = subprocess.run([make, "-n", "-f", str(root / "Makefile"), target, f"VENV={tmp_path / 'venv'}"],
+                              cwd=root, capture_output=True, text=True, check=True)
+        return done.stdout
+
+    demo, test = planned("demo"), planned("test")
+    assert "pip install --quiet --prefer-binary -e ." in demo and "changelake demo" in demo
+    assert "jvm_deps" not in demo and "[test]" not in demo and "test-requirements" not in demo
+    assert "changelake.jvm_deps install" in test and "-r " + str(tmp_path / "venv" / "test-requirements.txt") in test
+    assert test.index("-e .") < test.index("changelake.jvm_deps install") < test.index("-m pytest")

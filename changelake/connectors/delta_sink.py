@@ -314,15 +314,17 @@ class DeltaUpsertSink(abc.ABC):
                                    nullable_key=self.spec.nullable_key)
         dropped = tuple(dropped_columns)
         version = commit_position(batch_id, self.generation)
+        source_ts = source_times(changes)
         return self._committing(batch_id, lambda: self._apply_once(changes, version, truncate_at, dropped,
                                                                    schema_position),
-                                source_ts=source_times(changes))
+                                freshness=lambda committed_at: record_freshness(self.spec.name, source_ts,
+                                                                                now=committed_at))
 
     def _committing(self, batch_id: int, once: Callable[[], tuple[ApplyResult, MergeCounts | None]], *,
-                    source_ts: pa.Array | None = None) -> ApplyResult:
+                    freshness: Callable[[float], None] | None = None) -> ApplyResult:
         """Run ``once`` (one attempt at committing the batch), retrying concurrent-write conflicts;
-        count and time the commit (and the freshness of its changes: ``source_ts``, epoch ms), then run the
-        maintenance that is due."""
+        count and time the commit, record the freshness of its changes (``freshness(commit time)``, epoch
+        seconds: ``changelake_table_freshness_seconds``), then run the maintenance that is due."""
         started = time.perf_counter()
         attempt = 0
         while True:
@@ -348,8 +350,13 @@ class DeltaUpsertSink(abc.ABC):
         if counts is not None:
             metrics.COMMIT_SECONDS.labels(table=self.spec.name, engine=self.engine).observe(
                 time.perf_counter() - started)
+            committed_at = time.time()
             self._record_metrics(result, counts)
-            record_freshness(self.spec.name, source_ts)
+            if freshness is not None:
+                try:
+                    freshness(committed_at)
+                except Exception as exc:    # the batch is committed: a metric must not fail it
+                    log.warning("table %s batch %d: freshness not recorded: %s", self.spec.name, batch_id, exc)
             self._maintain()
         return result
 

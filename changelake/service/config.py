@@ -738,8 +738,9 @@ class MetricsSettings(_Model):
     port: int = Field(9108, ge=0, le=65535, description="their port (0 picks a free one)")
     ready_after_intervals: int = Field(3, gt=0, description="/readyz fails when no batch finished within this many trigger intervals")
     stalled_after: str = Field("10 minutes", description="/livez fails (so Kubernetes restarts the pod) when the "
-                               "running query has finished no batch for this long while records wait in Kafka or "
-                               "a batch is running: a hung query. Longer than the slowest batch you expect")
+                               "running query has finished no batch, and the running batch no task, for this long "
+                               "while records wait in Kafka or a batch is running: a hung query. Longer than the "
+                               "slowest read task you expect (a first catch-up batch's)")
 
     _stalled = field_validator("stalled_after")(_check_duration)
 

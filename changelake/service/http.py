@@ -1,13 +1,16 @@
 """One HTTP port for Prometheus and Kubernetes: ``/metrics``, ``/healthz``, ``/livez``, ``/readyz``.
 
 ``/healthz`` answers 200 while the process serves requests (the startup probe). ``/livez`` (the
-liveness probe) answers 503 when the query is stalled, else 200::
+liveness probe) answers 503 when the query is stalled, else 200. Progress is the newest of: a batch
+finished, the trigger fired with nothing to read (an idle report), or the running batch's work moved
+(records read or written, tasks finished: :attr:`Health.work`, sampled by the runner every few seconds;
+a long first batch moves, a hung one does not)::
 
-    query      last batch or idle report         records waiting or batch running   /livez
-    not active -                                  -                                  200 (the process exits)
-    active     within metrics.stalled_after       -                                  200
-    active     longer ago (or never, since start)  no                                200 (idle: nothing to do)
-    active     longer ago (or never, since start)  yes                               503 stalled
+    query      last progress                       records waiting or batch running   /livez
+    not active -                                    -                                  200 (the process exits)
+    active     within metrics.stalled_after         -                                  200
+    active     longer ago (or never, since start)   no                                 200 (idle: nothing to do)
+    active     longer ago (or never, since start)   yes                                503 stalled
 
 ``/readyz`` answers 200 only while the streaming query is active and a batch finished within
 ``ready_after_intervals`` trigger intervals; before the first batch has finished it is not ready.
@@ -18,7 +21,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable, Iterable
+from typing import Callable, Hashable, Iterable
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import make_wsgi_app
@@ -40,6 +43,22 @@ class Health:
         self.records_waiting: int | None = None
         self.query_active: Callable[[], bool] = lambda: False
         self.trigger_active: Callable[[], bool] = lambda: False
+        #: what the running jobs have done so far (any value that changes as records are read or written and
+        #: tasks finish; None: unknown): sampled by :meth:`sample_work`
+        self.work: Callable[[], Hashable | None] = lambda: None
+        self.last_work_at: float | None = None
+        self._work_seen: Hashable | None = None
+
+    def sample_work(self) -> None:
+        """Note the time when the running jobs' work is seen to have moved since the last sample."""
+        try:
+            seen = self.work()
+        except Exception:           # the JVM is going away: the process ends by itself
+            return
+        if seen is not None and seen != self._work_seen:
+            if self._work_seen is not None:
+                self.last_work_at = time.time()
+            self._work_seen = seen
 
     def batch_finished(self, progress: dict | None = None) -> None:
         """A batch's progress report (``progress``) or an idle report (None: nothing waiting) came."""
@@ -50,7 +69,13 @@ class Health:
         if not self.query_active():
             return True, "ok (no query running)"
         since = self.last_batch_at if self.last_batch_at is not None else self.started_at
-        silence = time.time() - since
+        now = time.time()
+        if self.last_work_at is not None and self.last_work_at > since:
+            if now - self.last_work_at <= self.stalled_after_s:
+                return True, (f"ok (a batch is running: no batch finished for {now - since:.0f}s, its work moved "
+                              f"{now - self.last_work_at:.0f}s ago)")
+            since = self.last_work_at
+        silence = now - since
         if silence <= self.stalled_after_s:
             return True, "ok"
         waiting_now = self.records_waiting is None or self.records_waiting > 0
@@ -62,8 +87,8 @@ class Health:
             return True, "ok (idle)"
         what = (f"{self.records_waiting:,} records wait in Kafka" if self.records_waiting
                 else "a batch is running" if running else "records may wait (no report yet)")
-        return False, (f"stalled: no micro-batch has finished for {silence:.0f}s (metrics.stalled_after {self.stalled_after_s:.0f}s) "
-                       f"while {what}")
+        return False, (f"stalled: no micro-batch has finished and no running one has read or written a record "
+                       f"for {silence:.0f}s (metrics.stalled_after {self.stalled_after_s:.0f}s) while {what}")
 
     def ready(self) -> tuple[bool, str]:
         if not self.query_active():

@@ -111,13 +111,12 @@ def is_json_object(line: str) -> bool:
         return False
 
 
-class JsonStderr:
-    """File descriptor 2 through a pipe whose reader writes one JSON object per line to the real stderr
-    (see the module's table). Children started afterwards (Spark's JVM, its Python workers) inherit the pipe."""
+class _Fd2Pipe:
+    """File descriptor 2 as the write end of a pipe, read by a thread (``_pump``) that writes to the real
+    stderr. Children started afterwards (Spark's JVM, its Python workers) inherit the pipe; one at a time
+    per subclass, given back at exit (or by :meth:`uninstall`)."""
 
-    _active: "JsonStderr | None" = None
-    #: seconds a line waits for continuation lines before it is written
-    LINGER_S = 0.2
+    _active: "_Fd2Pipe | None" = None
 
     def __init__(self) -> None:
         sys.stderr.flush()
@@ -125,15 +124,17 @@ class JsonStderr:
         self.read_fd, write_fd = os.pipe()
         os.dup2(write_fd, 2)
         os.close(write_fd)
-        self.thread = threading.Thread(target=self._pump, name="changelake-json-stderr", daemon=True)
+        self._opened()
+        self.thread = threading.Thread(target=self._pump, name=f"changelake-{type(self).__name__}", daemon=True)
         self.thread.start()
 
     @classmethod
-    def install(cls) -> None:
+    def install(cls) -> "_Fd2Pipe":
         if cls._active is None:
             cls._active = cls()
             import atexit
             atexit.register(cls.uninstall)
+        return cls._active
 
     @classmethod
     def uninstall(cls) -> None:
@@ -149,6 +150,87 @@ class JsonStderr:
             pass
         os.dup2(self.real, 2)
         self.thread.join(timeout=1.0)
+
+    def _opened(self) -> None:
+        """Runs once ``real`` (the real stderr) is there, before the pump starts."""
+
+    def _pump(self) -> None:
+        raise NotImplementedError
+
+
+class TerminalStderr(_Fd2Pipe):
+    """A status line (the catch-up progress) at the bottom of a terminal, and every line written to file
+    descriptor 2 above it: Spark's JVM (log4j), its Python workers and librdkafka write to fd 2 directly,
+    past Python's log handlers, and a line of theirs would otherwise land on the end of the status line.
+
+        writer                            what reaches the terminal
+        show(line)                        "\\r" + clear-to-end-of-line + line (no newline: redrawn in place)
+        a line written to fd 2            clear the status line, the line, then the status line again
+        end()                             a newline after the status line, which stays; no status line after
+    """
+
+    _active: "TerminalStderr | None" = None
+    #: seconds a line without its newline waits before it is written as a line of its own
+    LINGER_S = 0.5
+    CLEAR = "\r\x1b[K"
+
+    def __init__(self) -> None:
+        self.status = ""
+        self._lock = threading.Lock()
+        super().__init__()
+
+    def _opened(self) -> None:
+        self.out = os.fdopen(os.dup(self.real), "w", buffering=1, encoding="utf-8", errors="replace")
+
+    def show(self, line: str) -> None:
+        with self._lock:
+            self.status = line
+            self.out.write(self.CLEAR + line)
+            self.out.flush()
+
+    def end(self) -> None:
+        with self._lock:
+            if self.status:
+                self.out.write("\n")
+                self.out.flush()
+            self.status = ""
+
+    def _write_line(self, line: str) -> None:
+        with self._lock:
+            if self.status:
+                self.out.write(self.CLEAR)
+            self.out.write(line + "\n")
+            if self.status:
+                self.out.write(self.status)
+            self.out.flush()
+
+    def _pump(self) -> None:
+        buffer = b""
+        while True:
+            ready, _, _ = select.select([self.read_fd], [], [], self.LINGER_S)
+            if not ready:
+                if buffer:                  # a prompt or a line still being written: shown, not held back
+                    self._write_line(buffer.decode("utf-8", errors="replace"))
+                    buffer = b""
+                continue
+            chunk = os.read(self.read_fd, 65536)
+            if not chunk:
+                break
+            buffer += chunk
+            *lines, buffer = buffer.split(b"\n")
+            for raw in lines:
+                self._write_line(raw.decode("utf-8", errors="replace").rstrip("\r"))
+        if buffer:
+            self._write_line(buffer.decode("utf-8", errors="replace"))
+
+
+class JsonStderr(_Fd2Pipe):
+    """File descriptor 2 through a pipe whose reader writes one JSON object per line to the real stderr
+    (see the module's table). Children started afterwards (Spark's JVM, its Python workers) inherit the pipe."""
+
+    _active: "JsonStderr | None" = None
+    #: seconds a line waits for continuation lines before it is written
+    LINGER_S = 0.2
 
     def _pump(self) -> None:
         pending: str | None = None

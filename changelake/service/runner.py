@@ -16,12 +16,12 @@ from changelake.service.catchup import CatchUpTracker, format_progress_line
 from changelake.service.config import ChangelakeConfig, parse_duration
 from changelake.service.http import Health, HttpEndpoint
 from changelake.service.lease import Lease, LeaseLost
-from changelake.service.logs import log_format
+from changelake.service.logs import TerminalStderr, log_format
 from changelake.service.pipeline import BatchProcessor, BatchReport, start_query
 from changelake.service.preflight import broker_topics, side_topic, skipped_side_topics
 from changelake.service.split import MIRRORS_APP, split
 from changelake.spark.checkpoint import checkpoint_store_problem
-from changelake.spark.progress import ProgressListener, parse_offsets
+from changelake.spark.progress import ProgressListener, parse_offsets, work_done
 from changelake.spark.session import build_session, driver_jvm, executor_tasks
 
 log = logging.getLogger(__name__)
@@ -95,11 +95,11 @@ class PipelineRunner:
         parts = split(cfg, rebuild_views=rebuild_views)
         if parts is not None:       # the mirrors in a query of their own: FAIR pools, so neither waits for the other
             conf.setdefault("spark.scheduler.mode", "FAIR")
+        terminal = _CatchUpLine.for_run(cfg)     # before the JVM starts: its stderr goes around the progress line
         spark = self._spark or build_session(app_name=f"changelake-{cfg.pipeline.id}", master=cfg.pipeline.master,
                                             conf=conf, jar_sets=("spark-kafka",) if cfg.kafka.reader == "spark-kafka"
                                             else ())
         metrics.JVM.watch(*driver_jvm(spark))
-        terminal = _CatchUpLine.for_run(cfg)
         lags: dict = {}
         if parts is None:
             runs = [(cfg, BatchProcessor(cfg, spark=spark), None)]
@@ -140,8 +140,16 @@ class PipelineRunner:
                 spark.sparkContext.setLocalProperty("spark.scheduler.pool", None)
         self.health.query_active = lambda: all(q.isActive for q in queries)
         self.health.trigger_active = lambda: any(q.status.get("isTriggerActive", False) for q in queries)
+        self.health.work = lambda: work_done(spark)
+        sampled = [0.0]
+
+        def sample_work() -> None:      # /livez: is a running batch moving?
+            if time.monotonic() - sampled[0] >= self.WORK_SAMPLE_S:
+                sampled[0] = time.monotonic()
+                self.health.sample_work()
         try:
-            _await(queries, lambda: self._stop.is_set() or lease.lost is not None)   # taken over: no batch would write
+            # a lease taken over stops the queries between batches: no batch would write
+            _await(queries, lambda: self._stop.is_set() or lease.lost is not None, sample_work)
             if lease.lost is not None:
                 raise LeaseLost(lease.lost)
         finally:
@@ -179,15 +187,20 @@ class PipelineRunner:
                          metrics_url=self.endpoint.url() if self.endpoint else None,
                          stopped_by_signal=self._stop.is_set(), seconds=seconds, executors=executors)
 
+    #: seconds between two looks at the running batch's work (changelake.service.http, /livez)
+    WORK_SAMPLE_S = 5.0
+
     #: keep the endpoint up after the query ends (the demo prints the URL and lets you scrape it)
     serve_http_after_stop = False
 
 
-def _await(queries: list[Any], stopping: Callable[[], bool]) -> None:
+def _await(queries: list[Any], stopping: Callable[[], bool], tick: Callable[[], None]) -> None:
     """Until every query ends: on a stop request each query stops between its batches; when one query fails,
-    the others stop too and its error is raised (a pipeline of two queries runs or stops as one)."""
+    the others stop too and its error is raised (a pipeline of two queries runs or stops as one). ``tick``
+    runs about every half second meanwhile."""
     running = list(queries)
     while running:
+        tick()
         for q in list(running):
             if not q.isActive:
                 running.remove(q)
@@ -222,13 +235,14 @@ def _totals(processors: list[BatchProcessor]) -> BatchReport:
 
 
 class _CatchUpLine:
-    """The per-source catch-up progress (changelake.service.catchup): a ``\\r``-overwritten line on a terminal's
-    stderr, which log lines clear before they print and which is drawn again after them; without a terminal
-    (``stream=None``) a log line every ``LOG_EVERY_S`` seconds while records remain, and one when caught up."""
+    """The per-source catch-up progress (changelake.service.catchup): on a terminal, the status line of a
+    :class:`~changelake.service.logs.TerminalStderr` (redrawn in place; every line written to stderr, the
+    Spark JVM's and its workers' included, is printed above it, never onto its end); without a terminal
+    (``terminal=None``) a log line every ``LOG_EVERY_S`` seconds while records remain, and one when caught up."""
 
     LOG_EVERY_S = 30.0
 
-    def __init__(self, config: ChangelakeConfig, stream: Any = None, *, clock: Any = time.monotonic) -> None:
+    def __init__(self, config: ChangelakeConfig, terminal: Any = None, *, clock: Any = time.monotonic) -> None:
         routes = [(s.name, set(s.topics or ()), re.compile(s.topic_pattern) if s.topic_pattern else None)
                   for s in config.sources]
 
@@ -236,31 +250,24 @@ class _CatchUpLine:
             return next((n for n, topics, rx in routes if topic in topics or (rx and rx.fullmatch(topic))), None)
 
         self.tracker = CatchUpTracker(source_of, clock=clock)
-        self.stream = stream
+        self.terminal = terminal        # show(line) / end(): a TerminalStderr
         self.clock = clock
-        self.line = ""
         self._logged_at: float | None = None
         self._caught_up_logged = False
-        self._handlers: list[tuple[logging.StreamHandler, Any]] = []
-        if stream is not None:          # log lines go around the progress line, not onto its end
-            for h in logging.getLogger().handlers:
-                if getattr(h, "_changelake", False) and isinstance(h, logging.StreamHandler):
-                    self._handlers.append((h, h.stream))
-                    h.setStream(_AroundLine(h.stream, self))
 
     @classmethod
     def for_run(cls, config: ChangelakeConfig) -> "_CatchUpLine":
-        return cls(config, sys.stderr if sys.stderr.isatty() else None)
+        """Call it before the Spark session starts: the JVM inherits standard error when it starts."""
+        on_terminal = TerminalStderr._active is not None or sys.stderr.isatty()
+        return cls(config, TerminalStderr.install() if on_terminal else None)
 
     def show(self, progress: dict[str, Any]) -> None:
         sources = self.tracker.observe(progress)
         line = format_progress_line(sources)
         if not line:
             return
-        if self.stream is not None:
-            self.line = line
-            self.stream.write("\r\x1b[K" + line)
-            self.stream.flush()
+        if self.terminal is not None:
+            self.terminal.show(line)
             return
         now = self.clock()
         left = sum(s.remaining for s in sources)
@@ -275,33 +282,8 @@ class _CatchUpLine:
             log.info("catching up: %s", line)
 
     def end(self) -> None:
-        for handler, stream in self._handlers:
-            handler.setStream(stream)
-        if self.stream is not None and self.line:
-            self.stream.write("\n")
-            self.stream.flush()
-        self.line = ""
-
-
-class _AroundLine:
-    """A log handler's stream that clears the progress line before a log line and draws it again after."""
-
-    def __init__(self, stream: Any, progress: _CatchUpLine) -> None:
-        self._stream, self._progress = stream, progress
-
-    def write(self, text: str) -> int:
-        if self._progress.line:
-            self._stream.write("\r\x1b[K")
-        n = self._stream.write(text)
-        if self._progress.line and text.endswith("\n"):
-            self._stream.write(self._progress.line)
-        return n
-
-    def flush(self) -> None:
-        self._stream.flush()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._stream, name)
+        if self.terminal is not None:
+            self.terminal.end()
 
 
 def wait_for(predicate: Any, *, timeout_s: float, interval_s: float = 0.5) -> bool:

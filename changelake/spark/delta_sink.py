@@ -62,6 +62,7 @@ from changelake.connectors.delta_sink_merge import (
     tombstone_merge,
 )
 from changelake.connectors.delta_sink_schema import DELETED_AT
+from changelake import metrics
 from changelake.errors import ConfigError
 from changelake.spark import delta_sink_frames as frames
 
@@ -102,7 +103,15 @@ class FrameBatches:
         dropped = tuple(dropped_columns)
         version = commit_position(batch_id, self.generation)
         return self._committing(batch_id, lambda: self._apply_frame_once(changes, version, truncate_at, dropped,
-                                                                         schema_position))
+                                                                         schema_position),
+                                freshness=lambda committed_at: self._frame_freshness(changes, committed_at))
+
+    def _frame_freshness(self, changes: Any, committed_at: float) -> None:
+        """``changelake_table_freshness_seconds`` of a committed DataFrame batch: counted per bucket on the
+        executors (the batch is cached there), as the Arrow batches' are on the driver."""
+        counted = frames.freshness_counts(changes, committed_at=committed_at, bounds=metrics.FRESHNESS.bounds)
+        if counted is not None:
+            metrics.FRESHNESS.observe_counts(self.spec.name, *counted)
 
     def _apply_frame_once(self, changes: Any, batch_id: int, truncate_at: str | None,
                           dropped_columns: tuple[str, ...], schema_position: str | None = None

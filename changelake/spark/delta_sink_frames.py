@@ -14,6 +14,7 @@ collecting it on the driver (:meth:`changelake.spark.delta_sink.DeltaSparkSink.a
                              resurrections and stale deletes out, tombstones to record or clear
     align_to_table           the table's columns, cast, NULL where absent, plus _kind
     reduce_batch             validate_frame, then the above up to align_to_table, in the sink's order
+    freshness_counts         after the commit: commit time - _source_ts per histogram bucket (the metric)
 
 Keys group as the MERGE matches them: NULL with NULL (``eqNullSafe``, window partitions), and
 Spark normalises NaN and -0.0 in grouping and join keys as the Arrow kernel does. The truncate's
@@ -33,9 +34,9 @@ import pyarrow as pa
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_type
-from pyspark.sql.types import BinaryType, StringType
+from pyspark.sql.types import BinaryType, IntegralType, StringType, TimestampNTZType, TimestampType
 
-from changelake.changelog import KIND, SEQ, RowKind
+from changelake.changelog import KIND, SEQ, SOURCE_TS, RowKind
 from changelake.connectors.delta_sink_kernel import kafka_partition_prefix, truncate_order_error
 from changelake.connectors.delta_sink_schema import DELETED_AT
 from changelake.errors import SinkCommitError
@@ -233,3 +234,27 @@ def reduce_batch(changes: DataFrame, *, primary_key: Sequence[str], placeholder:
     changes = drop_before_truncate(changes, horizon)
     changes = fill_unavailable(changes, primary_key=primary_key, placeholder=placeholder)
     return align_to_table(latest_per_key(changes, primary_key=primary_key), target_schema), before_truncate
+
+
+def freshness_counts(changes: DataFrame, *, committed_at: float,
+                     bounds: Sequence[float]) -> tuple[list[int], float] | None:
+    """The batch's freshness (``committed_at``, epoch seconds, minus each change's ``_source_ts``; below 0
+    counts as 0; changes without a source time are left out) as histogram bucket counts, counted on the
+    executors in one aggregation: (per bucket: values in (bounds[i-1], bounds[i]], then above every bound;
+    their sum in seconds). None when the batch has no ``_source_ts`` column."""
+    if SOURCE_TS not in changes.columns:
+        return None
+    kind = changes.schema[SOURCE_TS].dataType
+    column = F.col(_bt(SOURCE_TS))
+    if isinstance(kind, (TimestampType, TimestampNTZType)):
+        millis = F.unix_millis(column.cast("timestamp"))
+    elif isinstance(kind, IntegralType):
+        millis = column.cast("long")
+    else:
+        raise SinkCommitError(f"{SOURCE_TS} must be a timestamp or epoch milliseconds, got {kind.simpleString()}")
+    seconds = F.when(millis.isNotNull(), F.greatest((F.lit(int(committed_at * 1000)) - millis) / 1000.0, F.lit(0.0)))
+    row = changes.agg(*[F.sum(F.when(seconds <= F.lit(float(b)), 1).otherwise(0)).alias(f"le{i}")
+                        for i, b in enumerate(bounds)],
+                      F.count(seconds).alias("n"), F.sum(seconds).alias("sum")).first()
+    at_most = [int(row[f"le{i}"] or 0) for i in range(len(bounds))] + [int(row["n"] or 0)]
+    return [n - (at_most[i - 1] if i else 0) for i, n in enumerate(at_most)], float(row["sum"] or 0.0)

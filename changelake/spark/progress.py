@@ -105,3 +105,21 @@ class ProgressListener(StreamingQueryListener):
     def onQueryTerminated(self, event: Any) -> None:
         if event.exception:
             log.error("streaming query stopped with an error: %s", event.exception)
+
+
+def work_done(spark: Any) -> tuple | None:
+    """What the application's running stages have done so far, as Spark's status store knows it (executors
+    report their running tasks' metrics in heartbeats, every ``spark.executor.heartbeatInterval``): per
+    active stage (id, attempt), its tasks finished and records read, shuffled and written. It changes while a
+    batch makes progress, a long first batch included, and stays the same while a batch hangs. None when
+    the store cannot be read (no classic JVM gateway, or the JVM is going away)."""
+    try:
+        stages = spark.sparkContext._jsc.sc().statusStore().activeStages()
+        out = []
+        for i in range(stages.size()):
+            s = stages.apply(i)
+            out.append((s.stageId(), s.attemptId(), s.numCompleteTasks(), s.inputRecords(), s.outputRecords(),
+                        s.shuffleReadRecords(), s.shuffleWriteRecords()))
+        return tuple(sorted(out))
+    except Exception:       # Spark Connect, a stopped context, a broken gateway: unknown, not progress
+        return None

@@ -68,3 +68,39 @@ def test_livez_fails_for_a_query_that_made_no_progress_while_records_wait():
         assert _get(endpoint.url("/healthz"))[0] == 200             # the process itself still answers
     finally:
         endpoint.stop()
+
+
+def test_livez_lets_a_long_first_batch_run_while_its_work_moves_and_fails_once_it_hangs():
+    # A first catch-up batch longer than metrics.stalled_after: no batch has finished for an hour, but its
+    # stages keep reading records, so the pod must not be restarted (a restart would start that batch over).
+    health = Health(max_silence_s=60, stalled_after_s=300)
+    health.query_active = lambda: True
+    health.trigger_active = lambda: True
+    health.started_at -= 3600
+    work = [("stage 3", 0)]
+    health.work = lambda: work[0]
+    endpoint = HttpEndpoint(health, host="127.0.0.1", port=0).start()
+    try:
+        health.sample_work()                                        # the first look: no evidence either way
+        assert _get(endpoint.url("/livez"))[0] == 503
+        work[0] = ("stage 3", 120_000)                              # records read since
+        health.sample_work()
+        status, body = _get(endpoint.url("/livez"))
+        assert status == 200 and "a batch is running" in body and "no batch finished for 3600s" in body
+        health.last_work_at -= 200                                  # the same work for 200 s: still within 300 s
+        health.sample_work()
+        assert _get(endpoint.url("/livez"))[0] == 200
+        health.last_work_at -= 101                                  # ... and for 301 s: hung
+        status, body = _get(endpoint.url("/livez"))
+        assert status == 503 and "no running one has read or written a record for 301s" in body
+        work[0] = None                                              # the store cannot be read: not progress
+        health.sample_work()
+        assert _get(endpoint.url("/livez"))[0] == 503
+        work[0] = ("stage 4", 0)                                    # the next stage started: progress
+        health.sample_work()
+        assert _get(endpoint.url("/livez"))[0] == 200
+        health.last_work_at -= 3600
+        health.batch_finished({"sources": []})                      # a finished batch counts as before
+        assert _get(endpoint.url("/livez")) == (200, "ok\n")
+    finally:
+        endpoint.stop()

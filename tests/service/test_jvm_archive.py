@@ -158,4 +158,5 @@ def test_a_first_run_writes_the_archive_in_the_background_once(no_archive_env, m
 @pytest.mark.unit
 def test_make_install_does_not_write_the_archive():
     makefile = (Path(__file__).resolve().parents[2] / "Makefile").read_text()
-    assert "jvm-archive" not in makefile.split("install: $(STAMP)")[0].split("$(STAMP): pyproject.toml")[1]
+    rules = makefile.split("install: $(STAMP)")[0].split(".PHONY")[1]       # the install rules
+    assert "$(RUN_STAMP): pyproject.toml" in rules and "jvm-archive" not in rules

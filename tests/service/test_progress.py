@@ -78,33 +78,63 @@ def _report(end: int, latest: int) -> dict:
         "latestOffset": f'{{"db.orders": {{"0": {latest}}}}}'}]}
 
 
-def test_log_lines_clear_the_terminal_progress_line_and_it_comes_back_after_them(tmp_path):
-    import io
-    import logging
+def _screen(written: str) -> list[str]:
+    """The lines a terminal shows for ``written``: "\\r" then erase-line empties the line being drawn."""
+    return [segment.split("\r\x1b[K")[-1] for segment in written.split("\n")]
 
-    from changelake.service.logs import configure_logging
+
+def test_lines_of_the_jvm_and_of_python_logs_go_above_the_terminal_progress_line(tmp_path):
+    # Spark's JVM and its Python workers write to file descriptor 2 directly (a child process stands in for
+    # the JVM, started after the progress line took over stderr, as the runner starts Spark): every line of
+    # theirs, and the service's own log lines, must show on a line of its own above the progress line.
+    import logging
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from changelake.service.logs import TerminalStderr, configure_logging
     from changelake.service.runner import _CatchUpLine
 
-    configure_logging("INFO")
-    terminal = io.StringIO()
-    handler = next(h for h in logging.getLogger().handlers if getattr(h, "_changelake", False))
-    saved = handler.stream
-    handler.setStream(terminal)
+    terminal = tmp_path / "terminal"
+    saved = os.dup(2)
+    with open(terminal, "wb") as f:
+        os.dup2(f.fileno(), 2)
     try:
-        line = _CatchUpLine(_config(tmp_path), terminal)
+        configure_logging("INFO")
+        handler = next(h for h in logging.getLogger().handlers if getattr(h, "_changelake", False))
+        handler.setStream(open(2, "w", buffering=1, closefd=False))   # sys.stderr, were pytest not capturing it
+        line = _CatchUpLine(_config(tmp_path), TerminalStderr.install())
         line.show(_report(100, 1000))
+        jvm = subprocess.Popen([sys.executable, "-c", "import sys, time\n"
+                                "sys.stderr.write('26/11/28 09:07:22 WARN TaskSetManager: Stage 3 contains a task "
+                                "of very large size\\n'); sys.stderr.flush(); time.sleep(0.3)\n"
+                                "sys.stderr.write('a worker prompt without its newline'); sys.stderr.flush()\n"
+                                "time.sleep(1.0)"])
+        time.sleep(0.2)
         logging.getLogger("changelake.test").warning("something happened")
+        jvm.wait()
         line.show(_report(1000, 1000))
         line.end()
         logging.getLogger("changelake.test").warning("after the end")
+        TerminalStderr.uninstall()
+        configure_logging("INFO")
     finally:
-        handler.setStream(saved)
-    out = terminal.getvalue()
-    first = "orders: 100 done, 900 left, 100/s, ETA 9 s"
-    # the log line starts on a cleared line, ends with a newline, then the progress line is drawn again
-    assert f"\r\x1b[K{first}\r\x1b[K" in out
-    assert "WARNING changelake.test: something happened\n" + first in out
-    assert out.endswith("after the end\n") and "\r\x1b[K" not in out.split("orders: 1,000 done")[-1].split("\n", 1)[1]
+        os.dup2(saved, 2)
+        os.close(saved)
+        TerminalStderr.uninstall()
+    written = terminal.read_bytes().decode()   # not read_text: its universal newlines turn "\r" into "\n"
+    screen = [s for s in _screen(written) if s]
+    jvm_lines = ["26/11/28 09:07:22 WARN TaskSetManager: Stage 3 contains a task of very large size",
+                 "a worker prompt without its newline"]
+    # each line on a line of its own, whole; the progress line once, at the end, before the log line after it
+    assert sorted(s for s in screen if s in jvm_lines) == sorted(jvm_lines)
+    assert len(screen) == 5 and screen[-1].endswith("WARNING changelake.test: after the end")
+    assert screen[-2].startswith("orders: 1,000 done, 0 left")
+    assert [s for s in screen[:-2] if s not in jvm_lines][0].endswith("WARNING changelake.test: something happened")
+    # and the progress line came back under each line written while it was shown
+    for text in [*jvm_lines, "something happened"]:
+        assert written.split(text + "\n", 1)[1].startswith("orders: 100 done, 900 left")
 
 
 def test_without_a_terminal_progress_is_logged_periodically_with_records_left_and_eta(tmp_path, caplog):
