@@ -85,7 +85,7 @@ Engine = Literal["auto", "delta-rs", "delta-spark"]
 
 #: The JVM class whose presence means the Delta jars are on the Spark classpath.
 DELTA_SPARK_CLASS = "io.delta.tables.DeltaTable"
-DELTA_SPARK_PACKAGE = "io.delta:delta-spark_2.13:4.4.1"
+DELTA_SPARK_PACKAGE = "io.delta:delta-spark_4.2_2.13:4.4.0"   # the `delta` JVM set (jvm/pom.xml)
 DELTA_SPARK_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
 DELTA_SPARK_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
 

@@ -76,7 +76,7 @@ class PipelineRunner:
         if log_format() == "json":      # Spark's log4j lines as JSON objects too (changelake.service.logs)
             conf.setdefault("spark.log.structuredLogging.enabled", "true")
         spark = self._spark or build_session(app_name=f"changelake-{cfg.pipeline.id}", master=cfg.pipeline.master,
-                                            conf=conf)
+                                            conf=conf, engine=cfg.storage.engine)
         metrics.JVM.watch(*driver_jvm(spark))
         terminal = _CatchUpLine.for_run(cfg)
         listener = ProgressListener(self.health, on_progress=terminal.show)

@@ -203,10 +203,13 @@ class DeltaSparkSink(FrameBatches, DeltaUpsertSink):
                 conf.unset(TXN_VERSION_CONF)
 
     def _metrics_of_commit(self, path: str, version: int) -> Mapping[str, str]:
-        """``operationMetrics`` of commit ``version`` of the table at ``path``."""
-        row = (self._delta(path).history(1).where(f"version = {int(version)}")
-               .select("operationMetrics").first())
-        return (row.operationMetrics or {}) if row is not None else {}
+        """``operationMetrics`` of commit ``version`` of the table at ``path``, read from the log by delta-rs
+        (delta-spark's ``history()`` costs Spark jobs for one JSON line)."""
+        latest = self._require_state(path).version
+        for commit in self._log(path).history(max(1, latest - int(version) + 1)):
+            if commit.get("version") == int(version):
+                return {k: str(v) for k, v in (commit.get("operationMetrics") or {}).items()}
+        return {}
 
     # --- engine I/O ------------------------------------------------------------------
 
@@ -317,12 +320,20 @@ class DeltaSparkSink(FrameBatches, DeltaUpsertSink):
 
     def _vacuum(self, path: str, retention: timedelta) -> int:
         conf = self._session.conf
+        # Delta lists the table's directories in as many tasks as parallelPartitionDiscovery.parallelism
+        # (Spark's default: 10,000, one minute of empty tasks on 2 cores per table): one per task slot
+        listing = "spark.sql.sources.parallelPartitionDiscovery.parallelism"
+        given = conf.get(listing, None)
         with self._txn_lock:        # a retention below delta's 7-day floor is the user's explicit choice
             conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
+            if given is None:
+                conf.set(listing, str(max(1, self._session.sparkContext.defaultParallelism)))
             try:
                 self._delta(path).vacuum(retention.total_seconds() / 3600)
             finally:
                 conf.unset("spark.databricks.delta.retentionDurationCheck.enabled")
+                if given is None:
+                    conf.unset(listing)
         return 0                    # delta-spark's Python vacuum() does not say how many files it deleted
 
     def _is_conflict(self, exc: BaseException) -> bool:
@@ -366,8 +377,10 @@ def open_sink(spec: TableSpec, *, pipeline_id: str, engine: Engine = "auto", spa
               generation: int = 0) -> DeltaUpsertSink:
     """Open the sink for one table.
 
-    ``engine="auto"`` picks delta-spark when ``spark`` is given and the Delta jars and
-    session extension are present in it, else delta-rs. With ``spark``, an upsert table's sink
+    ``engine="auto"`` picks delta-spark when ``spark`` runs on a cluster manager (not a ``local``
+    or ``local-cluster`` master: there the batch's rows never pass through the driver) and the
+    Delta jars and session extension are present in it, else delta-rs (on one machine delta-rs
+    writes a batch faster; docs/sink.md, "Engines"). With ``spark``, an upsert table's sink
     (either engine) also takes DataFrames (``apply_frame``). ``clock`` returns the
     current UTC time (tombstone timestamps and expiry; tests inject one). ``generation``: the running
     checkpoint's generation (``DeltaUpsertSink``).
@@ -382,6 +395,8 @@ def open_sink(spec: TableSpec, *, pipeline_id: str, engine: Engine = "auto", spa
                      "upsert tables)", spec.name)
         return open_rs_sink(spec, pipeline_id=pipeline_id, engine="delta-rs", clock=clock,
                             max_commit_retries=max_commit_retries, generation=generation)
+    if engine == "auto" and spark is not None and _local_master(spark):
+        engine = "delta-rs"
     if engine in ("auto", "delta-spark"):
         missing = delta_spark_missing(spark)
         if missing is None:
@@ -389,9 +404,11 @@ def open_sink(spec: TableSpec, *, pipeline_id: str, engine: Engine = "auto", spa
                                   clock=clock or (lambda: datetime.now(timezone.utc)),
                                   max_commit_retries=max_commit_retries, generation=generation)
         if engine == "delta-spark":
-            raise ConfigError(f"sink engine delta-spark is not available: {missing}. Start Spark with "
-                              f"--packages {DELTA_SPARK_PACKAGE}, spark.sql.extensions={DELTA_SPARK_EXTENSION} "
-                              f"and spark.sql.catalog.spark_catalog={DELTA_SPARK_CATALOG}, or use engine delta-rs")
+            raise ConfigError(f"sink engine delta-spark is not available: {missing}. Install the jars "
+                              f"(`python -m changelake.jvm_deps install delta`: the session builder then loads "
+                              f"them), or under spark-submit pass them with --jars and set "
+                              f"spark.sql.extensions={DELTA_SPARK_EXTENSION} and "
+                              f"spark.sql.catalog.spark_catalog={DELTA_SPARK_CATALOG}; or use engine delta-rs")
         if spark is not None:
             log.info("table %s: using delta-rs (delta-spark unavailable: %s)", spec.name, missing)
     if spark is None:
@@ -400,6 +417,11 @@ def open_sink(spec: TableSpec, *, pipeline_id: str, engine: Engine = "auto", spa
     # delta-rs with a Spark session: ``apply`` as without one, and ``apply_frame`` for batches reduced on Spark
     return DeltaRsFrameSink(spec, pipeline_id=pipeline_id, clock=clock or (lambda: datetime.now(timezone.utc)),
                             max_commit_retries=max_commit_retries, generation=generation)
+
+
+def _local_master(spark: Any) -> bool:
+    """True when ``spark`` runs on one machine (``local[...]`` or ``local-cluster[...]``)."""
+    return str(spark.sparkContext.master).startswith("local")
 
 
 def _arrow(schema: Any) -> pa.Schema:

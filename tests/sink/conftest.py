@@ -1,8 +1,9 @@
 """Fixtures of the sink suite: one behavioural suite, parametrized over the engines present.
 
 A Spark session is created only when a test needs one (delta-spark detection, interop),
-once per test process. Set CHANGELAKE_TEST_DELTA_SPARK=1 where Maven Central is
-reachable to put the Delta jars on its classpath and run the suite on delta-spark too.
+once per test process, with the project's ``delta`` JVM set on its class path when it is installed
+(``python -m changelake.jvm_deps install delta``; changelake/spark/session.py, ``delta_settings``):
+then the suite runs on delta-spark too, else those tests skip saying so.
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from changelake.connectors.delta_sink import DELTA_SPARK_CATALOG, DELTA_SPARK_EXTENSION, TableSpec
+from changelake.connectors.delta_sink import TableSpec
+from changelake.spark.delta_jars import missing as delta_jars_missing
 from changelake.spark.delta_sink import delta_spark_missing, open_sink
+from changelake.spark.session import delta_settings
 
 #: delta-rs runs in-process (no JVM): the ``unit`` tier; delta-spark needs a Spark session.
 #: ``delta-spark-frames``: delta-spark given each batch as a DataFrame (``apply_frame``: reduced and
@@ -45,12 +48,8 @@ def spark():
                .config("spark.sql.shuffle.partitions", "2")
                .config("spark.ui.enabled", "false")
                .config("spark.sql.session.timeZone", "UTC"))
-    if os.environ.get("CHANGELAKE_TEST_DELTA_SPARK") == "1":
-        from delta import configure_spark_with_delta_pip
-
-        builder = configure_spark_with_delta_pip(
-            builder.config("spark.sql.extensions", DELTA_SPARK_EXTENSION)
-            .config("spark.sql.catalog.spark_catalog", DELTA_SPARK_CATALOG))
+    for key, value in delta_settings("delta-spark", {}, {}, "local[2]").items():
+        builder = builder.config(key, value)
     session = builder.getOrCreate()
     yield session
     session.stop()
@@ -62,10 +61,13 @@ def engine_fixture(engines) -> object:
     @pytest.fixture(params=engines)
     def engine(request) -> str:
         if request.param.startswith("delta-spark"):
+            why = delta_jars_missing()
+            if why:
+                pytest.skip(f"delta-spark engine: {why}")
             missing = delta_spark_missing(request.getfixturevalue("spark"))
-            if missing:
-                pytest.skip(f"delta-spark engine: {missing}; set CHANGELAKE_TEST_DELTA_SPARK=1 "
-                            "where Maven Central is reachable")
+            if missing:     # the jars are installed, so a session without them is a failure, not a skip
+                pytest.fail(f"delta-spark engine: {missing} in the tests' Spark session, although the "
+                            "`delta` JVM set is installed")
         return request.param
 
     return engine
