@@ -5,9 +5,9 @@
 ``apply_frame``: a batch given as a DataFrame is reduced on the executors (one change per key) and
 only the reduced rows are collected for delta-rs's MERGE.
 
-delta-spark needs the Delta jars (``io.delta:delta-spark_2.13:4.4.1``) on the Spark classpath and
-the session configured with ``spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension``
-(``open_sink`` checks both). Two ways in:
+delta-spark needs the Delta jars (the ``delta`` JVM set: ``io.delta:delta-spark_4.2_2.13:4.4.0``,
+put there by changelake/spark/session.py) on the Spark classpath and the session configured with
+``spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension`` (``open_sink`` checks both). Two ways in:
 
 - ``apply(pyarrow.Table)``: a batch already on the driver is reduced there in Arrow by the same
   kernel as the delta-rs engine; the reduced changes become a DataFrame for the MERGE.
