@@ -62,11 +62,13 @@ from changelake.connectors.delta_sink_merge import (
     tombstone_merge,
 )
 from changelake.connectors.delta_sink_schema import DELETED_AT
-from changelake.errors import ConfigError
+from changelake.errors import ConfigError, SinkCommitError
 from changelake.spark import delta_sink_frames as frames
 
 log = logging.getLogger(__name__)
 
+#: characters delta-spark refuses in a column name without column mapping (delta-rs writes them)
+DELTA_SPARK_INVALID_NAME_CHARS = " ,;{}()\n\t="
 TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
 
@@ -217,6 +219,13 @@ class DeltaSparkSink(FrameBatches, DeltaUpsertSink):
                       partition_by: tuple[str, ...] | None = None) -> None:
         from delta.tables import DeltaTable
 
+        refused = [name for name in schema.names if any(c in name for c in DELTA_SPARK_INVALID_NAME_CHARS)]
+        if refused:
+            raise SinkCommitError(
+                f"table {self.spec.name}: the delta-spark engine cannot write the column(s) "
+                f"{', '.join(repr(n) for n in refused)}: Delta Lake for Spark refuses a space or any of "
+                f"',;{{}}()=' and tabs or newlines in a column name unless column mapping is on, which changelake "
+                f"does not enable; rename the column(s) in the source, or use storage.engine: delta-rs")
         parts = self.spec.partition_by if partition_by is None else partition_by
         builder = (DeltaTable.createIfNotExists(self._session)
                    .location(path or self.spec.path)
