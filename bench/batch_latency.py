@@ -2,7 +2,7 @@
 per category, top 3 categories) run in small micro-batches, each batch's wall time from Spark's
 progress reports.
 
-    .venv/bin/python bench/batch_latency.py [--batch 1000] [--changes 20000] [--quick]
+    .venv/bin/python bench/batch_latency.py [--batch 1000] [--changes 20000] [--broker real|embedded] [--quick]
 
 Prints the median, p90 and max of the batch durations (``durationMs.triggerExecution``: read, decode,
 operators, collect, Delta commits) with the records per batch, first batch (Spark warm-up) left out,
@@ -24,9 +24,8 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import kafka_records, machine  # noqa: E402
+from common import add_broker_option, kafka_records, machine, open_broker  # noqa: E402
 
-from changelake.connectors.embedded_broker import EmbeddedBroker  # noqa: E402
 from changelake.service.config import parse_config  # noqa: E402
 from changelake.service.demo import demo_config, expected_views, verify, verify_views  # noqa: E402
 from changelake.service.inventory import InventoryDatabase, produce  # noqa: E402
@@ -41,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="run the operator graph (--no-views: the three mirrors alone)")
     ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                     help="a Spark setting for the pipeline (pipeline.spark_conf), e.g. spark.sql.shuffle.partitions=2")
+    add_broker_option(ap)
     ap.add_argument("--quick", action="store_true",
                     help="smoke run: 1,500 changes after a snapshot of 600 rows, three micro-batches at the default --batch")
     args = ap.parse_args(argv)
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes = {"customers": 100, "products": 200, "orders": 300} if args.quick else \
         {"customers": 1_000, "products": 2_000, "orders": 3_000}
     print(f"machine: {machine()}")
-    with tempfile.TemporaryDirectory() as tmp, EmbeddedBroker() as broker:
+    with tempfile.TemporaryDirectory() as tmp, open_broker(args.broker, quick=args.quick) as broker:
         work = Path(tmp)
         db = InventoryDatabase(seed=11)
         n = produce(db.history(snapshot_sizes=sizes, changes=changes, redeliver=100), broker.bootstrap_servers)

@@ -1,5 +1,19 @@
-"""Helpers shared by the benchmarks: process-tree memory sampling, machine facts, and running
-a job in another interpreter (PyFlink lives in its own venv)."""
+"""Helpers shared by the benchmarks: process-tree memory sampling, machine facts, the broker a
+benchmark runs against, and running a job in another interpreter (PyFlink lives in its own venv).
+
+Every benchmark that reads Kafka takes ``--broker`` (:func:`add_broker_option`) and says which one it
+used (:func:`open_broker` prints it, and its report carries :attr:`Broker.label`):
+
+============  ==========================================================================================
+``real``      Apache Kafka (KRaft, one node) from the project's ``kafka`` JVM set
+              (changelake/connectors/kafka_broker.py), in a temporary directory; topics a producer
+              creates get 4 partitions, as on the mock. The default where the set is installed
+``embedded``  librdkafka's mock cluster (changelake/connectors/embedded_broker.py): not Kafka (5 MB per
+              partition kept, a fixed LogAppendTime, no offset index); the default without the set
+============  ==========================================================================================
+
+Both run in a child process whose memory :class:`PeakMemory` leaves out (``exclude=(broker.pid,)``).
+"""
 
 from __future__ import annotations
 
@@ -9,9 +23,20 @@ import platform
 import subprocess
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+#: PyFlink's own interpreter (apache-flink==2.3.0 in a venv of its own), the benchmarks' --flink-python default
+DEFAULT_FLINK_PYTHON = "/tmp/venv-flink/bin/python"
+BROKERS = ("real", "embedded")
+#: the real broker's settings for the benchmarks: auto-created topics get 4 partitions (as on the mock,
+#: so every benchmark keeps its topic layout) and records of any age are kept
+BENCH_BROKER_SETTINGS = {"num.partitions": "4", "log.retention.ms": "-1"}
+#: the real broker's JVM in a --quick (smoke) run: C1 only, as the tests' broker (it lives seconds)
+QUICK_BROKER_JAVA_OPTIONS = ("-Xmx512m", "-Xms64m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+                             "-Djava.awt.headless=true")
 
 
 def _rss_kb(pid: int) -> int:
@@ -151,6 +176,70 @@ def skip_pyflink(python: str, *, quick: bool, skipped: bool) -> bool:
         print(f"pyflink: skipped in the quick run: {why}", flush=True)
         return True
     raise SystemExit(f"the PyFlink peer cannot run: {why}; or pass --skip-pyflink")
+
+
+@dataclass(frozen=True)
+class Broker:
+    kind: str                 # "real" or "embedded"
+    bootstrap_servers: str
+    pid: int                  # the broker's process (left out of the memory measured)
+    label: str                # what it is, for the report: "Apache Kafka 4.3.0 (KRaft, 1 node)"
+
+
+def add_broker_option(ap) -> None:
+    """``--broker real|embedded`` on an argparse parser (default: :func:`default_broker`)."""
+    ap.add_argument("--broker", choices=BROKERS, default=None,
+                    help="the Kafka broker to run against: real (Apache Kafka from the project's `kafka` JVM "
+                         "set; the default where it is installed) or embedded (librdkafka's mock cluster)")
+
+
+def default_broker() -> str:
+    """``real`` where the ``kafka`` JVM set is installed, else ``embedded`` (saying why)."""
+    from changelake import jvm_deps
+
+    why = jvm_deps.missing("kafka")
+    if why is None:
+        return "real"
+    print(f"broker: the embedded mock broker, since {why}", flush=True)
+    return "embedded"
+
+
+def _kafka_version() -> str:
+    from changelake import jvm_deps
+
+    names = [j.name for j in jvm_deps.jars("kafka") if j.name.startswith("kafka_2.13-")]
+    return names[0][len("kafka_2.13-"):-len(".jar")] if names else "?"
+
+
+@contextmanager
+def open_broker(kind: str | None, *, quick: bool = False) -> Iterator[Broker]:
+    """The broker ``kind`` (None: :func:`default_broker`), started for the ``with`` block; prints which it is.
+    ``--broker real`` without the ``kafka`` JVM set stops, saying how to install it."""
+    kind = kind or default_broker()
+    if kind == "real":
+        from changelake import jvm_deps
+        from changelake.connectors.kafka_broker import DEFAULT_JAVA_OPTIONS, LocalKafka
+
+        why = jvm_deps.missing("kafka")
+        if why:
+            raise SystemExit(f"--broker real: {why}; or pass --broker embedded")
+        started = time.perf_counter()
+        with LocalKafka(settings=BENCH_BROKER_SETTINGS,
+                        java_options=QUICK_BROKER_JAVA_OPTIONS if quick else DEFAULT_JAVA_OPTIONS) as kafka:
+            broker = Broker("real", kafka.bootstrap_servers, kafka._procs[1].pid,
+                            f"Apache Kafka {_kafka_version()} (KRaft, 1 node)")
+            print(f"broker: real, {broker.label} at {broker.bootstrap_servers}, started in "
+                  f"{time.perf_counter() - started:.1f}s (the project's `kafka` JVM set; logs in {kafka.workdir})",
+                  flush=True)
+            yield broker
+        return
+    from changelake.connectors.embedded_broker import EmbeddedBroker
+
+    with EmbeddedBroker() as mock:
+        broker = Broker("embedded", mock.bootstrap_servers, mock._proc.pid if mock._proc else 0,
+                        "embedded mock broker (librdkafka mock cluster, not Kafka)")
+        print(f"broker: embedded, {broker.label} at {broker.bootstrap_servers}", flush=True)
+        yield broker
 
 
 def kafka_records(progress: dict) -> int | None:

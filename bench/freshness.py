@@ -1,9 +1,11 @@
 """Freshness benchmark (issue 12): how long a change takes from Kafka to a committed Delta version.
 
     .venv/bin/python bench/freshness.py [--rate 2000] [--duration 300] [--keys 100000] [--no-graph]
+        [--broker real|embedded]
     .venv/bin/python bench/freshness.py --quick     # smoke run: 12 s at 200 events/s, 2,000 keys
 
-**What runs.** The embedded broker (librdkafka's mock cluster); a producer process that writes
+**What runs.** A Kafka broker (``--broker``, bench/common.py, printed by the run: Apache Kafka from the
+project's ``kafka`` JVM set where it is installed, else librdkafka's mock cluster); a producer process that writes
 Debezium JSON changes of a ``products`` table (MySQL connector envelope, 8 columns) at a steady
 ``--rate`` for ``--duration`` seconds over ``--topics`` topics of 4 partitions (a key always goes
 to the same topic and partition; ``--linger`` ms per producer batch, see below); and, in this process, the service pipeline as ``changelake run``
@@ -26,7 +28,8 @@ fifth of them a new category) or, 5% of the time, deleted; a deleted key is inse
   served every few milliseconds), a wall-clock time of this machine: the append happened before
   it, and after the producer was handed the record; the run prints the gap between the two
   (``produce -> ack``: linger, compression, round trip) so the bound is visible. (The mock broker
-  stamps records with a fixed LogAppendTime, so the record's own timestamp cannot serve.)
+  stamps records with a fixed LogAppendTime, so the record's own timestamp cannot serve; the same
+  rule is kept on the real broker, so the two compare.)
 * *Which micro-batch read it*: Spark's checkpoint writes, before batch N runs, the end offset of
   every partition it reads (``offsets/N``; batch N reads [end of N-1, end of N)). A change at
   (topic, partition, offset) was read by the first batch whose end offset for that partition is
@@ -43,7 +46,7 @@ fifth of them a new category) or, 5% of the time, deleted; a deleted key is inse
   is left out, and nothing is inferred from the table's contents (which keep only a key's latest
   row).
 
-**The broker's message sets.** The mock broker finds the message set holding a fetch offset by
+**The broker's message sets.** (The embedded broker.) The mock broker finds the message set holding a fetch offset by
 walking the partition's sets from the oldest (a real broker has an offset index). With sets of
 one or two records, as a producer lingering 5 ms writes at 150 records/s per partition, reads
 slow down as the log grows (one consumer read ~20,000 records/s from sets of 4 records here,
@@ -89,7 +92,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import machine
+from bench.common import PeakMemory, add_broker_option, machine, open_broker
 from bench.gen import debezium_envelope
 from bench.spark_timing import BatchClock
 
@@ -372,6 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="smoke run: 12 s at 200 events/s over 2,000 keys")
     ap.add_argument("--workdir", help="keep the run here (default: a temporary directory, removed)")
     ap.add_argument("--seed", type=int, default=12)
+    add_broker_option(ap)
     ap.add_argument("--produce", action="store_true", help=argparse.SUPPRESS)   # the producer process
     ap.add_argument("--bootstrap", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
@@ -392,11 +396,10 @@ def main(argv: list[str] | None = None) -> int:
           f"load average {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}; "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", flush=True)
 
-    from changelake.connectors.embedded_broker import EmbeddedBroker
     from changelake.service.runner import PipelineRunner
 
     ok = True
-    with EmbeddedBroker() as broker:
+    with open_broker(args.broker, quick=args.quick) as broker:
         cfg = config(args, broker.bootstrap_servers, work)
         checkpoint = Path(cfg.pipeline.checkpoint)
         producer = subprocess.Popen(
@@ -404,6 +407,8 @@ def main(argv: list[str] | None = None) -> int:
              "--out", str(work), "--rate", str(args.rate), "--duration", str(args.duration), "--keys", str(args.keys),
              "--topics", str(args.topics), "--seed", str(args.seed), "--linger", str(args.linger)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        # the pipeline's memory: this process, its Spark JVM and Python workers; not the broker, not the producer
+        mem = PeakMemory(exclude=(broker.pid, producer.pid)).__enter__()
         try:
             line = producer.stdout.readline()
             if not line.startswith("SNAPSHOT "):
@@ -444,6 +449,7 @@ def main(argv: list[str] | None = None) -> int:
             runner.request_stop()
             thread.join(timeout=300)
         finally:
+            mem.__exit__(None, None, None)
             if producer.poll() is None:
                 producer.kill()
                 producer.wait()
@@ -468,6 +474,9 @@ def main(argv: list[str] | None = None) -> int:
           f"({len(acked) / max(t1 - t0, 1e-9):,.0f} events/s offered); produce -> ack "
           f"p50 {np.percentile(acked - sent, 50) * 1000:.0f} ms, p99 {np.percentile(acked - sent, 99) * 1000:.0f} ms")
     print(f"load average at start {load0[0]:.2f}, at end {load1[0]:.2f}")
+    print(f"broker: {broker.kind}, {broker.label}")
+    print("pipeline peak RSS: " + ", ".join(f"{k} {v:,.0f} MB" for k, v in mem.peak_mb.items())
+          + f"; total {mem.total_mb:,.0f} MB")
     print("\n| table | changes | freshness p50 | p99 | max | not committed | target |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | --- |")
     for t in tables:

@@ -2,10 +2,11 @@
 
     python bench/kafka_read.py [--events 1000000] [--keys 200000] [--repeat 3] [--profile 25]
     python bench/kafka_read.py --quick      # smoke run: 20,000 events, once
+    python bench/kafka_read.py --broker real|embedded   # the broker (bench/common.py; default real where installed)
 
 The events of ``bench/operators.py`` query (a) (Debezium JSON ``products``, the same generator and the same
 producer settings: zstd, ``linger.ms`` 50, batches of up to 10,000 messages, 4 topics of 4 partitions) are
-produced to the embedded broker (a child process, so its CPU is not counted here). Then, in this process:
+produced to the broker (``--broker``; a child process, so its CPU is not counted here). Then, in this process:
 
 * **read**: every partition's whole range through :func:`changelake.spark.kafka_source.read_range`, one
   after the other, as a read task does;
@@ -33,10 +34,9 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import machine  # noqa: E402
+from bench.common import add_broker_option, machine, open_broker  # noqa: E402
 from bench.operators import TOPIC, Workload, changelake_config, changes  # noqa: E402
 from bench.gen import debezium_envelope  # noqa: E402
-from changelake.connectors.embedded_broker import EmbeddedBroker  # noqa: E402
 
 TOPICS = 4
 
@@ -63,7 +63,7 @@ def produce(bootstrap: str, events: int, keys: int) -> int:
                 producer.poll(0.05)
         n += 1
     if producer.flush(300):
-        raise SystemExit("the producer could not deliver every event to the embedded broker")
+        raise SystemExit("the producer could not deliver every event to the broker")
     return n
 
 
@@ -143,6 +143,7 @@ def main() -> None:
     ap.add_argument("--keys", type=int, default=200_000)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--profile", type=int, default=0, metavar="N", help="print the top N functions under cProfile")
+    add_broker_option(ap)
     ap.add_argument("--quick", action="store_true", help="smoke run: 20,000 events over 4,000 keys, once")
     args = ap.parse_args()
     if args.quick:
@@ -152,7 +153,7 @@ def main() -> None:
     from changelake.service.pipeline import BatchProcessor
 
     print(machine(), flush=True)
-    with EmbeddedBroker() as broker, tempfile.TemporaryDirectory() as work:
+    with open_broker(args.broker, quick=args.quick) as broker, tempfile.TemporaryDirectory() as work:
         start = time.perf_counter()
         produced = produce(broker.bootstrap_servers, args.events, args.keys)
         print(f"produced {produced:,} events in {time.perf_counter() - start:.1f}s", flush=True)

@@ -1,5 +1,6 @@
 """Mirror benchmark: 1,000,000 Debezium JSON events over 200,000 keys (~10% deletes)
-through Kafka (embedded broker) -> changelake (Spark) -> Delta (delta-rs), on embedded defaults.
+through Kafka (``--broker real|embedded``, bench/common.py) -> changelake (Spark) -> Delta (delta-rs),
+on embedded defaults.
 
     .venv/bin/python bench/mirror.py [--events 1000000] [--keys 200000] [--profile]
     .venv/bin/python bench/mirror.py --quick     # smoke run: 20,000 events, 4,000 keys, 2 micro-batches
@@ -25,11 +26,10 @@ from pathlib import Path
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import PeakMemory, dir_size, kafka_records, machine  # noqa: E402
+from common import PeakMemory, add_broker_option, dir_size, kafka_records, machine, open_broker  # noqa: E402
 from gen import debezium_envelope  # noqa: E402
 
 from changelake.connectors.delta_read import read_delta  # noqa: E402
-from changelake.connectors.embedded_broker import EmbeddedBroker  # noqa: E402
 from changelake.service.config import parse_config  # noqa: E402
 from changelake.service.runner import PipelineRunner  # noqa: E402
 
@@ -94,6 +94,7 @@ def main() -> int:
     ap.add_argument("--profile", action="store_true", help="cProfile the driver; print the top functions")
     ap.add_argument("--reduce-on", choices=["auto", "driver", "executors"], default="auto",
                     help="storage.reduce_on: where each batch is reduced per key (docs/sink.md)")
+    add_broker_option(ap)
     ap.add_argument("--quick", action="store_true", help="smoke run: 20,000 events over 4,000 keys, batches of 10,000")
     args = ap.parse_args()
     if args.quick:
@@ -103,7 +104,7 @@ def main() -> int:
     print(f"machine: {machine()}")
     from confluent_kafka import Producer
 
-    with EmbeddedBroker() as broker:
+    with open_broker(args.broker, quick=args.quick) as broker:
         t0 = time.monotonic()
         producer = Producer({"bootstrap.servers": broker.bootstrap_servers, "linger.ms": 50,
                              "batch.num.messages": 10_000, "batch.size": 4_000_000, "compression.type": "zstd",
@@ -146,7 +147,7 @@ def main() -> int:
                   flush=True)
             return out
         pl.BatchProcessor.process_decoded = timed
-        with PeakMemory() as mem:
+        with PeakMemory(exclude=(broker.pid,)) as mem:   # the broker is not the system measured
             start = time.monotonic()
             if profiler:
                 profiler.enable()

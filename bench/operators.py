@@ -2,7 +2,7 @@
 
     nice -n 19 /tmp/venv/bin/python bench/operators.py [--events 1000000] [--keys 200000]
         [--order-events N] [--order-keys N] [--quick] [--changelake auto|spark|local|none]
-        [--skip-pyflink] [--flink-python /tmp/venv-flink/bin/python]
+        [--broker real|embedded] [--skip-pyflink] [--flink-python /tmp/venv-flink/bin/python]
 
 Queries, parallelism 2 on both systems:
 
@@ -21,9 +21,21 @@ inserts of new order ids (enough to reach ``--order-keys``), 10% deletes, the re
 (new qty; a tenth move the order to another product); product ids drawn among all products,
 so some orders reference deleted products and drop out of the inner join.
 
-The same bytes go to the embedded Kafka broker (for changelake; 4 topics per table, the run
-checks that no offset expired) and to Debezium JSON files (for PyFlink's filesystem source, two
-files per table split by key, so per-key order is kept and both source tasks have work).
+The events go to a Kafka broker (``--broker``, bench/common.py; the run prints which): 4 topics
+per table of 4 partitions each, keyed by primary key, so per-key order is kept; the run checks that
+no offset expired. Both systems are measured from Kafka to the result:
+
+==============  ===================================================================================
+``--broker``    what each system reads
+==============  ===================================================================================
+``real``        Apache Kafka (the project's ``kafka`` JVM set; the default where it is installed):
+                changelake and PyFlink read the same topics. PyFlink through Flink's Kafka connector
+                (the ``flink-kafka`` JVM set), ``format = 'debezium-json'``, from the earliest offset,
+                bounded at the latest (``scan.bounded.mode = 'latest-offset'``), so its job ends
+``embedded``    librdkafka's mock cluster, for changelake only; PyFlink reads the same bytes from
+                Debezium JSON files (filesystem source, two files per table split by key): its
+                figures then leave Kafka out. The older figures of docs/benchmarks.md were taken so
+==============  ===================================================================================
 
 * **PyFlink** 2.3.0 (bench/pyflink_ops_job.py, its own venv): one timed run per query into a
   blackhole sink, one untimed run into a collecting sink for the result.
@@ -60,7 +72,8 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import PeakMemory, machine, run_python_job, skip_pyflink
+from bench.common import (DEFAULT_FLINK_PYTHON, PeakMemory, add_broker_option, machine, open_broker, run_python_job,
+                          skip_pyflink)
 from bench.gen import debezium_envelope
 from bench.spark_timing import BatchClock, spark_stages
 
@@ -174,7 +187,8 @@ def changes(w: Workload, seed: int = 4):
 
 
 def write_and_produce(w: Workload, bootstrap: str, data: Path, *, topics: int, flink_files: int) -> float:
-    """Generate the events into Debezium JSON files (PyFlink) and the broker (changelake); seconds."""
+    """Generate the events into the broker and, when ``flink_files``, into that many Debezium JSON files per
+    table (PyFlink's filesystem source); seconds."""
     from confluent_kafka import Producer
 
     start = time.perf_counter()
@@ -195,7 +209,8 @@ def write_and_produce(w: Workload, bootstrap: str, data: Path, *, topics: int, f
             w.ops[table][op] += 1
             value = debezium_envelope(op, before, after, table=table, pos=pos, ts=ts,
                                       snapshot="true" if op == "r" else "false")
-            files[table][key % flink_files].write(value + b"\n")
+            if flink_files:
+                files[table][key % flink_files].write(value + b"\n")
             topic = TOPIC.format(table=table, n=key % topics)
             while True:
                 try:
@@ -204,7 +219,7 @@ def write_and_produce(w: Workload, bootstrap: str, data: Path, *, topics: int, f
                 except BufferError:
                     producer.poll(0.05)
     if producer.flush(300):
-        raise RuntimeError("the producer could not deliver every event to the embedded broker")
+        raise RuntimeError("the producer could not deliver every event to the broker")
     return time.perf_counter() - start
 
 
@@ -255,10 +270,21 @@ class Timing:
     extra: dict = field(default_factory=dict)
 
 
-def run_pyflink(python: str, data: Path, query: str) -> Timing:
-    timed = run_python_job(python, FLINK_JOB, [query, "blackhole", str(data)])
+def flink_source(broker, data: Path, topics: int) -> list[str]:
+    """The source arguments of bench/pyflink_ops_job.py: the broker's topics (real broker) or the files."""
+    from changelake import jvm_deps
+
+    if broker.kind != "real":
+        return ["files", str(data)]
+    spec = ",".join(f"{t}=" + ";".join(TOPIC.format(table=t, n=n) for n in range(topics))
+                    for t in ("products", "orders"))
+    return ["kafka", broker.bootstrap_servers, spec, ";".join(str(j) for j in jvm_deps.jars("flink-kafka"))]
+
+
+def run_pyflink(python: str, source: list[str], query: str) -> Timing:
+    timed = run_python_job(python, FLINK_JOB, [query, "blackhole", *source])
     startup = float(next(l.split()[1] for l in timed.stdout.splitlines() if l.startswith("STARTUP")))
-    collected = run_python_job(python, FLINK_JOB, [query, "collect", str(data)])
+    collected = run_python_job(python, FLINK_JOB, [query, "collect", *source])
     result = {}
     for line in collected.stdout.splitlines():
         if line.startswith("RESULT"):
@@ -460,8 +486,9 @@ def main() -> int:
     ap.add_argument("--changelake", choices=("auto", "spark", "local", "none"), default="auto")
     ap.add_argument("--queries", default="a,b")
     ap.add_argument("--skip-pyflink", action="store_true")
-    ap.add_argument("--flink-python", default="/tmp/venv-flink/bin/python")
+    ap.add_argument("--flink-python", default=DEFAULT_FLINK_PYTHON)
     ap.add_argument("--topics", type=int, default=4, help="topics per table (the mock broker keeps 5 MB/partition)")
+    add_broker_option(ap)
     ap.add_argument("--batch", type=int, default=250_000, help="max records per micro-batch")
     ap.add_argument("--print-yaml", action="store_true", help="print the changelake YAML of each query")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
@@ -485,11 +512,13 @@ def main() -> int:
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; work dir {work}")
     print("same plan on both systems: PyFlink table.exec.source.cdc-events-duplicate = false (default), "
           "changelake sources normalize: false; parallelism 2")
-    from changelake.connectors.embedded_broker import EmbeddedBroker
-
     figures: dict[tuple[str, str], Timing] = {}
-    with EmbeddedBroker() as broker:
-        secs = write_and_produce(w, broker.bootstrap_servers, work / "data", topics=args.topics, flink_files=2)
+    with open_broker(args.broker, quick=args.quick) as broker:
+        if broker.kind == "real" and not args.skip_pyflink:
+            args.skip_pyflink = skip_flink_kafka(quick=args.quick)
+        flink_files = 2 if broker.kind != "real" and not args.skip_pyflink else 0
+        secs = write_and_produce(w, broker.bootstrap_servers, work / "data", topics=args.topics,
+                                 flink_files=flink_files)
         check_retention(broker.bootstrap_servers, w, args.topics)
         for table in ("products", "orders"):
             ops = w.ops[table]
@@ -508,14 +537,16 @@ def main() -> int:
         for q in queries:
             print(f"changelake plan {q}:\n{pipeline_of(q).explain()}")
         if not args.skip_pyflink:
+            source = flink_source(broker, work / "data", args.topics)
+            print(f"pyflink reads {'the same Kafka topics' if source[0] == 'kafka' else 'Debezium JSON files'}",
+                  flush=True)
             for q in queries:
-                figures[q, "pyflink"] = run_pyflink(args.flink_python, work / "data", q)
+                figures[q, "pyflink"] = run_pyflink(args.flink_python, source, q)
                 f = figures[q, "pyflink"]
                 print(f"pyflink ({q}): {f.seconds:.1f}s ({f.startup:.1f}s TableEnvironment start)", flush=True)
         if mode == "spark":
-            broker_pid = broker._proc.pid if broker._proc else 0   # not part of the system measured
             for q, timing in run_changelake_spark(queries, bootstrap=broker.bootstrap_servers, work=work,
-                                                  batch=args.batch, exclude_pids=(broker_pid,)).items():
+                                                  batch=args.batch, exclude_pids=(broker.pid,)).items():
                 figures[q, "changelake"] = timing
         elif mode == "local":
             why = missing or "--changelake local"
@@ -525,13 +556,29 @@ def main() -> int:
                 figures[q, "changelake (in-process)"] = run_changelake_local(q, raw, args.batch)
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
-    return report(args, w, queries, figures, want, load0)
+    return report(args, w, queries, figures, want, load0, broker)
 
 
-def report(args, w: Workload, queries: list[str], figures: dict, want: dict[str, Result], load0) -> int:
+def skip_flink_kafka(*, quick: bool) -> bool:
+    """Whether PyFlink is left out of a real-broker run for want of the ``flink-kafka`` JVM set (a quick run
+    says so and goes on; a full run stops)."""
+    from changelake import jvm_deps
+
+    why = jvm_deps.missing("flink-kafka")
+    if why is None:
+        return False
+    if quick:
+        print(f"pyflink: skipped in the quick run: {why}", flush=True)
+        return True
+    raise SystemExit(f"PyFlink cannot read the real broker: {why}; or pass --skip-pyflink or --broker embedded")
+
+
+def report(args, w: Workload, queries: list[str], figures: dict, want: dict[str, Result], load0, broker) -> int:
     load1 = os.getloadavg()
     ok = True
     print(f"\nload average at start {load0[0]:.2f}, at end {load1[0]:.2f}")
+    flink_reads = "the same Kafka topics" if broker.kind == "real" else "Debezium JSON files (Kafka left out)"
+    print(f"broker: {broker.kind}, {broker.label}; changelake reads it, PyFlink reads {flink_reads}")
     print("\n| query | system | events | seconds (start-up incl.) | start-up s | events/s | "
           "events/s w/o start-up | peak RSS MB | = DuckDB |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
@@ -579,6 +626,11 @@ def report(args, w: Workload, queries: list[str], figures: dict, want: dict[str,
             print(f"{q}: nothing ran")
     for q in queries:
         print(f"DuckDB ({q}): {sorted(want[q].items())}")
+        for (fq, system), f in figures.items():
+            if fq == q and f.result != want[q]:
+                print(f"  {system} ({q}) differs: " + ", ".join(
+                    f"{k} {f.result.get(k)} (DuckDB {want[q].get(k)})" for k in sorted(set(f.result) | set(want[q]))
+                    if f.result.get(k) != want[q].get(k)))
     return 0 if ok else 1
 
 

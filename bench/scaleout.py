@@ -3,7 +3,8 @@
     .venv/bin/python bench/scaleout.py [--changes 20000] [--batch 5000]
     .venv/bin/python bench/scaleout.py --quick     # 1,500 changes, batches of 700 (tests/integration/test_cluster_mode.py)
 
-Writes one inventory history (three Debezium JSON tables, ~2% redelivered) to an embedded broker,
+Writes one inventory history (three Debezium JSON tables, ~2% redelivered) to a broker
+(``--broker real|embedded``, bench/common.py),
 then runs the chart's driver entry point (``docker/spark_driver.py run --available-now``, the demo
 pipeline: three mirrors and a join -> group -> top-N graph) under ``spark-submit --master M`` for
 both masters, one after the other, on the same topics. The pipeline YAML names no master: only
@@ -32,10 +33,9 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine  # noqa: E402
+from common import add_broker_option, machine, open_broker  # noqa: E402
 
 from changelake.connectors.delta_read import read_delta  # noqa: E402
-from changelake.connectors.embedded_broker import EmbeddedBroker  # noqa: E402
 from changelake.service.config import load_config  # noqa: E402
 from changelake.service.demo import demo_config, expected_views, verify, verify_views  # noqa: E402
 from changelake.service.inventory import SERVER, InventoryDatabase, Message, produce  # noqa: E402
@@ -89,6 +89,7 @@ def main() -> int:
     ap.add_argument("--changes", type=int, default=20_000, help="changes after the snapshot")
     ap.add_argument("--batch", type=int, default=5_000, help="max records per micro-batch")
     ap.add_argument("--workdir", default="bench/out/scaleout")
+    add_broker_option(ap)
     ap.add_argument("--quick", action="store_true", help="smoke run: 1,500 changes, batches of 700")
     args = ap.parse_args()
     sizes = {"customers": 400, "products": 600, "orders": 1_000}
@@ -98,7 +99,7 @@ def main() -> int:
     shutil.rmtree(work, ignore_errors=True)
     print(f"machine: {machine()}")
     failures: list[str] = []
-    with EmbeddedBroker() as broker:
+    with open_broker(args.broker, quick=args.quick) as broker:
         prefix = "scaleout"
         db = InventoryDatabase(seed=31)
         messages = db.history(snapshot_sizes=sizes, changes=args.changes, redeliver=50)

@@ -17,6 +17,8 @@ set                    what it is for
                        on Maven Central)
 ``delta``              Delta Lake for Spark (delta-spark engine), beside pyspark's own jars
 ``spark-kafka``        Spark's own Kafka source and sink, beside pyspark's own jars
+``flink-kafka``        Flink's Kafka table connector for the PyFlink peer of bench/operators.py (its
+                       job's ``pipeline.jars``; PyFlink ships flink-json itself)
 =====================  ===========================================================================
 
 A plugin folder (:data:`PLUGINS`) is never put on a classpath: the worker loads each from its
@@ -55,6 +57,7 @@ SETS: dict[str, str] = {
     "debezium-mariadb": "Debezium's MariaDB connector, a Connect plugin folder",
     "delta": "Delta Lake's jars for Spark (the delta-spark engine)",
     "spark-kafka": "Spark's own Kafka source and sink",
+    "flink-kafka": "Flink's Kafka connector for the PyFlink peer of the benchmarks",
 }
 #: the sets that are Kafka Connect plugin folders (a worker's plugin.path), not classpaths
 PLUGINS = ("debezium-postgres", "debezium-mariadb")

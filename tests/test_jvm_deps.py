@@ -96,3 +96,33 @@ def test_the_sets_for_sparks_classpath_bring_no_jar_pyspark_already_ships(name):
     ours = {artifact(j) for j in jvm_deps.jars(name)}
     theirs = {artifact(j) for j in (Path(pyspark.__file__).parent / "jars").glob("*.jar")}
     assert ours and not ours & theirs
+
+
+def test_the_flink_kafka_set_brings_no_class_pyflink_already_ships():
+    """The ``flink-kafka`` set goes into PyFlink's job (``pipeline.jars``) beside PyFlink's own lib/: none of its
+    classes may be one that lib/ holds already (flink-dist bundles slf4j and commons-lang3; flink-json is there)."""
+    import subprocess
+    import zipfile
+
+    from bench.common import DEFAULT_FLINK_PYTHON, pyflink_missing
+
+    if jvm_deps.missing("flink-kafka"):
+        pytest.skip(jvm_deps.missing("flink-kafka"))
+    if pyflink_missing(DEFAULT_FLINK_PYTHON):
+        pytest.skip(pyflink_missing(DEFAULT_FLINK_PYTHON))
+    home = subprocess.run([DEFAULT_FLINK_PYTHON, "-c", "import os, pyflink; print(os.path.dirname(pyflink.__file__))"],
+                          check=True, capture_output=True, text=True).stdout.strip()
+
+    def classes(jars) -> set[str]:
+        out = set()
+        for jar in jars:
+            with zipfile.ZipFile(jar) as z:
+                out.update(n for n in z.namelist() if n.endswith(".class") and not n.endswith("module-info.class"))
+        return out
+
+    ours = classes(jvm_deps.jars("flink-kafka"))
+    assert "org/apache/flink/connector/kafka/source/KafkaSource.class" in ours
+    assert "org/apache/kafka/clients/consumer/KafkaConsumer.class" in ours
+    theirs = classes(sorted(Path(home, "lib").glob("*.jar")))
+    assert "org/apache/flink/formats/json/debezium/DebeziumJsonFormatFactory.class" in theirs
+    assert not ours & theirs, sorted(ours & theirs)[:10]

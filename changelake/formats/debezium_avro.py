@@ -23,6 +23,7 @@ does with them (add, widen, drop, keep, quarantine) is its ``schema_change`` beh
 from __future__ import annotations
 
 import io
+import ssl
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -60,6 +61,14 @@ def option_specs() -> list[Option]:
         Option("url", "text", None, doc="Schema Registry URL (required unless a schema_lookup is injected)"),
         Option("subject", "text", None, doc="accepted for Flink compatibility; decoding uses the id in each message"),
         Option("basic-auth.user-info", "secret", None, doc="user:password for the registry (never printed)"),
+        Option("bearer-auth.token", "secret", None, doc="a static bearer token for the registry (never printed)"),
+        Option("bearer-auth.logical-cluster", "text", None,
+               doc="Confluent Cloud's logical cluster id of the registry (header target-sr-cluster), with a token"),
+        Option("bearer-auth.identity-pool-id", "text", None, doc="Confluent Cloud's identity pool id, with a token"),
+        Option("ssl.ca.location", "text", None, doc="PEM file of the CA(s) that signed an https registry's certificate"),
+        Option("ssl.certificate.location", "text", None, doc="PEM client certificate (mutual TLS)"),
+        Option("ssl.key.location", "text", None, doc="PEM private key of the client certificate"),
+        Option("ssl.key.password", "secret", None, doc="password of the client key (never printed)"),
         Option("key", "names", ()),
         *dbz.debezium_options(),
         Option("metadata", "metadata", (), tuple(METADATA_TYPES)),
@@ -80,8 +89,13 @@ class DebeziumAvroDecoder(SchemaMixin):
         self.on_truncate: str = opts["on_truncate"]
         self.metadata: tuple[tuple[str, str], ...] = opts["metadata"]
         self._user_info: SecretStr | None = opts["basic_auth_user_info"]
+        self._client_conf = _client_settings(opts)
         if schema_lookup is None and not self.url:
             raise ConfigError("format 'debezium-avro-confluent' needs option 'url' (the Schema Registry URL)")
+        if self.url and any(k.startswith("ssl.") for k in self._client_conf) and \
+                not self.url.lower().startswith("https://"):
+            raise ConfigError(f"format 'debezium-avro-confluent': ssl.* options are set but url {self.url!r} is not "
+                              "https://; use the registry's https URL")
         self._lookup = schema_lookup
         self._client = None
         self._schemas: dict[int, Any] = {}           # schema id -> parsed writer schema
@@ -135,13 +149,26 @@ class DebeziumAvroDecoder(SchemaMixin):
             conf = {"url": self.url}
             if self._user_info:
                 conf["basic.auth.user.info"] = self._user_info.get_secret_value()
-            self._client = SchemaRegistryClient(conf)
+            conf.update({k: v.get_secret_value() if isinstance(v, SecretStr) else v for k, v in self._client_conf.items()})
+            try:
+                self._client = SchemaRegistryClient(conf)
+            except ssl.SSLError as exc:        # a subclass of OSError: first
+                raise ConfigError(f"format 'debezium-avro-confluent': the Schema Registry client's TLS files are not "
+                                  f"usable ({exc.reason or exc}): ssl.certificate.location and ssl.key.location must be "
+                                  "a matching PEM certificate and key (ssl.key.password for an encrypted key)") from None
+            except OSError as exc:     # a CA, certificate or key file that cannot be read (the path, not a secret)
+                raise ConfigError(f"format 'debezium-avro-confluent': cannot read a TLS file of the Schema Registry "
+                                  f"client: {exc.strerror or exc} ({exc.filename or 'ssl.* options'}); fix the "
+                                  "ssl.ca.location / ssl.certificate.location / ssl.key.location option") from None
         try:
             return self._client.get_schema(schema_id).schema_str
         except SchemaRegistryError as exc:
             if exc.http_status_code == 404:
                 raise Reject("malformed", f"schema id {schema_id} is not in the Schema Registry at {self.url}; "
                                           f"the message was written against another registry") from None
+            if exc.http_status_code in (401, 403):
+                raise SourceError(f"Schema Registry at {self.url} refused the credentials (HTTP {exc.http_status_code}) "
+                                  f"for schema id {schema_id}: check basic-auth.user-info or bearer-auth.token") from exc
             raise SourceError(f"Schema Registry at {self.url} failed for schema id {schema_id}: {exc}") from exc
         except Exception as exc:  # connection problems: not the message's fault, retry the batch
             raise SourceError(f"Schema Registry at {self.url} unreachable ({exc}); the batch will be retried") from exc
@@ -302,6 +329,45 @@ class DebeziumAvroDecoder(SchemaMixin):
 
 _AVRO_TO_CONNECT = {"int": "int32", "long": "int64", "float": "float32", "double": "float64",
                     "boolean": "boolean", "string": "string", "bytes": "bytes"}
+
+
+#: option -> the ``SchemaRegistryClient`` setting it becomes (besides ``url`` and ``basic-auth.user-info``)
+CLIENT_SETTINGS = {
+    "bearer_auth_token": "bearer.auth.token",
+    "bearer_auth_logical_cluster": "bearer.auth.logical.cluster",
+    "bearer_auth_identity_pool_id": "bearer.auth.identity.pool.id",
+    "ssl_ca_location": "ssl.ca.location",
+    "ssl_certificate_location": "ssl.certificate.location",
+    "ssl_key_location": "ssl.key.location",
+    "ssl_key_password": "ssl.key.password",
+}
+
+
+def _client_settings(opts: Mapping[str, Any]) -> dict[str, Any]:
+    """The registry client's TLS and bearer settings from the parsed options (secrets stay ``SecretStr``
+    until the client is made); a ConfigError for a combination the client cannot use.
+
+    | options | client |
+    | --- | --- |
+    | ``bearer-auth.token`` | ``bearer.auth.credentials.source: STATIC_TOKEN``, header ``Authorization: Bearer …`` |
+    | ``bearer-auth.logical-cluster`` / ``identity-pool-id`` | Confluent Cloud's headers (the client needs a logical cluster: empty when not given) |
+    | ``ssl.ca.location`` | verify the registry's certificate against this CA file (else the system's CAs) |
+    | ``ssl.certificate.location`` + ``ssl.key.location`` (+ ``ssl.key.password``) | client certificate |
+    """
+    conf = {CLIENT_SETTINGS[k]: v for k, v in opts.items() if k in CLIENT_SETTINGS and v is not None}
+    if "bearer.auth.token" in conf:
+        if opts.get("basic_auth_user_info") is not None:
+            raise ConfigError("format 'debezium-avro-confluent': set either basic-auth.user-info or "
+                              "bearer-auth.token, not both")
+        conf["bearer.auth.credentials.source"] = "STATIC_TOKEN"
+        conf.setdefault("bearer.auth.logical.cluster", "")
+    elif any(k.startswith("bearer.") for k in conf):
+        raise ConfigError("format 'debezium-avro-confluent': bearer-auth.logical-cluster and identity-pool-id go "
+                          "with bearer-auth.token; set the token (or bearer-auth.token_file)")
+    if ("ssl.key.location" in conf or "ssl.key.password" in conf) and "ssl.certificate.location" not in conf:
+        raise ConfigError("format 'debezium-avro-confluent': ssl.key.location / ssl.key.password need "
+                          "ssl.certificate.location (the client certificate)")
+    return conf
 
 
 def _row_record(envelope: Any) -> dict | None:

@@ -84,6 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
     _config_option(run)
     run.add_argument("--available-now", action="store_true",
                      help="read what the topics hold now, then stop (catch-up / batch mode)")
+    run.add_argument("--rebuild-views", action="store_true",
+                     help="when the views changed since the checkpoint was created: rebuild them from the sources' "
+                     "mirrored tables and continue from the checkpoint's offsets (the old checkpoint is kept at "
+                     "<checkpoint>.gen<N>) instead of refusing to start")
 
     demo = _command(sub, "demo", "mirror a simulated inventory database through an embedded broker and verify",
                     "Starts a Kafka broker inside this process (librdkafka's mock cluster), writes the change "
@@ -238,7 +242,8 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "run":
         from changelake.service.runner import PipelineRunner
         config = _load(args)
-        result = PipelineRunner(config).run(available_now=True if args.available_now else None)
+        result = PipelineRunner(config).run(available_now=True if args.available_now else None,
+                                            rebuild_views=args.rebuild_views)
         print(f"stopped after {result.totals.records:,} records in {result.seconds:.1f} s "
               f"({result.records_per_second:,.0f} records/s){' (signal)' if result.stopped_by_signal else ''}")
         if sys.stderr.isatty() and (config.pipeline.master or "local").startswith("local"):

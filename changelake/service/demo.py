@@ -60,6 +60,15 @@ def demo_config(*, bootstrap_servers: str, workdir: Path, metrics_port: int, pip
     return raw
 
 
+def write_demo_config(raw: dict[str, Any], path: Path) -> ChangelakeConfig:
+    """Write the demo's pipeline YAML to ``path`` and parse that same text: the run and the file agree,
+    and the sources' columns keep their declared order (a sorted dump would have every table created
+    with its columns in alphabetical order)."""
+    text = yaml.safe_dump(raw, sort_keys=False)
+    path.write_text(text)
+    return parse_config(text, origin=str(path))
+
+
 def verify(config: ChangelakeConfig, expected: dict[str, dict[int, dict[str, Any]]]) -> dict[str, str]:
     """Compare each Delta table with the expected final rows; returns table -> 'ok' or what differs."""
     results: dict[str, str] = {}
@@ -223,8 +232,7 @@ def run_demo(*, workdir: Path, changes: int = 30_000, seed: int = 7, metrics_por
         print(f"  wrote {n:,} Debezium JSON messages (snapshot {sum(sizes.values()):,} rows, {changes:,} changes, "
               f"500 re-delivered) to {len(TABLES)} topics", file=out)
         raw = demo_config(bootstrap_servers=broker.bootstrap_servers, workdir=workdir, metrics_port=metrics_port)
-        (workdir / "pipeline.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
-        config = parse_config(yaml.safe_dump(raw), origin=str(workdir / "pipeline.yaml"))
+        config = write_demo_config(raw, workdir / "pipeline.yaml")
         runner = PipelineRunner(config)
         spark_log = workdir / "spark.log"
         print(f"  running the pipeline (Spark's own log: {spark_log})", file=out)

@@ -20,6 +20,9 @@ At start (:func:`prepare`), before the query reads anything::
     existing, recorded             a view added or changed, or the state     refused: start a new checkpoint
                                    moved (a stateful view added, removed,
                                    reordered; buckets, two_level)
+    existing, recorded,            a view added or changed, or the state     generation g + 1 from the mirrored
+      run --rebuild-views          moved                                     tables (service.rebuild); the old
+                                                                              checkpoint kept at <checkpoint>.gen<g>
     existing, recorded             a view whose table is no longer written   its generation (logged)
     existing, not recorded         (a checkpoint of an older changelake)     generation 0, recorded now (views
                                                                               changed before cannot be told)
@@ -69,9 +72,11 @@ class Lineage:
     views: dict[str, str] = field(default_factory=dict)     # graph table -> fingerprint of its views
     state: str | None = None                                 # fingerprint of the operators' state
     created: str = ""
+    rebuild: dict | None = None                              # where it starts from the lake (service.rebuild)
 
     def to_json(self) -> dict:
-        return {"generation": self.generation, "views": self.views, "state": self.state, "created": self.created}
+        out = {"generation": self.generation, "views": self.views, "state": self.state, "created": self.created}
+        return out | ({"rebuild": self.rebuild} if self.rebuild else {})
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any], where: str) -> "Lineage":
@@ -79,7 +84,7 @@ class Lineage:
             raise RestartRefused(f"{where} holds no checkpoint record this version knows: {dict(data)!r}; was the "
                                  "checkpoint written by a newer changelake?")
         return cls(generation=data["generation"], views=dict(data.get("views", {})), state=data.get("state"),
-                   created=str(data.get("created", "")))
+                   created=str(data.get("created", "")), rebuild=data.get("rebuild"))
 
 
 @dataclass(frozen=True)
@@ -90,19 +95,39 @@ class Start:
     generation: int
     replaced: frozenset[str] = frozenset()
     new_checkpoint: bool = False
+    #: the checkpoint rebuilds the views from the lake (``service.rebuild``); None: it reads the topics
+    rebuild: Any = None
 
 
 def prepare(config: ChangelakeConfig, plan: PhysicalPlan | None, *, buckets: int | Mapping[str, int] = 32,
-            default_buckets: int = 32) -> Start:
+            default_buckets: int = 32, rebuild_views: bool = False) -> Start:
     """Check the checkpoint against the lake and the views (module docstring); record it when it is new.
-    Raises :class:`RestartRefused` with what to do."""
+    With ``rebuild_views``, changed views on an existing checkpoint start the next generation from the
+    mirrored tables instead (``service.rebuild``). Raises :class:`RestartRefused` with what to do."""
+    from changelake.service import rebuild as rebuilds
+
     checkpoint = config.pipeline.checkpoint
     recorded = read_lineage(checkpoint)
-    last = last_committed_batch(checkpoint)
     existing = recorded is not None or _has_offsets(checkpoint)
     positions = dict(_recorded_positions(config))
     views = table_fingerprints(plan) if plan is not None else {}
     state = state_fingerprint(plan, buckets, default_buckets) if plan is not None else None
+    rebuild = None
+    if recorded is not None and recorded.rebuild and last_committed_batch(checkpoint) is None:
+        rebuild = rebuilds.Rebuild.from_json(recorded.rebuild)      # a rebuild whose first batch is not done
+    elif rebuild_views and plan is not None and recorded is not None and _views_moved(recorded, views, state):
+        try:
+            rebuild = rebuilds.plan_rebuild(config, plan, recorded.generation)
+        except rebuilds.RebuildRefused as exc:
+            raise RestartRefused(str(exc)) from None
+        rebuilds.move_checkpoint(config, rebuild)          # the old checkpoint kept aside
+        recorded, existing = None, False
+    elif not existing and positions and plan is not None:    # a rebuild interrupted after the move
+        newest = max(split_commit_position(p)[0] for p in positions.values())
+        rebuild = rebuilds.interrupted(config, newest)
+    if rebuild is not None and not existing:
+        rebuilds.start_new(config, rebuild)
+    last = last_committed_batch(checkpoint)
 
     if recorded is not None:
         generation = recorded.generation
@@ -122,21 +147,28 @@ def prepare(config: ChangelakeConfig, plan: PhysicalPlan | None, *, buckets: int
     replaced = frozenset(t for t in graph_tables
                          if t in positions and split_commit_position(positions[t])[0] < generation)
     if replaced:
-        _check_recomputable(config, plan, replaced, generation, positions)
+        _check_recomputable(config, plan, replaced, generation, positions, from_lake=rebuild is not None)
     if recorded is None or recorded.views != views or recorded.state != state:
         created = recorded.created if recorded is not None else datetime.now(timezone.utc).isoformat()
-        write_lineage(checkpoint, Lineage(generation=generation, views=views, state=state, created=created))
+        write_lineage(checkpoint, Lineage(generation=generation, views=views, state=state, created=created,
+                                          rebuild=rebuild.to_json() if rebuild is not None else None))
     if not existing and positions:
         log.info("new checkpoint %s on a lake this pipeline wrote before (up to %s): generation %d; its writes "
                  "come after the older checkpoints'", checkpoint, describe(max(positions.values())), generation)
-    return Start(generation=generation, replaced=replaced, new_checkpoint=not existing)
+    return Start(generation=generation, replaced=replaced, new_checkpoint=not existing, rebuild=rebuild)
+
+
+def _views_moved(recorded: Lineage, views: Mapping[str, str], state: str | None) -> bool:
+    """A view added or changed, or the operators' state moved, since the checkpoint was recorded."""
+    added_or_changed = any(recorded.views.get(t) != f for t, f in views.items())
+    return added_or_changed or not (state == recorded.state or recorded.state is None and state is None)
 
 
 def _check_views(config: ChangelakeConfig, recorded: Lineage, views: Mapping[str, str], state: str | None) -> None:
     added = sorted(set(views) - set(recorded.views))
     changed = sorted(t for t in views if t in recorded.views and views[t] != recorded.views[t])
     removed = sorted(set(recorded.views) - set(views))
-    if not added and not changed and (state == recorded.state or recorded.state is None and state is None):
+    if not _views_moved(recorded, views, state):
         for table in removed:
             log.info("table %s is no longer written by this pipeline (its view was removed); its rows stay", table)
         return
@@ -149,7 +181,8 @@ def _check_views(config: ChangelakeConfig, recorded: Lineage, views: Mapping[str
         "new checkpoint: move the checkpoint directory away (or set pipeline.checkpoint to a new path) and run "
         "again. The new checkpoint re-reads every source from its starting_offsets (keep them at earliest), "
         "mirrored tables keep their rows, and each view's table is replaced by the view's recomputed rows in its "
-        f"first commit ({RESTART_DOC})")
+        "first commit. Or run with --rebuild-views: the views are rebuilt from the sources' mirrored tables and "
+        f"continue from this checkpoint's offsets, without re-reading the topics ({RESTART_DOC})")
 
 
 def _check_positions(positions: Mapping[str, int], generation: int, last: int, checkpoint: str) -> None:
@@ -172,8 +205,9 @@ def _check_positions(positions: Mapping[str, int], generation: int, last: int, c
 
 
 def _check_recomputable(config: ChangelakeConfig, plan: PhysicalPlan, replaced: frozenset[str], generation: int,
-                        positions: Mapping[str, int]) -> None:
-    """A view recomputed by a new checkpoint is right only when it reads every source from the start."""
+                        positions: Mapping[str, int], *, from_lake: bool = False) -> None:
+    """A view recomputed by a new checkpoint is right only when it reads every source from the start (or,
+    ``from_lake``, from the mirrored tables' snapshot: ``service.rebuild``)."""
     for table in sorted(replaced):
         if config.table(table).history is not None:
             raise RestartRefused(
@@ -182,7 +216,7 @@ def _check_recomputable(config: ChangelakeConfig, plan: PhysicalPlan, replaced: 
                 f"version again. Keep running the checkpoint that wrote it, or move the table away ({RESTART_DOC})")
         sink = next(n for n in plan.sinks if n.table == table)
         starts = {s.name: s.starting_offsets for s in config.sources}
-        late = sorted(s for s in _sources_of(plan, sink.id) if starts.get(s) != "earliest")
+        late = [] if from_lake else sorted(s for s in _sources_of(plan, sink.id) if starts.get(s) != "earliest")
         if late:
             raise RestartRefused(
                 f"table {table} was written by {describe(positions[table])}; this new checkpoint (generation "

@@ -186,6 +186,9 @@ class BatchProcessor:
         #: graph tables an older checkpoint generation wrote: this one's first commit replaces them, even
         #: when the view has no change in it
         self.replacing: set[str] = set()
+        #: route -> its mirrored table's snapshot, fed to the graph by a rebuilt checkpoint's first batch
+        #: (``changelake.service.rebuild``; set by :func:`start_query`)
+        self.snapshots: dict[int, Any] = {}
 
     def start_generation(self, generation: int, replaced: Sequence[str] = ()) -> None:
         """Run as checkpoint generation ``generation`` (every write's commit position); ``replaced``: the
@@ -274,7 +277,8 @@ class BatchProcessor:
         then holds their dead letters, key-change counts and truncates, not their rows."""
         stats, parts = self.stage.split(out)
         for i, got in parts.items():
-            self.epochs.take(self.routes[i].spec.name, got)
+            if "epochs" in got or "epochchg" in got:     # a source route's (graph changes are keyed by graph table)
+                self.epochs.take(self.routes[i].spec.name, got)
         self._dropped, self._positions = {}, {}
         self.keys.learn(_key_shapes(self.routes, parts))
         graph_changes = {self.graph_tables[i]: got.pop(CHANGES_PART) for i, got in parts.items()
@@ -758,17 +762,35 @@ def kafka_reader_options(config: ChangelakeConfig) -> dict[str, str]:
 
 
 def start_query(spark: Any, config: ChangelakeConfig, processor: BatchProcessor, *,
-                available_now: bool | None = None) -> Any:
-    """Start ``processor``'s streaming query (:mod:`changelake.spark.query`); returns Spark's StreamingQuery."""
+                available_now: bool | None = None, rebuild_views: bool = False) -> Any:
+    """Start ``processor``'s streaming query (:mod:`changelake.spark.query`); returns Spark's StreamingQuery.
+    ``rebuild_views``: changed views start from the mirrored tables (``changelake.service.rebuild``)."""
     from changelake.spark.query import PipelineQuery, start
 
     from changelake.service.lifecycle import prepare
     from changelake.spark.compile import DEFAULT_BUCKETS
 
     once = config.pipeline.available_now if available_now is None else available_now
-    begun = prepare(config, processor.plan, buckets=processor.buckets, default_buckets=DEFAULT_BUCKETS)
+    begun = prepare(config, processor.plan, buckets=processor.buckets, default_buckets=DEFAULT_BUCKETS,
+                    rebuild_views=rebuild_views)
     processor.start_generation(begun.generation, sorted(begun.replaced))
+    options = kafka_reader_options(config)
+    if begun.rebuild is not None:
+        options.update(_rebuild_options(config, processor, begun.rebuild))
     processor.query = PipelineQuery(processor, read_tasks=config.pipeline.read_tasks)
     return start(spark, processor.query, name=config.pipeline.id, checkpoint=config.pipeline.checkpoint,
-                 reader_options=kafka_reader_options(config), available_now=once,
+                 reader_options=options, available_now=once,
                  trigger_seconds=parse_duration(config.pipeline.trigger_interval), group_id=consumer_group(config))
+
+
+def _rebuild_options(config: ChangelakeConfig, processor: BatchProcessor, rebuild: Any) -> dict[str, str]:
+    """A rebuilt checkpoint (``changelake.service.rebuild``): its sources start at the old checkpoint's offsets,
+    and its first batch feeds the mirrored tables' snapshots to the graph (``processor.snapshots``)."""
+    from changelake.connectors.delta_read import TableSnapshot
+    from changelake.service.rebuild import reader_options
+
+    options = config.storage.plain_options()
+    processor.snapshots = {i: TableSnapshot(config.table_path(processor.routes[i].spec.table),
+                                            rebuild.tables[processor.routes[i].spec.name], dict(options))
+                           for i in processor.graph_routes}
+    return {**reader_options(rebuild), "snapshotRoutes": ",".join(str(i) for i in sorted(processor.snapshots))}

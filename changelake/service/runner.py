@@ -59,7 +59,8 @@ class PipelineRunner:
             log.info("stop requested; finishing the current micro-batch")
         self._stop.set()
 
-    def run(self, *, available_now: bool | None = None, install_signal_handlers: bool = True) -> RunResult:
+    def run(self, *, available_now: bool | None = None, install_signal_handlers: bool = True,
+            rebuild_views: bool = False) -> RunResult:
         cfg = self.config
         if install_signal_handlers and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self.request_stop)
@@ -83,7 +84,7 @@ class PipelineRunner:
         spark.streams.addListener(listener)
         processor = BatchProcessor(cfg, spark=spark)
         started = time.monotonic()
-        query = start_query(spark, cfg, processor, available_now=available_now)
+        query = start_query(spark, cfg, processor, available_now=available_now, rebuild_views=rebuild_views)
         self.health.query_active = lambda: query.isActive
         self.health.trigger_active = lambda: bool(query.status.get("isTriggerActive", False))
         try:

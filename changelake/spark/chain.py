@@ -477,6 +477,15 @@ class SourceEnvelopes:
         if out.target or out.sent:
             yield out.batch()
 
+    def snapshot(self, route: int, rows: pa.Table) -> Iterator[pa.RecordBatch]:
+        """A mirrored source's table snapshot (``route``'s rows as +I changes, at least the source node's
+        columns: ``changelake.service.rebuild`` checked the table holds them) to the graph only: its table
+        already holds them."""
+        out = Envelopes(self.chain, -1)
+        route_source(Router(self.chain), self.sources.get(route, ()), rows, out)
+        if out.target or out.sent:
+            yield out.batch()
+
     def _route(self, rows: Mapping[int, list[pa.Table]], out: Envelopes) -> None:
         router = Router(self.chain)
         for route, tables in rows.items():
@@ -489,8 +498,15 @@ class RoutedStage:
 
     spark_schema = ENVELOPE
 
-    def __init__(self, stage: Any, envelopes: SourceEnvelopes) -> None:
+    def __init__(self, stage: Any, envelopes: SourceEnvelopes, snapshots: Mapping[int, Any] | None = None) -> None:
         self.stage, self.envelopes = stage, envelopes
+        #: route -> its mirrored table's snapshot (``TableSnapshot``) for a rebuilt checkpoint's first batch
+        self.snapshots = dict(snapshots or {})
+
+    def snapshot(self, route: int) -> Iterator[pa.RecordBatch]:
+        """A :class:`~changelake.spark.kafka_source.SnapshotTask`: the route's table snapshot as envelopes."""
+        for batch in self.envelopes.snapshot(route, self.snapshots[route].changes()):
+            yield pa.RecordBatch.from_arrays(batch.columns, schema=_NULLABLE_ENVELOPE)
 
     def begin(self, epochs: dict) -> None:
         """The read task's partitions' epoch states at their start (:meth:`DecodeStage.begin`)."""

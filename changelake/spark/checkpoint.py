@@ -129,7 +129,12 @@ def _epoch_files(checkpoint: str) -> tuple[Any, str, list[int]]:
     return fs, root, ids
 
 
-def _read_epochs(fs: Any, root: str, batch_id: int) -> dict[str, dict[str, dict]]:
+#: ``<checkpoint>/sequence_epochs/start.json``: the epoch states a rebuilt checkpoint starts from (those of
+#: the checkpoint it continues, :func:`carry_epochs`), under every batch's own
+EPOCHS_START = "start"
+
+
+def _read_epochs(fs: Any, root: str, batch_id: int | str) -> dict[str, dict[str, dict]]:
     try:
         with fs.open_input_stream(f"{root}/{EPOCHS_DIR}/{batch_id}.json") as f:
             data = json.loads(f.read().decode())
@@ -154,14 +159,31 @@ def epochs_at(checkpoint: str, wanted: dict[tuple[str, int], int]) -> dict[tuple
                 found[(topic, p)] = entry
         if len(found) == len(wanted):
             break
+    if len(found) < len(wanted):
+        start = _read_epochs(fs, root, EPOCHS_START)
+        for (topic, p), offset in wanted.items():
+            entry = start.get(topic, {}).get(str(p))
+            if (topic, p) not in found and isinstance(entry, dict) and int(entry.get("at", 0)) <= offset:
+                found[(topic, p)] = entry
     return found
+
+
+def carry_epochs(old: str, new: str, batch_id: int) -> None:
+    """Start checkpoint ``new`` from the epoch states checkpoint ``old`` held after its batch ``batch_id``."""
+    fs, root, ids = _epoch_files(old)
+    at = next((i for i in ids if i <= batch_id), None)
+    data = _read_epochs(fs, root, at) if at is not None else {}
+    nfs, nroot = filesystem(new)
+    nfs.create_dir(f"{nroot}/{EPOCHS_DIR}", recursive=True)
+    with nfs.open_output_stream(f"{nroot}/{EPOCHS_DIR}/{EPOCHS_START}.json") as f:
+        f.write(json.dumps(data, sort_keys=True).encode())
 
 
 def write_epochs(checkpoint: str, batch_id: int, states: dict[tuple[str, int], dict]) -> None:
     """Record the partitions' epoch states after batch ``batch_id`` (on top of those of the batch before it)."""
     fs, root, ids = _epoch_files(checkpoint)
     earlier = next((i for i in ids if i < batch_id), None)
-    data = _read_epochs(fs, root, earlier) if earlier is not None else {}
+    data = _read_epochs(fs, root, earlier if earlier is not None else EPOCHS_START)
     for (topic, p), state in states.items():
         data.setdefault(topic, {})[str(p)] = state
     fs.create_dir(f"{root}/{EPOCHS_DIR}", recursive=True)

@@ -46,7 +46,8 @@ from changelake.changelog import DEAD_LETTER_SCHEMA, OFFSET, PARTITION, TOPIC
 from changelake.formats.message_key import key_shapes
 from changelake.formats.sequence import PartitionEpoch, Sequencer, changes_table, resequenced, states_table
 from changelake.key_changes import split_key_changes
-from changelake.spark.kafka_source import ARROW_SCHEMA, KafkaOptions, KafkaSource, KafkaStreamReader, split_markers
+from changelake.spark.kafka_source import (ARROW_SCHEMA, KafkaOptions, KafkaSource, KafkaStreamReader, SnapshotTask,
+                                          split_markers)
 from changelake.spark.payloads import from_ipc, to_ipc
 
 SCHEMA = pa.schema([pa.field("_route", pa.int16()), pa.field("part", pa.string()), pa.field("payload", pa.binary())])
@@ -183,6 +184,8 @@ class DecodingStreamReader(KafkaStreamReader):
         self.stage = stage
 
     def read(self, partition: Any) -> Iterator[pa.RecordBatch]:
+        if isinstance(partition, SnapshotTask):     # a rebuilt checkpoint's first batch (RoutedStage.snapshot)
+            return self.stage.snapshot(partition.route)
         begin = getattr(self.stage, "begin", None)
         if begin is not None:
             begin({(r.topic, r.partition): r.epoch for r in getattr(partition, "ranges", ()) if r.epoch})

@@ -106,6 +106,9 @@ class KafkaOptions:
     sequence_state: str | None = None
     replay_topics: str | None = None
     replay_pipeline: str | None = None
+    #: routes whose mirrored table's snapshot goes into the first batch of a rebuilt checkpoint
+    #: (``snapshotRoutes``; :class:`SnapshotTask`), while ``sequence_state`` (the checkpoint) has no committed batch
+    snapshot_routes: tuple[int, ...] = ()
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> "KafkaOptions":
@@ -143,6 +146,7 @@ class KafkaOptions:
             sequence_state=opts.get("sequencestate") or None,
             replay_topics=opts.get("replaytopics") or None,
             replay_pipeline=opts.get("replaypipeline") or None,
+            snapshot_routes=tuple(int(r) for r in opts.get("snapshotroutes", "").split(",") if r.strip()),
         )
 
     def is_replay(self, topic: str) -> bool:
@@ -204,6 +208,16 @@ class KafkaReadTask(InputPartition):
     def __init__(self, ranges: list[KafkaRange]) -> None:
         super().__init__([(r.topic, r.partition, r.start, r.end) for r in ranges])
         self.ranges = ranges
+
+
+class SnapshotTask(InputPartition):
+    """The rows of a mirrored source's table at the snapshot a rebuilt checkpoint starts from: read by a task
+    of the checkpoint's first batch beside its Kafka ranges (``changelake.service.rebuild``). The decoding
+    stage reads it (``stage.snapshot(route)``); a plain Kafka reader yields nothing for it."""
+
+    def __init__(self, route: int) -> None:
+        super().__init__(("snapshot", route))
+        self.route = route
 
 
 def pack_ranges(ranges: list[KafkaRange], tasks: int) -> list[KafkaReadTask]:
@@ -386,7 +400,17 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             found = epochs_at(self.options.sequence_state, {(r.topic, r.partition): r.start for r in ranges})
             for r in ranges:
                 r.epoch = found.get((r.topic, r.partition))
-        return pack_ranges(ranges, self.options.read_tasks)
+        return [*pack_ranges(ranges, self.options.read_tasks), *self._snapshot_tasks()]
+
+    def _snapshot_tasks(self) -> list["SnapshotTask"]:
+        """The snapshot's tasks, in the checkpoint's first batch only (also when a crash replays it)."""
+        if not self.options.snapshot_routes or not self.options.sequence_state:
+            return []
+        from changelake.spark.checkpoint import last_committed_batch
+
+        if last_committed_batch(self.options.sequence_state) is not None:
+            return []
+        return [SnapshotTask(r) for r in self.options.snapshot_routes]
 
     def commit(self, end: Offsets) -> None:
         pass    # offsets live in Spark's checkpoint; the query tells the consumer group (commit_group_offsets)
@@ -398,7 +422,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # --- executor side -----------------------------------------------------
     def read(self, partition: KafkaReadTask) -> Iterator[pa.RecordBatch]:
-        for rng in partition.ranges:
+        for rng in getattr(partition, "ranges", ()):
             yield from read_range(self.options, rng)
 
 

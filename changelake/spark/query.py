@@ -20,6 +20,9 @@ The query (:meth:`PipelineQuery.stream`)::
     ``process_decoded`` as a DataFrame (``frames``) for its sink's ``apply_frame``
     (:mod:`changelake.spark.batch_frames`).
 
+A rebuilt checkpoint's first batch also reads the mirrored sources' table snapshots (the processor's
+``snapshots``, route -> ``TableSnapshot``; ``changelake.service.rebuild``) into the chain.
+
 The processor is duck-typed (``stage``, ``plan``, ``routes``, ``graph_routes``, ``buckets``,
 ``graph_tables``, ``framed_tables``, ``process_decoded``): this wing imports nothing from the service above it.
 """
@@ -76,7 +79,7 @@ class PipelineQuery:
         nodes = source_nodes(p.plan)
         envelopes = SourceEnvelopes(self._chain, {i: nodes[node.source] for i, node in p.graph_routes.items()},
                                     mirrored=[i for i in p.graph_routes if p.routes[i].spec.table is not None])
-        return RoutedStage(p.stage, envelopes)
+        return RoutedStage(p.stage, envelopes, getattr(p, "snapshots", None))
 
     def stream(self, decoded: Any) -> Any:
         """The streaming DataFrame ``foreachBatch`` receives, from the decoding source registered with

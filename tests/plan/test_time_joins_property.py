@@ -459,8 +459,11 @@ def test_the_histories_reach_late_rows_the_watermark_ties_and_restarts():
     """The strategies reach what the properties are about (not only empty or in-order histories)."""
     seen = Counter()
 
-    @settings(SETTINGS, max_examples=60)
+    # the histories at the bounds are always among them (in a full test run the rarest case, a version
+    # exactly at the watermark, was drawn 0 times in 60 examples once: more examples, and the explicit ones)
+    @settings(SETTINGS, max_examples=150)
     @given(interval=interval_cases(), temporal=temporal_cases())
+    @example(interval=INTERVAL_AT_THE_BOUNDS, temporal=TEMPORAL_AT_THE_BOUNDS)
     def survey(interval, temporal):
         before, after, delays, batches, restart_after = interval
         at = Counter()
