@@ -88,6 +88,22 @@ DELTA_SPARK_CLASS = "io.delta.tables.DeltaTable"
 DELTA_SPARK_PACKAGE = "io.delta:delta-spark_4.2_2.13:4.4.0"   # the `delta` JVM set (jvm/pom.xml)
 DELTA_SPARK_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
 DELTA_SPARK_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
+#: characters delta-spark refuses in a column name without column mapping (delta-rs writes them)
+DELTA_SPARK_INVALID_NAME_CHARS = " ,;{}()\n\t="
+
+
+def delta_spark_refused_columns(names: Sequence[str]) -> list[str]:
+    """The column names that Delta Lake for Spark refuses (without column mapping, which changelake does
+    not enable) and delta-rs writes: checked at ``validate`` for declared columns and at table creation."""
+    return [n for n in names if any(c in n for c in DELTA_SPARK_INVALID_NAME_CHARS)]
+
+
+def delta_spark_refusal(table: str, names: Sequence[str]) -> str:
+    """Why the delta-spark engine cannot write ``names`` of ``table``, and the ways out."""
+    return (f"table {table}: the delta-spark engine cannot write the column(s) {', '.join(repr(n) for n in names)}: "
+            f"Delta Lake for Spark refuses a space or any of ',;{{}}()=' and tabs or newlines in a column name "
+            f"unless column mapping is on, which changelake does not enable; rename the column(s) (in the source, "
+            f"or in the view that names them), or use storage.engine: delta-rs")
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,8 @@ from changelake.connectors.delta_sink import (
     MergeCounts,
     TableSpec,
     _Begun,
+    delta_spark_refusal,
+    delta_spark_refused_columns,
 )
 from changelake.connectors.delta_sink import open_sink as open_rs_sink
 from changelake.connectors.delta_sink_rs import DeltaRsSink
@@ -67,8 +69,6 @@ from changelake.spark import delta_sink_frames as frames
 
 log = logging.getLogger(__name__)
 
-#: characters delta-spark refuses in a column name without column mapping (delta-rs writes them)
-DELTA_SPARK_INVALID_NAME_CHARS = " ,;{}()\n\t="
 TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
 
@@ -219,13 +219,9 @@ class DeltaSparkSink(FrameBatches, DeltaUpsertSink):
                       partition_by: tuple[str, ...] | None = None) -> None:
         from delta.tables import DeltaTable
 
-        refused = [name for name in schema.names if any(c in name for c in DELTA_SPARK_INVALID_NAME_CHARS)]
+        refused = delta_spark_refused_columns(schema.names)
         if refused:
-            raise SinkCommitError(
-                f"table {self.spec.name}: the delta-spark engine cannot write the column(s) "
-                f"{', '.join(repr(n) for n in refused)}: Delta Lake for Spark refuses a space or any of "
-                f"',;{{}}()=' and tabs or newlines in a column name unless column mapping is on, which changelake "
-                f"does not enable; rename the column(s) in the source, or use storage.engine: delta-rs")
+            raise SinkCommitError(delta_spark_refusal(self.spec.name, refused))
         parts = self.spec.partition_by if partition_by is None else partition_by
         builder = (DeltaTable.createIfNotExists(self._session)
                    .location(path or self.spec.path)
@@ -338,12 +334,28 @@ class DeltaSparkSink(FrameBatches, DeltaUpsertSink):
             if given is None:
                 conf.set(listing, str(max(1, self._session.sparkContext.defaultParallelism)))
             try:
+                before = self._data_files(path)
                 self._delta(path).vacuum(retention.total_seconds() / 3600)
             finally:
                 conf.unset("spark.databricks.delta.retentionDurationCheck.enabled")
                 if given is None:
                     conf.unset(listing)
-        return 0                    # delta-spark's Python vacuum() does not say how many files it deleted
+        # delta-spark's vacuum() does not say how many files it deleted: count them, as delta-rs reports
+        return max(0, before - self._data_files(path))
+
+    def _data_files(self, path: str) -> int:
+        """Files under the table's directory outside ``_delta_log`` (data, deletion vectors, change data),
+        listed through Hadoop's FileSystem: what VACUUM may delete, on any store delta-spark writes."""
+        jvm = self._session._jvm
+        hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
+        fs = hadoop_path.getFileSystem(self._session._jsc.hadoopConfiguration())
+        if not fs.exists(hadoop_path):
+            return 0
+        files, count = fs.listFiles(hadoop_path, True), 0
+        while files.hasNext():
+            if "/_delta_log/" not in files.next().getPath().toUri().getPath():
+                count += 1
+        return count
 
     def _is_conflict(self, exc: BaseException) -> bool:
         from delta import exceptions as delta_exceptions
