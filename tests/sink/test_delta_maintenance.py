@@ -109,10 +109,12 @@ def test_hundreds_of_tiny_batches_keep_files_bounded_and_readers_see_the_same_ro
 
 
 def test_table_properties_are_set_at_creation_and_on_an_existing_table(make_sink):
-    sink = make_sink("p", properties={"delta.logRetentionDuration": "interval 3 days"})
+    # (Delta for Spark refuses a log retention below delta.deletedFileRetentionDuration, 7 days by default:
+    # changelake validate says so, tests/service/test_validate_checks.py)
+    sink = make_sink("p", properties={"delta.logRetentionDuration": "interval 8 days"})
     sink.apply(changes([("+I", 1, 1, "a")]), batch_id=0)
     config = DeltaTable(sink.spec.path).metadata().configuration
-    assert config["delta.logRetentionDuration"] == "interval 3 days"
+    assert config["delta.logRetentionDuration"] == "interval 8 days"
     assert config["changelake.primaryKey"] == '["id"]'          # the sink's own stay
 
     reopened = make_sink("p", properties={"delta.logRetentionDuration": "interval 10 days",
