@@ -346,16 +346,14 @@ class DeltaSparkSink(FrameBatches, DeltaUpsertSink):
     def _data_files(self, path: str) -> int:
         """Files under the table's directory outside ``_delta_log`` (data, deletion vectors, change data),
         listed through Hadoop's FileSystem: what VACUUM may delete, on any store delta-spark writes."""
-        jvm = self._session._jvm
-        hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
-        fs = hadoop_path.getFileSystem(self._session._jsc.hadoopConfiguration())
-        if not fs.exists(hadoop_path):
+        hadoop_fs = self._session._jvm.org.apache.hadoop.fs
+        table = hadoop_fs.Path(path)
+        fs = table.getFileSystem(self._session._jsc.hadoopConfiguration())
+        if not fs.exists(table):
             return 0
-        files, count = fs.listFiles(hadoop_path, True), 0
-        while files.hasNext():
-            if "/_delta_log/" not in files.next().getPath().toUri().getPath():
-                count += 1
-        return count
+        log_dir = hadoop_fs.Path(table, "_delta_log")
+        in_log = fs.getContentSummary(log_dir).getFileCount() if fs.exists(log_dir) else 0
+        return int(fs.getContentSummary(table).getFileCount()) - int(in_log)
 
     def _is_conflict(self, exc: BaseException) -> bool:
         from delta import exceptions as delta_exceptions
