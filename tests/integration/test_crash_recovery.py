@@ -55,7 +55,7 @@ def test_sigkill_then_restart_applies_every_change_exactly_once(kafka, tmp_path,
     prefix = kafka.topic("crash")
     db = write_history(kafka.bootstrap_servers, seed=23, changes=2_000, topic_prefix=prefix, redeliver=100)
     config, path = pipeline_config(kafka.bootstrap_servers, tmp_path, topic_prefix=prefix, max_records=800,
-                                   overrides={"storage": {"engine": engine}})
+                                   overrides={"storage": {"engine": engine}}, vacuum=engine == "delta-rs")
 
     crashed = _run_pipeline(path, fault=fault)
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-3000:]
