@@ -73,7 +73,14 @@ def engine_fixture(engines) -> object:
     return engine
 
 
-engine = engine_fixture(ENGINES)
+#: the default: delta-spark in its pipeline form for framed tables (``delta-spark-frames``); both
+#: delta-spark forms share everything after the batch's reduction (the MERGEs, tombstones, schema
+#: changes, truncates), the reduction of ``apply`` is the Arrow kernel delta-rs runs, and each case on
+#: delta-spark costs ~10 s of CPU (Spark jobs per MERGE): the modules whose subject is how a batch's
+#: values and nulls reach the MERGE (test_schema_positions.py, test_delta_sink_null_keys.py) and the
+#: suites around the batch (:data:`AROUND_THE_BATCH`) run ``delta-spark`` (``apply``, an Arrow table) too
+DEFAULT_FORMS = tuple(p for p in ENGINES if p.values[0] != "delta-spark")
+engine = engine_fixture(DEFAULT_FORMS)
 #: the engines without delta-rs-frames, for the suites of what happens around a batch's reduction
 #: (maintenance, many-batch properties): delta-rs-frames shares that code with delta-rs, and takes
 #: seconds of Spark jobs per batch
