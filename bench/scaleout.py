@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/scaleout.py [--changes 20000] [--batch 5000]
     .venv/bin/python bench/scaleout.py --quick     # 1,500 changes, batches of 700 (tests/integration/test_cluster_mode.py)
+    .venv/bin/python bench/scaleout.py --engine delta-spark   # MERGE on the executors (the delta JVM set, --jars)
 
 Writes one inventory history (three Debezium JSON tables, ~2% redelivered) to a broker
 (``--broker real|embedded``, bench/common.py),
@@ -45,7 +46,9 @@ MASTERS = ("local[2]", "local-cluster[2,1,1024]")
 TABLES = ["customers", "products", "orders", "sales_by_category", "top_categories"]
 
 
-def spark_submit(master: str, config: Path) -> subprocess.CompletedProcess:
+def spark_submit(master: str, config: Path, engine: str = "auto") -> subprocess.CompletedProcess:
+    """``engine`` delta-spark: the ``delta`` JVM set passed with ``--jars`` (spark-submit's driver JVM is
+    started before the session builder could add them) with Delta's extension and catalog."""
     import pyspark
 
     spark_home = os.path.dirname(pyspark.__file__)
@@ -54,14 +57,23 @@ def spark_submit(master: str, config: Path) -> subprocess.CompletedProcess:
     for var in ("SPARK_CONF_DIR", "PYSPARK_SUBMIT_ARGS", "SPARK_DRIVER_MEMORY", "CHANGELAKE_FAULT"):
         env.pop(var, None)
     cmd = ["nice", "-n", "10", os.path.join(spark_home, "bin", "spark-submit"), "--master", master,
-           "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.ui.enabled=false",
-           str(DRIVER), "run", "--available-now", "-c", str(config)]
+           "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.ui.enabled=false"]
+    if engine == "delta-spark":
+        from changelake.connectors.delta_sink import DELTA_SPARK_CATALOG, DELTA_SPARK_EXTENSION
+        from changelake.spark.delta_jars import missing, session_jars
+
+        if missing():
+            raise SystemExit(f"--engine delta-spark: {missing()}")
+        cmd += ["--jars", ",".join(session_jars()), "--conf", f"spark.sql.extensions={DELTA_SPARK_EXTENSION}",
+                "--conf", f"spark.sql.catalog.spark_catalog={DELTA_SPARK_CATALOG}"]
+    cmd += [str(DRIVER), "run", "--available-now", "-c", str(config)]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
 
 
-def write_config(servers: str, workdir: Path, prefix: str, batch: int) -> Path:
+def write_config(servers: str, workdir: Path, prefix: str, batch: int, engine: str = "auto") -> Path:
     raw = demo_config(bootstrap_servers=servers, workdir=workdir, metrics_port=0, pipeline_id=f"scaleout-{prefix}",
                       max_records_per_batch=batch)
+    raw["storage"]["engine"] = engine
     for s in raw["sources"]:
         s["topics"] = [t.replace(SERVER, prefix, 1) for t in s["topics"]]
     assert "master" not in raw["pipeline"]          # spark-submit alone decides
@@ -91,6 +103,8 @@ def main() -> int:
     ap.add_argument("--workdir", default="bench/out/scaleout")
     add_broker_option(ap)
     ap.add_argument("--quick", action="store_true", help="smoke run: 1,500 changes, batches of 700")
+    ap.add_argument("--engine", choices=("auto", "delta-rs", "delta-spark"), default="auto",
+                    help="storage.engine of both runs (auto: delta-rs on these local masters)")
     args = ap.parse_args()
     sizes = {"customers": 400, "products": 600, "orders": 1_000}
     if args.quick:
@@ -98,6 +112,7 @@ def main() -> int:
     work = Path(args.workdir).absolute()
     shutil.rmtree(work, ignore_errors=True)
     print(f"machine: {machine()}")
+    print(f"storage.engine: {args.engine}")
     failures: list[str] = []
     with open_broker(args.broker, quick=args.quick) as broker:
         prefix = "scaleout"
@@ -108,9 +123,10 @@ def main() -> int:
         print(f"produced {n:,} messages")
         runs = {}
         for master in MASTERS:
-            path = write_config(broker.bootstrap_servers, work / re.sub(r"\W", "_", master), prefix, args.batch)
+            path = write_config(broker.bootstrap_servers, work / re.sub(r"\W", "_", master), prefix, args.batch,
+                                args.engine)
             started = time.monotonic()
-            done = spark_submit(master, path)
+            done = spark_submit(master, path, args.engine)
             wall = time.monotonic() - started
             (path.parent / "stdout.txt").write_text(done.stdout)
             (path.parent / "stderr.txt").write_text(done.stderr)

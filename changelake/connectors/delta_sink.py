@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import abc
 import logging
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -85,9 +86,51 @@ Engine = Literal["auto", "delta-rs", "delta-spark"]
 
 #: The JVM class whose presence means the Delta jars are on the Spark classpath.
 DELTA_SPARK_CLASS = "io.delta.tables.DeltaTable"
-DELTA_SPARK_PACKAGE = "io.delta:delta-spark_2.13:4.4.1"
+DELTA_SPARK_PACKAGE = "io.delta:delta-spark_4.2_2.13:4.4.0"   # the `delta` JVM set (jvm/pom.xml)
 DELTA_SPARK_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
 DELTA_SPARK_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
+#: characters delta-spark refuses in a column name without column mapping (delta-rs writes them)
+DELTA_SPARK_INVALID_NAME_CHARS = " ,;{}()\n\t="
+
+
+def delta_spark_refused_columns(names: Sequence[str]) -> list[str]:
+    """The column names that Delta Lake for Spark refuses (without column mapping, which changelake does
+    not enable) and delta-rs writes: checked at ``validate`` for declared columns and at table creation."""
+    return [n for n in names if any(c in n for c in DELTA_SPARK_INVALID_NAME_CHARS)]
+
+
+#: Delta's defaults of the two retentions Delta for Spark compares (delta-rs does not compare them)
+_RETENTION_DEFAULTS = {"delta.logRetentionDuration": "interval 30 days",
+                       "delta.deletedFileRetentionDuration": "interval 1 week"}
+_INTERVAL = re.compile(r"^\s*interval\s+(\d+)\s+(second|minute|hour|day|week)s?\s*$", re.IGNORECASE)
+_UNIT_SECONDS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400, "week": 604800}
+
+
+def delta_spark_refused_properties(properties: Mapping[str, str]) -> str | None:
+    """Why Delta for Spark refuses a table with these properties and delta-rs does not (None: it takes them):
+    ``delta.logRetentionDuration`` shorter than ``delta.deletedFileRetentionDuration`` (a reader of an old
+    version would find its files vacuumed). Intervals Delta reads but this does not (months) are not judged."""
+    seconds = {}
+    for key, default in _RETENTION_DEFAULTS.items():
+        m = _INTERVAL.match(properties.get(key, default))
+        if m is None:
+            return None
+        seconds[key] = int(m.group(1)) * _UNIT_SECONDS[m.group(2).lower()]
+    log_key, files_key = _RETENTION_DEFAULTS
+    if seconds[log_key] >= seconds[files_key]:
+        return None
+    return (f"the delta-spark engine refuses {log_key} ({properties.get(log_key, _RETENTION_DEFAULTS[log_key])}) "
+            f"shorter than {files_key} ({properties.get(files_key, _RETENTION_DEFAULTS[files_key])}): Delta for "
+            f"Spark requires the log to outlive the files; lengthen the one or shorten the other, or use "
+            f"storage.engine: delta-rs")
+
+
+def delta_spark_refusal(table: str, names: Sequence[str]) -> str:
+    """Why the delta-spark engine cannot write ``names`` of ``table``, and the ways out."""
+    return (f"table {table}: the delta-spark engine cannot write the column(s) {', '.join(repr(n) for n in names)}: "
+            f"Delta Lake for Spark refuses a space or any of ',;{{}}()=' and tabs or newlines in a column name "
+            f"unless column mapping is on, which changelake does not enable; rename the column(s) (in the source, "
+            f"or in the view that names them), or use storage.engine: delta-rs")
 
 
 @dataclass(frozen=True)

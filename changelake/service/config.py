@@ -1174,8 +1174,8 @@ def check_config_text(text: str, *, environ: Mapping[str, str] | None = None, or
         if together:
             warnings.append(origins.problem(("kafka", "properties"), together))
     if config is not None:
-        checks = config.reference_problems() + config_checks.partition_problems(config) + \
-            config_checks.reader_problems(config)
+        checks = (config.reference_problems() + config_checks.partition_problems(config)
+                  + config_checks.reader_problems(config) + config_checks.engine_problems(config))
         errors.extend(origins.problem(loc, message) for loc, message in checks)
     if errors:      # else the views' own check lists them beside every other view's (views.graph_problems)
         errors.extend(origins.problem(loc, message) for loc, message in config_checks.sql_problems(data))

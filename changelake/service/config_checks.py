@@ -253,6 +253,43 @@ def partition_problems(config: ChangelakeConfig) -> list[tuple[Loc, str]]:
     return problems
 
 
+def engine_problems(config: ChangelakeConfig) -> list[tuple[Loc, str]]:
+    """What ``storage.engine: delta-spark`` cannot write and delta-rs can, where the config declares it:
+    column names Delta for Spark refuses (a space, ``,;{}()=``, tab, newline) among a mirrored table's
+    or a route rule's declared columns, and table properties it refuses (a log retention shorter than
+    the deleted files'). History tables are written with delta-rs whatever the engine, and a graph
+    table's columns are checked with the views (changelake/service/views.py)."""
+    from changelake.connectors.delta_sink import (
+        delta_spark_refusal,
+        delta_spark_refused_columns,
+        delta_spark_refused_properties,
+    )
+
+    if config.storage.engine != "delta-spark":
+        return []
+    history = {t.name for t in config.tables if t.history is not None}
+    problems: list[tuple[Loc, str]] = []
+    for i, t in enumerate(config.tables):
+        why = None if t.history is not None else delta_spark_refused_properties(t.properties)
+        if why:
+            problems.append((("tables", i, "properties"), f"table {t.name!r}: {why}"))
+    for i, s in enumerate(config.sources):
+        for j, rule in enumerate(s.route or ()):
+            why = delta_spark_refused_properties(rule.properties)
+            if why:
+                problems.append((("sources", i, "route", j, "properties"), f"table {rule.table!r}: {why}"))
+    for i, s in enumerate(config.sources):
+        refused = delta_spark_refused_columns(_columns_of(s)) if s.columns and s.table not in history else []
+        if refused:
+            problems.append((("sources", i, "columns"), delta_spark_refusal(repr(s.table or s.name), refused)))
+        for j, rule in enumerate(s.route or ()):
+            refused = delta_spark_refused_columns(list(rule.columns or ()))
+            if refused:
+                problems.append((("sources", i, "route", j, "columns"),
+                                 delta_spark_refusal(f"{rule.table!r} (a route rule's)", refused)))
+    return problems
+
+
 def _columns_of(source: Any) -> list[str]:
     """The columns a mirrored source's rows have: the declared ones and requested metadata columns."""
     from changelake.service.views import _decoded_columns

@@ -97,8 +97,8 @@ class PipelineRunner:
             conf.setdefault("spark.scheduler.mode", "FAIR")
         terminal = _CatchUpLine.for_run(cfg)     # before the JVM starts: its stderr goes around the progress line
         spark = self._spark or build_session(app_name=f"changelake-{cfg.pipeline.id}", master=cfg.pipeline.master,
-                                            conf=conf, jar_sets=("spark-kafka",) if cfg.kafka.reader == "spark-kafka"
-                                            else ())
+                                            conf=conf, engine=cfg.storage.engine,
+                                            jar_sets=("spark-kafka",) if cfg.kafka.reader == "spark-kafka" else ())
         metrics.JVM.watch(*driver_jvm(spark))
         lags: dict = {}
         if parts is None:

@@ -55,7 +55,7 @@ def graph_problems(config: ChangelakeConfig) -> list[tuple[Loc, str]]:
         return problems
     where = _node_locs(config)
     problems = [(where.get(node, ()), message) for node, message in planner_check(p)]
-    return problems or _partition_problems(config, p)
+    return problems or _partition_problems(config, p) + _engine_problems(config, p)
 
 
 def _partition_problems(config: ChangelakeConfig, p: Pipeline) -> list[tuple[Loc, str]]:
@@ -71,6 +71,22 @@ def _partition_problems(config: ChangelakeConfig, p: Pipeline) -> list[tuple[Loc
         if t.from_ is not None and missing:
             problems.append((("tables", i, "partition_by"), f"table {t.name!r}: partition_by names {missing}, which "
                              f"{t.from_!r} does not give{_did_you_mean(missing[0], known)} (its columns: {known})"))
+    return problems
+
+
+def _engine_problems(config: ChangelakeConfig, p: Pipeline) -> list[tuple[Loc, str]]:
+    """A graph table's column names that ``storage.engine: delta-spark`` cannot write (mirrored tables:
+    :func:`changelake.service.config_checks.engine_problems`)."""
+    from changelake.connectors.delta_sink import delta_spark_refusal, delta_spark_refused_columns
+
+    if config.storage.engine != "delta-spark":
+        return []
+    columns = {n.table: n.schema.names for n in planner_plan(p).nodes if n.op == "sink"}
+    problems: list[tuple[Loc, str]] = []
+    for i, t in enumerate(config.tables):
+        refused = delta_spark_refused_columns(columns.get(t.name, ()))
+        if t.from_ is not None and t.history is None and refused:
+            problems.append((("tables", i), delta_spark_refusal(repr(t.name), refused)))
     return problems
 
 

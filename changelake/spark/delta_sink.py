@@ -5,9 +5,9 @@
 ``apply_frame``: a batch given as a DataFrame is reduced on the executors (one change per key) and
 only the reduced rows are collected for delta-rs's MERGE.
 
-delta-spark needs the Delta jars (``io.delta:delta-spark_2.13:4.4.1``) on the Spark classpath and
-the session configured with ``spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension``
-(``open_sink`` checks both). Two ways in:
+delta-spark needs the Delta jars (the ``delta`` JVM set: ``io.delta:delta-spark_4.2_2.13:4.4.0``,
+put there by changelake/spark/session.py) on the Spark classpath and the session configured with
+``spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension`` (``open_sink`` checks both). Two ways in:
 
 - ``apply(pyarrow.Table)``: a batch already on the driver is reduced there in Arrow by the same
   kernel as the delta-rs engine; the reduced changes become a DataFrame for the MERGE.
@@ -49,6 +49,8 @@ from changelake.connectors.delta_sink import (
     MergeCounts,
     TableSpec,
     _Begun,
+    delta_spark_refusal,
+    delta_spark_refused_columns,
 )
 from changelake.connectors.delta_sink import open_sink as open_rs_sink
 from changelake.connectors.delta_sink_rs import DeltaRsSink
@@ -63,7 +65,7 @@ from changelake.connectors.delta_sink_merge import (
 )
 from changelake.connectors.delta_sink_schema import DELETED_AT
 from changelake import metrics
-from changelake.errors import ConfigError
+from changelake.errors import ConfigError, SinkCommitError
 from changelake.spark import delta_sink_frames as frames
 
 log = logging.getLogger(__name__)
@@ -212,10 +214,13 @@ class DeltaSparkSink(FrameBatches, DeltaUpsertSink):
                 conf.unset(TXN_VERSION_CONF)
 
     def _metrics_of_commit(self, path: str, version: int) -> Mapping[str, str]:
-        """``operationMetrics`` of commit ``version`` of the table at ``path``."""
-        row = (self._delta(path).history(1).where(f"version = {int(version)}")
-               .select("operationMetrics").first())
-        return (row.operationMetrics or {}) if row is not None else {}
+        """``operationMetrics`` of commit ``version`` of the table at ``path``, read from the log by delta-rs
+        (delta-spark's ``history()`` costs Spark jobs for one JSON line)."""
+        latest = self._require_state(path).version
+        for commit in self._log(path).history(max(1, latest - int(version) + 1)):
+            if commit.get("version") == int(version):
+                return {k: str(v) for k, v in (commit.get("operationMetrics") or {}).items()}
+        return {}
 
     # --- engine I/O ------------------------------------------------------------------
 
@@ -223,6 +228,9 @@ class DeltaSparkSink(FrameBatches, DeltaUpsertSink):
                       partition_by: tuple[str, ...] | None = None) -> None:
         from delta.tables import DeltaTable
 
+        refused = delta_spark_refused_columns(schema.names)
+        if refused:
+            raise SinkCommitError(delta_spark_refusal(self.spec.name, refused))
         parts = self.spec.partition_by if partition_by is None else partition_by
         builder = (DeltaTable.createIfNotExists(self._session)
                    .location(path or self.spec.path)
@@ -326,13 +334,35 @@ class DeltaSparkSink(FrameBatches, DeltaUpsertSink):
 
     def _vacuum(self, path: str, retention: timedelta) -> int:
         conf = self._session.conf
+        # Delta lists the table's directories in as many tasks as parallelPartitionDiscovery.parallelism
+        # (Spark's default: 10,000, one minute of empty tasks on 2 cores per table): one per task slot
+        listing = "spark.sql.sources.parallelPartitionDiscovery.parallelism"
+        given = conf.get(listing, None)
         with self._txn_lock:        # a retention below delta's 7-day floor is the user's explicit choice
             conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
+            if given is None:
+                conf.set(listing, str(max(1, self._session.sparkContext.defaultParallelism)))
             try:
+                before = self._data_files(path)
                 self._delta(path).vacuum(retention.total_seconds() / 3600)
             finally:
                 conf.unset("spark.databricks.delta.retentionDurationCheck.enabled")
-        return 0                    # delta-spark's Python vacuum() does not say how many files it deleted
+                if given is None:
+                    conf.unset(listing)
+        # delta-spark's vacuum() does not say how many files it deleted: count them, as delta-rs reports
+        return max(0, before - self._data_files(path))
+
+    def _data_files(self, path: str) -> int:
+        """Files under the table's directory outside ``_delta_log`` (data, deletion vectors, change data),
+        listed through Hadoop's FileSystem: what VACUUM may delete, on any store delta-spark writes."""
+        hadoop_fs = self._session._jvm.org.apache.hadoop.fs
+        table = hadoop_fs.Path(path)
+        fs = table.getFileSystem(self._session._jsc.hadoopConfiguration())
+        if not fs.exists(table):
+            return 0
+        log_dir = hadoop_fs.Path(table, "_delta_log")
+        in_log = fs.getContentSummary(log_dir).getFileCount() if fs.exists(log_dir) else 0
+        return int(fs.getContentSummary(table).getFileCount()) - int(in_log)
 
     def _is_conflict(self, exc: BaseException) -> bool:
         from delta import exceptions as delta_exceptions
@@ -375,8 +405,10 @@ def open_sink(spec: TableSpec, *, pipeline_id: str, engine: Engine = "auto", spa
               generation: int = 0) -> DeltaUpsertSink:
     """Open the sink for one table.
 
-    ``engine="auto"`` picks delta-spark when ``spark`` is given and the Delta jars and
-    session extension are present in it, else delta-rs. With ``spark``, an upsert table's sink
+    ``engine="auto"`` picks delta-spark when ``spark`` runs on a cluster manager (not a ``local``
+    or ``local-cluster`` master: there the batch's rows never pass through the driver) and the
+    Delta jars and session extension are present in it, else delta-rs (on one machine delta-rs
+    writes a batch faster; docs/sink.md, "Engines"). With ``spark``, an upsert table's sink
     (either engine) also takes DataFrames (``apply_frame``). ``clock`` returns the
     current UTC time (tombstone timestamps and expiry; tests inject one). ``generation``: the running
     checkpoint's generation (``DeltaUpsertSink``).
@@ -391,6 +423,8 @@ def open_sink(spec: TableSpec, *, pipeline_id: str, engine: Engine = "auto", spa
                      "upsert tables)", spec.name)
         return open_rs_sink(spec, pipeline_id=pipeline_id, engine="delta-rs", clock=clock,
                             max_commit_retries=max_commit_retries, generation=generation)
+    if engine == "auto" and spark is not None and _local_master(spark):
+        engine = "delta-rs"
     if engine in ("auto", "delta-spark"):
         missing = delta_spark_missing(spark)
         if missing is None:
@@ -398,9 +432,11 @@ def open_sink(spec: TableSpec, *, pipeline_id: str, engine: Engine = "auto", spa
                                   clock=clock or (lambda: datetime.now(timezone.utc)),
                                   max_commit_retries=max_commit_retries, generation=generation)
         if engine == "delta-spark":
-            raise ConfigError(f"sink engine delta-spark is not available: {missing}. Start Spark with "
-                              f"--packages {DELTA_SPARK_PACKAGE}, spark.sql.extensions={DELTA_SPARK_EXTENSION} "
-                              f"and spark.sql.catalog.spark_catalog={DELTA_SPARK_CATALOG}, or use engine delta-rs")
+            raise ConfigError(f"sink engine delta-spark is not available: {missing}. Install the jars "
+                              f"(`python -m changelake.jvm_deps install delta`: the session builder then loads "
+                              f"them), or under spark-submit pass them with --jars and set "
+                              f"spark.sql.extensions={DELTA_SPARK_EXTENSION} and "
+                              f"spark.sql.catalog.spark_catalog={DELTA_SPARK_CATALOG}; or use engine delta-rs")
         if spark is not None:
             log.info("table %s: using delta-rs (delta-spark unavailable: %s)", spec.name, missing)
     if spark is None:
@@ -409,6 +445,11 @@ def open_sink(spec: TableSpec, *, pipeline_id: str, engine: Engine = "auto", spa
     # delta-rs with a Spark session: ``apply`` as without one, and ``apply_frame`` for batches reduced on Spark
     return DeltaRsFrameSink(spec, pipeline_id=pipeline_id, clock=clock or (lambda: datetime.now(timezone.utc)),
                             max_commit_retries=max_commit_retries, generation=generation)
+
+
+def _local_master(spark: Any) -> bool:
+    """True when ``spark`` runs on one machine (``local[...]`` or ``local-cluster[...]``)."""
+    return str(spark.sparkContext.master).startswith("local")
 
 
 def _arrow(schema: Any) -> pa.Schema:

@@ -163,11 +163,46 @@ def submit_args_settings(args: str) -> dict[str, str]:
     return out
 
 
-def delta_jars_on_classpath() -> bool:
-    """True when the Delta Lake jars (delta-spark + delta-storage) are in Spark's jar directory."""
-    from changelake.spark.delta_jars import delta_spark_jars
+def delta_settings(engine: str, launcher: Mapping[str, str], chosen: Mapping[str, str],
+                   master: str = DEFAULT_MASTER) -> dict[str, str]:
+    """The settings that give a new session delta-spark (none for ``engine`` delta-rs):
 
-    return bool(delta_spark_jars())
+    ===================================  ===========================================================
+    ``spark.jars``                       the ``delta`` JVM set's jars (changelake/spark/delta_jars.py),
+                                         after any the launcher or the pipeline give: Spark puts them on
+                                         the driver's class path and ships them to the executors (local,
+                                         local-cluster and cluster masters alike; no Ivy, no
+                                         ``--packages``). Not when Spark's own ``jars`` directory holds
+                                         delta-spark, nor under spark-submit (pass ``--jars`` there)
+    ``spark.sql.extensions``,            Delta's SQL extension and catalog, when delta-spark's jars are
+    ``spark.sql.catalog.spark_catalog``  there (unless set otherwise)
+    ``spark.databricks.delta.``          on a local master, its task slots (Delta's default, 50 tasks
+    ``snapshotPartitions``               per table state read, takes seconds of empty tasks on 2 cores)
+    ===================================  ===========================================================
+
+    ``engine`` is ``storage.engine``: auto and delta-spark both load the jars when they are installed
+    (auto still writes with delta-rs on a local master: changelake/spark/delta_sink.py, ``open_sink``).
+    """
+    from changelake.spark.delta_jars import session_jars, spark_home_jars
+
+    if engine == "delta-rs":
+        return {}
+    out: dict[str, str] = {}
+    under_submit = bool(os.environ.get("PYSPARK_GATEWAY_PORT"))
+    jars = [] if under_submit else session_jars()
+    if jars:
+        given = [j for src in (launcher, chosen) for j in src.get("spark.jars", "").split(",") if j]
+        out["spark.jars"] = ",".join(dict.fromkeys(given + jars))
+    on_classpath = bool(jars or spark_home_jars()) or "delta-spark" in launcher.get("spark.jars", "")
+    if on_classpath:
+        for key, value in (("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension"),
+                           ("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")):
+            if key not in launcher and key not in chosen:
+                out[key] = value
+        key, cores = "spark.databricks.delta.snapshotPartitions", master_cores(master)
+        if cores and master.startswith("local") and key not in launcher and key not in chosen:
+            out[key] = str(cores)
+    return out
 
 
 def jar_set_settings(names: Sequence[str], launcher: Mapping[str, str], chosen: Mapping[str, str]) -> dict[str, str]:
@@ -187,13 +222,15 @@ def jar_set_settings(names: Sequence[str], launcher: Mapping[str, str], chosen: 
 
 def build_session(*, app_name: str = "changelake", master: str | None = None,
                   conf: Mapping[str, str] | None = None, ui: bool = True,
-                  launcher: Mapping[str, str] | None = None, jar_sets: Sequence[str] = ()) -> SparkSession:
+                  launcher: Mapping[str, str] | None = None, engine: str = "auto",
+                  jar_sets: Sequence[str] = ()) -> SparkSession:
     """A Spark session for one pipeline, with the settings of the module docstring's precedence.
 
     Python workers use this interpreter (through ``changelake-worker-python`` where it is installed beside
-    it: changelake/spark/worker_python.py) and Delta's SQL extensions are enabled when its jars are present.
-    ``jar_sets``: JVM sets whose jars go on ``spark.jars`` (:func:`jar_set_settings`; ``spark-kafka`` for
-    ``kafka.reader: spark-kafka``).
+    it: changelake/spark/worker_python.py); ``engine`` (``storage.engine``) other than delta-rs puts the
+    delta-spark jars on the class path when they are installed, with Delta's SQL extension
+    (:func:`delta_settings`). ``jar_sets``: JVM sets whose jars go on ``spark.jars`` (:func:`jar_set_settings`;
+    ``spark-kafka`` for ``kafka.reader: spark-kafka``).
     """
     launcher = launcher_settings() if launcher is None else launcher
     settings = session_settings(master=master, conf=conf, launcher=launcher)
@@ -229,10 +266,8 @@ def build_session(*, app_name: str = "changelake", master: str | None = None,
                                       chosen.get("spark.driver.extraJavaOptions", ""))
         if options:
             chosen[_JAVA_OPTIONS] = options
-    chosen.update(jar_set_settings(jar_sets, launcher, chosen))
-    if delta_jars_on_classpath():
-        chosen.setdefault("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
-        chosen.setdefault("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
+    chosen.update(jar_set_settings(jar_sets, launcher, chosen))      # before delta's: it keeps spark.jars chosen
+    chosen.update(delta_settings(engine, launcher, chosen, settings.master))
     for key, value in chosen.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()

@@ -28,9 +28,14 @@ def write_history(servers: str, *, seed: int, changes: int, topic_prefix: str,
 
 
 def pipeline_config(servers: str, workdir: Path, *, topic_prefix: str, max_records: int = 100_000,
-                    overrides: dict[str, Any] | None = None) -> tuple[ChangelakeConfig, Path]:
+                    overrides: dict[str, Any] | None = None, vacuum: bool = True) -> tuple[ChangelakeConfig, Path]:
+    """The demo's mirrors on fresh topics; ``vacuum=False``: no scheduled VACUUM (due at each sink's first
+    batch; with delta-spark ~60 Spark jobs per table)."""
     raw = demo_config(bootstrap_servers=servers, workdir=workdir, metrics_port=0,
                       pipeline_id=f"it-{topic_prefix}", max_records_per_batch=max_records, views=False)
+    if not vacuum:
+        for table in raw["tables"]:
+            table["maintenance"] = {"vacuum_every": None}
     for source in raw["sources"]:
         source["topics"] = [t.replace("dbserver1", topic_prefix, 1) for t in source["topics"]]
     for section, values in (overrides or {}).items():

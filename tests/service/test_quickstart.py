@@ -63,13 +63,14 @@ def test_the_python_snippet_runs_as_written(tmp_path):
 
 @pytest.mark.spark
 def test_the_spark_sql_queries_run(spark, tmp_path):
+    from changelake.spark import delta_jars
     from changelake.spark.delta_sink import delta_spark_missing
 
     missing = delta_spark_missing(spark)
-    if missing:
-        pytest.skip(f"Spark SQL on Delta tables (delta.`path`): {missing}; the test session gets Delta's SQL "
-                    "extension when delta-spark's jars are in pyspark's jars directory or $SPARK_HOME/jars "
-                    "(changelake/spark/delta_jars.py; the Docker image has them)")
+    if missing and delta_jars.missing():
+        pytest.skip(f"Spark SQL on Delta tables (delta.`path`): {delta_jars.missing()}")
+    # the jars are installed, so the test session (changelake/spark/session.py) has Delta's extension
+    assert missing is None, f"{missing} in the tests' Spark session, although the `delta` JVM set is installed"
     lake = _demo_tables(tmp_path)
     snippet = _python_blocks()[1]
     queries = re.findall(r'spark\.sql\(f"""(.*?)"""\)|spark\.sql\(f"(.*?)"\)', snippet, re.S)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from changelake.spark import delta_jars
 from changelake.spark.session import (
     DEFAULTS,
+    delta_settings,
     launcher_settings,
     master_cores,
     read_spark_defaults,
@@ -85,3 +87,38 @@ def test_spark_defaults_format(tmp_path):
 def test_master_cores():
     assert [master_cores(m) for m in ("local", "local[3]", "local[4,2]", "local-cluster[2,1,1024]", "yarn")] == \
         [1, 3, 4, 2, None]
+
+
+EXTENSION = ("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
+CATALOG = ("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
+
+
+def test_the_delta_set_goes_into_spark_jars_after_the_users_with_delta_extension_and_catalog(monkeypatch):
+    monkeypatch.delenv("PYSPARK_GATEWAY_PORT", raising=False)
+    monkeypatch.setattr(delta_jars, "spark_home_jars", lambda: [])
+    monkeypatch.setattr(delta_jars, "session_jars", lambda: ["/j/delta-spark_4.2_2.13-4.4.0.jar", "/j/ds.jar"])
+    for engine in ("auto", "delta-spark"):
+        got = delta_settings(engine, {"spark.jars": "/u/a.jar"}, {"spark.jars": "/u/b.jar"}, "local[2]")
+        assert got["spark.jars"] == "/u/a.jar,/u/b.jar,/j/delta-spark_4.2_2.13-4.4.0.jar,/j/ds.jar"
+        assert dict([EXTENSION, CATALOG]).items() <= got.items()
+        assert got["spark.databricks.delta.snapshotPartitions"] == "2"
+    assert delta_settings("delta-rs", {}, {}, "local[2]") == {}
+    on_cluster = delta_settings("delta-spark", {}, {}, "k8s://https://api:6443")
+    assert "spark.databricks.delta.snapshotPartitions" not in on_cluster
+    # the launcher's or the pipeline's own extension settings are left alone
+    assert EXTENSION[0] not in delta_settings("auto", {EXTENSION[0]: "x.Ext"}, {}, "local[2]")
+
+
+def test_no_delta_jars_no_delta_settings(monkeypatch):
+    monkeypatch.delenv("PYSPARK_GATEWAY_PORT", raising=False)
+    monkeypatch.setattr(delta_jars, "spark_home_jars", lambda: [])
+    monkeypatch.setattr(delta_jars, "session_jars", lambda: [])
+    assert delta_settings("auto", {}, {}, "local[2]") == {}
+
+
+def test_jars_in_sparks_own_directory_need_only_the_extension(monkeypatch):
+    monkeypatch.delenv("PYSPARK_GATEWAY_PORT", raising=False)
+    monkeypatch.setattr(delta_jars, "spark_home_jars", lambda: ["/opt/spark/jars/delta-spark_2.13-4.4.0.jar"])
+    monkeypatch.setattr(delta_jars, "session_jars", lambda: [])
+    got = delta_settings("delta-spark", {}, {}, "spark://m:7077")
+    assert "spark.jars" not in got and dict([EXTENSION, CATALOG]) == got

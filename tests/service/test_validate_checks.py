@@ -209,3 +209,52 @@ def test_a_trigger_interval_without_a_unit_says_what_an_interval_looks_like(tmp_
     rc, _, err = validate(capsys, path)
     assert rc == 2 and "1 error(s)" in err and f"pipeline.trigger_interval: {says}" in err
     assert "valid string" not in err
+
+
+ENGINE_CONFIG = """pipeline: {id: inv, checkpoint: /tmp/ckpt}
+kafka: {bootstrap_servers: "localhost:9092"}
+storage: {engine: ENGINE}
+sources:
+  - {name: o, topics: [a.b.orders], table: orders, columns: {id: bigint, COLUMN: double}}
+  - name: shop
+    topic_pattern: 'a\\\\.shop\\\\..*'
+    route: [{source_table: 'shop\\\\.(.*)', table: '$1', primary_key: [id], columns: {id: bigint, "x=y": string}}]
+views: [{name: per_id, from: o, group_by: [id], aggregates: {AGGREGATE: "count(*)"}}]
+tables:
+  - {name: orders, primary_key: [id], properties: PROPERTIES}
+  - {name: counts, from: per_id, primary_key: [id]}
+  - {name: orders_history, from: o, primary_key: [id], history: scd2}
+"""
+
+
+def test_what_delta_spark_refuses_fails_validate_with_engine_delta_spark_only(tmp_path, capsys):
+    """Delta for Spark refuses a space or ',;{}()=' in a column name and a log retention shorter than the
+    deleted files' (delta-rs writes both): with storage.engine delta-spark, validate names every such
+    declared column (a mirror's, a route rule's, and once the sources are right, a view's output) and
+    property, and the ways out; delta-rs and auto take the same file."""
+    text = ENGINE_CONFIG.replace("COLUMN", '"unit price"').replace("AGGREGATE", "n")
+    text = text.replace("PROPERTIES", "{delta.logRetentionDuration: interval 3 days}")
+    rc, _, err = validate(capsys, write(tmp_path, text=text.replace("ENGINE", "delta-spark")))
+    assert rc == 2 and "3 error(s)" in err, err
+    assert ("tables.0.properties: table 'orders': the delta-spark engine refuses delta.logRetentionDuration "
+            "(interval 3 days) shorter than delta.deletedFileRetentionDuration (interval 1 week)") in err
+    assert ("sources.0.columns: table 'orders': the delta-spark engine cannot write the column(s) 'unit price': "
+            "Delta Lake for Spark refuses a space") in err
+    assert "or use storage.engine: delta-rs" in err
+    assert "sources.1.route.0.columns: table '$1' (a route rule's): the delta-spark engine cannot write the " \
+           "column(s) 'x=y'" in err
+    assert "orders_history" not in err          # a history table is written with delta-rs whatever the engine
+
+    text = ENGINE_CONFIG.replace("COLUMN", "unit_price").replace("AGGREGATE", '"n (all)"')
+    text = text.replace('"x=y"', "x_y").replace("PROPERTIES", "{delta.logRetentionDuration: interval 3 days, "
+                                                  "delta.deletedFileRetentionDuration: interval 48 hours}")
+    rc, _, err = validate(capsys, write(tmp_path, text=text.replace("ENGINE", "delta-spark")))
+    assert rc == 2 and "1 error(s)" in err, err
+    assert "tables.1: table 'counts': the delta-spark engine cannot write the column(s) 'n (all)'" in err
+    assert "in the view that names them" in err
+
+    for engine in ("delta-rs", "auto"):
+        rc, out, err = validate(capsys, write(tmp_path, text=ENGINE_CONFIG.replace("ENGINE", engine).replace(
+            "COLUMN", '"unit price"').replace("AGGREGATE", '"n (all)"').replace(
+            "PROPERTIES", "{delta.logRetentionDuration: interval 3 days}")))
+        assert rc == 0, err

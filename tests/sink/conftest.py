@@ -1,8 +1,9 @@
 """Fixtures of the sink suite: one behavioural suite, parametrized over the engines present.
 
 A Spark session is created only when a test needs one (delta-spark detection, interop),
-once per test process. Set CHANGELAKE_TEST_DELTA_SPARK=1 where Maven Central is
-reachable to put the Delta jars on its classpath and run the suite on delta-spark too.
+once per test process, with the project's ``delta`` JVM set on its class path when it is installed
+(``python -m changelake.jvm_deps install delta``; changelake/spark/session.py, ``delta_settings``):
+then the suite runs on delta-spark too, else those tests skip saying so.
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from changelake.connectors.delta_sink import DELTA_SPARK_CATALOG, DELTA_SPARK_EXTENSION, TableSpec
+from changelake.connectors.delta_sink import Maintenance, TableSpec
+from changelake.spark.delta_jars import missing as delta_jars_missing
 from changelake.spark.delta_sink import delta_spark_missing, open_sink
+from changelake.spark.session import delta_settings
 
 #: delta-rs runs in-process (no JVM): the ``unit`` tier; delta-spark needs a Spark session.
 #: ``delta-spark-frames``: delta-spark given each batch as a DataFrame (``apply_frame``: reduced and
@@ -45,12 +48,8 @@ def spark():
                .config("spark.sql.shuffle.partitions", "2")
                .config("spark.ui.enabled", "false")
                .config("spark.sql.session.timeZone", "UTC"))
-    if os.environ.get("CHANGELAKE_TEST_DELTA_SPARK") == "1":
-        from delta import configure_spark_with_delta_pip
-
-        builder = configure_spark_with_delta_pip(
-            builder.config("spark.sql.extensions", DELTA_SPARK_EXTENSION)
-            .config("spark.sql.catalog.spark_catalog", DELTA_SPARK_CATALOG))
+    for key, value in delta_settings("delta-spark", {}, {}, "local[2]").items():
+        builder = builder.config(key, value)
     session = builder.getOrCreate()
     yield session
     session.stop()
@@ -62,16 +61,26 @@ def engine_fixture(engines) -> object:
     @pytest.fixture(params=engines)
     def engine(request) -> str:
         if request.param.startswith("delta-spark"):
+            why = delta_jars_missing()
+            if why:
+                pytest.skip(f"delta-spark engine: {why}")
             missing = delta_spark_missing(request.getfixturevalue("spark"))
-            if missing:
-                pytest.skip(f"delta-spark engine: {missing}; set CHANGELAKE_TEST_DELTA_SPARK=1 "
-                            "where Maven Central is reachable")
+            if missing:     # the jars are installed, so a session without them is a failure, not a skip
+                pytest.fail(f"delta-spark engine: {missing} in the tests' Spark session, although the "
+                            "`delta` JVM set is installed")
         return request.param
 
     return engine
 
 
-engine = engine_fixture(ENGINES)
+#: the default: delta-spark in its pipeline form for framed tables (``delta-spark-frames``); both
+#: delta-spark forms share everything after the batch's reduction (the MERGEs, tombstones, schema
+#: changes, truncates), the reduction of ``apply`` is the Arrow kernel delta-rs runs, and each case on
+#: delta-spark costs ~10 s of CPU (Spark jobs per MERGE): the modules whose subject is how a batch's
+#: values and nulls reach the MERGE (test_schema_positions.py, test_delta_sink_null_keys.py) and the
+#: suites around the batch (:data:`AROUND_THE_BATCH`) run ``delta-spark`` (``apply``, an Arrow table) too
+DEFAULT_FORMS = tuple(p for p in ENGINES if p.values[0] != "delta-spark")
+engine = engine_fixture(DEFAULT_FORMS)
 #: the engines without delta-rs-frames, for the suites of what happens around a batch's reduction
 #: (maintenance, many-batch properties): delta-rs-frames shares that code with delta-rs, and takes
 #: seconds of Spark jobs per batch
@@ -98,10 +107,15 @@ def clock() -> FakeClock:
 
 @pytest.fixture
 def make_sink(request, engine, tmp_path, clock):
-    """``make_sink(name="t", primary_key=("id",), pipeline_id="p", **spec_options)``."""
+    """``make_sink(name="t", primary_key=("id",), pipeline_id="p", **spec_options)``.
+
+    VACUUM runs only where a test asks for it (``maintenance=``: test_delta_maintenance.py): with
+    delta-spark the first batch's VACUUM of the table and its tombstones is ~60 Spark jobs (over a
+    minute on a loaded 2-core machine), and no other test looks at its effect."""
 
     def make(name: str = "t", *, primary_key: tuple[str, ...] = ("id",), pipeline_id: str = "p",
              path: str | None = None, **options):
+        options.setdefault("maintenance", Maintenance(vacuum_every=None))
         spec = TableSpec(name=name, path=path or str(tmp_path / "lake" / name), primary_key=primary_key,
                          **options)
         if engine == "delta-rs":

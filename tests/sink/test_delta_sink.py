@@ -299,12 +299,16 @@ def test_two_tables_cannot_share_a_tombstone_table(make_sink, tmp_path):
     assert tombstones(shared) == {1: seq(1)}
 
 
-def test_composite_key_and_quoted_column_names(make_sink):
+def test_composite_key_and_quoted_column_names(make_sink, engine):
     sink = make_sink(primary_key=("Region", "order id"))
     batch = pa.table({
         "Region": ["eu", "eu", "us", "eu"], "order id": [1, 2, 1, 1], "Total Price": [1.0, 2.0, 3.0, 4.0],
         "_kind": pa.array([0, 0, 0, 2], pa.int8()), "_seq": [seq(1), seq(1), seq(1), seq(2)],
     })
+    if engine.startswith("delta-spark"):    # Delta for Spark needs column mapping for a space in a name
+        with pytest.raises(SinkCommitError, match=r"cannot write the column\(s\) 'order id', 'Total Price'.*delta-rs"):
+            sink.apply(batch, batch_id=0)
+        return
     sink.apply(batch, batch_id=0)
     rows = read_rows(sink.spec.path, columns='"Region", "order id", "Total Price"',
                      order_by='"Region", "order id"')

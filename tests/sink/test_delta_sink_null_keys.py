@@ -21,7 +21,10 @@ from changelake.connectors.delta_sink_merge import (
 )
 from changelake.errors import ConfigError, SinkCommitError
 
+from .conftest import ENGINES, engine_fixture
 from .tables import KIND_CODES, read_rows, seq
+
+engine = engine_fixture(ENGINES)   # both delta-spark forms (conftest.py, DEFAULT_FORMS)
 
 NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
 KEY = ("category", "rn")

@@ -13,6 +13,10 @@ from changelake.connectors.delta_read import read_delta
 from changelake.connectors.delta_sink import TableSpec, open_sink
 from changelake.connectors.schema_positions import PROP_SCHEMA_POSITION, SourceSchema, follow, position_order
 
+from .conftest import ENGINES, engine_fixture
+
+engine = engine_fixture(ENGINES)   # both delta-spark forms (conftest.py, DEFAULT_FORMS)
+
 pytestmark = pytest.mark.unit
 
 OLD = pa.schema([("id", pa.int32()), ("weight_g", pa.int16())])
