@@ -18,6 +18,7 @@ from changelake.service.http import Health, HttpEndpoint
 from changelake.service.logs import log_format
 from changelake.service.pipeline import BatchProcessor, BatchReport, start_query
 from changelake.service.preflight import broker_topics, side_topic, skipped_side_topics
+from changelake.service.restart_clock import RestartClock
 from changelake.spark.progress import ProgressListener, parse_offsets
 from changelake.spark.session import build_session, driver_jvm, executor_tasks
 
@@ -78,13 +79,17 @@ class PipelineRunner:
             conf.setdefault("spark.log.structuredLogging.enabled", "true")
         spark = self._spark or build_session(app_name=f"changelake-{cfg.pipeline.id}", master=cfg.pipeline.master,
                                             conf=conf)
+        clock = RestartClock()
+        clock.mark("session")
         metrics.JVM.watch(*driver_jvm(spark))
         terminal = _CatchUpLine.for_run(cfg)
         listener = ProgressListener(self.health, on_progress=terminal.show)
         spark.streams.addListener(listener)
         processor = BatchProcessor(cfg, spark=spark)
+        processor.clock = clock
         started = time.monotonic()
         query = start_query(spark, cfg, processor, available_now=available_now, rebuild_views=rebuild_views)
+        clock.mark("query")
         self.health.query_active = lambda: query.isActive
         self.health.trigger_active = lambda: bool(query.status.get("isTriggerActive", False))
         try:

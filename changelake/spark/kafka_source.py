@@ -32,13 +32,21 @@ Options (all strings, as Spark passes them):
                            takes its original topic, partition and offset from its headers (below)
 ``replayPipeline``         the pipeline id: a replayed record whose ``changelake.pipeline`` header names
                            another pipeline (one sharing the replay topic) is not read
+``skipDataLoss``           a regular expression over topic names: records of those topics that Kafka deleted
+                           (retention) before they were read are skipped and counted; in any other topic
+                           such a gap stops the query with a :class:`DataLossError` naming topic, partition
+                           and the lost offsets (``sources[].on_data_loss``)
 ``kafka.<property>``       passed to the consumer (``kafka.security.protocol``, ``kafka.sasl.*``,
                            ``kafka.ssl.*``)
 =========================  ===============================================================
 
-The output has the raw record columns of :data:`changelake.changelog.RAW_SCHEMA`
+Offsets deleted from Kafka before they were read (retention, ``kafka-delete-records``) are data lost
+upstream. By default that stops the query, on the driver when it plans a batch (the low watermark is
+past the batch's start) or in the read task (deleted after planning), with a :class:`DataLossError`
+naming topic, partition and offset range. Only for topics of ``skipDataLoss`` is the gap skipped:
+the output has the raw record columns of :data:`changelake.changelog.RAW_SCHEMA`
 plus ``expired`` (int64): the number of offsets before this record that had
-already been deleted from Kafka when the read started (data lost upstream).
+already been deleted from Kafka when the read started.
 When a whole planned range has expired, the reader emits one marker row with
 ``offset = -1`` carrying only that count. :func:`split_markers` separates them.
 
@@ -109,6 +117,8 @@ class KafkaOptions:
     #: routes whose mirrored table's snapshot goes into the first batch of a rebuilt checkpoint
     #: (``snapshotRoutes``; :class:`SnapshotTask`), while ``sequence_state`` (the checkpoint) has no committed batch
     snapshot_routes: tuple[int, ...] = ()
+    #: topics (a regular expression) whose deleted, unread offsets are skipped and counted, not an error
+    skip_data_loss: str | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> "KafkaOptions":
@@ -122,7 +132,8 @@ class KafkaOptions:
         if bool(topics) == bool(pattern):
             raise SourceError("give the Kafka source exactly one of 'topics' (a comma-separated list) "
                               "or 'topicPattern' (a regular expression)")
-        for option, value in (("topicPattern", pattern), ("replayTopics", opts.get("replaytopics"))):
+        for option, value in (("topicPattern", pattern), ("replayTopics", opts.get("replaytopics")),
+                              ("skipDataLoss", opts.get("skipdataloss"))):
             if value:
                 try:
                     re.compile(value)
@@ -147,7 +158,12 @@ class KafkaOptions:
             replay_topics=opts.get("replaytopics") or None,
             replay_pipeline=opts.get("replaypipeline") or None,
             snapshot_routes=tuple(int(r) for r in opts.get("snapshotroutes", "").split(",") if r.strip()),
+            skip_data_loss=opts.get("skipdataloss") or None,
         )
+
+    def skips_data_loss(self, topic: str) -> bool:
+        """Offsets of ``topic`` deleted before they were read are skipped (and counted), not an error."""
+        return self.skip_data_loss is not None and _regex(self.skip_data_loss).fullmatch(topic) is not None
 
     def is_replay(self, topic: str) -> bool:
         """``topic`` is one of the pipeline's replay topics."""
@@ -169,6 +185,19 @@ class KafkaOptions:
         }
         conf.update(self.consumer_properties)
         return conf
+
+
+class DataLossError(SourceError):
+    """Offsets were deleted from Kafka (retention) before the pipeline read them."""
+
+    def __init__(self, topic: str, partition: int, start: int, low: int) -> None:
+        self.topic, self.partition, self.first, self.last = topic, partition, start, low - 1
+        super().__init__(
+            f"data loss: {topic}[{partition}] offsets {start}..{low - 1} ({low - start} records) were deleted from "
+            f"Kafka (retention) before changelake read them; the tables would miss those changes. Raise the "
+            f"topic's retention.ms / retention.bytes and rebuild the tables from a new snapshot, or set "
+            f"on_data_loss: skip on the source to skip such gaps (counted in "
+            f"changelake_expired_offsets_skipped_total)")
 
 
 class KafkaSource(DataSource):
@@ -358,6 +387,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         latest: Offsets = {}
         for (topic, p), (low, high) in marks.items():
             latest.setdefault(topic, {})[str(p)] = high
+            s = start.get(topic, {}).get(str(p))
+            if s is not None and low > s and not self.options.skips_data_loss(topic):
+                raise DataLossError(topic, p, s, low)
         self._latest = latest
         target = self._available_now_target
         if target is not None:
@@ -517,6 +549,8 @@ def read_range(options: KafkaOptions, rng: KafkaRange) -> Iterator[pa.RecordBatc
         low, _high = consumer.get_watermark_offsets(tp, timeout=_METADATA_TIMEOUT_S, cached=False)
         start, expired = rng.start, 0
         if low > start:
+            if not options.skips_data_loss(rng.topic):
+                raise DataLossError(rng.topic, rng.partition, start, low)
             expired = min(low, rng.end) - start
             log.warning("%s[%d]: offsets %d..%d expired from Kafka before they were read; "
                         "%d changes were lost upstream (raise the topic's retention)",
