@@ -50,6 +50,8 @@ class PipelineRunner:
         self._spark = spark
         self._stop = threading.Event()
         self.endpoint: HttpEndpoint | None = None
+        #: the running query's batch processor (its ``totals``), once :meth:`run` started it
+        self.processor: BatchProcessor | None = None
         self.health = Health(max_silence_s=parse_duration(config.pipeline.trigger_interval)
                              * config.metrics.ready_after_intervals + 60,
                              stalled_after_s=parse_duration(config.metrics.stalled_after))
@@ -87,6 +89,7 @@ class PipelineRunner:
         spark.streams.addListener(listener)
         processor = BatchProcessor(cfg, spark=spark)
         processor.clock = clock
+        self.processor = processor
         started = time.monotonic()
         query = start_query(spark, cfg, processor, available_now=available_now, rebuild_views=rebuild_views)
         clock.mark("query")

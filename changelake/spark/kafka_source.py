@@ -36,6 +36,9 @@ Options (all strings, as Spark passes them):
                            (retention) before they were read are skipped and counted; in any other topic
                            such a gap stops the query with a :class:`DataLossError` naming topic, partition
                            and the lost offsets (``sources[].on_data_loss``)
+``brokerWaitMs``           how long a broker fault (a partition without a leader while leadership moves,
+                           every broker down) is waited out, with retries, before the query fails
+                           (default 300000)
 ``kafka.<property>``       passed to the consumer (``kafka.security.protocol``, ``kafka.sasl.*``,
                            ``kafka.ssl.*``)
 =========================  ===============================================================
@@ -97,6 +100,53 @@ ARROW_SCHEMA = pa.schema([
 
 _CONSUME_BATCH = 10_000
 _METADATA_TIMEOUT_S = 30.0
+#: how long the driver and the read tasks wait out a broker fault (no leader for a partition while its
+#: leader moves, every broker down) before the query fails: ``brokerWaitMs``
+_BROKER_WAIT_MS = 300_000
+
+
+def _with_retries(what: str, call: Any, *, wait_ms: int) -> Any:
+    """``call()``, again with backoff while it fails with a retriable Kafka error (a leader moving, brokers
+    down), for at most ``wait_ms``; a warning says what is awaited, and when it is back."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    import time
+
+    deadline, pause, warned = time.monotonic() + wait_ms / 1000, 0.2, False
+    while True:
+        try:
+            result = call()
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+            transient = err is not None and not err.fatal() and (err.retriable() or err.code() in _TRANSIENT)
+            if not transient or time.monotonic() + pause > deadline:
+                raise
+            if not warned:
+                log.warning("%s: %s; retrying for up to %.0f s (the broker may be restarting or its partition "
+                            "leaders moving)", what, err.str(), wait_ms / 1000)
+                warned = True
+            time.sleep(pause)
+            pause = min(pause * 2, 2.0)
+            continue
+        if warned:
+            log.warning("%s: answered again", what)
+        return result
+
+
+def _transient_codes() -> frozenset[int]:
+    from confluent_kafka import KafkaError
+
+    return frozenset(getattr(KafkaError, name) for name in (
+        "NOT_LEADER_FOR_PARTITION", "LEADER_NOT_AVAILABLE", "_TRANSPORT", "_ALL_BROKERS_DOWN", "_TIMED_OUT",
+        "REQUEST_TIMED_OUT", "NOT_COORDINATOR", "_WAIT_COORD", "UNKNOWN_TOPIC_OR_PART", "_UNKNOWN_PARTITION",
+        "BROKER_NOT_AVAILABLE", "NOT_ENOUGH_REPLICAS", "KAFKA_STORAGE_ERROR", "FENCED_LEADER_EPOCH",
+        "UNKNOWN_LEADER_EPOCH", "OFFSET_NOT_AVAILABLE", "_NODE_UPDATE") if hasattr(KafkaError, name))
+
+
+try:
+    _TRANSIENT = _transient_codes()
+except ImportError:       # confluent-kafka is imported where it is used
+    _TRANSIENT = frozenset()
 
 Offsets = dict[str, dict[str, int]]     # {topic: {partition (as str): next offset to read}}
 
@@ -119,6 +169,8 @@ class KafkaOptions:
     snapshot_routes: tuple[int, ...] = ()
     #: topics (a regular expression) whose deleted, unread offsets are skipped and counted, not an error
     skip_data_loss: str | None = None
+    #: how long a broker fault is waited out before the query fails (``brokerWaitMs``)
+    broker_wait_ms: int = _BROKER_WAIT_MS
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> "KafkaOptions":
@@ -159,6 +211,7 @@ class KafkaOptions:
             replay_pipeline=opts.get("replaypipeline") or None,
             snapshot_routes=tuple(int(r) for r in opts.get("snapshotroutes", "").split(",") if r.strip()),
             skip_data_loss=opts.get("skipdataloss") or None,
+            broker_wait_ms=int(opts.get("brokerwaitms", str(_BROKER_WAIT_MS))),
         )
 
     def skips_data_loss(self, topic: str) -> bool:
@@ -178,6 +231,8 @@ class KafkaOptions:
             "enable.auto.offset.store": False,
             "enable.partition.eof": True,
             "isolation.level": "read_committed",
+            # an offset that left the log while it was read is an error here, never a silent jump
+            "auto.offset.reset": "error",
             "fetch.max.bytes": 64 * 1024 * 1024,
             "max.partition.fetch.bytes": 16 * 1024 * 1024,
             "queued.max.messages.kbytes": 256 * 1024,
@@ -284,7 +339,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _partitions(self) -> list[tuple[str, int]]:
         client = self._metadata_client()
         try:
-            md = client.list_topics(timeout=_METADATA_TIMEOUT_S)
+            md = _with_retries(f"listing the topics on {self.options.bootstrap_servers}",
+                               lambda: client.list_topics(timeout=_METADATA_TIMEOUT_S),
+                               wait_ms=self.options.broker_wait_ms)
         except Exception as exc:  # KafkaException
             raise SourceError(f"cannot list topics on {self.options.bootstrap_servers}: {exc}; "
                               "check bootstrap.servers and the kafka.* security settings") from exc
@@ -314,8 +371,11 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         marks: dict[tuple[str, int], tuple[int, int]] = {}
         for topic, p in parts:
             try:
-                low, high = client.get_watermark_offsets(TopicPartition(topic, p),
-                                                         timeout=_METADATA_TIMEOUT_S, cached=False)
+                low, high = _with_retries(
+                    f"the offsets of {topic}[{p}]",
+                    lambda: client.get_watermark_offsets(TopicPartition(topic, p), timeout=_METADATA_TIMEOUT_S,
+                                                         cached=False),
+                    wait_ms=self.options.broker_wait_ms)
             except Exception as exc:
                 raise SourceError(f"cannot read the offsets of {topic}[{p}] from "
                                   f"{self.options.bootstrap_servers}: {exc}") from exc
@@ -546,7 +606,10 @@ def read_range(options: KafkaOptions, rng: KafkaRange) -> Iterator[pa.RecordBatc
     consumer = Consumer(options.consumer_config())
     try:
         tp = TopicPartition(rng.topic, rng.partition)
-        low, _high = consumer.get_watermark_offsets(tp, timeout=_METADATA_TIMEOUT_S, cached=False)
+        low, _high = _with_retries(f"the offsets of {rng.topic}[{rng.partition}]",
+                                   lambda: consumer.get_watermark_offsets(tp, timeout=_METADATA_TIMEOUT_S,
+                                                                         cached=False),
+                                   wait_ms=options.broker_wait_ms)
         start, expired = rng.start, 0
         if low > start:
             if not options.skips_data_loss(rng.topic):
@@ -600,6 +663,12 @@ def _records_in_range(msgs: list[Any], rng: KafkaRange, position: int) -> tuple[
                 kept.append(m)
             elif err.code() == KafkaError._PARTITION_EOF:
                 position = max(position, m.offset())
+            elif err.code() == KafkaError._AUTO_OFFSET_RESET or err.code() == KafkaError.OFFSET_OUT_OF_RANGE:
+                raise SourceError(f"data loss: {rng.topic}[{rng.partition}] offset {position} left the log while it "
+                                  f"was read (retention); {err}. Raise the topic's retention, or set on_data_loss: "
+                                  "skip on the source to skip such gaps")
+            elif not err.fatal() and (err.retriable() or err.code() in _TRANSIENT):
+                log.info("%s[%d]: %s (the client retries)", rng.topic, rng.partition, err)
             else:
                 raise SourceError(f"{rng.topic}[{rng.partition}]: Kafka error while reading: {err}")
         msgs = kept
