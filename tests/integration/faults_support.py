@@ -43,13 +43,15 @@ def stream(servers: str, prefix: str, *, seed: int, changes: int, rate: float, p
 
 
 def config_for(servers: str, workdir: Path, prefix: str, *, views: bool = True,
-               sources: dict[str, Any] | None = None) -> ChangelakeConfig:
+               sources: dict[str, Any] | None = None,
+               per_source: dict[str, dict[str, Any]] | None = None) -> ChangelakeConfig:
     raw = demo_config(bootstrap_servers=servers, workdir=workdir, metrics_port=0, pipeline_id=f"faults-{prefix}",
                       max_records_per_batch=2_000, views=views)
     raw["pipeline"]["trigger_interval"] = "1 second"
     for source in raw["sources"]:
         source["topics"] = [t.replace("dbserver1", prefix, 1) for t in source["topics"]]
         source.update(sources or {})
+        source.update((per_source or {}).get(source["name"], {}))
     path = workdir / "pipeline.yaml"
     workdir.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
@@ -124,6 +126,16 @@ class Running:
                 raise AssertionError(f"the pipeline stopped before its first batch: {self.error!r}"[:3000])
             if time.monotonic() > deadline:
                 raise AssertionError(f"no batch finished within {timeout_s:.0f} s")
+            time.sleep(0.25)
+
+    def wait_batch_after(self, t: float, timeout_s: float) -> None:
+        """Until a batch finished after monotonic time ``t``."""
+        deadline = time.monotonic() + timeout_s
+        while self.samples.batches_since(t) <= 0:
+            if self._done.is_set():
+                raise AssertionError(f"the pipeline stopped: {self.error!r}"[:3000])
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no batch finished within {timeout_s:.0f} s of the fault")
             time.sleep(0.25)
 
     def runner_batches(self) -> int:
