@@ -337,10 +337,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._admin_consumer
 
     def _partitions(self) -> list[tuple[str, int]]:
-        client = self._metadata_client()
         try:
             md = _with_retries(f"listing the topics on {self.options.bootstrap_servers}",
-                               lambda: client.list_topics(timeout=_METADATA_TIMEOUT_S),
+                               lambda: self._metadata_client().list_topics(timeout=_METADATA_TIMEOUT_S),
                                wait_ms=self.options.broker_wait_ms)
         except Exception as exc:  # KafkaException
             raise SourceError(f"cannot list topics on {self.options.bootstrap_servers}: {exc}; "
@@ -358,7 +357,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             topic = md.topics.get(name)
             if topic is None or topic.error is not None or not topic.partitions:
                 # A listed topic that does not exist yet (auto-creation may be off): ask for it directly.
-                topic = client.list_topics(name, timeout=_METADATA_TIMEOUT_S).topics.get(name)
+                topic = self._metadata_client().list_topics(name, timeout=_METADATA_TIMEOUT_S).topics.get(name)
                 if topic is None or not topic.partitions:
                     log.warning("topic %s has no partitions yet; it will be read once it exists", name)
                     continue
@@ -367,20 +366,26 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _watermarks(self, parts: list[tuple[str, int]]) -> dict[tuple[str, int], tuple[int, int]]:
         from confluent_kafka import TopicPartition
-        client = self._metadata_client()
         marks: dict[tuple[str, int], tuple[int, int]] = {}
         for topic, p in parts:
             try:
-                low, high = _with_retries(
-                    f"the offsets of {topic}[{p}]",
-                    lambda: client.get_watermark_offsets(TopicPartition(topic, p), timeout=_METADATA_TIMEOUT_S,
-                                                         cached=False),
-                    wait_ms=self.options.broker_wait_ms)
+                low, high = _with_retries(f"the offsets of {topic}[{p}]",
+                                          functools.partial(self._watermark, TopicPartition(topic, p)),
+                                          wait_ms=self.options.broker_wait_ms)
             except Exception as exc:
                 raise SourceError(f"cannot read the offsets of {topic}[{p}] from "
                                   f"{self.options.bootstrap_servers}: {exc}") from exc
             marks[(topic, p)] = (low, high)
         return marks
+
+    def _watermark(self, tp: Any) -> tuple[int, int]:
+        try:
+            return self._metadata_client().get_watermark_offsets(tp, timeout=_METADATA_TIMEOUT_S, cached=False)
+        except Exception:
+            # a fresh client for the next try: after every broker was down, the old one kept answering
+            # "Unknown partition" from its own metadata for minutes
+            self.stop()
+            raise
 
     def initialOffset(self) -> Offsets:
         parts = self._partitions()
@@ -606,9 +611,17 @@ def read_range(options: KafkaOptions, rng: KafkaRange) -> Iterator[pa.RecordBatc
     consumer = Consumer(options.consumer_config())
     try:
         tp = TopicPartition(rng.topic, rng.partition)
-        low, _high = _with_retries(f"the offsets of {rng.topic}[{rng.partition}]",
-                                   lambda: consumer.get_watermark_offsets(tp, timeout=_METADATA_TIMEOUT_S,
-                                                                         cached=False),
+        def watermarks() -> tuple[int, int]:
+            try:
+                return consumer.get_watermark_offsets(tp, timeout=_METADATA_TIMEOUT_S, cached=False)
+            except Exception:
+                try:        # the client's metadata may have lost the partition while the brokers were down
+                    consumer.list_topics(rng.topic, timeout=_METADATA_TIMEOUT_S)
+                except Exception:  # KafkaException: retried with the call
+                    pass
+                raise
+
+        low, _high = _with_retries(f"the offsets of {rng.topic}[{rng.partition}]", watermarks,
                                    wait_ms=options.broker_wait_ms)
         start, expired = rng.start, 0
         if low > start:
