@@ -145,23 +145,12 @@ def _wait(predicate, timeout_s: float) -> bool:
     return False
 
 
-def _no_lag_quiet(config) -> list:
-    try:
-        return [p for p in collect_status(config).partitions if p.lag != 0]
-    except Exception:
-        return ["unknown"]
-
-
 def _end(servers: str, topic: str, partition: int) -> int:
     c = Consumer({"bootstrap.servers": servers, "group.id": "faults-probe", "log_level": 0})
     try:
         return c.get_watermark_offsets(TopicPartition(topic, partition), timeout=15, cached=False)[1]
     finally:
         c.close()
-
-
-def _position(config, topic: str, partition: int) -> int | None:
-    return next(p.committed for p in collect_status(config).partitions if (p.topic, p.partition) == (topic, partition))
 
 
 def _log(servers: str, names) -> list[tuple[str, bytes | None, bytes | None]]:
