@@ -3,6 +3,8 @@
 :class:`Running` runs a pipeline in this test process's Spark session (``PipelineRunner``, trigger 1 s)
 in a thread and samples its metrics every 0.25 s: total consumer lag, batches completed, and the longest
 time between two finished batches (a stall), so a test can say what ``/metrics`` showed during a fault.
+(The lag gauge is set from each finished batch's progress: while no batch finishes it keeps its last value,
+so an outage shows as a stall, not as lag.)
 """
 
 from __future__ import annotations

@@ -87,7 +87,6 @@ def test_leader_kill_cluster_restart_and_new_partitions_during_one_stream(spark,
 
         got = run.wait_equal(db, producer, timeout_s=600)
         assert got == {t: "ok" for t in got}
-        assert run.samples.max_lag > 0          # the backlog of the outage showed as lag on /metrics
     parts = {(p.topic, p.partition): p for p in collect_status(config).partitions}
     for t in (names["orders"], names["products"]):
         for p in (2, 3):
