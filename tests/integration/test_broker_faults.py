@@ -107,9 +107,9 @@ def test_records_deleted_before_they_were_read_stop_the_pipeline_unless_skipping
     orders = topics(prefix)["orders"]
     cut = _end(servers, orders, 0) - 3
     assert cut > 0
-    [future] = AdminClient({"bootstrap.servers": servers}).delete_records(
-        [TopicPartition(orders, 0, cut)], request_timeout=120, operation_timeout=60).values()
-    future.result(timeout=180)
+    admin = AdminClient({"bootstrap.servers": servers})      # kept alive until its answer is in
+    [future] = admin.delete_records([TopicPartition(orders, 0, cut)], request_timeout=60).values()
+    future.result(timeout=90)
     from_zero = {"orders": {"starting_offsets": {orders: {"0": 0}}}}
 
     failing = config_for(servers, tmp_path / "fail", prefix, views=False, per_source=from_zero)
