@@ -140,7 +140,10 @@ def _transient_codes() -> frozenset[int]:
         "NOT_LEADER_FOR_PARTITION", "LEADER_NOT_AVAILABLE", "_TRANSPORT", "_ALL_BROKERS_DOWN", "_TIMED_OUT",
         "REQUEST_TIMED_OUT", "NOT_COORDINATOR", "_WAIT_COORD", "UNKNOWN_TOPIC_OR_PART", "_UNKNOWN_PARTITION",
         "BROKER_NOT_AVAILABLE", "NOT_ENOUGH_REPLICAS", "KAFKA_STORAGE_ERROR", "FENCED_LEADER_EPOCH",
-        "UNKNOWN_LEADER_EPOCH", "OFFSET_NOT_AVAILABLE", "_NODE_UPDATE") if hasattr(KafkaError, name))
+        "UNKNOWN_LEADER_EPOCH", "OFFSET_NOT_AVAILABLE", "_NODE_UPDATE",
+        # librdkafka retires its bootstrap brokers' handles once it knows the cluster's: a request in flight
+        # on one fails so, on a fresh client, also without any fault
+        "_DESTROY_BROKER") if hasattr(KafkaError, name))
 
 
 try:
