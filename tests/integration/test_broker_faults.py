@@ -64,6 +64,12 @@ def test_leader_kill_cluster_restart_and_new_partitions_during_one_stream(spark,
     with Running(spark, config, prefix) as run:
         run.wait_first_batch(600)
 
+        # (d) more partitions for two source topics while it runs (first, while the stream is young): read from their start
+        admin = AdminClient({"bootstrap.servers": servers})
+        for future in admin.create_partitions([NewPartitions(t, 4) for t in (names["orders"], names["products"])],
+                                              operation_timeout=30).values():
+            future.result(timeout=60)
+
         # (a) SIGKILL of the leader of a source partition: leadership moves, batches go on, the node comes back
         leader = cluster.leader(names["orders"], 0)
         killed_at = time.monotonic()
@@ -78,12 +84,6 @@ def test_leader_kill_cluster_restart_and_new_partitions_during_one_stream(spark,
         cluster.start_all()
         run.wait_batch_after(time.monotonic(), 300)
         assert run.samples.longest_gap_s >= 5, run.samples
-
-        # (d) more partitions for two source topics while it runs: read from their start
-        admin = AdminClient({"bootstrap.servers": servers})
-        for future in admin.create_partitions([NewPartitions(t, 4) for t in (names["orders"], names["products"])],
-                                              operation_timeout=30).values():
-            future.result(timeout=60)
 
         got = run.wait_equal(db, producer, timeout_s=600)
         assert got == {t: "ok" for t in got}
