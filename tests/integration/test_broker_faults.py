@@ -64,7 +64,8 @@ def test_leader_kill_cluster_restart_and_new_partitions_during_one_stream(spark,
     with Running(spark, config, prefix) as run:
         run.wait_first_batch(600)
 
-        # (d) more partitions for two source topics while it runs (first, while the stream is young): read from their start
+        # (d) more partitions for two source topics while it runs (first, while the stream is young):
+        #     read from their start
         admin = AdminClient({"bootstrap.servers": servers})
         for future in admin.create_partitions([NewPartitions(t, 4) for t in (names["orders"], names["products"])],
                                               operation_timeout=30).values():
