@@ -262,6 +262,10 @@ PROCESS_START = Gauge(
     "changelake_process_start_time_seconds", "Unix time this process started (a new value after each restart).",
     registry=REGISTRY)
 PROCESS_START.set_to_current_time()
+RESTART_TO_FIRST_COMMIT = Gauge(
+    "changelake_restart_to_first_commit_seconds", "Seconds from this process's start to the end of its first "
+    "micro-batch (Delta commits done), by phase: session, query, read, commit, and total "
+    "(changelake.service.restart_clock).", ["phase"], registry=REGISTRY)
 BUILD_INFO = Gauge(
     "changelake_build_info", "Always 1; the labels name the versions this process runs.",
     ["version", "pyspark", "deltalake", "python"], registry=REGISTRY)

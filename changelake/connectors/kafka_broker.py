@@ -6,7 +6,8 @@ per node, on localhost ports, with its storage and log under one directory:
 ==================  ============================================================================
 nodes=1             a single node: replication factor 1 everywhere (trying the product, most tests)
 nodes=3             three nodes: replication factor 3, ``min.insync.replicas`` 2, a three-voter
-                    controller quorum (fault tests: :meth:`LocalKafka.stop_node`/``start_node``)
+                    controller quorum (fault tests: :meth:`LocalKafka.kill`, ``start``, ``stop_all``,
+                    ``start_all``, :meth:`LocalKafka.leader` of a partition)
 ==================  ============================================================================
 
 ``<workdir>/node-<id>/server.log`` keeps each node's log (also after :meth:`LocalKafka.stop`, which
@@ -224,6 +225,43 @@ class LocalKafka:
         handle = self._log_handles.pop(node, None)
         if handle is not None:
             handle.close()
+
+    # -- faults (tests/integration/test_broker_faults.py, bench/soak.py) ---------------------------------
+
+    def kill(self, node: int, sig: int = signal.SIGKILL) -> None:
+        """Crash ``node``: ``sig`` (SIGKILL: no controlled shutdown, no leadership handed over), then reap it."""
+        proc = self._procs.get(node)
+        if proc is None or proc.poll() is not None:
+            raise BrokerError(f"Kafka node {node} is not running")
+        if sig == signal.SIGKILL:
+            self.stop_node(node, kill=True)
+        else:
+            proc.send_signal(sig)
+
+    def running_nodes(self) -> list[int]:
+        return sorted(n for n, p in self._procs.items() if p.poll() is None)
+
+    def stop_all(self, *, kill: bool = False) -> None:
+        """Stop every node (the whole cluster down: SIGTERM, or SIGKILL with ``kill``); storage kept."""
+        for n in self.running_nodes():
+            self._procs[n].send_signal(signal.SIGKILL if kill else signal.SIGTERM)
+        for n in list(self._procs):
+            self.stop_node(n, kill=kill)
+
+    def start_all(self, *, wait: bool = True) -> None:
+        """Start every stopped node again, on the ports it had; ``wait``: until all of them answer."""
+        for n in self.node_ids:
+            self.start_node(n, wait=False)
+        if wait:
+            self.wait_ready(self.start_timeout_s)
+
+    def leader(self, topic: str, partition: int, *, timeout_s: float = 10.0) -> int:
+        """The node that leads ``topic[partition]`` now, as the brokers' metadata says (-1: none)."""
+        from confluent_kafka.admin import AdminClient
+
+        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers, "log_level": 0,
+                             "logger": logging.getLogger("changelake.kafka_probe")})
+        return admin.list_topics(topic, timeout=timeout_s).topics[topic].partitions[partition].leader
 
     def ready(self, timeout_s: float = 2.0, *, nodes: int | None = None) -> bool:
         """True when a metadata request answers and lists ``nodes`` brokers (default: all of them)."""

@@ -339,6 +339,10 @@ class SourceSpec(_Model):
         "{topic: {partition: offset}}")
     on_error: Literal["fail", "skip", "dlq"] = Field(
         "dlq", description="a message that cannot be decoded: stop the pipeline, count and skip it, or dead-letter it")
+    on_data_loss: Literal["fail", "skip"] = Field(
+        "fail", description="records Kafka deleted (retention) before the pipeline read them: stop with an error "
+        "naming topic, partition and the lost offsets, or skip the gap and count it in "
+        "changelake_expired_offsets_skipped_total (docs/operations.md, 'Broker faults')")
     on_truncate: Literal["apply", "skip", "fail"] | None = Field(
         None, description="a TRUNCATE of the source table: apply (empty the mirrored table at the truncate's "
         "position), skip (count it) or fail (a dead letter naming the position). Default skip")
@@ -467,6 +471,12 @@ class SourceSpec(_Model):
     def replay_topic_for(self, topic: str) -> str:
         """Where ``changelake dlq replay`` sends a dead letter read from ``topic``."""
         return self.replay_topic or topic + REPLAY_SUFFIX
+
+    def topic_regex(self) -> str:
+        """A regular expression that fully matches this source's topics."""
+        if self.topic_pattern is not None:
+            return f"(?:{self.topic_pattern})"
+        return "|".join(re.escape(t) for t in self.topics or ())
 
     def replay_topic_regex(self) -> str:
         """A regular expression that fully matches this source's replay topics (those of a pattern as well)."""

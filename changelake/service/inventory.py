@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import orjson
 
@@ -198,3 +198,93 @@ def produce(messages: Iterator[Message], bootstrap_servers: str, *,
         raise RuntimeError(f"{remaining + len(failed)} messages were not acknowledged by the broker at "
                            f"{bootstrap_servers}" + (f" (first error: {failed[0]})" if failed else ""))
     return n
+
+
+class SteadyProducer:
+    """Writes ``messages`` at about ``rate`` messages/s from a thread, as a live database's connector would:
+    idempotent and ``acks=all``, waiting out broker faults (a message may wait ``timeout_s`` for a leader).
+    :meth:`wait` raises what the producer could not deliver; ``sent`` counts what was handed to the client."""
+
+    def __init__(self, messages: Iterable[Message], bootstrap_servers: str, *, rate: float,
+                 timeout_s: float = 300.0, extra: dict[str, Any] | None = None) -> None:
+        import threading
+
+        self._messages = iter(messages)
+        self.rate = rate
+        self.sent = 0
+        self.conf = {"bootstrap.servers": bootstrap_servers, "linger.ms": 20, "enable.idempotence": True,
+                     "acks": "all", "message.timeout.ms": int(timeout_s * 1000), "log_level": 0,
+                     "queue.buffering.max.messages": 1_000_000, **(extra or {})}
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="steady-producer", daemon=True)
+
+    def start(self) -> "SteadyProducer":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop producing (what was handed over is still delivered by :meth:`wait`)."""
+        self._stop.set()
+
+    @property
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def _run(self) -> None:
+        import time
+
+        from confluent_kafka import Producer
+
+        failed: list[str] = []
+        producer = Producer(self.conf)
+        started = time.monotonic()
+        try:
+            for m in self._messages:
+                if self._stop.is_set():
+                    break
+                ahead = self.sent / self.rate - (time.monotonic() - started)
+                if ahead > 0:
+                    producer.poll(min(ahead, 0.5))
+                    if ahead > 0.5:
+                        time.sleep(ahead - 0.5)
+                while True:
+                    try:
+                        producer.produce(m.topic, key=m.key, value=m.value,
+                                         on_delivery=lambda err, _m: failed.append(str(err)) if err else None)
+                        break
+                    except BufferError:
+                        producer.poll(0.05)
+                self.sent += 1
+            remaining = producer.flush(self.conf["message.timeout.ms"] / 1000 + 30)
+            if remaining or failed:
+                raise RuntimeError(f"{remaining + len(failed)} messages were not acknowledged"
+                                   + (f" (first error: {failed[0]})" if failed else ""))
+        except BaseException as exc:  # reported by wait()
+            self.error = exc
+
+    def wait(self, timeout_s: float | None = None) -> int:
+        """Until every message is acknowledged; returns how many were sent."""
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            raise TimeoutError(f"the producer still had messages to deliver after {timeout_s} s")
+        if self.error is not None:
+            raise self.error
+        return self.sent
+
+
+def fold(messages: Iterable[tuple[str, bytes | None, bytes | None]]) -> dict[str, dict[Any, dict[str, Any]]]:
+    """The tables' final rows from their topics' Debezium messages (topic, key, value), in log order per key:
+    the database's state as a reader of those messages must find it (``verify`` compares tables with it)."""
+    state: dict[str, dict[Any, dict[str, Any]]] = {t: {} for t in TABLES}
+    for topic, key, value in messages:
+        table = topic.rsplit(".", 1)[-1]        # <server>.inventory.<table>
+        if table not in TABLES or key is None:
+            continue
+        k = orjson.loads(key)[TABLES[table]["key"]]
+        payload = orjson.loads(value) if value is not None else None
+        if payload is None or payload.get("op") == "d" or payload.get("after") is None:
+            state[table].pop(k, None)
+        else:
+            state[table][k] = payload["after"]
+    return state

@@ -207,6 +207,8 @@ class BatchProcessor:
         #: route -> its mirrored table's snapshot, fed to the graph by a rebuilt checkpoint's first batch
         #: (``changelake.service.rebuild``; set by :func:`start_query`)
         self.snapshots: dict[int, Any] = {}
+        #: times the first batch of this process (``changelake.service.restart_clock``; set by the runner)
+        self.clock: Any = None
 
     def start_generation(self, generation: int, replaced: Sequence[str] = ()) -> None:
         """Run as checkpoint generation ``generation`` (every write's commit position); ``replaced``: the
@@ -296,6 +298,15 @@ class BatchProcessor:
         then holds their dead letters, key-change counts and truncates, not their rows."""
         if self.lease is not None:
             self.lease.check(batch_id)      # another instance took over: stop before this batch writes
+        if self.clock is not None:
+            self.clock.mark("read")
+        report = self._process_decoded(out, batch_id, late_rows=late_rows, rejected=rejected, frames=frames)
+        if self.clock is not None:
+            self.clock.mark("commit")
+        return report
+
+    def _process_decoded(self, out: pa.Table, batch_id: int, *, late_rows: dict | None,
+                         rejected: Sequence[Any], frames: dict[str, Any] | None) -> BatchReport:
         stats, parts = self.stage.split(out)
         side = parts.pop(-1, {})                    # route -1: the END events of the transaction metadata topics
         boundaries = side.get("bounds")
@@ -830,6 +841,9 @@ def kafka_reader_options(config: ChangelakeConfig) -> dict[str, str]:
         opts["startingOffsets"] = json.dumps(starting)
     opts["replayTopics"] = "|".join(f"(?:{s.replay_topic_regex()})" for s in config.sources)
     opts["replayPipeline"] = config.pipeline.id
+    skipping = [s.topic_regex() for s in config.sources if s.on_data_loss == "skip"]
+    if skipping:
+        opts["skipDataLoss"] = "|".join(f"(?:{rx})" for rx in skipping)
     opts["readTasks"] = str(config.pipeline.read_tasks)
     opts["sequenceState"] = config.pipeline.checkpoint     # the partitions' epoch states (service.epochs)
     if config.pipeline.max_records_per_batch:

@@ -20,6 +20,7 @@ from changelake.service.logs import TerminalStderr, log_format
 from changelake.service.pipeline import BatchProcessor, BatchReport, start_query
 from changelake.service.preflight import broker_topics, side_topic, skipped_side_topics
 from changelake.service.split import MIRRORS_APP, split
+from changelake.service.restart_clock import RestartClock
 from changelake.spark.checkpoint import checkpoint_store_problem
 from changelake.spark.progress import ProgressListener, parse_offsets, work_done
 from changelake.spark.session import build_session, driver_jvm, executor_tasks
@@ -52,6 +53,8 @@ class PipelineRunner:
         self._spark = spark
         self._stop = threading.Event()
         self.endpoint: HttpEndpoint | None = None
+        #: the running query's batch processor (its ``totals``), once :meth:`run` started it
+        self.processor: BatchProcessor | None = None
         self.health = Health(max_silence_s=parse_duration(config.pipeline.trigger_interval)
                              * config.metrics.ready_after_intervals + 60,
                              stalled_after_s=parse_duration(config.metrics.stalled_after))
@@ -99,6 +102,8 @@ class PipelineRunner:
         spark = self._spark or build_session(app_name=f"changelake-{cfg.pipeline.id}", master=cfg.pipeline.master,
                                             conf=conf, engine=cfg.storage.engine,
                                             jar_sets=("spark-kafka",) if cfg.kafka.reader == "spark-kafka" else ())
+        clock = RestartClock()
+        clock.mark("session")
         metrics.JVM.watch(*driver_jvm(spark))
         lags: dict = {}
         if parts is None:
@@ -123,6 +128,8 @@ class PipelineRunner:
             listeners.append(listener)
         for _, processor, _ in runs:
             processor.lease = lease
+            processor.clock = clock
+        self.processor = runs[0][1]
         started = time.monotonic()
         queries = []
         try:
@@ -138,6 +145,7 @@ class PipelineRunner:
         finally:
             if parts is not None:
                 spark.sparkContext.setLocalProperty("spark.scheduler.pool", None)
+        clock.mark("query")
         self.health.query_active = lambda: all(q.isActive for q in queries)
         self.health.trigger_active = lambda: any(q.status.get("isTriggerActive", False) for q in queries)
         self.health.work = lambda: work_done(spark)

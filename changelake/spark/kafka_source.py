@@ -32,13 +32,24 @@ Options (all strings, as Spark passes them):
                            takes its original topic, partition and offset from its headers (below)
 ``replayPipeline``         the pipeline id: a replayed record whose ``changelake.pipeline`` header names
                            another pipeline (one sharing the replay topic) is not read
+``skipDataLoss``           a regular expression over topic names: records of those topics that Kafka deleted
+                           (retention) before they were read are skipped and counted; in any other topic
+                           such a gap stops the query with a :class:`DataLossError` naming topic, partition
+                           and the lost offsets (``sources[].on_data_loss``)
+``brokerWaitMs``           how long a broker fault (a partition without a leader while leadership moves,
+                           every broker down) is waited out, with retries, before the query fails
+                           (default 300000)
 ``kafka.<property>``       passed to the consumer (``kafka.security.protocol``, ``kafka.sasl.*``,
                            ``kafka.ssl.*``)
 =========================  ===============================================================
 
-The output has the raw record columns of :data:`changelake.changelog.RAW_SCHEMA`
+Offsets deleted from Kafka before they were read (retention, ``kafka-delete-records``) are data lost
+upstream. By default that stops the query, on the driver when it plans a batch (the low watermark is
+past the batch's start) or in the read task (deleted after planning), with a :class:`DataLossError`
+naming topic, partition and offset range. Only for topics of ``skipDataLoss`` is the gap skipped:
+the output has the raw record columns of :data:`changelake.changelog.RAW_SCHEMA`
 plus ``expired`` (int64): the number of offsets before this record that had
-already been deleted from Kafka when the read started (data lost upstream).
+already been deleted from Kafka when the read started.
 When a whole planned range has expired, the reader emits one marker row with
 ``offset = -1`` carrying only that count. :func:`split_markers` separates them.
 
@@ -89,6 +100,56 @@ ARROW_SCHEMA = pa.schema([
 
 _CONSUME_BATCH = 10_000
 _METADATA_TIMEOUT_S = 30.0
+#: how long the driver and the read tasks wait out a broker fault (no leader for a partition while its
+#: leader moves, every broker down) before the query fails: ``brokerWaitMs``
+_BROKER_WAIT_MS = 300_000
+
+
+def _with_retries(what: str, call: Any, *, wait_ms: int) -> Any:
+    """``call()``, again with backoff while it fails with a retriable Kafka error (a leader moving, brokers
+    down), for at most ``wait_ms``; a warning says what is awaited, and when it is back."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    import time
+
+    deadline, pause, warned = time.monotonic() + wait_ms / 1000, 0.2, False
+    while True:
+        try:
+            result = call()
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+            transient = err is not None and not err.fatal() and (err.retriable() or err.code() in _TRANSIENT)
+            if not transient or time.monotonic() + pause > deadline:
+                raise
+            if not warned:
+                log.warning("%s: %s; retrying for up to %.0f s (the broker may be restarting or its partition "
+                            "leaders moving)", what, err.str(), wait_ms / 1000)
+                warned = True
+            time.sleep(pause)
+            pause = min(pause * 2, 2.0)
+            continue
+        if warned:
+            log.warning("%s: answered again", what)
+        return result
+
+
+def _transient_codes() -> frozenset[int]:
+    from confluent_kafka import KafkaError
+
+    return frozenset(getattr(KafkaError, name) for name in (
+        "NOT_LEADER_FOR_PARTITION", "LEADER_NOT_AVAILABLE", "_TRANSPORT", "_ALL_BROKERS_DOWN", "_TIMED_OUT",
+        "REQUEST_TIMED_OUT", "NOT_COORDINATOR", "_WAIT_COORD", "UNKNOWN_TOPIC_OR_PART", "_UNKNOWN_PARTITION",
+        "BROKER_NOT_AVAILABLE", "NOT_ENOUGH_REPLICAS", "KAFKA_STORAGE_ERROR", "FENCED_LEADER_EPOCH",
+        "UNKNOWN_LEADER_EPOCH", "OFFSET_NOT_AVAILABLE", "_NODE_UPDATE",
+        # librdkafka retires its bootstrap brokers' handles once it knows the cluster's: a request in flight
+        # on one fails so, on a fresh client, also without any fault
+        "_DESTROY_BROKER") if hasattr(KafkaError, name))
+
+
+try:
+    _TRANSIENT = _transient_codes()
+except ImportError:       # confluent-kafka is imported where it is used
+    _TRANSIENT = frozenset()
 
 Offsets = dict[str, dict[str, int]]     # {topic: {partition (as str): next offset to read}}
 
@@ -109,6 +170,10 @@ class KafkaOptions:
     #: routes whose mirrored table's snapshot goes into the first batch of a rebuilt checkpoint
     #: (``snapshotRoutes``; :class:`SnapshotTask`), while ``sequence_state`` (the checkpoint) has no committed batch
     snapshot_routes: tuple[int, ...] = ()
+    #: topics (a regular expression) whose deleted, unread offsets are skipped and counted, not an error
+    skip_data_loss: str | None = None
+    #: how long a broker fault is waited out before the query fails (``brokerWaitMs``)
+    broker_wait_ms: int = _BROKER_WAIT_MS
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> "KafkaOptions":
@@ -122,7 +187,8 @@ class KafkaOptions:
         if bool(topics) == bool(pattern):
             raise SourceError("give the Kafka source exactly one of 'topics' (a comma-separated list) "
                               "or 'topicPattern' (a regular expression)")
-        for option, value in (("topicPattern", pattern), ("replayTopics", opts.get("replaytopics"))):
+        for option, value in (("topicPattern", pattern), ("replayTopics", opts.get("replaytopics")),
+                              ("skipDataLoss", opts.get("skipdataloss"))):
             if value:
                 try:
                     re.compile(value)
@@ -147,7 +213,13 @@ class KafkaOptions:
             replay_topics=opts.get("replaytopics") or None,
             replay_pipeline=opts.get("replaypipeline") or None,
             snapshot_routes=tuple(int(r) for r in opts.get("snapshotroutes", "").split(",") if r.strip()),
+            skip_data_loss=opts.get("skipdataloss") or None,
+            broker_wait_ms=int(opts.get("brokerwaitms", str(_BROKER_WAIT_MS))),
         )
+
+    def skips_data_loss(self, topic: str) -> bool:
+        """Offsets of ``topic`` deleted before they were read are skipped (and counted), not an error."""
+        return self.skip_data_loss is not None and _regex(self.skip_data_loss).fullmatch(topic) is not None
 
     def is_replay(self, topic: str) -> bool:
         """``topic`` is one of the pipeline's replay topics."""
@@ -162,6 +234,8 @@ class KafkaOptions:
             "enable.auto.offset.store": False,
             "enable.partition.eof": True,
             "isolation.level": "read_committed",
+            # an offset that left the log while it was read is an error here, never a silent jump
+            "auto.offset.reset": "error",
             "fetch.max.bytes": 64 * 1024 * 1024,
             "max.partition.fetch.bytes": 16 * 1024 * 1024,
             "queued.max.messages.kbytes": 256 * 1024,
@@ -169,6 +243,19 @@ class KafkaOptions:
         }
         conf.update(self.consumer_properties)
         return conf
+
+
+class DataLossError(SourceError):
+    """Offsets were deleted from Kafka (retention) before the pipeline read them."""
+
+    def __init__(self, topic: str, partition: int, start: int, low: int) -> None:
+        self.topic, self.partition, self.first, self.last = topic, partition, start, low - 1
+        super().__init__(
+            f"data loss: {topic}[{partition}] offsets {start}..{low - 1} ({low - start} records) were deleted from "
+            f"Kafka (retention) before changelake read them; the tables would miss those changes. Raise the "
+            f"topic's retention.ms / retention.bytes and rebuild the tables from a new snapshot, or set "
+            f"on_data_loss: skip on the source to skip such gaps (counted in "
+            f"changelake_expired_offsets_skipped_total)")
 
 
 class KafkaSource(DataSource):
@@ -253,9 +340,10 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._admin_consumer
 
     def _partitions(self) -> list[tuple[str, int]]:
-        client = self._metadata_client()
         try:
-            md = client.list_topics(timeout=_METADATA_TIMEOUT_S)
+            md = _with_retries(f"listing the topics on {self.options.bootstrap_servers}",
+                               lambda: self._metadata_client().list_topics(timeout=_METADATA_TIMEOUT_S),
+                               wait_ms=self.options.broker_wait_ms)
         except Exception as exc:  # KafkaException
             raise SourceError(f"cannot list topics on {self.options.bootstrap_servers}: {exc}; "
                               "check bootstrap.servers and the kafka.* security settings") from exc
@@ -272,7 +360,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             topic = md.topics.get(name)
             if topic is None or topic.error is not None or not topic.partitions:
                 # A listed topic that does not exist yet (auto-creation may be off): ask for it directly.
-                topic = client.list_topics(name, timeout=_METADATA_TIMEOUT_S).topics.get(name)
+                topic = self._metadata_client().list_topics(name, timeout=_METADATA_TIMEOUT_S).topics.get(name)
                 if topic is None or not topic.partitions:
                     log.warning("topic %s has no partitions yet; it will be read once it exists", name)
                     continue
@@ -281,17 +369,26 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _watermarks(self, parts: list[tuple[str, int]]) -> dict[tuple[str, int], tuple[int, int]]:
         from confluent_kafka import TopicPartition
-        client = self._metadata_client()
         marks: dict[tuple[str, int], tuple[int, int]] = {}
         for topic, p in parts:
             try:
-                low, high = client.get_watermark_offsets(TopicPartition(topic, p),
-                                                         timeout=_METADATA_TIMEOUT_S, cached=False)
+                low, high = _with_retries(f"the offsets of {topic}[{p}]",
+                                          functools.partial(self._watermark, TopicPartition(topic, p)),
+                                          wait_ms=self.options.broker_wait_ms)
             except Exception as exc:
                 raise SourceError(f"cannot read the offsets of {topic}[{p}] from "
                                   f"{self.options.bootstrap_servers}: {exc}") from exc
             marks[(topic, p)] = (low, high)
         return marks
+
+    def _watermark(self, tp: Any) -> tuple[int, int]:
+        try:
+            return self._metadata_client().get_watermark_offsets(tp, timeout=_METADATA_TIMEOUT_S, cached=False)
+        except Exception:
+            # a fresh client for the next try: after every broker was down, the old one kept answering
+            # "Unknown partition" from its own metadata for minutes
+            self.stop()
+            raise
 
     def initialOffset(self) -> Offsets:
         parts = self._partitions()
@@ -358,6 +455,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         latest: Offsets = {}
         for (topic, p), (low, high) in marks.items():
             latest.setdefault(topic, {})[str(p)] = high
+            s = start.get(topic, {}).get(str(p))
+            if s is not None and low > s and not self.options.skips_data_loss(topic):
+                raise DataLossError(topic, p, s, low)
         self._latest = latest
         target = self._available_now_target
         if target is not None:
@@ -514,9 +614,22 @@ def read_range(options: KafkaOptions, rng: KafkaRange) -> Iterator[pa.RecordBatc
     consumer = Consumer(options.consumer_config())
     try:
         tp = TopicPartition(rng.topic, rng.partition)
-        low, _high = consumer.get_watermark_offsets(tp, timeout=_METADATA_TIMEOUT_S, cached=False)
+        def watermarks() -> tuple[int, int]:
+            try:
+                return consumer.get_watermark_offsets(tp, timeout=_METADATA_TIMEOUT_S, cached=False)
+            except Exception:
+                try:        # the client's metadata may have lost the partition while the brokers were down
+                    consumer.list_topics(rng.topic, timeout=_METADATA_TIMEOUT_S)
+                except Exception:  # KafkaException: retried with the call
+                    pass
+                raise
+
+        low, _high = _with_retries(f"the offsets of {rng.topic}[{rng.partition}]", watermarks,
+                                   wait_ms=options.broker_wait_ms)
         start, expired = rng.start, 0
         if low > start:
+            if not options.skips_data_loss(rng.topic):
+                raise DataLossError(rng.topic, rng.partition, start, low)
             expired = min(low, rng.end) - start
             log.warning("%s[%d]: offsets %d..%d expired from Kafka before they were read; "
                         "%d changes were lost upstream (raise the topic's retention)",
@@ -566,6 +679,12 @@ def _records_in_range(msgs: list[Any], rng: KafkaRange, position: int) -> tuple[
                 kept.append(m)
             elif err.code() == KafkaError._PARTITION_EOF:
                 position = max(position, m.offset())
+            elif err.code() == KafkaError._AUTO_OFFSET_RESET or err.code() == KafkaError.OFFSET_OUT_OF_RANGE:
+                raise SourceError(f"data loss: {rng.topic}[{rng.partition}] offset {position} left the log while it "
+                                  f"was read (retention); {err}. Raise the topic's retention, or set on_data_loss: "
+                                  "skip on the source to skip such gaps")
+            elif not err.fatal() and (err.retriable() or err.code() in _TRANSIENT):
+                log.info("%s[%d]: %s (the client retries)", rng.topic, rng.partition, err)
             else:
                 raise SourceError(f"{rng.topic}[{rng.partition}]: Kafka error while reading: {err}")
         msgs = kept

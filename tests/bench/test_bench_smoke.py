@@ -57,6 +57,9 @@ SMOKE: dict[str, tuple[list[str], tuple[str, ...], list[str]]] = {
                            r"verification of category_top3 against the source's final state: ok",
                            r"verification of orders against the source's final state: ok",
                            r"freshness run ok"]),
+    "soak.py": ([], ("spark", "kafka"), [r"changelake-kill: 1", r"restart to first commit \(s\)",
+                                          r"changes lost \(must be 0\): 0", r"changes duplicated \(must be 0\): 0",
+                                          r"soak run ok"]),
 }
 #: helper modules and what exercises them
 HELPERS = {
@@ -79,7 +82,7 @@ def _params() -> list:
 def test_quick_run(name: str, tmp_path: Path) -> None:
     script = name.split()[0]
     args, _, expected = SMOKE[name]
-    extra = ["--workdir", str(tmp_path / "work")] if script in ("mirror.py", "freshness.py") else []
+    extra = ["--workdir", str(tmp_path / "work")] if script in ("mirror.py", "freshness.py", "soak.py") else []
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     started = time.monotonic()
     done = subprocess.run([sys.executable, str(BENCH / script), *args, "--quick", *extra], cwd=tmp_path, env=env,

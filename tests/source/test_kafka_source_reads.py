@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -10,6 +11,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from changelake.spark.kafka_source import (
     ARROW_SCHEMA,
+    DataLossError,
     KafkaOptions,
     KafkaRange,
     KafkaStreamReader,
@@ -105,9 +107,11 @@ def test_starting_offsets_by_timestamp_follow_the_brokers_offsets_for_times(kafk
     assert sorted(stamps) == [base + i * 1_000 for i in range(10, 20)]
 
 
-def test_expired_offsets_are_reported_not_silently_skipped(kafka):
+def test_expired_offsets_stop_the_read_or_are_skipped_and_reported_when_configured(kafka):
     """Kafka deletes a partition's oldest segments past ``retention.bytes``: a range that starts before the
-    low watermark reads what is left and reports the rest as expired."""
+    low watermark stops with an error naming topic, partition and the lost offsets, on the driver when it plans
+    and in the read task; with ``skipDataLoss`` matching the topic it reads what is left and reports the rest as
+    expired."""
     if kafka.kind != "local":
         pytest.skip("needs a broker that checks retention every second (the local broker of tests/conftest.py); "
                     f"this run uses a {kafka.kind} broker")
@@ -122,7 +126,15 @@ def test_expired_offsets_are_reported_not_silently_skipped(kafka):
         low, high = c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10, cached=False)
     c.close()
     assert low > 0, "the broker did not expire anything within 60 s; the test premise failed"
-    opts = KafkaOptions.parse({"bootstrap.servers": kafka.bootstrap_servers, "topics": topic})
+    strict = KafkaOptions.parse({"bootstrap.servers": kafka.bootstrap_servers, "topics": topic})
+    with pytest.raises(DataLossError, match=rf"{topic}\[0\] offsets 0\.\.{low - 1} \({low} records\)"):
+        _read(strict, KafkaRange(topic, 0, 0, high))
+    with pytest.raises(DataLossError, match=rf"{topic}\[0\] offsets 0\.\.{low - 1} .*on_data_loss: skip"):
+        KafkaStreamReader(strict).latestOffset({topic: {"0": 0}}, ReadAllAvailable())
+    assert KafkaStreamReader(strict).latestOffset({topic: {"0": low}}, ReadAllAvailable()) == {topic: {"0": high}}
+    opts = KafkaOptions.parse({"bootstrap.servers": kafka.bootstrap_servers, "topics": topic,
+                               "skipDataLoss": re.escape(topic)})
+    assert KafkaStreamReader(opts).latestOffset({topic: {"0": 0}}, ReadAllAvailable()) == {topic: {"0": high}}
     records, expired = _read(opts, KafkaRange(topic, 0, 0, high))
     assert expired == {(topic, 0): low}
     assert records["offset"].to_pylist() == list(range(low, high))

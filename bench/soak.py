@@ -1,0 +1,259 @@
+"""Soak with faults: a steady stream of a simulated inventory database's changes (customers, products,
+orders) through mirrors and a join graph (orders JOIN products, sales per category, Top-3) on a 3-node
+Apache Kafka cluster (KRaft, replication factor 3, min.insync.replicas 2), while faults drawn at random
+hit it; at the end every table is compared with the database's final state.
+
+    .venv/bin/python bench/soak.py [--rate 500] [--minutes 30] [--fault-every 180] [--faults KINDS] [--seed 7]
+    .venv/bin/python bench/soak.py --quick      # smoke run: ~30 s of stream, one SIGKILL of changelake
+
+A fault comes only once the pipeline has finished a batch since its last start, so each one's recovery
+is measured on its own.
+
+==================  ==========================================================================
+fault               what happens
+==================  ==========================================================================
+changelake-kill     SIGKILL of the pipeline's process group (driver, Spark JVM, Python workers),
+                    then ``changelake run`` again on the same checkpoint
+leader-kill         SIGKILL of the node leading a random source partition; restarted 10 s later
+cluster-restart     every node stopped (SIGTERM) for three trigger intervals, then started
+==================  ==========================================================================
+
+The pipeline runs as ``changelake run`` in a child process (its log in the workdir). Reported: faults
+survived per kind, changes lost and duplicated (rows missing or differing, and rows beyond one per key,
+per table: both must be 0), restart to first commit of each changelake restart (the run's own
+``restart to first commit`` log line, split by phase) and, for broker faults, the time from the
+fault's end to the next finished batch; the RSS of the pipeline's process tree over time. Exit code 1
+when a table differs. The machine may be shared: the figures say how long things took here, then.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from statistics import median
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import QUICK_BROKER_JAVA_OPTIONS, _children, _rss_kb, machine  # noqa: E402
+
+from changelake.connectors.delta_read import read_delta  # noqa: E402
+from changelake.connectors.kafka_broker import LocalKafka, create_topics  # noqa: E402
+from changelake.service.config import parse_config  # noqa: E402
+from changelake.service.demo import demo_config, expected_views, verify, verify_views  # noqa: E402
+from changelake.service.inventory import TABLES, InventoryDatabase, SteadyProducer, topic_for  # noqa: E402
+
+KINDS = ("changelake-kill", "leader-kill", "cluster-restart")
+RESTART = re.compile(r"restart to first commit: ([\d.]+) s \(session ([\d.]+) s, query ([\d.]+) s, "
+                     r"read ([\d.]+) s, commit ([\d.]+) s\)")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Pipeline:
+    """``changelake run`` in its own process group, its log appended to ``log``."""
+
+    def __init__(self, config_path: Path, log: Path, port: int) -> None:
+        self.config_path, self.log, self.port = config_path, log, port
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        env = {k: v for k, v in os.environ.items() if k != "CHANGELAKE_FAULT"}
+        with open(self.log, "a") as out:
+            self.proc = subprocess.Popen([sys.executable, "-m", "changelake.service.cli", "--log-level", "INFO",
+                                          "run", "-c", str(self.config_path)], env=env, stdout=out,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+
+    def kill(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(300)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            return self.proc.wait()
+
+    def batches(self) -> float:
+        """changelake_batches_total from /metrics (-1: not answering)."""
+        try:
+            text = urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=2).read().decode()
+        except OSError:
+            return -1
+        m = re.search(r"^changelake_batches_total ([\d.e+]+)$", text, re.M)
+        return float(m.group(1)) if m else 0
+
+    def rss_mb(self) -> float:
+        if self.proc is None or self.proc.poll() is not None:
+            return 0.0
+        total, stack = _rss_kb(self.proc.pid), _children(self.proc.pid)
+        while stack:
+            pid = stack.pop()
+            total += _rss_kb(pid)
+            stack.extend(_children(pid))
+        return total / 1024
+
+
+def compare(config, db: InventoryDatabase) -> dict[str, tuple[int, int]]:
+    """table -> (changes lost: rows missing or differing, duplicated: rows beyond one per key)."""
+    out = {}
+    checks = {**verify(config, db.state), **verify_views(config, expected_views(db.state))}
+    keys = {**{t: [s["key"]] for t, s in TABLES.items()}, "sales_by_category": ["category"],
+            "top_categories": ["rank"]}
+    for table, verdict in checks.items():
+        lost = 0
+        if verdict != "ok":
+            nums = [int(n) for n in re.findall(r"(\d+) (?:missing|differ)", verdict)]
+            lost = sum(nums) if nums else 1
+        try:
+            rows = read_delta(config.table_path(table), columns=keys[table]).to_pylist()
+            dup = len(rows) - len({tuple(r.values()) for r in rows})
+        except Exception:  # the table does not exist: everything lost
+            dup = 0
+        out[table] = (lost, dup)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rate", type=float, default=500.0, help="messages per second (default 500)")
+    ap.add_argument("--minutes", type=float, default=30.0, help="how long the stream runs (default 30)")
+    ap.add_argument("--fault-every", type=float, default=180.0, help="seconds between faults, on average")
+    ap.add_argument("--faults", default=",".join(KINDS), help=f"comma-separated, of {', '.join(KINDS)}")
+    ap.add_argument("--max-faults", type=int, default=0, help="at most this many faults (0: no limit)")
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--workdir", type=Path, default=Path("soak-work"))
+    ap.add_argument("--quick", action="store_true", help="smoke run: 30 s at 60 messages/s, one SIGKILL")
+    args = ap.parse_args(argv)
+    kinds = [k.strip() for k in args.faults.split(",") if k.strip()]
+    if set(kinds) - set(KINDS):
+        ap.error(f"unknown fault kind(s): {sorted(set(kinds) - set(KINDS))}")
+    if args.quick:
+        args.rate, args.minutes, args.fault_every, args.max_faults = 60.0, 0.5, 5.0, 1
+        kinds = ["changelake-kill"]
+    rng = random.Random(args.seed)
+    work = args.workdir.resolve()
+    if work.exists():
+        import shutil
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    print(f"machine: {machine()} (shared: other jobs may run; figures are this run's)", flush=True)
+
+    java = QUICK_BROKER_JAVA_OPTIONS if args.quick else ("-Xmx512m", "-Xms64m", "-XX:+UseSerialGC")
+    with LocalKafka(nodes=3, workdir=work / "kafka", java_options=java, settings={"log.retention.ms": "-1"}) as cluster:
+        servers = cluster.bootstrap_servers
+        create_topics(servers, {topic_for(t): 4 for t in TABLES})
+        changes = int(args.rate * args.minutes * 60)
+        db = InventoryDatabase(seed=args.seed)
+        msgs = db.history(snapshot_sizes={"customers": 200, "products": 100, "orders": 500}, changes=changes)
+        raw = demo_config(bootstrap_servers=servers, workdir=work, metrics_port=_free_port(),
+                          pipeline_id="soak", max_records_per_batch=50_000)
+        raw["pipeline"]["trigger_interval"] = "2 seconds"
+        (work / "pipeline.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+        config = parse_config((work / "pipeline.yaml").read_text(), origin=str(work / "pipeline.yaml"))
+        pipeline = Pipeline(work / "pipeline.yaml", work / "changelake.log", raw["metrics"]["port"])
+        pipeline.start()
+        producer = SteadyProducer(msgs, servers, rate=args.rate).start()
+        started = time.monotonic()
+        memory: list[tuple[float, float]] = []
+        faults: list[dict] = []
+        next_fault = started + rng.uniform(0.5, 1.5) * args.fault_every
+        # --quick: the one fault also when the stream ended before the pipeline's first batch (a slow start)
+        while not producer.done or (args.quick and not faults and time.monotonic() - started < 600):
+            now = time.monotonic()
+            memory.append((now - started, pipeline.rss_mb()))
+            # a fault once the pipeline committed since its last start (so each restart's recovery is measured)
+            if now >= next_fault and (not args.max_faults or len(faults) < args.max_faults) \
+                    and pipeline.batches() > 0:
+                kind = rng.choice(kinds)
+                faults.append(inject(kind, cluster, pipeline, rng, at=now - started))
+                next_fault = time.monotonic() + rng.uniform(0.5, 1.5) * args.fault_every
+            time.sleep(1.0)
+        sent = producer.wait(600)
+        print(f"produced {sent:,} messages in {time.monotonic() - started:.0f} s; waiting for the tables", flush=True)
+        deadline = time.monotonic() + (300 if args.quick else 900)
+        result = compare(config, db)
+        while any(lost for lost, _ in result.values()) and time.monotonic() < deadline:
+            memory.append((time.monotonic() - started, pipeline.rss_mb()))
+            time.sleep(2)
+            result = compare(config, db)
+        code = pipeline.stop()
+
+    restarts = [tuple(float(x) for x in m.groups()) for m in RESTART.finditer((work / "changelake.log").read_text())]
+    report(faults, restarts, memory, result, stopped=code)
+    return 0 if all(lost == 0 and dup == 0 for lost, dup in result.values()) else 1
+
+
+def inject(kind: str, cluster: LocalKafka, pipeline: Pipeline, rng: random.Random, *, at: float) -> dict:
+    print(f"[{at:6.0f} s] fault: {kind}", flush=True)
+    before = pipeline.batches()
+    if kind == "changelake-kill":
+        pipeline.kill()
+        pipeline.start()
+    elif kind == "leader-kill":
+        topic = topic_for(rng.choice(list(TABLES)))
+        node = cluster.leader(topic, rng.randrange(4))
+        cluster.kill(node)
+        time.sleep(10)
+        cluster.start_node(node)
+    else:
+        cluster.stop_all()
+        time.sleep(6)
+        cluster.start_all()
+    ended = time.monotonic()
+    recovered = None
+    if kind != "changelake-kill":           # the next finished batch after the broker is back
+        while time.monotonic() - ended < 300:
+            n = pipeline.batches()
+            if n > before >= 0:
+                recovered = time.monotonic() - ended
+                break
+            time.sleep(0.5)
+    return {"kind": kind, "at": at, "recovered_s": recovered}
+
+
+def report(faults: list[dict], restarts: list[tuple[float, ...]], memory: list[tuple[float, float]],
+           result: dict[str, tuple[int, int]], *, stopped: int) -> None:
+    print("\nfaults survived:")
+    for kind in KINDS:
+        done = [f for f in faults if f["kind"] == kind]
+        if done:
+            rec = [f["recovered_s"] for f in done if f["recovered_s"] is not None]
+            extra = f"; fault end to next batch: median {median(rec):.1f} s, max {max(rec):.1f} s" if rec else ""
+            print(f"  {kind}: {len(done)}{extra}")
+    if restarts:
+        print("restart to first commit (s): total | session | query | read | commit")
+        for r in restarts:
+            print("  " + " | ".join(f"{x:.2f}" for x in r))
+        print(f"  median total: {median(r[0] for r in restarts):.2f} s over {len(restarts)} start(s) "
+              "(the first is the cold start)")
+    print("tables: lost | duplicated")
+    for table, (lost, dup) in sorted(result.items()):
+        print(f"  {table}: {lost} | {dup}")
+    print(f"changes lost (must be 0): {sum(lost for lost, _ in result.values())}")
+    print(f"changes duplicated (must be 0): {sum(dup for _, dup in result.values())}")
+    if memory:
+        step = max(1, len(memory) // 10)
+        print("memory of the pipeline's processes (RSS, MB) over time: "
+              + ", ".join(f"{t:.0f}s {mb:,.0f}" for t, mb in memory[::step]))
+    print(f"pipeline stopped with exit code {stopped}")
+    print("soak run ok" if all(lost == 0 and dup == 0 for lost, dup in result.values()) else "soak run FAILED")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""Restart to first commit: how long a (re)started pipeline takes until its first micro-batch is done.
+
+After a crash or a pod restart nothing reaches the tables until the new process has a Spark session,
+has started its query and has run one micro-batch to its end (Delta commits done; Spark then records
+the batch's offsets). :class:`RestartClock` times the phases of that path once per process and sets
+``changelake_restart_to_first_commit_seconds{phase}``; the run logs them on one line
+(``restart to first commit: ...``), which ``bench/soak.py`` reads per fault.
+
+=========  =====================================================================================
+phase      from .. to
+=========  =====================================================================================
+session    the process's start (the kernel's start time of this process) .. a Spark session
+query      .. the query started (checkpoint and lineage checks, the plan, the source registered)
+read       .. the first batch's data on the driver (offsets planned, Kafka read, decode, operators)
+commit     .. the first batch's Delta commits done (a replayed batch: its commits found done)
+total      the process's start .. the end of the first batch
+=========  =====================================================================================
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+from changelake import metrics
+
+log = logging.getLogger(__name__)
+
+PHASES = ("session", "query", "read", "commit")
+
+
+def process_start_time() -> float:
+    """Unix time this process started, from /proc (Linux); else when changelake's metrics were imported."""
+    try:
+        with open(f"/proc/{os.getpid()}/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return metrics.PROCESS_START._value.get()
+
+
+class RestartClock:
+    """Marks the end of each phase (:data:`PHASES`) once; the first batch's end sets the metric and logs it."""
+
+    def __init__(self, started: float | None = None) -> None:
+        self.started = process_start_time() if started is None else started
+        self._last = self.started
+        self.phases: dict[str, float] = {}
+
+    @property
+    def done(self) -> bool:
+        return "commit" in self.phases
+
+    def mark(self, phase: str) -> None:
+        """``phase`` ended now (ignored once set, or after the first commit)."""
+        if phase in self.phases or self.done:
+            return
+        now = time.time()
+        self.phases[phase] = max(0.0, now - self._last)
+        self._last = now
+        metrics.RESTART_TO_FIRST_COMMIT.labels(phase).set(self.phases[phase])
+        if phase == "commit":
+            total = now - self.started
+            metrics.RESTART_TO_FIRST_COMMIT.labels("total").set(total)
+            log.info("restart to first commit: %.2f s (%s)", total,
+                     ", ".join(f"{p} {self.phases.get(p, 0.0):.2f} s" for p in PHASES))
