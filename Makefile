@@ -8,7 +8,7 @@ RUN_STAMP := $(VENV)/.installed-run-$(shell cat pyproject.toml | cksum | cut -d'
 #: everything `make test` needs on top: the test extra and jvm/pom.xml's jars (docs/operations.md, "JVM dependencies")
 STAMP     := $(VENV)/.installed-all-$(shell cat pyproject.toml jvm/pom.xml jvm/jvm.lock | cksum | cut -d' ' -f1)
 
-.PHONY: demo test test-fast bench install clean config-reference
+.PHONY: demo test test-fast test-delta-spark bench install clean config-reference
 
 # --prefer-binary: a wheel rather than a newer sdist to build (pyspark itself only comes as an sdist)
 $(RUN_STAMP): pyproject.toml
@@ -41,6 +41,11 @@ test: $(STAMP)
 ## Only the tests that need neither a JVM nor a broker.
 test-fast: $(STAMP)
 	$(PY) -m pytest -p no:cacheprovider -m "unit"
+
+## The whole sink suite on delta-spark as well (make test runs it on delta-rs and delta-rs-frames, and
+## delta-spark through the suites around a batch and the pipeline tests; this adds ~9 minutes).
+test-delta-spark: install
+	CHANGELAKE_TEST_DELTA_SPARK_SUITE=1 $(PY) -m pytest -p no:cacheprovider tests/sink tests/integration/test_cross_engine.py
 
 ## Regenerate docs/configuration.md and the chart's pipeline schema (values.schema.json) from the
 ## config model (changelake/service/config.py); tests/service/test_config_reference.py checks both.

@@ -79,7 +79,14 @@ def engine_fixture(engines) -> object:
 #: delta-spark costs ~10 s of CPU (Spark jobs per MERGE): the modules whose subject is how a batch's
 #: values and nulls reach the MERGE (test_schema_positions.py, test_delta_sink_null_keys.py) and the
 #: suites around the batch (:data:`AROUND_THE_BATCH`) run ``delta-spark`` (``apply``, an Arrow table) too
-DEFAULT_FORMS = tuple(p for p in ENGINES if p.values[0] != "delta-spark")
+#: ``make test`` keeps the whole sink suite on delta-spark-frames out (about 9 minutes of Spark jobs on two
+#: cores, most of the suite's time); delta-spark runs there through the suites around the batch, the
+#: null-key and schema-position modules, and the pipeline tests (tests/integration/test_cross_engine.py,
+#: test_crash_recovery.py, test_delta_spark_driver.py). ``make test-delta-spark`` (SUITE_ENV set) runs
+#: the whole suite on it as well.
+SUITE_ENV = "CHANGELAKE_TEST_DELTA_SPARK_SUITE"
+DEFAULT_FORMS = tuple(p for p in ENGINES if p.values[0] != "delta-spark"
+                      and (p.values[0] != "delta-spark-frames" or os.environ.get(SUITE_ENV)))
 engine = engine_fixture(DEFAULT_FORMS)
 #: the engines without delta-rs-frames, for the suites of what happens around a batch's reduction
 #: (maintenance, many-batch properties): delta-rs-frames shares that code with delta-rs, and takes
