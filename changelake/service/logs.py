@@ -25,6 +25,7 @@ import re
 import select
 import sys
 import threading
+from typing import Callable
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 LOG_FORMATS = ("text", "json")
@@ -157,6 +158,24 @@ class _Fd2Pipe:
     def _pump(self) -> None:
         raise NotImplementedError
 
+    def _read_lines(self, on_line: Callable[[str], None], on_idle: Callable[[bytes], bytes]) -> bytes:
+        """Read the pipe until every writer closed it: ``on_line`` gets each whole line (decoded, without its
+        ``\\r``); ``on_idle`` gets the unfinished line after ``LINGER_S`` without data and returns what to
+        keep of it. Returns what is left after the last newline."""
+        buffer = b""
+        while True:
+            ready, _, _ = select.select([self.read_fd], [], [], self.LINGER_S)
+            if not ready:
+                buffer = on_idle(buffer)
+                continue
+            chunk = os.read(self.read_fd, 65536)
+            if not chunk:
+                return buffer
+            buffer += chunk
+            *lines, buffer = buffer.split(b"\n")
+            for raw in lines:
+                on_line(raw.decode("utf-8", errors="replace").rstrip("\r"))
+
 
 class TerminalStderr(_Fd2Pipe):
     """A status line (the catch-up progress) at the bottom of a terminal, and every line written to file
@@ -205,21 +224,12 @@ class TerminalStderr(_Fd2Pipe):
             self.out.flush()
 
     def _pump(self) -> None:
-        buffer = b""
-        while True:
-            ready, _, _ = select.select([self.read_fd], [], [], self.LINGER_S)
-            if not ready:
-                if buffer:                  # a prompt or a line still being written: shown, not held back
-                    self._write_line(buffer.decode("utf-8", errors="replace"))
-                    buffer = b""
-                continue
-            chunk = os.read(self.read_fd, 65536)
-            if not chunk:
-                break
-            buffer += chunk
-            *lines, buffer = buffer.split(b"\n")
-            for raw in lines:
-                self._write_line(raw.decode("utf-8", errors="replace").rstrip("\r"))
+        def idle(buffer: bytes) -> bytes:
+            if buffer:                  # a prompt or a line still being written: shown, not held back
+                self._write_line(buffer.decode("utf-8", errors="replace"))
+            return b""
+
+        buffer = self._read_lines(self._write_line, idle)
         if buffer:
             self._write_line(buffer.decode("utf-8", errors="replace"))
 
@@ -235,7 +245,6 @@ class JsonStderr(_Fd2Pipe):
     def _pump(self) -> None:
         pending: str | None = None
         more: list[str] = []
-        buffer = b""
         out = os.fdopen(os.dup(self.real), "w", buffering=1, encoding="utf-8", errors="replace")
 
         def flush() -> None:
@@ -244,29 +253,25 @@ class JsonStderr(_Fd2Pipe):
                 out.write(stderr_record(pending, more) + "\n")
             pending, more = None, []
 
-        while True:
-            ready, _, _ = select.select([self.read_fd], [], [], self.LINGER_S)
-            if not ready:
+        def take(line: str) -> None:
+            nonlocal pending
+            if not line.strip():
+                return
+            if is_json_object(line):
                 flush()
-                continue
-            chunk = os.read(self.read_fd, 65536)
-            if not chunk:
-                break
-            buffer += chunk
-            *lines, buffer = buffer.split(b"\n")
-            for raw in lines:
-                line = raw.decode("utf-8", errors="replace").rstrip("\r")
-                if not line.strip():
-                    continue
-                if is_json_object(line):
-                    flush()
-                    out.write(line + "\n")
-                elif pending is not None and (_CONTINUATION.match(line) or (
-                        pending.startswith("Traceback") and _EXCEPTION_LINE.match(line))):
-                    more.append(line)
-                else:
-                    flush()
-                    pending = line
+                out.write(line + "\n")
+            elif pending is not None and (_CONTINUATION.match(line) or (
+                    pending.startswith("Traceback") and _EXCEPTION_LINE.match(line))):
+                more.append(line)
+            else:
+                flush()
+                pending = line
+
+        def idle(buffer: bytes) -> bytes:
+            flush()
+            return buffer
+
+        buffer = self._read_lines(take, idle)
         if buffer.strip():
             line = buffer.decode("utf-8", errors="replace")
             if is_json_object(line):
