@@ -40,13 +40,22 @@ def key_fields(raw: bytes | None, decoder: Any = None) -> tuple[str, ...] | None
         if isinstance(schema, dict) and schema.get("type") == "record":
             return tuple(f["name"] for f in schema.get("fields", ())) or None
         return None
+    value = json_object(raw)
+    return (tuple(value) or None) if value is not None else None
+
+
+def json_object(raw: bytes | None) -> dict | None:
+    """The JSON object of a record's key or value, unwrapped from the JSON converter's schema envelope
+    (``{"schema": ..., "payload": ...}``); None when it is empty, not JSON or not an object."""
+    if not raw:
+        return None
     try:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError:
         return None
     if isinstance(value, dict) and "payload" in value and "schema" in value:
         value = value["payload"]
-    return tuple(value) or None if isinstance(value, dict) else None
+    return value if isinstance(value, dict) else None
 
 
 #: Debezium ops of events that carry no row, hence no key

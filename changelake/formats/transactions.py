@@ -32,8 +32,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-import orjson
 import pyarrow as pa
+
+from changelake.formats.message_key import json_object
 
 #: One row per change record that belongs to a source transaction.
 EVENTS_SCHEMA = pa.schema([
@@ -64,19 +65,6 @@ def transaction_id(raw: Any) -> str:
 FORMATS = ("debezium-json", "maxwell-json")
 
 
-def _payload(value: bytes | None) -> Any:
-    """The JSON object of a record's value, unwrapped from the JSON converter's schema envelope."""
-    if not value:
-        return None
-    try:
-        obj = orjson.loads(value)
-    except orjson.JSONDecodeError:
-        return None
-    if isinstance(obj, dict) and "payload" in obj and "schema" in obj:
-        obj = obj["payload"]
-    return obj if isinstance(obj, dict) else None
-
-
 def event_transactions(records: pa.Table, fmt: str) -> pa.Table:
     """The transaction of each change record of ``records`` (Kafka records: topic, partition, offset,
     value) in format ``fmt``, as :data:`EVENTS_SCHEMA`; records without one are left out."""
@@ -85,7 +73,7 @@ def event_transactions(records: pa.Table, fmt: str) -> pa.Table:
     out: dict[str, list] = {n: [] for n in EVENTS_SCHEMA.names}
     for topic, partition, offset, value in zip(records["topic"].to_pylist(), records["partition"].to_pylist(),
                                                records["offset"].to_pylist(), records["value"].to_pylist()):
-        obj = _payload(value)
+        obj = json_object(value)
         if obj is None:
             continue
         if fmt == "debezium-json":
@@ -113,7 +101,7 @@ def transaction_boundaries(records: pa.Table) -> tuple[pa.Table, list[int]]:
             records["value"].to_pylist())):
         if value is None:
             continue
-        obj = _payload(value)
+        obj = json_object(value)
         status = obj.get("status") if obj is not None else None
         if status == "BEGIN":
             continue
