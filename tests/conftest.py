@@ -151,7 +151,9 @@ def kafka(tmp_path_factory):
 
     why = jvm_deps.missing("kafka")
     if why:
-        pytest.skip(f"no Kafka broker: KAFKA_BOOTSTRAP_SERVERS is not set, no Docker engine answers, and {why}")
+        from tests.jars import unavailable
+
+        unavailable(f"no Kafka broker: KAFKA_BOOTSTRAP_SERVERS is not set, no Docker engine answers, and {why}")
     with LocalKafka(workdir=tmp_path_factory.mktemp("kafka"), java_options=TEST_BROKER_JAVA_OPTIONS,
                     settings=TEST_BROKER_SETTINGS) as broker:
         yield KafkaBroker(broker.bootstrap_servers, "local", broker)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from changelake import jvm_deps
+from tests.jars import need
 
 pytestmark = pytest.mark.unit
 
@@ -104,8 +105,7 @@ def test_an_installed_package_reads_the_lock_beside_the_sets(monkeypatch, tmp_pa
 def test_the_sets_for_sparks_classpath_bring_no_jar_pyspark_already_ships(name):
     import pyspark
 
-    if jvm_deps.missing(name):
-        pytest.skip(jvm_deps.missing(name))
+    need(name)
 
     def artifact(jar: Path) -> str:      # the file name without its version
         return re.sub(r"-\d[\w.\-]*\.jar$", "", jar.name)

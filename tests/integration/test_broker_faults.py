@@ -22,10 +22,11 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions
 
-from changelake import jvm_deps, metrics
+from changelake import metrics
 from changelake.service.demo import verify
 from changelake.service.inventory import fold
 from changelake.service.status import collect_status
+from tests.jars import need
 
 from .faults_support import Running, config_for, stream, topics
 
@@ -39,9 +40,7 @@ JAVA = ("-Xmx256m", "-Xms64m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-
 def cluster(tmp_path_factory):
     from changelake.connectors.kafka_broker import LocalKafka
 
-    why = jvm_deps.missing("kafka")
-    if why:
-        pytest.skip(why)
+    need("kafka")
     with LocalKafka(nodes=3, workdir=tmp_path_factory.mktemp("cluster"), java_options=JAVA,
                     settings={"log.retention.ms": "-1"}) as c:
         yield c

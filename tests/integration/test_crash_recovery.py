@@ -27,6 +27,7 @@ from deltalake import DeltaTable
 from changelake.connectors.delta_read import read_delta
 from changelake.service.demo import verify
 from changelake.spark import delta_jars
+from tests.jars import unavailable
 
 from .helpers import pipeline_config, write_history
 
@@ -51,7 +52,7 @@ def test_sigkill_then_restart_applies_every_change_exactly_once(kafka, tmp_path,
     """With delta-spark each mirror's batch is merged on the executors (``apply_frame``), and the process
     dies between two tables' MERGEs."""
     if engine == "delta-spark" and delta_jars.missing():
-        pytest.skip(f"delta-spark engine: {delta_jars.missing()}")
+        unavailable(f"delta-spark engine: {delta_jars.missing()}")
     prefix = kafka.topic("crash")
     db = write_history(kafka.bootstrap_servers, seed=23, changes=2_000, topic_prefix=prefix, redeliver=100)
     config, path = pipeline_config(kafka.bootstrap_servers, tmp_path, topic_prefix=prefix, max_records=800,

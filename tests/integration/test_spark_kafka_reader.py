@@ -11,16 +11,20 @@ import pyarrow as pa
 import pytest
 from confluent_kafka import Producer
 
-from changelake import jvm_deps
 from changelake.connectors.delta_read import read_delta
 from changelake.service.demo import verify
 from changelake.service.pipeline import BatchProcessor, start_query
 from changelake.spark.checkpoint import batch_end_offsets, last_committed_batch
+from tests.jars import need
 
 from .helpers import pipeline_config, write_history
 
-pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.kafka,
-              pytest.mark.skipif(bool(jvm_deps.missing("spark-kafka")), reason=jvm_deps.missing("spark-kafka") or "")]
+pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.kafka]
+
+
+@pytest.fixture(autouse=True)
+def _spark_kafka_jars():
+    need("spark-kafka")
 
 SPARK_KAFKA = {"kafka": {"reader": "spark-kafka"}}
 

@@ -1,5 +1,6 @@
 """The local Apache Kafka of changelake/connectors/kafka_broker.py and ``changelake broker``, from the jars
-``make install`` put in .jvm/kafka (changelake/jvm_deps.py); they skip, naming the set, without them."""
+``make install`` put in .jvm/kafka (changelake/jvm_deps.py); they skip, naming the set, without them (and
+fail under ``CHANGELAKE_JVM_DEPS_REQUIRED=1``, tests/jars.py)."""
 
 from __future__ import annotations
 
@@ -14,16 +15,14 @@ import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource
 
-from changelake import jvm_deps
+from tests.jars import need
 
 pytestmark = pytest.mark.kafka
 
 
 @pytest.fixture(autouse=True)
 def _kafka_jars():
-    why = jvm_deps.missing("kafka")
-    if why:
-        pytest.skip(why)
+    need("kafka")
 
 
 def _produce(servers: str, topic: str, values: list[bytes], **conf) -> None:

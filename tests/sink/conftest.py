@@ -18,6 +18,7 @@ from changelake.connectors.delta_sink import Maintenance, TableSpec
 from changelake.spark.delta_jars import missing as delta_jars_missing
 from changelake.spark.delta_sink import delta_spark_missing, open_sink
 from changelake.spark.session import delta_settings
+from tests.jars import unavailable
 
 #: delta-rs runs in-process (no JVM): the ``unit`` tier; delta-spark needs a Spark session.
 #: ``delta-spark-frames``: delta-spark given each batch as a DataFrame (``apply_frame``: reduced and
@@ -63,7 +64,7 @@ def engine_fixture(engines) -> object:
         if request.param.startswith("delta-spark"):
             why = delta_jars_missing()
             if why:
-                pytest.skip(f"delta-spark engine: {why}")
+                unavailable(f"delta-spark engine: {why}")
             missing = delta_spark_missing(request.getfixturevalue("spark"))
             if missing:     # the jars are installed, so a session without them is a failure, not a skip
                 pytest.fail(f"delta-spark engine: {missing} in the tests' Spark session, although the "
