@@ -163,9 +163,12 @@ class TransactionGate:
                 collection = self.collection_of(topic)
                 pending.append([txn, {collection: seen.get(txn, {}).get(collection, 0)},
                                 f"{topic}:{partition}:{offset}"])
-        # 3. the time bound: a transaction held since longer than max_hold goes as it is (split)
+        # 3. the time bound: an incomplete transaction held longer than max_hold goes as it is (split); a
+        #    complete one waiting behind it goes in full once it is gone
+        complete = {p[0] for p in pending if all(seen.get(p[0], {}).get(c, 0) >= n for c, n in p[1].items())}
         expired = sorted(t for t, since in state.held_since.items()
-                         if self.max_hold_seconds is not None and now - since >= self.max_hold_seconds and t not in done)
+                         if self.max_hold_seconds is not None and now - since >= self.max_hold_seconds
+                         and t not in done and t not in complete)
         for t in expired:
             end = next((p for p in pending if p[0] == t), None)
             log.warning("batch %d: source transaction %s held for %.0fs, longer than pipeline.max_hold (%.0fs): "
