@@ -880,6 +880,11 @@ def start_query(spark: Any, config: ChangelakeConfig, processor: BatchProcessor,
     from changelake.spark.compile import DEFAULT_BUCKETS
 
     once = config.pipeline.available_now if available_now is None else available_now
+    if rebuild_views and processor.driver_graph is not None:
+        raise ConfigError("--rebuild-views starts changed views from the mirrored tables on the executors, but with "
+                          "consistency: transaction the views run on the driver behind the transaction gate, which "
+                          "cannot be rebuilt that way yet; run without --rebuild-views with a new checkpoint (the "
+                          "views recompute from the sources' starting offsets)")
     begun = prepare(config, processor.plan, buckets=processor.buckets, default_buckets=DEFAULT_BUCKETS,
                     rebuild_views=rebuild_views, writes=writes, app_suffix=processor.query_name)
     processor.start_generation(begun.generation, sorted(begun.replaced))
