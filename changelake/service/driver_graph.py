@@ -53,10 +53,11 @@ class DriverGraph:
     def sources(self) -> frozenset[str]:
         return frozenset(n.source for n in self.plan.sources)
 
-    def step(self, feeds: Mapping[str, Sequence[pa.Table]]) -> dict[str, pa.Table]:
+    def step(self, feeds: Mapping[str, Sequence[pa.Table]], *, now_ms: int) -> dict[str, pa.Table]:
+        """``now_ms``: the batch's processing time (state TTL), the gate's batch clock: a replay repeats it."""
         inputs = {s: pa.concat_tables(parts, promote_options="permissive") for s, parts in feeds.items() if parts}
         self.runner.late = {}
-        outs = self.runner.step(inputs)
+        outs = self.runner.step(inputs, now=now_ms)
         self.late = self._late()
         return {table: _with_positions(changes) for table, changes in outs.items() if changes.num_rows}
 

@@ -407,11 +407,12 @@ class TransactionCommits:
             if graph is not None:
                 graph.restore(before.graph)
         now = self.book.clock_of(batch_id)        # a replayed batch: its first run's clock, so it decides alike
-        result, after = self.gate.apply(before, rows, found, ends, batch_id=batch_id,
-                                        now=time.time() if now is None else now)
+        now = time.time() if now is None else now
+        result, after = self.gate.apply(before, rows, found, ends, batch_id=batch_id, now=now)
         changes: dict[str, pa.Table] = {}
         if graph is not None:
-            changes = graph.step({t[len(FEED):]: [kept] for t, kept in result.rows.items() if t.startswith(FEED)})
+            changes = graph.step({t[len(FEED):]: [kept] for t, kept in result.rows.items() if t.startswith(FEED)},
+                                 now_ms=int(now * 1000))
             after = dataclasses.replace(after, graph=graph.snapshot())
         self.book.write(batch_id, after)
         self._after = (batch_id, after)
