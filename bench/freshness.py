@@ -4,6 +4,7 @@
         [--broker real|embedded]
     .venv/bin/python bench/freshness.py --quick     # smoke run: 12 s at 200 events/s, 2,000 keys
     .venv/bin/python bench/freshness.py --join [--orders N] [--mirrors own_query|with_graph] [--quick]
+    .venv/bin/python bench/freshness.py --consistency offset|transaction|both [...]
 
 **What runs.** A Kafka broker (``--broker``, bench/common.py, printed by the run: Apache Kafka from the
 project's ``kafka`` JVM set where it is installed, else librdkafka's mock cluster); a producer process that writes
@@ -73,6 +74,14 @@ running batch to end, then for the trigger) and that start -> the mirror's commi
 run prints both (p50, p99), the batches that held the slowest 1% of changes, and how far apart batches
 started while producing.
 
+**``--consistency transaction``** (issue 31): the sources take ``consistency: transaction``; each steady change
+is a source transaction of its own (the change carries Debezium's ``transaction`` block, and its END, counting
+one event of the change's topic, goes to ``bench.transaction``, one partition). The gate applies a transaction
+once its END and its change are read, in END order, so a change is visible from the batch that read the last of
+the ENDs and changes up to its own (:func:`released_batches`); with views they run on the driver behind the gate.
+``both`` runs offset, then transaction, with the same settings, and prints each table's p50/p99 side by side:
+compare the ratio, as the machine is shared.
+
 **Other figures.** Records/s offered (produced) and sustained (committed to the mirror while the
 producer ran, and the time to drain the rest after it stopped); the backlog (acknowledged minus
 committed changes) over time: at the end of production, its maximum, and its trend over the
@@ -128,6 +137,8 @@ ORDER_COLUMNS = {"order_id": "bigint", "product_id": "bigint", "quantity": "int"
 #: source table -> its topics' names (``n``: the topic's number)
 TOPICS = {"products": "bench.fresh.products.{n}", "orders": "bench.fresh.orders.{n}"}
 TOPIC = TOPICS["products"]
+#: --consistency transaction: the transaction metadata topic (one partition; one END per steady change)
+TXN_TOPIC = "bench.transaction"
 PIPELINE_ID = "bench-freshness"
 MIRROR, GRAPH = "products", "category_stock"
 ORDERS = "orders"
@@ -232,17 +243,19 @@ def produce_main(args: argparse.Namespace) -> int:
     # (The mock broker stamps every record with LogAppendTime 1234 ms, so the ack is the append time here.)
     rep_topic, rep_part, rep_off = array.array("b"), array.array("b"), array.array("q")
     rep_sent, rep_acked = array.array("d"), array.array("d")
+    rep_txn = array.array("q")          # --consistency transaction: the change's transaction number (else -1)
     snapshot_acked: dict[tuple[int, int], int] = {}     # (topic, partition) -> snapshot records acknowledged
     failed = [0]
     steady = [False]
 
-    def delivered(sent: float, err, msg) -> None:
+    def delivered(sent: float, txn: int, err, msg) -> None:
         if err is not None:
             failed[0] += 1
             return
         if steady[0]:
             rep_acked.append(time.time())
             rep_sent.append(sent)
+            rep_txn.append(txn)
             rep_topic.append(topic_no[msg.topic()])
             rep_part.append(msg.partition())
             rep_off.append(msg.offset())
@@ -256,16 +269,42 @@ def produce_main(args: argparse.Namespace) -> int:
                          "queue.buffering.max.messages": 1_000_000,
                          "log_level": 3})
 
-    def send(table: str, key: int, value: bytes) -> None:
-        topic = TOPICS[table].format(n=key % args.topics)
+    # --consistency transaction: each steady change is a source transaction of its own (the ``transaction``
+    # block in the change, an END on TXN_TOPIC after it); the END's offsets by transaction number
+    transactional = args.consistency == "transaction"
+    end_offsets: dict[int, int] = {}
+
+    def end_delivered(txn: int, err, msg) -> None:
+        if err is not None:
+            failed[0] += 1
+        else:
+            end_offsets[txn] = msg.offset()
+
+    def produce(topic: str, key: bytes | None, value: bytes, callback, **partition) -> None:
         while True:
             try:
-                producer.produce(topic, key=(b'{"id":%d}' if table == "products" else b'{"order_id":%d}') % key,
-                                 value=value,
-                                 on_delivery=functools.partial(delivered, time.time()))
+                producer.produce(topic, key=key, value=value, on_delivery=callback, **partition)
                 return
             except BufferError:
                 producer.poll(0.01)
+
+    def send(table: str, key: int, value: bytes) -> None:
+        topic = TOPICS[table].format(n=key % args.topics)
+        txn = pending_ends[0] if transactional and steady[0] else None
+        if txn is not None:
+            body = orjson.loads(value)
+            body["transaction"] = {"id": f"tx{txn}", "total_order": 1, "data_collection_order": 1}
+            value = orjson.dumps(body)
+        produce(topic, (b'{"id":%d}' if table == "products" else b'{"order_id":%d}') % key, value,
+                functools.partial(delivered, time.time(), -1 if txn is None else txn))
+        if txn is not None:
+            end = {"status": "END", "id": f"tx{txn}", "event_count": 1,
+                   "data_collections": [{"data_collection": topic.split(".", 1)[1], "event_count": 1}]}
+            pending_ends[0] += 1
+            # partition 0 only: the ENDs in commit order (the topic is auto-created with several partitions)
+            produce(TXN_TOPIC, None, orjson.dumps(end), functools.partial(end_delivered, txn), partition=0)
+
+    pending_ends = [0]
 
     changes = Changes(args.keys, seed=args.seed, orders=args.orders if args.join else 0)
     n = 0
@@ -298,9 +337,11 @@ def produce_main(args: argparse.Namespace) -> int:
     np.savez(out / "deliveries.npz", topic=np.frombuffer(rep_topic, np.int8), partition=np.frombuffer(rep_part, np.int8),
              offset=np.frombuffer(rep_off, np.int64), sent=np.frombuffer(rep_sent, np.float64),
              acked=np.frombuffer(rep_acked, np.float64), topics=np.array(topics),
+             txn=np.frombuffer(rep_txn, np.int64),
              snapshot_topic=np.array([t for t, _ in snapshot_acked], np.int8),
              snapshot_partition=np.array([p for _, p in snapshot_acked], np.int8),
-             snapshot_acked=np.array(list(snapshot_acked.values()), np.int64))
+             snapshot_acked=np.array(list(snapshot_acked.values()), np.int64),
+             end_offset=np.array([end_offsets.get(i, -1) for i in range(pending_ends[0])], np.int64))
     (out / "final_state.json").write_bytes(orjson.dumps({"products": list(changes.live.values()),
                                                          "orders": list(changes.orders.values())}))
     print(f"PRODUCED {n} {produced_s:.3f} {time.process_time():.3f}", flush=True)
@@ -414,6 +455,49 @@ def written_twice(deliveries: Mapping[str, np.ndarray], ends: dict[str, dict[str
     return out
 
 
+def released_batches(d: Mapping[str, np.ndarray], read: np.ndarray, ends: dict[int, dict[str, dict[str, int]]]
+                     ) -> np.ndarray:
+    """--consistency transaction: per change, the batch that applied it: the gate releases the transactions in
+    END order, each once its END and its change are read, so transaction n goes in with the batch that read the
+    last of the ENDs and changes of transactions 0..n (-1: not yet)."""
+    n = len(d["end_offset"])
+    end_read = read_batches([TXN_TOPIC], np.zeros(n, np.int8), np.zeros(n, np.int8), d["end_offset"], ends)
+    change_read = np.full(n, -1, np.int64)
+    change_read[d["txn"]] = read
+    both = np.maximum(end_read, change_read)
+    unread = (end_read < 0) | (change_read < 0) | (d["end_offset"] < 0)
+    both[unread] = np.iinfo(np.int64).max
+    released = np.maximum.accumulate(both)
+    out = released[d["txn"]]
+    return np.where(out == np.iinfo(np.int64).max, -1, out)
+
+
+def compare_consistency(argv: list[str]) -> int:
+    """--consistency both: a run with offset, then one with transaction (same settings, one after the other on
+    this machine), each printed as it goes; then each table's p50/p99 side by side with their ratio."""
+    rest = [a for i, a in enumerate(argv) if a != "--consistency" and (i == 0 or argv[i - 1] != "--consistency")
+            and not a.startswith("--consistency=")]
+    figures: dict[str, dict[str, tuple[float, float]]] = {}
+    failed = 0
+    for mode in ("offset", "transaction"):
+        print(f"\n===== consistency: {mode} =====", flush=True)
+        proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), *rest, "--consistency", mode],
+                                stdout=subprocess.PIPE, text=True)
+        for line in proc.stdout:
+            print(line, end="", flush=True)
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if line.startswith("| ") and len(cells) >= 4 and cells[2].endswith(" s") and cells[3].endswith(" s"):
+                figures.setdefault(cells[0], {})[mode] = (float(cells[2][:-2]), float(cells[3][:-2]))
+        failed |= proc.wait()
+    print("\n| table | p50 offset | p50 transaction | p99 offset | p99 transaction | p99 ratio |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for table, by in figures.items():
+        if len(by) == 2:
+            (o50, o99), (t50, t99) = by["offset"], by["transaction"]
+            print(f"| {table} | {o50:.2f} s | {t50:.2f} s | {o99:.2f} s | {t99:.2f} s | {t99 / o99:.2f} |")
+    return 1 if failed else 0
+
+
 def visible_at(batch: np.ndarray, commits: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
     """Per change, the timestamp of the table's first version whose batch id >= the batch that read it
     (NaN: not committed)."""
@@ -461,6 +545,9 @@ def config(args: argparse.Namespace, bootstrap: str, work: Path):
         raw["tables"].append({"name": GRAPH, "from": "by_category", "primary_key": ["category"]})
     if args.mirrors:
         raw["pipeline"]["mirrors"] = args.mirrors
+    if args.consistency == "transaction":
+        for source in raw["sources"]:
+            source.update(consistency="transaction", transaction_topic=TXN_TOPIC)
     return parse_config(orjson.dumps(raw).decode())
 
 
@@ -546,6 +633,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--orders", type=int, default=None, help="order keys with --join (default: --keys)")
     ap.add_argument("--mirrors", choices=("own_query", "with_graph"), default=None,
                     help="the pipeline's pipeline.mirrors (default: the service's default)")
+    ap.add_argument("--consistency", choices=("offset", "transaction", "both"), default="offset",
+                    help="the sources' consistency; transaction: each steady change is a source transaction of its "
+                         "own with its END on a transaction metadata topic; both: a run with each, one after the "
+                         "other, and their p99s side by side")
     ap.add_argument("--drain", type=float, default=None,
                     help="seconds to wait for the pipeline to commit the rest after production (default: "
                          "max(60, duration))")
@@ -568,6 +659,8 @@ def main(argv: list[str] | None = None) -> int:
         args.graph = True
     if args.produce:
         return produce_main(args)
+    if args.consistency == "both":
+        return compare_consistency(argv if argv is not None else sys.argv[1:])
     drain_s = args.drain if args.drain is not None else max(60.0, args.duration)
 
     work = Path(args.workdir).absolute() if args.workdir else Path(tempfile.mkdtemp(prefix="bench-freshness-"))
@@ -594,7 +687,7 @@ def main(argv: list[str] | None = None) -> int:
             [sys.executable, str(Path(__file__).resolve()), "--produce", "--bootstrap", broker.bootstrap_servers,
              "--out", str(work), "--rate", str(args.rate), "--duration", str(args.duration), "--keys", str(args.keys),
              "--topics", str(args.topics), "--seed", str(args.seed), "--linger", str(args.linger),
-             "--orders", str(args.orders), *(["--join"] if args.join else [])],
+             "--orders", str(args.orders), "--consistency", args.consistency, *(["--join"] if args.join else [])],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         # the pipeline's memory: this process, its Spark JVM and Python workers; not the broker, not the producer
         mem = PeakMemory(exclude=(broker.pid, producer.pid)).__enter__()
@@ -634,7 +727,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"produced {produced:,} changes in {produced_s:.1f}s (the producer process used {producer_cpu:.1f} "
                   "CPU-s of the machine's cores); waiting for the pipeline to commit them", flush=True)
             t_drain = time.monotonic()
-            drained = all(wait_committed(c, snapshot + produced, timeout_s=drain_s, alive=thread.is_alive)
+            ends_too = produced if args.consistency == "transaction" else 0       # one END per change
+            drained = all(wait_committed(c, snapshot + produced + ends_too, timeout_s=drain_s, alive=thread.is_alive)
                           for c in set(checkpoints.values()))
             drain_wait = time.monotonic() - t_drain
             runner.request_stop()
@@ -655,6 +749,8 @@ def main(argv: list[str] | None = None) -> int:
         acked, sent = d["acked"], d["sent"]
         batches = {c: read_batches(topics, d["topic"], d["partition"], d["offset"], batch_end_offsets(c))
                    for c in set(checkpoints.values())}
+        if args.consistency == "transaction":       # a change goes in with the batch that releases its transaction
+            batches = {c: released_batches(d, b, batch_end_offsets(c)) for c, b in batches.items()}
         batch = batches[checkpoints[MIRROR]]
         starts = batch_starts(checkpoints[MIRROR])
         visible = {t: visible_at(batches[checkpoints[t]], delta_commits(Path(cfg.table_path(t)))) for t in tables}

@@ -150,6 +150,10 @@ TRANSACTIONS_SPLIT = Counter(
     "changelake_transactions_split_total",
     "Incomplete source transactions applied in part because the held rows exceeded pipeline.max_held_rows.",
     registry=REGISTRY)
+TRANSACTIONS_EXPIRED = Counter(
+    "changelake_transactions_expired_total",
+    "Incomplete source transactions applied in part because they were held longer than pipeline.max_hold.",
+    registry=REGISTRY)
 
 # --- sink -------------------------------------------------------------------------
 TRUNCATED_ROWS = Counter(

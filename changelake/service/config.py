@@ -92,6 +92,11 @@ class PipelineSettings(_Model):
                                "of incomplete source transactions held for later batches at most; beyond it the held "
                                "transactions are applied as they are (split), logged and counted (docs/pipelines.md, "
                                "'Transaction-consistent tables')")
+    max_hold: str | None = Field("10 minutes", description="sources with consistency: transaction: how long an "
+                                 "incomplete source transaction (an END whose changes are not all read, changes "
+                                 "whose END is not read) is held at most; then its rows are applied as they are "
+                                 "(split), logged with its id and counted (changelake_transactions_expired_total); "
+                                 "null: no time bound (docs/pipelines.md, 'Transaction-consistent tables')")
     consistency_table: bool | None = Field(None, description="append a row per batch to "
                                            "<storage.root>/_changelake_consistency: the source position the tables "
                                            "are consistent to and each table's Delta version; default on when a "
@@ -104,7 +109,7 @@ class PipelineSettings(_Model):
 
     _interval = field_validator("trigger_interval", "lease_ttl", mode="before")(_check_duration)
 
-    _ttl = field_validator("state_ttl", mode="before")(_check_optional_duration)
+    _ttl = field_validator("state_ttl", "max_hold", mode="before")(_check_optional_duration)
 
 
 class KafkaSettings(_Model):
@@ -487,18 +492,20 @@ class SourceSpec(_Model):
         return "|".join(re.escape(t + REPLAY_SUFFIX) for t in self.topics or ())
 
 
-def _consistency_problems(sources: list[SourceSpec], read: set[str]) -> list[tuple[tuple, str]]:
+def _consistency_problems(sources: list[SourceSpec], read: set[str], mirrors: str) -> list[tuple[tuple, str]]:
     """``consistency: transaction`` holds the rows of an incomplete transaction on the driver before the
-    Delta sinks: it covers mirrored tables; views compute on the executors before that point."""
+    Delta sinks and the views (which then run on the driver, ``changelake.service.driver_graph``): one
+    query must see every table's and view's rows."""
     problems: list[tuple[tuple, str]] = []
     topics = {s.transaction_topic_name() for s in sources} - {None}
     for i, s in enumerate(sources):
         if s.consistency != "transaction":
             continue
-        if s.name in read:
-            problems.append((("sources", i, "consistency"), f"source {s.name!r} has consistency: transaction, but "
-                             "views or tables read it: transaction-consistent commits cover mirrored tables only so "
-                             "far. Give the views a source entry of their own (consistency: offset)"))
+        if read and mirrors == "own_query":
+            problems.append((("sources", i, "consistency"), f"source {s.name!r} has consistency: transaction, and "
+                             "pipeline.mirrors is own_query: the mirrors' query and the views' query would each cut "
+                             "their own batches, so no batch is one transaction-consistent cut of all tables. Set "
+                             "pipeline.mirrors: with_graph"))
         if len(topics) > 1 and s.transaction_topic_name() is not None:
             problems.append((("sources", i, "transaction_topic"), f"source {s.name!r}: the sources with "
                              f"consistency: transaction read different transaction metadata topics {sorted(topics)}; "
@@ -869,7 +876,7 @@ class ChangelakeConfig(_Model):
             problems.extend(_sequence_by_problems(i, s))
             if s.table is None and s.route is None and s.name not in read:
                 problems.append((("sources", i), f"source {s.name!r} has no 'table' and no view or table reads it"))
-        problems.extend(_consistency_problems(self.sources, read))
+        problems.extend(_consistency_problems(self.sources, read, self.pipeline.mirrors))
         for i, v in enumerate(self.views):
             if v.name not in read:
                 problems.append((("views", i), f"view {v.name!r} is not read by any view or table"))

@@ -75,6 +75,7 @@ from changelake.service.key_inference import TableKeys
 from changelake.service.preflight import pattern_without_side_topics
 from changelake.service.quarantine import Quarantine
 from changelake.service.routing import Router, Target
+from changelake.service.driver_graph import DriverGraph
 from changelake.service.transactions import TransactionCommits
 from changelake.service.views import pipeline_from_config
 from changelake.spark.compile import CHANGES_PART
@@ -185,6 +186,10 @@ class BatchProcessor:
                                  boundary_topics=sorted({s.transaction_topic_name() for s in config.sources} - {None}))
         #: ``consistency: transaction`` (the gate, its states in the checkpoint) and ``_changelake_consistency``
         self.consistency = TransactionCommits(config, self.routes)
+        #: with the gate, the views run on the driver behind it (``changelake.service.driver_graph``); the
+        #: plan the Spark query runs on the executors is then None
+        self.driver_graph = DriverGraph(self.plan) if self.plan is not None and self.consistency.gate else None
+        self.executor_plan = None if self.driver_graph is not None else self.plan
         # The stage goes to the executors once, with the query: routes whose table's key is unknown at
         # start report their message keys' fields every batch; the first batch that has some teaches it.
         unknown = self.keys.unknown()
@@ -499,8 +504,12 @@ class BatchProcessor:
             metrics.BATCH_ROWS.set(report.records)
 
         per_table: dict[str, list[pa.Table]] = {}
+        feeds: dict[str, list[pa.Table]] = {}       # the graph's sources' rows, when it runs here
+        fed = self.driver_graph.sources if self.driver_graph is not None else frozenset()
         letters: list[tuple[str, pa.Table, str | None]] = []     # (source, dead letters, table)
         for route, rows, dead in decoded:
+            if route.spec.name in fed and rows.num_rows:
+                feeds.setdefault(route.spec.name, []).append(rows)
             rows, bad, moved = self._check_keys(route, rows, dead)
             if moved:
                 report.key_changes[route.spec.name] = report.key_changes.get(route.spec.name, 0) + moved
@@ -512,7 +521,9 @@ class BatchProcessor:
                 per_table.setdefault(route.spec.table, []).append(rows)
         for source, n in report.key_changes.items():
             metrics.KEY_CHANGES.labels(source=source).inc(n)
-        cut = self._gate(per_table, transactions, batch_id, report)
+        cut, driven = self._gate(per_table, feeds, transactions, batch_id, report)
+        if self.driver_graph is not None:
+            late_rows = {**(late_rows or {}), **self.driver_graph.late}
         letters.extend(self._late_letters(late_rows or {}, batch_id, report))
         truncate_at = self._truncates(truncates, report)
         for name in frames:
@@ -520,7 +531,7 @@ class BatchProcessor:
         empty = {r.spec.table: r for r in self._all_routes() if r.spec.table in truncate_at}
         for name in truncate_at.keys() - per_table.keys():
             per_table[name] = [_empty(empty[name])]
-        graph_changes = dict(graph_changes or {})
+        graph_changes = {**(graph_changes or {}), **driven}
         for name in self.replacing - graph_changes.keys() - frames.keys():
             graph_changes[name] = _empty_changes(self.plan, name)        # replaced even with no row
         for name, changes in graph_changes.items():
@@ -575,17 +586,21 @@ class BatchProcessor:
                  json.dumps(report.dead_letters), report.seconds)
         return report
 
-    def _gate(self, per_table: dict[str, list[pa.Table]], transactions: tuple[list[pa.Table], pa.Table] | None,
-              batch_id: int, report: BatchReport) -> Cut:
+    def _gate(self, per_table: dict[str, list[pa.Table]], feeds: dict[str, list[pa.Table]],
+              transactions: tuple[list[pa.Table], pa.Table] | None, batch_id: int, report: BatchReport
+              ) -> tuple[Cut, dict[str, pa.Table]]:
         """``consistency: transaction``: the gated tables' rows in ``per_table`` become those of complete source
-        transactions (:class:`~changelake.service.transactions.TransactionCommits`); the batch's cut."""
+        transactions (:class:`~changelake.service.transactions.TransactionCommits`), and the graph's sources'
+        rows (``feeds``) likewise, run through the views on the driver; the batch's cut and the graph tables'
+        changes."""
         gated = {r.spec.table for r in self._all_routes() if r.spec.consistency == "transaction" and r.spec.table}
         events, boundaries = transactions or ([], None)
-        cut = self.consistency.hold(per_table, gated, events, boundaries, batch_id=batch_id, generation=self.generation)
+        cut, driven = self.consistency.hold(per_table, gated, events, boundaries, batch_id=batch_id,
+                                            generation=self.generation, feeds=feeds, graph=self.driver_graph)
         if self.consistency.gate is not None:
             report.transactions = {"committed": cut.released, "held": cut.held_transactions,
                                    "held_rows": cut.held_rows, "split": cut.split}
-        return cut
+        return cut, driven
 
     def _record_cut(self, cut: Cut, batch_id: int) -> None:
         """The batch's row of ``_changelake_consistency``, once all its table commits are in."""
@@ -865,6 +880,11 @@ def start_query(spark: Any, config: ChangelakeConfig, processor: BatchProcessor,
     from changelake.spark.compile import DEFAULT_BUCKETS
 
     once = config.pipeline.available_now if available_now is None else available_now
+    if rebuild_views and processor.driver_graph is not None:
+        raise ConfigError("--rebuild-views starts changed views from the mirrored tables on the executors, but with "
+                          "consistency: transaction the views run on the driver behind the transaction gate, which "
+                          "cannot be rebuilt that way yet; run without --rebuild-views with a new checkpoint (the "
+                          "views recompute from the sources' starting offsets)")
     begun = prepare(config, processor.plan, buckets=processor.buckets, default_buckets=DEFAULT_BUCKETS,
                     rebuild_views=rebuild_views, writes=writes, app_suffix=processor.query_name)
     processor.start_generation(begun.generation, sorted(begun.replaced))

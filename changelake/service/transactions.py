@@ -29,12 +29,18 @@ Restart: the gate's state after batch ``b`` (held rows, ENDs waiting, events cou
 ``<checkpoint>/transactions/<b>/`` before the batch's Delta commits, and batch ``b`` starts from the
 newest state of an earlier batch, so a batch replayed after a crash holds and releases exactly what its
 first run did: the held rows are never lost, though Spark's offsets pass them.
+
+Views: the rows of the sources a pipeline's views read go through the gate too, and the views' operators
+run behind it on the released rows (:mod:`changelake.service.driver_graph`); their state goes into the same
+checkpoint entry, so a view's table, like a mirror, only moves between states after whole transactions.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,6 +51,7 @@ import pyarrow.compute as pc
 from changelake import metrics
 from changelake.changelog import OFFSET, PARTITION, TOPIC
 from changelake.connectors.consistency import ConsistencyLog, Cut
+from changelake.durations import parse_duration
 from changelake.errors import ConfigError
 from changelake.formats.transactions import BOUNDARIES_SCHEMA, EVENTS_SCHEMA
 
@@ -57,6 +64,8 @@ REMEMBERED = 10_000
 #: the gate's states kept in the checkpoint (the newest ones)
 STATES_KEPT = 3
 STATE_DIR = "transactions"
+#: the gate's name for a graph source's rows (table names cannot start with it)
+FEED = "@source:"
 
 
 @dataclass
@@ -73,16 +82,22 @@ class GateState:
     last_txn: str | None = None
     last_position: str | None = None
     held: dict[str, pa.Table] = field(default_factory=dict)   # table -> rows (with TXN)
+    #: transactions waiting -> the batch clock (epoch seconds) of the batch that first held them
+    held_since: dict[str, float] = field(default_factory=dict)
+    clock: float = 0.0                                      # the clock of the batch that wrote this state
+    #: the operators' state after the batch (``changelake.service.driver_graph``; None: no views)
+    graph: dict[str, bytes] | None = None
 
     def to_json(self) -> dict:
         return {"pending": self.pending, "seen": self.seen, "released": self.released, "split": self.split,
-                "committed": self.committed, "last_txn": self.last_txn, "last_position": self.last_position}
+                "committed": self.committed, "last_txn": self.last_txn, "last_position": self.last_position,
+                "held_since": self.held_since, "clock": self.clock}
 
     @classmethod
-    def from_json(cls, data: dict, held: dict[str, pa.Table]) -> "GateState":
+    def from_json(cls, data: dict, held: dict[str, pa.Table], graph: dict[str, bytes] | None = None) -> "GateState":
         return cls(pending=data["pending"], seen=data["seen"], released=data["released"], split=data["split"],
                    committed=data["committed"], last_txn=data["last_txn"], last_position=data["last_position"],
-                   held=held)
+                   held=held, graph=graph, held_since=data.get("held_since", {}), clock=data.get("clock", 0.0))
 
 
 @dataclass(frozen=True)
@@ -104,17 +119,19 @@ class TransactionGate:
     """
 
     def __init__(self, *, collection_of: Callable[[str], str | None], tracked: Callable[[str], bool],
-                 max_held_rows: int) -> None:
+                 max_held_rows: int, max_hold_seconds: float | None = None) -> None:
         self.collection_of = collection_of
         self.tracked = tracked
         self.max_held_rows = max_held_rows
+        self.max_hold_seconds = max_hold_seconds
 
     def apply(self, state: GateState, rows: Mapping[str, Sequence[pa.Table]], events: pa.Table,
-              boundaries: pa.Table, *, batch_id: int) -> tuple[GateResult, GateState]:
+              boundaries: pa.Table, *, batch_id: int, now: float = 0.0) -> tuple[GateResult, GateState]:
         """``rows``: the batch's changelog rows per gated table (with ``_topic``, ``_partition``, ``_offset``);
         ``events`` (:data:`~changelake.formats.transactions.EVENTS_SCHEMA`): the transaction of each change
-        record read; ``boundaries`` (``BOUNDARIES_SCHEMA``): the END events read. Returns what to apply and
-        the state after the batch (``state`` itself is not changed)."""
+        record read; ``boundaries`` (``BOUNDARIES_SCHEMA``): the END events read; ``now``: the batch's clock
+        (epoch seconds; a replayed batch gets its first run's). Returns what to apply and the state after the
+        batch (``state`` itself is not changed)."""
         released_ids = list(state.released)
         split_ids = list(state.split)
         done = set(released_ids) | set(split_ids)
@@ -146,12 +163,31 @@ class TransactionGate:
                 collection = self.collection_of(topic)
                 pending.append([txn, {collection: seen.get(txn, {}).get(collection, 0)},
                                 f"{topic}:{partition}:{offset}"])
-        # 3. release the complete prefix
+        # 3. the time bound: an incomplete transaction held longer than max_hold goes as it is (split); a
+        #    complete one waiting behind it goes in full once it is gone
+        complete = {p[0] for p in pending if all(seen.get(p[0], {}).get(c, 0) >= n for c, n in p[1].items())}
+        expired = sorted(t for t, since in state.held_since.items()
+                         if self.max_hold_seconds is not None and now - since >= self.max_hold_seconds
+                         and t not in done and t not in complete)
+        for t in expired:
+            end = next((p for p in pending if p[0] == t), None)
+            log.warning("batch %d: source transaction %s held for %.0fs, longer than pipeline.max_hold (%.0fs): "
+                        "applying its rows as they are (split); %s, events read %s. The tables show part of it "
+                        "until its remaining events come", batch_id, t, now - state.held_since[t],
+                        self.max_hold_seconds, "its BEGIN/changes read but no END" if end is None else
+                        f"its END read (counts {end[1]})", seen.get(t, {}))
+            seen.pop(t, None)
+        if expired:
+            metrics.TRANSACTIONS_EXPIRED.inc(len(expired))
+            pending = [p for p in pending if p[0] not in set(expired)]
+            split_ids = (split_ids + expired)[-REMEMBERED:]
+            done |= set(expired)
+        # 4. release the complete prefix
         released: list[list] = []
         while pending and all(seen.get(pending[0][0], {}).get(c, 0) >= n for c, n in pending[0][1].items()):
             released.append(pending.pop(0))
         go = {p[0] for p in released} | done
-        # 4. tag the rows with their transaction, add the held ones, keep back what may not go yet
+        # 5. tag the rows with their transaction, add the held ones, keep back what may not go yet
         out: dict[str, pa.Table] = {}
         held: dict[str, pa.Table] = {}
         lookup = _position_keys(events["topic"], events["partition"], events["offset"])
@@ -170,7 +206,7 @@ class TransactionGate:
             keep = both.filter(pc.invert(ok))
             if keep.num_rows:
                 held[table] = keep
-        # 5. the limit: apply everything held, split every transaction not complete
+        # 6. the limit: apply everything held, split every transaction not complete
         held_rows = sum(t.num_rows for t in held.values())
         split_now: list[str] = []
         if held_rows > self.max_held_rows:
@@ -203,7 +239,9 @@ class TransactionGate:
         after = GateState(pending=pending, seen=seen, released=released_ids, split=split_ids,
                           committed=state.committed + len(released),
                           last_txn=released[-1][0] if released else state.last_txn,
-                          last_position=released[-1][2] if released else state.last_position, held=held)
+                          last_position=released[-1][2] if released else state.last_position, held=held,
+                          held_since={t: state.held_since.get(t, now) for t in sorted(waiting | set(seen))},
+                          clock=now)
         metrics.TRANSACTIONS_RELEASED.inc(len(released))
         metrics.TRANSACTIONS_HELD.set(len(waiting))
         metrics.HELD_ROWS.set(held_rows)
@@ -252,7 +290,22 @@ class GateBook:
         for i, table in enumerate(data.pop("tables")):
             with fs.open_input_file(f"{root}/{earlier}/{i}.arrow") as f:
                 held[table] = ipc.open_file(f).read_all()
-        return GateState.from_json(data, held)
+        graph = None
+        if data.get("nodes") is not None:
+            graph = {}
+            for i, node in enumerate(data.pop("nodes")):
+                with fs.open_input_stream(f"{root}/{earlier}/graph/{i}.bin") as f:
+                    graph[node] = f.read()
+        data.pop("nodes", None)
+        return GateState.from_json(data, held, graph)
+
+    def clock_of(self, batch_id: int) -> float | None:
+        """The clock batch ``batch_id`` ran with, when an earlier run of it wrote its state (None: none did)."""
+        fs, root, ids = self._ids()
+        if batch_id not in ids:
+            return None
+        with fs.open_input_stream(f"{root}/{batch_id}/state.json") as f:
+            return json.loads(f.read()).get("clock")
 
     def write(self, batch_id: int, state: GateState) -> None:
         import pyarrow.ipc as ipc
@@ -264,8 +317,14 @@ class GateBook:
         for i, table in enumerate(tables):
             with fs.open_output_stream(f"{tmp}/{i}.arrow") as f, ipc.new_file(f, state.held[table].schema) as w:
                 w.write_table(state.held[table])
+        nodes = None if state.graph is None else sorted(state.graph)
+        if nodes:
+            fs.create_dir(f"{tmp}/graph", recursive=True)
+        for i, node in enumerate(nodes or ()):
+            with fs.open_output_stream(f"{tmp}/graph/{i}.bin") as f:
+                f.write(state.graph[node])
         with fs.open_output_stream(f"{tmp}/state.json") as f:
-            f.write(json.dumps({**state.to_json(), "tables": tables}).encode())
+            f.write(json.dumps({**state.to_json(), "tables": tables, "nodes": nodes}).encode())
         if batch_id in ids:
             fs.delete_dir(f"{root}/{batch_id}")
         fs.move(tmp, f"{root}/{batch_id}")
@@ -304,7 +363,9 @@ def transaction_gate(config: Any, routes: Sequence[Any]) -> TransactionGate | No
         return any(r.matches(f"{prefix}.{collection}") for prefix in prefixes for r in gated)
 
     return TransactionGate(collection_of=collection_of, tracked=tracked,
-                           max_held_rows=config.pipeline.max_held_rows)
+                           max_held_rows=config.pipeline.max_held_rows,
+                           max_hold_seconds=None if config.pipeline.max_hold is None
+                           else parse_duration(config.pipeline.max_hold))
 
 
 class TransactionCommits:
@@ -324,32 +385,47 @@ class TransactionCommits:
         return self.gate is not None or self.cuts is not None
 
     def hold(self, per_table: dict[str, list[pa.Table]], gated: set[str], events: Sequence[pa.Table],
-             boundaries: pa.Table | None, *, batch_id: int, generation: int) -> Cut:
+             boundaries: pa.Table | None, *, batch_id: int, generation: int,
+             feeds: dict[str, list[pa.Table]] | None = None, graph: Any = None) -> tuple[Cut, dict[str, pa.Table]]:
         """The rows of the ``gated`` tables in ``per_table`` replaced (in place) by those of complete
         transactions; the gate's state after the batch written to the checkpoint (before the commits: a
-        replay starts from the state before it). Returns the batch's cut, its table versions to come."""
+        replay starts from the state before it). ``feeds``: the batch's rows of the sources ``graph`` reads
+        (a :class:`~changelake.service.driver_graph.DriverGraph`), gated alike and run through it: its state
+        after the batch goes with the gate's. Returns the batch's cut, its table versions to come, and the
+        graph tables' changes."""
         if self.gate is None:
-            return Cut(batch_id=batch_id, generation=generation, tables={})
+            return Cut(batch_id=batch_id, generation=generation, tables={}), {}
         rows = {t: per_table.pop(t) for t in list(per_table) if t in gated}
+        rows.update({FEED + s: parts for s, parts in (feeds or {}).items()})
         found = pa.concat_tables(events) if events else EVENTS_SCHEMA.empty_table()
         ends = boundaries if boundaries is not None else BOUNDARIES_SCHEMA.empty_table()
-        cached = self._after
-        before = cached[1] if cached is not None and cached[0] == batch_id - 1 else self.book.before(batch_id)
-        result, after = self.gate.apply(before, rows, found, ends, batch_id=batch_id)
+        cached, self._after = self._after, None       # unknown until this batch's state is written
+        if cached is not None and cached[0] == batch_id - 1:
+            before = cached[1]
+        else:               # a restart, or a replayed batch: the state an earlier batch wrote
+            before = self.book.before(batch_id)
+            if graph is not None:
+                graph.restore(before.graph)
+        now = self.book.clock_of(batch_id)        # a replayed batch: its first run's clock, so it decides alike
+        now = time.time() if now is None else now
+        result, after = self.gate.apply(before, rows, found, ends, batch_id=batch_id, now=now)
+        changes: dict[str, pa.Table] = {}
+        if graph is not None:
+            changes = graph.step({t[len(FEED):]: [kept] for t, kept in result.rows.items() if t.startswith(FEED)},
+                                 now_ms=int(now * 1000))
+            after = dataclasses.replace(after, graph=graph.snapshot())
         self.book.write(batch_id, after)
         self._after = (batch_id, after)
         for table, kept in result.rows.items():
-            if kept.num_rows:
+            if kept.num_rows and not table.startswith(FEED):
                 per_table[table] = [kept]
         return Cut(batch_id=batch_id, generation=generation, tables={}, transactions=after.committed,
                    last_transaction=result.last_txn, source_position=result.last_position,
                    held_transactions=result.held_transactions, held_rows=result.held_rows,
-                   released=result.released, split=result.split)
+                   released=result.released, split=result.split), changes
 
     def record(self, cut: Cut, versions: Mapping[str, int | None], *, position: int) -> None:
         """The batch's row of the progress table, with each existing table's version."""
-        import dataclasses
-
         if self.cuts is not None:
             self.cuts.record(dataclasses.replace(cut, tables={n: v for n, v in versions.items() if v is not None}),
                              version=position)

@@ -23,7 +23,7 @@ The query (:meth:`PipelineQuery.stream`)::
 A rebuilt checkpoint's first batch also reads the mirrored sources' table snapshots (the processor's
 ``snapshots``, route -> ``TableSnapshot``; ``changelake.service.rebuild``) into the chain.
 
-The processor is duck-typed (``stage``, ``plan``, ``routes``, ``graph_routes``, ``buckets``,
+The processor is duck-typed (``stage``, ``plan``, ``executor_plan`` (optional), ``routes``, ``graph_routes``, ``buckets``,
 ``graph_tables``, ``framed_tables``, ``process_decoded``): this wing imports nothing from the service above it.
 """
 
@@ -72,11 +72,12 @@ class PipelineQuery:
         operator graph, that stage followed by the routing of the graph sources' rows into the chain's
         first envelopes (:class:`~changelake.spark.chain.RoutedStage`), everything else addressed to the driver."""
         p = self.processor
-        if p.plan is None:
+        plan = _executor_plan(p)
+        if plan is None:
             return p.stage
         if self._chain is None:
-            self._chain = Chain.of(p.plan, p.buckets, DEFAULT_BUCKETS, two_phase=True, groups=self.groups)
-        nodes = source_nodes(p.plan)
+            self._chain = Chain.of(plan, p.buckets, DEFAULT_BUCKETS, two_phase=True, groups=self.groups)
+        nodes = source_nodes(plan)
         envelopes = SourceEnvelopes(self._chain, {i: nodes[node.source] for i, node in p.graph_routes.items()},
                                     mirrored=[i for i in p.graph_routes if p.routes[i].spec.table is not None])
         return RoutedStage(p.stage, envelopes, getattr(p, "snapshots", None))
@@ -88,12 +89,13 @@ class PipelineQuery:
         other exchange, so Kafka is read and decoded once per batch) and delivered as the same payloads
         plus each graph table's changes."""
         p = self.processor
-        if p.plan is None:
+        plan = _executor_plan(p)
+        if plan is None:
             return decoded
         if self._chain is None:
             self.source_stage()
         self.channel = ReportChannel(decoded.sparkSession)
-        p.graph_tables = [p.plan[s].table for s in self._chain.sinks]
+        p.graph_tables = [plan[s].table for s in self._chain.sinks]
         return run_chain(self._chain, decoded, self.channel)
 
     # Spark calls this with the batch DataFrame and its id.
@@ -127,7 +129,7 @@ class PipelineQuery:
             name = route.spec.table
             if name in tables:
                 mirrors[i] = (name, tables[name], route.decoder.output_schema)
-        if p.plan is not None:
+        if _executor_plan(p) is not None:
             sinks = {n.table: n for n in p.plan.sinks}
             for j, name in enumerate(p.graph_tables):
                 if name in tables:
@@ -196,6 +198,12 @@ class _GroupOffsets:
             commit_group_offsets(self.options, self.group_id, end)
 
 
+def _executor_plan(processor: Any) -> Any:
+    """The operator graph the query runs on the executors (None: none, or it runs on the driver behind the
+    transaction gate: the processor's ``executor_plan``)."""
+    return getattr(processor, "executor_plan", processor.plan)
+
+
 def start(spark: Any, query: PipelineQuery, *, name: str, checkpoint: str, reader_options: Mapping[str, str],
           available_now: bool, trigger_seconds: float, group_id: str | None = None,
           spark_kafka_options: Mapping[str, str] | None = None) -> Any:
@@ -205,7 +213,7 @@ def start(spark: Any, query: PipelineQuery, *, name: str, checkpoint: str, reade
     Spark's own Kafka source reads instead, with those options (:mod:`changelake.spark.spark_kafka`)."""
     if group_id is not None:
         query.after_batch = _GroupOffsets(checkpoint, reader_options, group_id)
-    if query.processor.plan is not None:        # the operators' state (changelake.spark.binding)
+    if _executor_plan(query.processor) is not None:        # the operators' state (changelake.spark.binding)
         spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER)
         # which group (so which shuffle partition) holds each state bucket: as the checkpoint recorded it
         query.groups = checkpoint_layout(checkpoint, int(spark.conf.get("spark.sql.shuffle.partitions")))

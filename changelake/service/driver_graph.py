@@ -1,0 +1,93 @@
+"""The operator graph behind the transaction gate: views of a pipeline with ``consistency: transaction``.
+
+On Spark the views run on the executors, in the streaming query, before the driver sees a row; the gate
+(:mod:`changelake.service.transactions`) decides on the driver which rows of a batch are of complete source
+transactions. So that every view, like every mirror, moves only from the state after one source transaction
+to the state after a later one, a pipeline with a source of ``consistency: transaction`` runs its graph on
+the driver, after the gate, over the released rows only (held rows go in with the batch that completes
+their transaction):
+
+=====================================  ==========================================================
+step of a batch                        where
+=====================================  ==========================================================
+read, decode, split key changes        the executors (the decode stage), as without the gate
+hold the rows of incomplete            the driver (the gate): graph sources' rows and mirrors'
+transactions                           rows alike
+the views' operators                   the driver: :class:`~changelake.plan.local.LocalRunner`,
+                                       one kernel per stateful node, over the released rows
+their state                            in memory, and with the gate's state in the checkpoint
+                                       (``<checkpoint>/transactions/<batch id>/graph/``), written
+                                       before the batch's commits: a replayed batch starts from
+                                       the state an earlier batch left, as the gate does
+=====================================  ==========================================================
+
+The cost: the operators run in one process, and every batch writes their whole state to the checkpoint,
+so this suits views whose state is small to moderate (docs/pipelines.md, "Transaction-consistent tables").
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from changelake.changelog import KIND, SEQ
+from changelake.operators._event_time import LATE_KINDS
+from changelake.plan.local import LocalRunner
+from changelake.plan.physical import PhysicalPlan
+
+
+class DriverGraph:
+    """``step({source: [decoded rows]})`` -> ``{graph table: changes}`` with ``_seq`` (each table's changes
+    in the order the last operator emitted them, as the executors' chain delivers them)."""
+
+    def __init__(self, plan: PhysicalPlan) -> None:
+        self.plan = plan
+        self.runner = LocalRunner(plan)
+        #: (view, side) -> (late rows, their JSON when the view dead-letters them) of the last step
+        self.late: dict[tuple[str, str], tuple[int, list[str]]] = {}
+
+    @property
+    def sources(self) -> frozenset[str]:
+        return frozenset(n.source for n in self.plan.sources)
+
+    def step(self, feeds: Mapping[str, Sequence[pa.Table]], *, now_ms: int) -> dict[str, pa.Table]:
+        """``now_ms``: the batch's processing time (state TTL), the gate's batch clock: a replay repeats it."""
+        inputs = {s: pa.concat_tables(parts, promote_options="permissive") for s, parts in feeds.items() if parts}
+        self.runner.late = {}
+        outs = self.runner.step(inputs, now=now_ms)
+        self.late = self._late()
+        return {table: _with_positions(changes) for table, changes in outs.items() if changes.num_rows}
+
+    def _late(self) -> dict[tuple[str, str], tuple[int, list[str]]]:
+        out = {}
+        for node_id, parts in self.runner.late.items():
+            late = pa.concat_tables(parts)
+            user = [n for n in late.schema.names if n not in (KIND, SEQ)]
+            dead_letter = self.plan[node_id].late_rows == "dead_letter"
+            for kind, side in LATE_KINDS.items():
+                mine = late.filter(pc.equal(late[KIND], kind))
+                if mine.num_rows:
+                    rows = [json.dumps(r, default=str) for r in mine.select(user).to_pylist()] if dead_letter else []
+                    out[(node_id, side)] = (mine.num_rows, rows)
+        return out
+
+    def snapshot(self) -> dict[str, bytes]:
+        return self.runner.snapshot()
+
+    def restore(self, snapshot: Mapping[str, bytes] | None) -> None:
+        """The state an earlier batch left (None: before the first batch)."""
+        self.runner.close()
+        self.runner = LocalRunner(self.plan)
+        if snapshot is not None:
+            self.runner.restore(snapshot)
+
+
+def _with_positions(changes: pa.Table) -> pa.Table:
+    """The emission order as ``_seq`` (fixed-width, so that sorting by it keeps the order)."""
+    positions = pa.array([f"{i:012d}" for i in range(changes.num_rows)], pa.string())
+    if SEQ in changes.column_names:
+        return changes.set_column(changes.schema.get_field_index(SEQ), SEQ, positions)
+    return changes.append_column(SEQ, positions)
