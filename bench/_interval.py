@@ -221,7 +221,7 @@ def run(events: int = 1_000_000, quick: bool = False, *, keys: int | None = None
         buckets: int = 32, engines: tuple[str, ...] = ("local", "spark")) -> dict:
     """Generate, run each engine, check against DuckDB; returns the figures (also printed)."""
     if quick:
-        events = min(events, 60_000)
+        events = min(events, 20_000)
     keys = keys or max(1, events // 10)
     batch = batch or max(1, events // (4 if quick else 10))
     load = os.getloadavg()
@@ -270,7 +270,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=None, help="events per micro-batch (default: events / 10)")
     ap.add_argument("--buckets", type=int, default=32, help="state buckets of the join on Spark")
     ap.add_argument("--engines", default="local,spark")
-    ap.add_argument("--quick", action="store_true", help="60k events in 4 micro-batches")
+    ap.add_argument("--quick", action="store_true", help="20k events in 4 micro-batches")
     args = ap.parse_args()
     figures = run(args.events, args.quick, keys=args.keys, batch=args.batch, buckets=args.buckets,
                   engines=tuple(e.strip() for e in args.engines.split(",") if e.strip()))

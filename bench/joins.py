@@ -268,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     iv.add_argument("--batch", type=int, default=None, help="events per micro-batch (default: events / 10)")
     iv.add_argument("--buckets", type=int, default=32, help="state buckets of the join on Spark")
     iv.add_argument("--engines", default="local,spark")
-    iv.add_argument("--quick", action="store_true", help="60k events in 4 micro-batches")
+    iv.add_argument("--quick", action="store_true", help="20k events in 4 micro-batches")
     iv.set_defaults(run=interval_main)
     args = ap.parse_args(argv)
     return args.run(args)

@@ -482,7 +482,7 @@ def main() -> int:
     ap.add_argument("--keys", type=int, default=200_000, help="product keys")
     ap.add_argument("--order-events", type=int, help="order change events (default: --events)")
     ap.add_argument("--order-keys", type=int, help="order keys (default: 1.5 x --keys)")
-    ap.add_argument("--quick", action="store_true", help="smoke run: 20,000 events over 4,000 keys per table; PyFlink only where installed")
+    ap.add_argument("--quick", action="store_true", help="smoke run: 5,000 events over 1,000 keys per table; PyFlink only where installed")
     ap.add_argument("--changelake", choices=("auto", "spark", "local", "none"), default="auto")
     ap.add_argument("--queries", default="a,b")
     ap.add_argument("--skip-pyflink", action="store_true")
@@ -494,7 +494,7 @@ def main() -> int:
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     args = ap.parse_args()
     if args.quick:
-        args.events, args.keys = 20_000, 4_000
+        args.events, args.keys = 5_000, 1_000
     args.skip_pyflink = skip_pyflink(args.flink_python, quick=args.quick, skipped=args.skip_pyflink)
     queries = [q for q in args.queries.split(",") if q]
     w = Workload(events={"products": args.events, "orders": args.order_events or args.events},

@@ -90,6 +90,32 @@ def _spark_class_archive() -> str | None:
         return None
     return archive
 
+#: seconds (setup + call + teardown) and tests per directory under tests/, for the summary below
+_DIRECTORY_SECONDS: dict[str, list] = {}
+
+
+def pytest_runtest_logreport(report) -> None:
+    parts = report.nodeid.split("::")[0].split("/")
+    where = parts[1] if len(parts) > 2 else parts[-1]          # tests/<dir>/..., or a module at the top
+    seconds = _DIRECTORY_SECONDS.setdefault(where, [0.0, 0])
+    seconds[0] += report.duration
+    seconds[1] += report.when == "call"
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """Where the run's time went, per directory under tests/ (the project's guide keeps ``make test`` under
+    ~40 minutes on a 2-core CI machine: shrink the slowest first; ``--durations`` names the tests)."""
+    if len(_DIRECTORY_SECONDS) < 2:
+        return
+    total = sum(s for s, _ in _DIRECTORY_SECONDS.values())
+    terminalreporter.section("seconds per directory")
+    for where, (seconds, tests) in sorted(_DIRECTORY_SECONDS.items(), key=lambda kv: -kv[1][0]):
+        terminalreporter.write_line(f"{seconds:8.0f} s {100 * seconds / max(total, 1e-9):5.1f} % {tests:6d} tests  "
+                                    f"tests/{where}")
+    terminalreporter.write_line(f"{total:8.0f} s in tests (the rest of the wall time: collection, the session's "
+                                "start and end)")
+
+
 _MIN_DOCKER_TIMEOUT_S = 3
 
 

@@ -1,10 +1,10 @@
 """Changing a running pipeline (docs/operations.md, "Changing a running pipeline"), through the CLI.
 
-* A new checkpoint on a lake an older checkpoint wrote: the changes produced since land in the mirrors
-  and the view's table (generation 1 writes after generation 0's batches, the view is recomputed and its
-  table replaced), and the old checkpoint, run again, is refused.
-* A view added and one changed on an existing checkpoint: refused, naming the views and the fix; the fix
-  (a new checkpoint) gives tables equal to the batch query over the source's final state.
+* A view added and one changed on an existing checkpoint: refused, naming the views and the fix; the fix,
+  a new checkpoint on the lake the older checkpoint wrote: the changes produced since land in the mirrors
+  and the views' tables (generation 1 writes after generation 0's batches, the views are recomputed and
+  their tables replaced), equal to the batch query over the source's final state; the old checkpoint, run
+  again with its views, is refused. (One test, one history: each run is a pipeline start.)
 * The same with ``run --rebuild-views``: the views are rebuilt from the mirrored tables and continue from
   the old checkpoint's offsets (only the records produced since are read), also when the rebuild is killed
   in its first batch and restarted; a view over a source that is not mirrored is refused with the fix.
@@ -76,54 +76,30 @@ def table_rows(config, table: str, columns: list[str]) -> set[tuple]:
     return {tuple(r[c] for c in columns) for r in read_delta(config.table_path(table), columns=columns).to_pylist()}
 
 
-def test_a_new_checkpoint_on_an_existing_lake_lands_the_new_changes_and_the_old_one_is_refused(kafka, tmp_path):
+def test_a_view_added_and_one_changed_are_refused_on_the_old_checkpoint_and_a_new_one_lands_them_and_refuses_the_old(
+        kafka, tmp_path):
+    """One history through four runs (each a pipeline start, a JVM): the first; a view added and one changed
+    on its checkpoint (refused); a new checkpoint on the existing lake (the changes produced since land in
+    the mirrors, both view tables are the new generation's and equal the batch query); the old checkpoint
+    run again with its own views (refused: a newer checkpoint wrote the tables; nothing changed)."""
     prefix = kafka.topic("newck")
     db = write_history(kafka.bootstrap_servers, seed=11, changes=150, topic_prefix=prefix, redeliver=10,
                        sizes={"customers": 5, "products": 12, "orders": 30})
     graph = {"views": [JOIN, BY_CATEGORY], "tables": [{"name": "category_sales", "from": "by_category",
                                                          "primary_key": ["category"]}], "pipeline": SETTINGS}
     config, path = graph_config(kafka.bootstrap_servers, tmp_path, prefix, graph)
-    columns = ["category", "orders", "quantity"]
     first = run(path)
     assert first.returncode == 0, first.stderr[-3000:]
-    assert table_rows(config, "category_sales", columns) == truth(db, SALES.format(extra=""))
+    assert table_rows(config, "category_sales", ["category", "orders", "quantity"]) == truth(db, SALES.format(extra=""))
 
-    more_changes(db, kafka.bootstrap_servers, prefix, 60)
-    checkpoint = config.pipeline.checkpoint
-    shutil.move(checkpoint, checkpoint + ".gen0")           # docs/operations.md: start a new checkpoint
-    second = run(path)
-    assert second.returncode == 0, second.stderr[-3000:]
-    assert verify(config, db.state) == {t: "ok" for t in db.state}
-    assert table_rows(config, "category_sales", columns) == truth(db, SALES.format(extra=""))
-    lineage = json.loads((tmp_path / "checkpoints" / config.pipeline.id / "changelake" / "lineage.json").read_text())
-    assert lineage["generation"] == 1
-    seqs = read_delta(config.table_path("category_sales"), columns=["_seq"])["_seq"].to_pylist()
-    assert all(int(s[1:21]) >= GENERATION_SPAN for s in seqs), "every view row is the new generation's"
-
-    stale = run(path, checkpoint=checkpoint + ".gen0")       # the old checkpoint, run again: refused
-    assert stale.returncode == 2, stale.stderr[-3000:]
-    assert "newer checkpoint" in stale.stderr and "Changing a running pipeline" in stale.stderr
-    assert verify(config, db.state) == {t: "ok" for t in db.state}
-
-
-def test_a_view_added_and_one_changed_on_a_checkpoint_are_refused_and_a_new_checkpoint_rebuilds_them(
-        kafka, tmp_path):
-    prefix = kafka.topic("views")
-    db = write_history(kafka.bootstrap_servers, seed=12, changes=150, topic_prefix=prefix, redeliver=10,
-                       sizes={"customers": 5, "products": 12, "orders": 30})
-    graph = {"views": [JOIN, BY_CATEGORY], "tables": [{"name": "category_sales", "from": "by_category",
-                                                         "primary_key": ["category"]}], "pipeline": SETTINGS}
-    config, path = graph_config(kafka.bootstrap_servers, tmp_path, prefix, graph)
-    first = run(path)
-    assert first.returncode == 0, first.stderr[-3000:]
-
-    data = yaml.safe_load(path.read_text())                 # by_category changed, lines added
+    generation0 = path.read_text()
+    data = yaml.safe_load(generation0)                      # by_category changed, lines added
     data["views"][1]["aggregates"]["biggest"] = "max(quantity)"
     data["views"].append({"name": "lines", "from": "enriched", "select": ["order_id", "product_id", "category"]})
     data["tables"].append({"name": "order_lines", "from": "lines", "primary_key": ["order_id"]})
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     config = load_config(path)
-    more_changes(db, kafka.bootstrap_servers, prefix, 40)
+    more_changes(db, kafka.bootstrap_servers, prefix, 60)
 
     refused = run(path)
     assert refused.returncode == 2, refused.stderr[-3000:]
@@ -131,13 +107,24 @@ def test_a_view_added_and_one_changed_on_a_checkpoint_are_refused_and_a_new_chec
     assert "move the checkpoint directory away" in refused.stderr
     assert not (tmp_path / "lake" / "order_lines").exists(), "nothing written before the refusal"
 
-    shutil.move(config.pipeline.checkpoint, config.pipeline.checkpoint + ".gen0")
-    rebuilt = run(path)
-    assert rebuilt.returncode == 0, rebuilt.stderr[-3000:]
+    checkpoint = config.pipeline.checkpoint
+    shutil.move(checkpoint, checkpoint + ".gen0")           # docs/operations.md: start a new checkpoint
+    second = run(path)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert verify(config, db.state) == {t: "ok" for t in db.state}
     assert table_rows(config, "category_sales", ["category", "orders", "quantity", "biggest"]) == truth(
         db, SALES.format(extra=", max(o.quantity)::BIGINT AS biggest"))
     assert table_rows(config, "order_lines", ["order_id", "product_id", "category"]) == truth(
         db, "SELECT o.order_id, o.product_id, p.category FROM orders o JOIN products p ON o.product_id = p.id")
+    lineage = json.loads((tmp_path / "checkpoints" / config.pipeline.id / "changelake" / "lineage.json").read_text())
+    assert lineage["generation"] == 1
+    seqs = read_delta(config.table_path("category_sales"), columns=["_seq"])["_seq"].to_pylist()
+    assert all(int(s[1:21]) >= GENERATION_SPAN for s in seqs), "every view row is the new generation's"
+
+    path.write_text(generation0)        # the old checkpoint and its views, run again: refused (the lake is newer)
+    stale = run(path, checkpoint=checkpoint + ".gen0")
+    assert stale.returncode == 2, stale.stderr[-3000:]
+    assert "newer checkpoint" in stale.stderr and "Changing a running pipeline" in stale.stderr
     assert verify(config, db.state) == {t: "ok" for t in db.state}
 
 
