@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from changelake import metrics
+from changelake.service.broker_watch import BrokerWatch
 from changelake.service.catchup import CatchUpTracker, format_progress_line
 from changelake.service.config import ChangelakeConfig, parse_duration
 from changelake.service.http import Health, HttpEndpoint
@@ -89,9 +90,19 @@ class PipelineRunner:
 
     def _run(self, lease: Lease, *, available_now: bool | None, rebuild_views: bool) -> RunResult:
         cfg = self.config
+        watch = None
         if self.serve_http:
             self.endpoint = HttpEndpoint(self.health, host=cfg.metrics.host, port=cfg.metrics.port).start()
             log.info("metrics and health on %s", self.endpoint.url("/"))
+            watch = BrokerWatch.for_config(cfg).start()     # changelake_broker_* (service.broker_watch)
+        try:
+            return self._run_query(lease, available_now=available_now, rebuild_views=rebuild_views)
+        finally:
+            if watch is not None:
+                watch.stop()
+
+    def _run_query(self, lease: Lease, *, available_now: bool | None, rebuild_views: bool) -> RunResult:
+        cfg = self.config
         conf = dict(cfg.pipeline.spark_conf)
         if log_format() == "json":      # Spark's log4j lines as JSON objects too (changelake.service.logs)
             conf.setdefault("spark.log.structuredLogging.enabled", "true")
