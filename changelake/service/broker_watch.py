@@ -11,7 +11,7 @@ metric (label ``broker``: ``host:port/node id``)       from librdkafka's statist
 =====================================================  ==============================================
 ``changelake_broker_connected``                        1 while its state is ``UP``, else 0
 ``changelake_broker_disconnects_total``                its ``disconnects`` counter, as it grows
-``changelake_broker_reconnects_total``                 its ``connects`` counter beyond the first
+``changelake_broker_reconnects_total``                 its state ``UP`` again after a disconnect
 =====================================================  ==============================================
 
 A broker going away and coming back is logged once each way (a warning, then ``connected again after
@@ -41,7 +41,8 @@ class BrokerWatch:
     def __init__(self, bootstrap_servers: str, properties: dict[str, Any] | None = None) -> None:
         self.bootstrap_servers = bootstrap_servers
         self.properties = dict(properties or {})
-        self._seen: dict[str, tuple[int, int]] = {}        # broker -> (connects, disconnects) counted so far
+        #: broker -> (disconnects counted so far, a disconnect not followed by UP yet)
+        self._seen: dict[str, tuple[int, bool]] = {}
         self._down_since: dict[str, float] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -85,7 +86,9 @@ class BrokerWatch:
             self._thread.join(timeout=10)
 
     def on_stats(self, raw: str) -> None:
-        """One statistics JSON of librdkafka: set the metrics of every broker it lists."""
+        """One statistics JSON of librdkafka: set the metrics of every broker it lists. librdkafka's ``connects``
+        counts attempts (failed ones too), so a reconnect is counted here instead: the broker seen ``UP`` again
+        after a disconnect."""
         try:
             brokers = json.loads(raw).get("brokers", {})
         except ValueError:
@@ -95,20 +98,21 @@ class BrokerWatch:
             if int(entry.get("nodeid", -1)) < 0:
                 continue
             name = str(entry.get("name", entry.get("nodename", "?")))
-            connects, disconnects = int(entry.get("connects", 0)), int(entry.get("disconnects", 0))
+            disconnects = int(entry.get("disconnects", 0))
             if name not in self._seen:          # every broker's series from the start, at 0
                 metrics.BROKER_DISCONNECTS.labels(name)
                 metrics.BROKER_RECONNECTS.labels(name)
-            before_c, before_d = self._seen.get(name, (0, 0))
-            if disconnects > before_d:
-                metrics.BROKER_DISCONNECTS.labels(name).inc(disconnects - before_d)
-            reconnects = max(0, connects - 1) - max(0, before_c - 1)
-            if reconnects > 0:
-                metrics.BROKER_RECONNECTS.labels(name).inc(reconnects)
-            self._seen[name] = (max(connects, before_c), max(disconnects, before_d))
+            before, pending = self._seen.get(name, (0, False))
+            if disconnects > before:
+                metrics.BROKER_DISCONNECTS.labels(name).inc(disconnects - before)
+                pending = True
             up = entry.get("state") == "UP"
+            if up and pending:
+                metrics.BROKER_RECONNECTS.labels(name).inc()
+                pending = False
+            self._seen[name] = (max(disconnects, before), pending)
             metrics.BROKER_CONNECTED.labels(name).set(1 if up else 0)
-            if not up and connects > 0 and name not in self._down_since:
+            if not up and pending and name not in self._down_since:
                 self._down_since[name] = now
                 log.warning("broker %s: not connected (state %s); the reads retry until it answers or another "
                             "broker leads its partitions", name, entry.get("state"))

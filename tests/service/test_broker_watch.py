@@ -39,9 +39,11 @@ def test_a_broker_that_goes_away_and_comes_back_counts_one_disconnect_and_one_re
     assert _sample("changelake_broker_connected", a) == 0
     assert _sample("changelake_broker_disconnects_total", a) == 1
     assert "broker watch-a:9092/1: not connected" in caplog.text
-    for _ in range(3):                              # the same statistics again: nothing counted twice
-        watch.on_stats(_stats(**{a: ("CONNECT", 1, 1), b: ("UP", 1, 0)}))
-    watch.on_stats(_stats(**{a: ("UP", 2, 1), b: ("UP", 1, 0)}))
+    for attempts in range(2, 5):                    # failed attempts while it is down: no reconnect, nothing twice
+        watch.on_stats(_stats(**{a: ("CONNECT", attempts, 1), b: ("UP", 1, 0)}))
+    assert _sample("changelake_broker_reconnects_total", a) == 0
+    watch.on_stats(_stats(**{a: ("UP", 5, 1), b: ("UP", 1, 0)}))
+    watch.on_stats(_stats(**{a: ("UP", 5, 1), b: ("UP", 1, 0)}))
     assert _sample("changelake_broker_connected", a) == 1
     assert _sample("changelake_broker_disconnects_total", a) == 1
     assert _sample("changelake_broker_reconnects_total", a) == 1

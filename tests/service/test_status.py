@@ -75,7 +75,7 @@ def test_the_lease_and_the_running_instances_brokers_from_its_metrics(tmp_path):
         endpoint.stop()
         lease.release()
     assert status.lease_state == "held"
-    assert status.brokers["status-a:9092/1"] == (True, 2, 2) and status.brokers["status-b:9092/2"] == (False, 1, 0)
+    assert status.brokers["status-a:9092/1"] == (True, 2, 1) and status.brokers["status-b:9092/2"] == (False, 1, 0)
     out = format_status(status, now=datetime.fromtimestamp(1_800_000_030.0, timezone.utc))
     assert "held: vm:1:x, last renew 30 s ago" in out
     assert "lease held" in out
