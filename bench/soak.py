@@ -170,7 +170,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {machine()} (shared: other jobs may run; figures are this run's)", flush=True)
 
     java = QUICK_BROKER_JAVA_OPTIONS if args.quick else ("-Xmx512m", "-Xms64m", "-XX:+UseSerialGC")
-    with LocalKafka(nodes=3, workdir=work / "kafka", java_options=java, settings={"log.retention.ms": "-1"}) as cluster:
+    # a node restarted under a heavy load recovers its logs for minutes before it answers
+    with LocalKafka(nodes=3, workdir=work / "kafka", java_options=java, settings={"log.retention.ms": "-1"},
+                    start_timeout_s=600) as cluster:
         servers = cluster.bootstrap_servers
         create_topics(servers, {topic_for(t): 4 for t in TABLES})
         changes = int(args.rate * args.minutes * 60)
@@ -184,35 +186,46 @@ def main(argv: list[str] | None = None) -> int:
         pipeline = Pipeline(work / "pipeline.yaml", work / "changelake.log", raw["metrics"]["port"],
                             {t.name: config.table_path(t.name) for t in config.tables})
         pipeline.start()
-        producer = SteadyProducer(msgs, servers, rate=args.rate).start()
-        started = time.monotonic()
-        memory: list[tuple[float, float]] = []
-        faults: list[dict] = []
-        next_fault = started + rng.uniform(0.5, 1.5) * args.fault_every
-        # --quick: the one fault also when the stream ended before the pipeline's first batch (a slow start)
-        while not producer.done or (args.quick and not faults and time.monotonic() - started < 600):
-            now = time.monotonic()
-            memory.append((now - started, pipeline.rss_mb()))
-            # a fault once the pipeline committed since its last start (so each restart's recovery is measured)
-            if now >= next_fault and (not args.max_faults or len(faults) < args.max_faults) \
-                    and pipeline.batches() > 0:
-                kind = rng.choice(kinds)
-                faults.append(inject(kind, cluster, pipeline, rng, at=now - started))
-                next_fault = time.monotonic() + rng.uniform(0.5, 1.5) * args.fault_every
-            time.sleep(1.0)
-        sent = producer.wait(600)
-        print(f"produced {sent:,} messages in {time.monotonic() - started:.0f} s; waiting for the tables", flush=True)
-        deadline = time.monotonic() + (300 if args.quick else 900)
+        try:
+            return _soak(args, kinds, rng, cluster, db, config, pipeline, msgs, work)
+        finally:
+            if pipeline.proc.poll() is None:       # a failed soak leaves no pipeline behind
+                pipeline.kill()
+
+
+def _soak(args: argparse.Namespace, kinds: list[str], rng: random.Random, cluster: LocalKafka,
+          db: InventoryDatabase, config, pipeline: Pipeline, msgs, work: Path) -> int:
+    """The stream, the faults, the final comparison and the report (:func:`main` set it up)."""
+    servers = cluster.bootstrap_servers
+    producer = SteadyProducer(msgs, servers, rate=args.rate).start()
+    started = time.monotonic()
+    memory: list[tuple[float, float]] = []
+    faults: list[dict] = []
+    next_fault = started + rng.uniform(0.5, 1.5) * args.fault_every
+    # --quick: the one fault also when the stream ended before the pipeline's first batch (a slow start)
+    while not producer.done or (args.quick and not faults and time.monotonic() - started < 600):
+        now = time.monotonic()
+        memory.append((now - started, pipeline.rss_mb()))
+        # a fault once the pipeline committed since its last start (so each restart's recovery is measured)
+        if now >= next_fault and (not args.max_faults or len(faults) < args.max_faults) \
+                and pipeline.batches() > 0:
+            kind = rng.choice(kinds)
+            faults.append(inject(kind, cluster, pipeline, rng, at=now - started))
+            next_fault = time.monotonic() + rng.uniform(0.5, 1.5) * args.fault_every
+        time.sleep(1.0)
+    sent = producer.wait(600)
+    print(f"produced {sent:,} messages in {time.monotonic() - started:.0f} s; waiting for the tables", flush=True)
+    deadline = time.monotonic() + (300 if args.quick else 900)
+    result = compare(config, db)
+    while any(lost for lost, _ in result.values()) and time.monotonic() < deadline:
+        memory.append((time.monotonic() - started, pipeline.rss_mb()))
+        time.sleep(2)
         result = compare(config, db)
-        while any(lost for lost, _ in result.values()) and time.monotonic() < deadline:
-            memory.append((time.monotonic() - started, pipeline.rss_mb()))
-            time.sleep(2)
-            result = compare(config, db)
-        brokers = pipeline.broker_figures()
-        code = pipeline.stop()
-        if brokers:
-            print(f"broker connections the last run's /metrics counted: {brokers['disconnects']:.0f} disconnects, "
-                  f"{brokers['reconnects']:.0f} reconnects (since its last start)", flush=True)
+    brokers = pipeline.broker_figures()
+    code = pipeline.stop()
+    if brokers:
+        print(f"broker connections the last run's /metrics counted: {brokers['disconnects']:.0f} disconnects, "
+              f"{brokers['reconnects']:.0f} reconnects (since its last start)", flush=True)
 
     restarts = [{"total": float(m.group(1)), **{p: float(x) for p, x in PHASE.findall(m.group(2))}}
                 for m in RESTART.finditer((work / "changelake.log").read_text())]
