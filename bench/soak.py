@@ -16,6 +16,8 @@ changelake-kill     SIGKILL of the pipeline's process group (driver, Spark JVM, 
                     then ``changelake run`` again on the same checkpoint
 leader-kill         SIGKILL of the node leading a random source partition; restarted 10 s later
 cluster-restart     every node stopped (SIGTERM) for three trigger intervals, then started
+optimize            a concurrent OPTIMIZE (delta-rs compaction, another writer) of a random table
+                    while the pipeline writes it
 ==================  ==========================================================================
 
 The pipeline runs as ``changelake run`` in a child process (its log in the workdir). Reported: faults
@@ -52,9 +54,9 @@ from changelake.service.config import parse_config  # noqa: E402
 from changelake.service.demo import demo_config, expected_views, verify, verify_views  # noqa: E402
 from changelake.service.inventory import TABLES, InventoryDatabase, SteadyProducer, topic_for  # noqa: E402
 
-KINDS = ("changelake-kill", "leader-kill", "cluster-restart")
-RESTART = re.compile(r"restart to first commit: ([\d.]+) s \(session ([\d.]+) s, query ([\d.]+) s, "
-                     r"read ([\d.]+) s, commit ([\d.]+) s\)")
+KINDS = ("changelake-kill", "leader-kill", "cluster-restart", "optimize")
+RESTART = re.compile(r"restart to first commit: ([\d.]+) s \(([^)]*)\)")
+PHASE = re.compile(r"(\w+) ([\d.]+) s")
 
 
 def _free_port() -> int:
@@ -66,8 +68,9 @@ def _free_port() -> int:
 class Pipeline:
     """``changelake run`` in its own process group, its log appended to ``log``."""
 
-    def __init__(self, config_path: Path, log: Path, port: int) -> None:
+    def __init__(self, config_path: Path, log: Path, port: int, tables: dict[str, str] | None = None) -> None:
         self.config_path, self.log, self.port = config_path, log, port
+        self.tables = tables or {}          # table name -> path (the optimize fault's targets)
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
@@ -97,6 +100,18 @@ class Pipeline:
             return -1
         m = re.search(r"^changelake_batches_total ([\d.e+]+)$", text, re.M)
         return float(m.group(1)) if m else 0
+
+    def broker_figures(self) -> dict[str, float]:
+        """The sums of changelake_broker_{disconnects,reconnects}_total from /metrics (empty: not answering)."""
+        try:
+            text = urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=2).read().decode()
+        except OSError:
+            return {}
+        out = {}
+        for name in ("disconnects", "reconnects"):
+            out[name] = sum(float(v) for v in re.findall(rf"^changelake_broker_{name}_total{{[^}}]*}} ([\d.e+]+)$",
+                                                          text, re.M))
+        return out
 
     def rss_mb(self) -> float:
         if self.proc is None or self.proc.poll() is not None:
@@ -155,7 +170,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {machine()} (shared: other jobs may run; figures are this run's)", flush=True)
 
     java = QUICK_BROKER_JAVA_OPTIONS if args.quick else ("-Xmx512m", "-Xms64m", "-XX:+UseSerialGC")
-    with LocalKafka(nodes=3, workdir=work / "kafka", java_options=java, settings={"log.retention.ms": "-1"}) as cluster:
+    # a node restarted under a heavy load recovers its logs for minutes before it answers
+    with LocalKafka(nodes=3, workdir=work / "kafka", java_options=java, settings={"log.retention.ms": "-1"},
+                    start_timeout_s=600) as cluster:
         servers = cluster.bootstrap_servers
         create_topics(servers, {topic_for(t): 4 for t in TABLES})
         changes = int(args.rate * args.minutes * 60)
@@ -166,35 +183,52 @@ def main(argv: list[str] | None = None) -> int:
         raw["pipeline"]["trigger_interval"] = "2 seconds"
         (work / "pipeline.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
         config = parse_config((work / "pipeline.yaml").read_text(), origin=str(work / "pipeline.yaml"))
-        pipeline = Pipeline(work / "pipeline.yaml", work / "changelake.log", raw["metrics"]["port"])
+        pipeline = Pipeline(work / "pipeline.yaml", work / "changelake.log", raw["metrics"]["port"],
+                            {t.name: config.table_path(t.name) for t in config.tables})
         pipeline.start()
-        producer = SteadyProducer(msgs, servers, rate=args.rate).start()
-        started = time.monotonic()
-        memory: list[tuple[float, float]] = []
-        faults: list[dict] = []
-        next_fault = started + rng.uniform(0.5, 1.5) * args.fault_every
-        # --quick: the one fault also when the stream ended before the pipeline's first batch (a slow start)
-        while not producer.done or (args.quick and not faults and time.monotonic() - started < 600):
-            now = time.monotonic()
-            memory.append((now - started, pipeline.rss_mb()))
-            # a fault once the pipeline committed since its last start (so each restart's recovery is measured)
-            if now >= next_fault and (not args.max_faults or len(faults) < args.max_faults) \
-                    and pipeline.batches() > 0:
-                kind = rng.choice(kinds)
-                faults.append(inject(kind, cluster, pipeline, rng, at=now - started))
-                next_fault = time.monotonic() + rng.uniform(0.5, 1.5) * args.fault_every
-            time.sleep(1.0)
-        sent = producer.wait(600)
-        print(f"produced {sent:,} messages in {time.monotonic() - started:.0f} s; waiting for the tables", flush=True)
-        deadline = time.monotonic() + (300 if args.quick else 900)
-        result = compare(config, db)
-        while any(lost for lost, _ in result.values()) and time.monotonic() < deadline:
-            memory.append((time.monotonic() - started, pipeline.rss_mb()))
-            time.sleep(2)
-            result = compare(config, db)
-        code = pipeline.stop()
+        try:
+            return _soak(args, kinds, rng, cluster, db, config, pipeline, msgs, work)
+        finally:
+            if pipeline.proc.poll() is None:       # a failed soak leaves no pipeline behind
+                pipeline.kill()
 
-    restarts = [tuple(float(x) for x in m.groups()) for m in RESTART.finditer((work / "changelake.log").read_text())]
+
+def _soak(args: argparse.Namespace, kinds: list[str], rng: random.Random, cluster: LocalKafka,
+          db: InventoryDatabase, config, pipeline: Pipeline, msgs, work: Path) -> int:
+    """The stream, the faults, the final comparison and the report (:func:`main` set it up)."""
+    servers = cluster.bootstrap_servers
+    producer = SteadyProducer(msgs, servers, rate=args.rate).start()
+    started = time.monotonic()
+    memory: list[tuple[float, float]] = []
+    faults: list[dict] = []
+    next_fault = started + rng.uniform(0.5, 1.5) * args.fault_every
+    # --quick: the one fault also when the stream ended before the pipeline's first batch (a slow start)
+    while not producer.done or (args.quick and not faults and time.monotonic() - started < 600):
+        now = time.monotonic()
+        memory.append((now - started, pipeline.rss_mb()))
+        # a fault once the pipeline committed since its last start (so each restart's recovery is measured)
+        if now >= next_fault and (not args.max_faults or len(faults) < args.max_faults) \
+                and pipeline.batches() > 0:
+            kind = rng.choice(kinds)
+            faults.append(inject(kind, cluster, pipeline, rng, at=now - started))
+            next_fault = time.monotonic() + rng.uniform(0.5, 1.5) * args.fault_every
+        time.sleep(1.0)
+    sent = producer.wait(600)
+    print(f"produced {sent:,} messages in {time.monotonic() - started:.0f} s; waiting for the tables", flush=True)
+    deadline = time.monotonic() + (300 if args.quick else 900)
+    result = compare(config, db)
+    while any(lost for lost, _ in result.values()) and time.monotonic() < deadline:
+        memory.append((time.monotonic() - started, pipeline.rss_mb()))
+        time.sleep(2)
+        result = compare(config, db)
+    brokers = pipeline.broker_figures()
+    code = pipeline.stop()
+    if brokers:
+        print(f"broker connections the last run's /metrics counted: {brokers['disconnects']:.0f} disconnects, "
+              f"{brokers['reconnects']:.0f} reconnects (since its last start)", flush=True)
+
+    restarts = [{"total": float(m.group(1)), **{p: float(x) for p, x in PHASE.findall(m.group(2))}}
+                for m in RESTART.finditer((work / "changelake.log").read_text())]
     report(faults, restarts, memory, result, stopped=code)
     return 0 if all(lost == 0 and dup == 0 for lost, dup in result.values()) else 1
 
@@ -211,10 +245,19 @@ def inject(kind: str, cluster: LocalKafka, pipeline: Pipeline, rng: random.Rando
         cluster.kill(node)
         time.sleep(10)
         cluster.start_node(node)
-    else:
+    elif kind == "cluster-restart":
         cluster.stop_all()
         time.sleep(6)
         cluster.start_all()
+    else:                                   # another writer compacts a table the pipeline writes
+        from deltalake import DeltaTable
+
+        table = rng.choice(sorted(pipeline.tables))
+        try:
+            done = DeltaTable(pipeline.tables[table]).optimize.compact()
+            print(f"         optimize {table}: {done.get('numFilesRemoved', 0)} files compacted", flush=True)
+        except Exception as exc:  # the pipeline's commit won the race: that is the pipeline's retry's business
+            print(f"         optimize {table} failed: {exc}", flush=True)
     ended = time.monotonic()
     recovered = None
     if kind != "changelake-kill":           # the next finished batch after the broker is back
@@ -227,7 +270,7 @@ def inject(kind: str, cluster: LocalKafka, pipeline: Pipeline, rng: random.Rando
     return {"kind": kind, "at": at, "recovered_s": recovered}
 
 
-def report(faults: list[dict], restarts: list[tuple[float, ...]], memory: list[tuple[float, float]],
+def report(faults: list[dict], restarts: list[dict[str, float]], memory: list[tuple[float, float]],
            result: dict[str, tuple[int, int]], *, stopped: int) -> None:
     print("\nfaults survived:")
     for kind in KINDS:
@@ -237,11 +280,14 @@ def report(faults: list[dict], restarts: list[tuple[float, ...]], memory: list[t
             extra = f"; fault end to next batch: median {median(rec):.1f} s, max {max(rec):.1f} s" if rec else ""
             print(f"  {kind}: {len(done)}{extra}")
     if restarts:
-        print("restart to first commit (s): total | session | query | read | commit")
+        phases = list(restarts[0])
+        print("restart to first commit (s): " + " | ".join(phases))
         for r in restarts:
-            print("  " + " | ".join(f"{x:.2f}" for x in r))
-        print(f"  median total: {median(r[0] for r in restarts):.2f} s over {len(restarts)} start(s) "
-              "(the first is the cold start)")
+            print("  " + " | ".join(f"{r.get(p, 0.0):.2f}" for p in phases))
+        again = restarts[1:] or restarts
+        print("  median of the restarts (the first, cold start left out): "
+              + ", ".join(f"{p} {median(r.get(p, 0.0) for r in again):.2f}" for p in phases)
+              + f" s over {len(again)} restart(s)")
     print("tables: lost | duplicated")
     for table, (lost, dup) in sorted(result.items()):
         print(f"  {table}: {lost} | {dup}")

@@ -270,6 +270,25 @@ RESTART_TO_FIRST_COMMIT = Gauge(
     "changelake_restart_to_first_commit_seconds", "Seconds from this process's start to the end of its first "
     "micro-batch (Delta commits done), by phase: session, query, read, commit, and total "
     "(changelake.service.restart_clock).", ["phase"], registry=REGISTRY)
+# --- brokers and the lease (changelake.service.broker_watch, changelake.service.lease) -----
+BROKER_CONNECTED = Gauge(
+    "changelake_broker_connected", "1 while the driver's watching Kafka client is connected to the broker, else 0 "
+    "(changelake.service.broker_watch).", ["broker"], registry=REGISTRY)
+BROKER_DISCONNECTS = Counter(
+    "changelake_broker_disconnects_total", "Times the driver's connection to the broker was lost.", ["broker"],
+    registry=REGISTRY)
+BROKER_RECONNECTS = Counter(
+    "changelake_broker_reconnects_total", "Times the driver connected to the broker again after its first "
+    "connection.", ["broker"], registry=REGISTRY)
+LEASE_STATE = Gauge(
+    "changelake_lease_state", "1 for the state this instance's lease is in, 0 for the others: held (taken and "
+    "renewed), renewal_failing (held, its last renewal failed: a store error; it is lost once lease_ttl passes "
+    "without one), lost (another instance took it over: this one stops), by pipeline id (changelake.service.lease).",
+    ["pipeline", "state"],
+    registry=REGISTRY)
+LEASE_RENEWED = Gauge(
+    "changelake_lease_renewed_timestamp_seconds", "Unix time this instance last committed its lease (take or "
+    "renewal).", registry=REGISTRY)
 BUILD_INFO = Gauge(
     "changelake_build_info", "Always 1; the labels name the versions this process runs.",
     ["version", "pyspark", "deltalake", "python"], registry=REGISTRY)

@@ -20,6 +20,8 @@ each batch writes anything (tables, dead letters, ledger): a lease commit by any
 instance's last one means another instance took over, and the batch stops with :class:`LeaseLost` before
 its first write, so no table or checkpoint is written by both; an idle instance whose renewal finds the
 lease taken stops its query between batches (``service.runner``). A graceful stop releases the lease.
+``changelake_lease_state{state}`` is 1 for the state the lease is in (:data:`STATES`: held, renewal_failing,
+lost) and ``changelake_lease_renewed_timestamp_seconds`` says when it was last committed.
 """
 
 from __future__ import annotations
@@ -39,10 +41,11 @@ import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
+from changelake import metrics
 from changelake.durations import parse_duration
 from changelake.errors import ChangelakeError
 
-__all__ = ["Lease", "LeaseHeld", "LeaseLost", "lease_path"]
+__all__ = ["Holder", "Lease", "LeaseHeld", "LeaseLost", "STATES", "lease_path", "newest_holder"]
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +54,13 @@ KEY = "changelake.lease"
 LEASES_DIR = "_changelake_leases"
 _SCHEMA = pa.schema([pa.field("owner", pa.string())])
 _DOC = 'docs/operations.md, "One instance per pipeline"'
+#: the values of ``changelake_lease_state{state}`` (one of them 1 while the run holds or held the lease)
+STATES = ("held", "renewal_failing", "lost")
+
+
+def _set_state(pipeline_id: str, state: str) -> None:
+    for s in STATES:
+        metrics.LEASE_STATE.labels(pipeline_id, s).set(1 if s == state else 0)
 
 
 class LeaseHeld(ChangelakeError):
@@ -151,6 +161,7 @@ class Lease:
                     log.error("%s", exc)
                     return
                 except Exception:  # a store error: retried at the next tick, and by check() before a batch
+                    _set_state(self.pipeline_id, "renewal_failing")
                     log.warning("pipeline %s: lease renewal failed; retrying", self.pipeline_id, exc_info=True)
 
         self._thread = threading.Thread(target=renew_loop, name="changelake-lease", daemon=True)
@@ -207,6 +218,7 @@ class Lease:
         holder = _holder(table)
         self._lost = (f"pipeline {self.pipeline_id}: another instance took the lease {self.path} over: "
                       f"{holder.describe() if holder else 'unknown'} (this instance, {self.owner}, stops)")
+        _set_state(self.pipeline_id, "lost")
 
     def _table(self) -> DeltaTable:
         """The lease table at its newest version (created on first use); the handle is kept and brought up to
@@ -231,6 +243,9 @@ class Lease:
                                                            max_commit_retries=0))
         self._version = table.version()
         self._renewed = now
+        _set_state(self.pipeline_id, "held" if event != "release" else "released")     # released: every state 0
+        if event != "release":
+            metrics.LEASE_RENEWED.set(now)
 
     def _gone(self, holder: Holder) -> bool:
         """A holder on this host whose process is gone, or that had this process's pid."""
@@ -245,6 +260,17 @@ class Lease:
         except PermissionError:
             return False
         return False
+
+
+def newest_holder(config) -> Holder | None:
+    """The newest lease commit of ``config``'s pipeline, read without creating or writing anything (None: the
+    lease was never taken); ``changelake status`` shows it."""
+    try:
+        table = DeltaTable(lease_path(config.storage.root, config.pipeline.id),
+                           storage_options=config.storage.plain_options())
+    except TableNotFoundError:
+        return None
+    return _holder(table)
 
 
 def _holder(table: DeltaTable) -> Holder | None:

@@ -9,9 +9,16 @@ the batch's offsets). :class:`RestartClock` times the phases of that path once p
 =========  =====================================================================================
 phase      from .. to
 =========  =====================================================================================
-session    the process's start (the kernel's start time of this process) .. a Spark session
-query      .. the query started (checkpoint and lineage checks, the plan, the source registered)
-read       .. the first batch's data on the driver (offsets planned, Kafka read, decode, operators)
+start      the process's start (the kernel's start time of this process) .. the run begins (Python,
+           changelake's imports, the configuration read)
+preflight  .. the broker listed its topics (the first connection to Kafka)
+lease      .. the pipeline's lease taken (``changelake.service.lease``; after a SIGKILL on this host at
+           once, from another host once the old holder's ``lease_ttl`` has passed)
+session    .. a Spark session (the driver JVM started, jars, the class-data archive mapped in)
+query      .. the query started (checkpoint and lineage checks, the sink tables' Delta logs, the plan)
+plan       .. Spark hands changelake its first batch (offsets planned and logged, the batch planned)
+read       .. the first batch's data on the driver (Python workers started, Kafka read, decode, the
+           operators' state stores opened and run)
 commit     .. the first batch's Delta commits done (a replayed batch: its commits found done)
 total      the process's start .. the end of the first batch
 =========  =====================================================================================
@@ -27,7 +34,7 @@ from changelake import metrics
 
 log = logging.getLogger(__name__)
 
-PHASES = ("session", "query", "read", "commit")
+PHASES = ("start", "preflight", "lease", "session", "query", "plan", "read", "commit")
 
 
 def process_start_time() -> float:

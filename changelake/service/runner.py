@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from changelake import metrics
+from changelake.service.broker_watch import BrokerWatch
 from changelake.service.catchup import CatchUpTracker, format_progress_line
 from changelake.service.config import ChangelakeConfig, parse_duration
 from changelake.service.http import Health, HttpEndpoint
@@ -55,6 +56,8 @@ class PipelineRunner:
         self.endpoint: HttpEndpoint | None = None
         #: the running query's batch processor (its ``totals``), once :meth:`run` started it
         self.processor: BatchProcessor | None = None
+        #: restart to first commit (``changelake.service.restart_clock``), set by :meth:`run`
+        self.clock: RestartClock | None = None
         self.health = Health(max_silence_s=parse_duration(config.pipeline.trigger_interval)
                              * config.metrics.ready_after_intervals + 60,
                              stalled_after_s=parse_duration(config.metrics.stalled_after))
@@ -68,10 +71,13 @@ class PipelineRunner:
     def run(self, *, available_now: bool | None = None, install_signal_handlers: bool = True,
             rebuild_views: bool = False) -> RunResult:
         cfg = self.config
+        self.clock = clock = RestartClock()
+        clock.mark("start")
         if install_signal_handlers and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self.request_stop)
             signal.signal(signal.SIGINT, self.request_stop)
         topics = broker_topics(cfg)     # an unreachable broker: one line (SourceError) within seconds, before Spark
+        clock.mark("preflight")
         for topic, source in skipped_side_topics(cfg, topics).items():
             metrics.TOPICS_SKIPPED.labels(topic, side_topic(topic) or "").set(1)
             log.info("source %s: topic_pattern matches %s, a Debezium %s topic: not read (no row changes; "
@@ -81,6 +87,7 @@ class PipelineRunner:
             log.warning("%s", store)
         lease = Lease.for_config(cfg)
         lease.acquire()     # a second instance of the pipeline stops here: LeaseHeld (changelake.service.lease)
+        clock.mark("lease")
         lease.start_renewing()
         try:
             return self._run(lease, available_now=available_now, rebuild_views=rebuild_views)
@@ -89,9 +96,19 @@ class PipelineRunner:
 
     def _run(self, lease: Lease, *, available_now: bool | None, rebuild_views: bool) -> RunResult:
         cfg = self.config
+        watch = None
         if self.serve_http:
             self.endpoint = HttpEndpoint(self.health, host=cfg.metrics.host, port=cfg.metrics.port).start()
             log.info("metrics and health on %s", self.endpoint.url("/"))
+            watch = BrokerWatch.for_config(cfg).start()     # changelake_broker_* (service.broker_watch)
+        try:
+            return self._run_query(lease, available_now=available_now, rebuild_views=rebuild_views)
+        finally:
+            if watch is not None:
+                watch.stop()
+
+    def _run_query(self, lease: Lease, *, available_now: bool | None, rebuild_views: bool) -> RunResult:
+        cfg = self.config
         conf = dict(cfg.pipeline.spark_conf)
         if log_format() == "json":      # Spark's log4j lines as JSON objects too (changelake.service.logs)
             conf.setdefault("spark.log.structuredLogging.enabled", "true")
@@ -102,7 +119,7 @@ class PipelineRunner:
         spark = self._spark or build_session(app_name=f"changelake-{cfg.pipeline.id}", master=cfg.pipeline.master,
                                             conf=conf, engine=cfg.storage.engine,
                                             jar_sets=("spark-kafka",) if cfg.kafka.reader == "spark-kafka" else ())
-        clock = RestartClock()
+        clock = self.clock
         clock.mark("session")
         metrics.JVM.watch(*driver_jvm(spark))
         lags: dict = {}

@@ -6,6 +6,11 @@ lag per partition     end offset (Kafka) minus the offset committed to the pipel
 last batch            the newest entry of the checkpoint's commit log: batch id, when, its end offsets
 tables                Delta version, live files and their bytes (sink tables and their tombstone tables)
 dead letters          rows of the dead-letter Delta table, by source and reason
+lease                 the newest commit of the pipeline's lease (``changelake.service.lease``): who holds
+                      it, when it was last renewed, and whether that is within ``pipeline.lease_ttl``
+running instance      from its /metrics (``metrics.port`` on this host), when it answers: the lease state
+                      and, per broker, connected or not with its disconnects and reconnects
+                      (``changelake.service.broker_watch``)
 ====================  ================================================================================
 
 Nothing here takes a lock or writes: it is safe beside a running pipeline.
@@ -64,6 +69,13 @@ class PipelineStatus:
     tables: list[TableFiles] = field(default_factory=list)
     dead_letters: dict[tuple[str, str], int] = field(default_factory=dict)      # (source, reason) -> rows
     dead_letter_topics: list[str] = field(default_factory=list)
+    #: the lease's newest commit: (holder, event, unix time, ttl seconds); None: never taken
+    lease: tuple[str, str, float, float] | None = None
+    #: the running instance's /metrics, when it answered: its URL and the samples below
+    live_url: str | None = None
+    lease_state: str | None = None
+    #: broker -> (connected, disconnects, reconnects)
+    brokers: dict[str, tuple[bool, int, int]] = field(default_factory=dict)
 
 
 def collect_status(config: ChangelakeConfig) -> PipelineStatus:
@@ -91,7 +103,51 @@ def collect_status(config: ChangelakeConfig) -> PipelineStatus:
             status.tables.append(table_files(f"{t.name} (tombstones)", tomb, storage))
     status.dead_letters = dead_letter_counts(config.dead_letter_path(), storage)
     status.dead_letter_topics = sorted({tp for s in config.sources if (tp := config.dead_letter_topic(s.name))})
+    from changelake.durations import parse_duration
+    from changelake.service.lease import newest_holder
+
+    holder = newest_holder(config)
+    if holder is not None:
+        status.lease = (holder.describe().split(" (")[0], holder.event, holder.at,
+                        parse_duration(config.pipeline.lease_ttl))
+    live_metrics(status, "127.0.0.1" if config.metrics.host in ("0.0.0.0", "") else config.metrics.host,
+                 config.metrics.port, pipeline_id=config.pipeline.id)
     return status
+
+
+def live_metrics(status: PipelineStatus, host: str, port: int, *, pipeline_id: str) -> None:
+    """Fill the running instance's figures from its /metrics at ``host:port``; nothing when it does not answer or
+    serves another pipeline (its ``changelake_lease_state`` names the pipeline id)."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    if not port:
+        return
+    url = f"http://{host}:{port}/metrics"
+    try:
+        text = urllib.request.urlopen(url, timeout=2).read().decode()
+    except (OSError, ValueError):
+        return
+    brokers: dict[str, list] = {}
+    mine = False
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            broker = sample.labels.get("broker")
+            if sample.name == "changelake_lease_state" and sample.labels.get("pipeline") == pipeline_id:
+                mine = True
+                if sample.value == 1:
+                    status.lease_state = sample.labels["state"]
+            elif broker is not None and sample.name in _BROKER_SAMPLES:
+                brokers.setdefault(broker, [False, 0, 0])[_BROKER_SAMPLES[sample.name]] = \
+                    bool(sample.value) if sample.name == "changelake_broker_connected" else int(sample.value)
+    if mine:
+        status.live_url = url
+        status.brokers = {b: tuple(v) for b, v in sorted(brokers.items())}
+
+
+_BROKER_SAMPLES = {"changelake_broker_connected": 0, "changelake_broker_disconnects_total": 1,
+                   "changelake_broker_reconnects_total": 2}
 
 
 def _slower(a: list[PartitionLag], b: list[PartitionLag]) -> list[PartitionLag]:
@@ -216,6 +272,23 @@ def format_status(s: PipelineStatus, *, now: datetime | None = None) -> str:
         out.append(f"  {source} / {reason}: {n:,}")
     if s.dead_letter_topics:
         out.append(f"  (sources with a dead-letter topic write to {', '.join(s.dead_letter_topics)} instead)")
+    out += ["", "lease:"]
+    if s.lease is None:
+        out.append("  never taken")
+    else:
+        holder, event, at, ttl = s.lease
+        age = now.timestamp() - at
+        verdict = ("released" if event == "release" else "held" if age < ttl
+                   else f"expired (not renewed within lease_ttl {ttl:.0f} s: its holder is gone or stalled)")
+        out.append(f"  {verdict}: {holder}, last {event} {_ago(age)} ago")
+    if s.live_url is None:
+        out += ["", "running instance: none answered on metrics.port of this host (not running here, or its lease "
+                "not taken yet)"]
+    else:
+        out += ["", f"running instance ({s.live_url}): lease {s.lease_state or 'not held'}",
+                f"  {'broker':<40} {'connected':>9} {'disconnects':>11} {'reconnects':>10}"]
+        for broker, (up, down, again) in s.brokers.items():
+            out.append(f"  {broker:<40} {'yes' if up else 'NO':>9} {down:>11} {again:>10}")
     return "\n".join(out)
 
 
@@ -264,4 +337,11 @@ def status_json(s: PipelineStatus, *, now: datetime | None = None) -> str:
         "dead_letters": [{"source": source, "reason": reason, "rows": n}
                          for (source, reason), n in sorted(s.dead_letters.items())],
         "dead_letter_topics": s.dead_letter_topics,
+        "lease": None if s.lease is None else {"holder": s.lease[0], "event": s.lease[1],
+                                                "at": datetime.fromtimestamp(s.lease[2], timezone.utc).isoformat(),
+                                                "ttl_seconds": s.lease[3]},
+        "running_instance": None if s.live_url is None else {
+            "metrics_url": s.live_url, "lease_state": s.lease_state,
+            "brokers": [{"broker": b, "connected": up, "disconnects": d, "reconnects": r}
+                        for b, (up, d, r) in s.brokers.items()]},
     }, indent=2)

@@ -100,6 +100,8 @@ class PipelineQuery:
 
     # Spark calls this with the batch DataFrame and its id.
     def __call__(self, batch_df: Any, batch_id: int) -> None:
+        if getattr(self.processor, "clock", None) is not None:
+            self.processor.clock.mark("plan")       # restart to first commit (changelake.service.restart_clock)
         framed = self._framed()
         if framed is None:
             out = batch_df.toArrow()                              # the batch's only Spark action

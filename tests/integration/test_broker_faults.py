@@ -2,7 +2,8 @@
 steady stream of a simulated database's changes through mirrors and a join graph (orders JOIN products,
 sales per category, Top-3), the pipeline running in this process (tests/integration/faults_support.py):
 
-* the leader of a source partition is killed (SIGKILL) and later restarted: leadership moves, batches go on;
+* the leader of a source partition is killed (SIGKILL) and later restarted: leadership moves, batches go on,
+  and the broker metrics show the broker disconnected, then reconnected;
 * the whole cluster is stopped for longer than the trigger interval and started again: the pipeline stalls
   (no batch finishes while it is down, as ``changelake_batches_total`` shows) and catches up;
 * records the pipeline has not read are deleted from the log (``kafka-delete-records``; retention moves the
@@ -24,6 +25,7 @@ from confluent_kafka.admin import AdminClient, NewPartitions
 
 from changelake import metrics
 from changelake.service.demo import verify
+from changelake.service.broker_watch import BrokerWatch
 from changelake.service.inventory import fold
 from changelake.service.status import collect_status
 from tests.jars import need
@@ -44,6 +46,16 @@ def cluster(tmp_path_factory):
     with LocalKafka(nodes=3, workdir=tmp_path_factory.mktemp("cluster"), java_options=JAVA,
                     settings={"log.retention.ms": "-1"}) as c:
         yield c
+
+
+_SERVERS: list[str] = []
+
+
+def _brokers(name: str, value: float, *, at_least: bool = False) -> list[str]:
+    """This module's cluster's brokers whose sample of ``name`` is ``value`` (or at least it)."""
+    return [s.labels["broker"] for fam in metrics.REGISTRY.collect() for s in fam.samples
+            if s.name == name and s.labels["broker"].split("/")[0] in _SERVERS
+            and (s.value >= value if at_least else s.value == value)]
 
 
 def _no_lag(config) -> list:
@@ -72,13 +84,24 @@ def test_leader_kill_cluster_restart_and_new_partitions_during_one_stream(spark,
                                               operation_timeout=30).values():
             future.result(timeout=60)
 
-        # (a) SIGKILL of the leader of a source partition: leadership moves, batches go on, the node comes back
+        # (a) SIGKILL of the leader of a source partition: leadership moves, batches go on, the node comes back;
+        #     the broker metrics (the driver's watching client, service/broker_watch.py) show it go and come back
+        _SERVERS[:] = servers.split(",")
+        watch = BrokerWatch(servers).start()
+        assert _wait(lambda: len(_brokers("changelake_broker_connected", 1)) == 3, 60), "the watch sees no brokers"
         leader = cluster.leader(names["orders"], 0)
         killed_at = time.monotonic()
         cluster.kill(leader)
         assert _wait(lambda: cluster.leader(names["orders"], 0) not in (leader, -1), 30), "leadership did not move"
+        gone = f"/{leader}"
+        assert _wait(lambda: any(b.endswith(gone) for b in _brokers("changelake_broker_connected", 0)), 30)
         run.wait_batch_after(killed_at, 300)
         cluster.start_node(leader)
+        assert _wait(lambda: len(_brokers("changelake_broker_connected", 1)) == 3, 120), "no reconnect seen"
+        back = [b for b in _brokers("changelake_broker_reconnects_total", 1, at_least=True) if b.endswith(gone)]
+        assert back and [b for b in _brokers("changelake_broker_disconnects_total", 1, at_least=True)
+                         if b.endswith(gone)] == back
+        watch.stop()
 
         # (b) the whole cluster down for five trigger intervals: no batch finishes meanwhile, then they go on
         cluster.stop_all()

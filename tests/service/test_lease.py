@@ -102,3 +102,27 @@ def test_two_instances_taking_the_lease_at_the_same_version_one_wins(path):
         second._commit(stale, "take")
     with pytest.raises(LeaseHeld):
         second.acquire()
+
+
+def _state() -> dict[str, float]:
+    from changelake import metrics
+    from changelake.service.lease import STATES
+
+    return {s: metrics.REGISTRY.get_sample_value("changelake_lease_state", {"pipeline": "p", "state": s}) for s in STATES}
+
+
+def test_the_lease_state_metric_follows_take_loss_and_release(path):
+    clock = Clock()
+    first, second = _lease(path, clock, host="pod-a", pid=7), _lease(path, clock, host="pod-b", pid=8)
+    first.acquire()
+    assert _state() == {"held": 1, "renewal_failing": 0, "lost": 0}
+    from changelake import metrics
+
+    assert metrics.REGISTRY.get_sample_value("changelake_lease_renewed_timestamp_seconds") == clock.now
+    clock.now += 61
+    second.acquire()
+    with pytest.raises(LeaseLost):
+        first.check(1)
+    assert _state()["lost"] == 1 and _state()["held"] == 0
+    second.release()
+    assert _state() == {"held": 0, "renewal_failing": 0, "lost": 0}

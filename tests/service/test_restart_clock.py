@@ -9,7 +9,7 @@ import time
 import pytest
 
 from changelake import metrics
-from changelake.service.restart_clock import RestartClock, process_start_time
+from changelake.service.restart_clock import PHASES, RestartClock, process_start_time
 
 pytestmark = pytest.mark.unit
 
@@ -20,14 +20,14 @@ def _gauge(phase: str) -> float | None:
 
 def test_the_phases_add_up_to_the_total_and_only_the_first_batch_counts(caplog):
     clock = RestartClock(started=time.time() - 10)
-    for phase in ("session", "query", "read"):
+    for phase in PHASES[:-1]:
         clock.mark(phase)
     with caplog.at_level(logging.INFO, logger="changelake.service.restart_clock"):
         clock.mark("commit")
-    phases = {p: _gauge(p) for p in ("session", "query", "read", "commit")}
-    assert phases["session"] >= 10 and all(v is not None and v >= 0 for v in phases.values())
+    phases = {p: _gauge(p) for p in PHASES}
+    assert phases["start"] >= 10 and all(v is not None and v >= 0 for v in phases.values())
     assert _gauge("total") == pytest.approx(sum(phases.values()), abs=0.05)
-    assert "restart to first commit: " in caplog.text and "session 1" in caplog.text
+    assert "restart to first commit: " in caplog.text and "start 1" in caplog.text and "lease 0" in caplog.text
     clock.mark("read")          # a later batch changes nothing
     clock.mark("commit")
     assert _gauge("commit") == phases["commit"] and clock.done

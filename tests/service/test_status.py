@@ -50,3 +50,35 @@ def test_table_files_and_the_listing(tmp_path):
     assert "last batch: 1, committed 2026-01-01 12:00:00 UTC (30 s ago)" in out
     assert f"orders                                          1        2 {files.bytes:>14,}" in out
     assert "orders / malformed: 2" in out
+
+
+def test_the_lease_and_the_running_instances_brokers_from_its_metrics(tmp_path):
+    from changelake.service.broker_watch import BrokerWatch
+    from changelake.service.http import Health, HttpEndpoint
+    from changelake.service.lease import Lease, lease_path
+    from changelake.service.status import live_metrics
+    from tests.service.test_broker_watch import _stats
+
+    lease = Lease(lease_path(str(tmp_path), "st"), pipeline_id="st", ttl_s=60)
+    lease.acquire()
+    watch = BrokerWatch("h:1")
+    watch.on_stats(_stats(**{"status-a:9092/1": ("UP", 1, 0), "status-b:9092/2": ("UP", 1, 0)}))
+    watch.on_stats(_stats(**{"status-a:9092/1": ("UP", 3, 2), "status-b:9092/2": ("DOWN", 1, 1)}))
+    endpoint = HttpEndpoint(Health(max_silence_s=60), host="127.0.0.1", port=0).start()
+    try:
+        other = PipelineStatus(pipeline_id="other", group="g")
+        live_metrics(other, "127.0.0.1", endpoint.port, pipeline_id="other")    # another pipeline's process
+        assert other.live_url is None and other.brokers == {}
+        status = PipelineStatus(pipeline_id="st", group="g", lease=("vm:1:x", "renew", 1_800_000_000.0, 60.0))
+        live_metrics(status, "127.0.0.1", endpoint.port, pipeline_id="st")
+    finally:
+        endpoint.stop()
+        lease.release()
+    assert status.lease_state == "held"
+    assert status.brokers["status-a:9092/1"] == (True, 2, 1) and status.brokers["status-b:9092/2"] == (False, 1, 0)
+    out = format_status(status, now=datetime.fromtimestamp(1_800_000_030.0, timezone.utc))
+    assert "held: vm:1:x, last renew 30 s ago" in out
+    assert "lease held" in out
+    assert "status-b:9092/2                                 NO           1          0" in out
+    late = format_status(status, now=datetime.fromtimestamp(1_800_000_090.0, timezone.utc))
+    assert "expired (not renewed within lease_ttl 60 s" in late
