@@ -19,6 +19,7 @@ Nothing here takes a lock or writes: it is safe beside a running pipeline.
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
@@ -185,7 +186,7 @@ def group_lag(config: ChangelakeConfig, *, group: str | None = None) -> list[Par
         parts = sorted({(tp.topic, tp.partition): tp for tp in parts}.values(), key=lambda tp: (tp.topic, tp.partition))
         if not parts:
             return []
-        committed = {(tp.topic, tp.partition): tp.offset for tp in consumer.committed(parts, timeout=_TIMEOUT_S)}
+        committed = {(tp.topic, tp.partition): tp.offset for tp in _committed(consumer, parts)}
         out = []
         for tp in parts:
             _, high = consumer.get_watermark_offsets(tp, timeout=_TIMEOUT_S, cached=False)
@@ -194,6 +195,25 @@ def group_lag(config: ChangelakeConfig, *, group: str | None = None) -> list[Par
         return out
     finally:
         consumer.close()
+
+
+def _committed(consumer, parts: list) -> list:
+    """The group's committed offsets, asked again while the broker answers with a retriable error (a group
+    coordinator that is still loading or moving after a broker start answers NOT_COORDINATOR), for at most
+    ``_TIMEOUT_S``."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    moving = {KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.COORDINATOR_NOT_AVAILABLE}
+    deadline = time.monotonic() + _TIMEOUT_S
+    while True:
+        try:
+            return consumer.committed(parts, timeout=_TIMEOUT_S)
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            again = isinstance(err, KafkaError) and (err.retriable() or err.code() in moving)
+            if not again or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.5)
 
 
 def last_batch(checkpoint: str) -> LastBatch | None:
