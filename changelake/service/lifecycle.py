@@ -6,7 +6,8 @@ at 0 with it, and every write carries the pair as its commit position, ``changel
 so a new checkpoint's writes come after an older one's: ``connectors.commits``), the fingerprint of
 each graph table's views and the fingerprint of the operators' state (:mod:`changelake.plan.fingerprint`).
 
-At start (:func:`prepare`), before the query reads anything::
+At start (:func:`prepare`), before the query reads anything (and once before the Spark session is built,
+``check_only``: ``service.runner.refuse_bad_start``)::
 
     checkpoint                     lake                                      start
     new (no offset log)            nothing written by this pipeline          generation 0
