@@ -6,7 +6,8 @@ at 0 with it, and every write carries the pair as its commit position, ``changel
 so a new checkpoint's writes come after an older one's: ``connectors.commits``), the fingerprint of
 each graph table's views and the fingerprint of the operators' state (:mod:`changelake.plan.fingerprint`).
 
-At start (:func:`prepare`), before the query reads anything::
+At start (:func:`prepare`), before the query reads anything (and once before the Spark session is built,
+``check_only``: ``service.runner.refuse_bad_start``)::
 
     checkpoint                     lake                                      start
     new (no offset log)            nothing written by this pipeline          generation 0
@@ -101,8 +102,10 @@ class Start:
 
 def prepare(config: ChangelakeConfig, plan: PhysicalPlan | None, *, buckets: int | Mapping[str, int] = 32,
             default_buckets: int = 32, rebuild_views: bool = False, writes: Callable[[str], bool] | None = None,
-            app_suffix: str = "") -> Start:
+            app_suffix: str = "", check_only: bool = False) -> Start:
     """Check the checkpoint against the lake and the views (module docstring); record it when it is new.
+    ``check_only``: refuse as the start would, but change nothing (no record written, no checkpoint moved):
+    the runner asks it before the Spark session starts, so a refused start takes seconds, not a JVM's start.
     With ``rebuild_views``, changed views on an existing checkpoint start the next generation from the
     mirrored tables instead (``service.rebuild``). Raises :class:`RestartRefused` with what to do.
     ``writes``: the tables this checkpoint's query writes (default: every table of the lake); ``app_suffix``:
@@ -123,21 +126,26 @@ def prepare(config: ChangelakeConfig, plan: PhysicalPlan | None, *, buckets: int
             rebuild = rebuilds.plan_rebuild(config, plan, recorded.generation)
         except rebuilds.RebuildRefused as exc:
             raise RestartRefused(str(exc)) from None
-        rebuilds.move_checkpoint(config, rebuild)          # the old checkpoint kept aside
+        if check_only:
+            rebuilds.refuse_kept_taken(rebuild)
+        else:
+            rebuilds.move_checkpoint(config, rebuild)      # the old checkpoint kept aside
         recorded, existing = None, False
     elif not existing and positions and plan is not None:    # a rebuild interrupted after the move
         newest = max(split_commit_position(p)[0] for p in positions.values())
         rebuild = rebuilds.interrupted(config, newest)
-    if rebuild is not None and not existing:
+    if rebuild is not None and not existing and not check_only:
         rebuilds.start_new(config, rebuild)
-    last = last_committed_batch(checkpoint)
+    # (checking only, a checkpoint to be moved away is still there: the new one will have committed nothing)
+    last = None if check_only and rebuild is not None and not existing else last_committed_batch(checkpoint)
+    note = log.debug if check_only else log.info        # said once, by the start itself
 
     if recorded is not None:
         generation = recorded.generation
-        _check_views(config, recorded, views, state)
+        _check_views(config, recorded, views, state, note=note)
     elif existing:
         generation = 0
-        if views:
+        if views and not check_only:
             log.warning("checkpoint %s was created by an older changelake, which recorded no view fingerprints: "
                         "changes to the views made before this start cannot be told; recording the views now",
                         checkpoint)
@@ -150,7 +158,10 @@ def prepare(config: ChangelakeConfig, plan: PhysicalPlan | None, *, buckets: int
     replaced = frozenset(t for t in graph_tables
                          if t in positions and split_commit_position(positions[t])[0] < generation)
     if replaced:
-        _check_recomputable(config, plan, replaced, generation, positions, from_lake=rebuild is not None)
+        _check_recomputable(config, plan, replaced, generation, positions, from_lake=rebuild is not None,
+                            note=note)
+    if check_only:
+        return Start(generation=generation, replaced=replaced, new_checkpoint=not existing, rebuild=rebuild)
     if recorded is None or recorded.views != views or recorded.state != state:
         created = recorded.created if recorded is not None else datetime.now(timezone.utc).isoformat()
         write_lineage(checkpoint, Lineage(generation=generation, views=views, state=state, created=created,
@@ -167,13 +178,14 @@ def _views_moved(recorded: Lineage, views: Mapping[str, str], state: str | None)
     return added_or_changed or not (state == recorded.state or recorded.state is None and state is None)
 
 
-def _check_views(config: ChangelakeConfig, recorded: Lineage, views: Mapping[str, str], state: str | None) -> None:
+def _check_views(config: ChangelakeConfig, recorded: Lineage, views: Mapping[str, str], state: str | None, *,
+                 note: Callable[..., None] = log.info) -> None:
     added = sorted(set(views) - set(recorded.views))
     changed = sorted(t for t in views if t in recorded.views and views[t] != recorded.views[t])
     removed = sorted(set(recorded.views) - set(views))
     if not _views_moved(recorded, views, state):
         for table in removed:
-            log.info("table %s is no longer written by this pipeline (its view was removed); its rows stay", table)
+            note("table %s is no longer written by this pipeline (its view was removed); its rows stay", table)
         return
     what = "; ".join(f"{label}: {', '.join(tables)}" for label, tables in
                      (("added", added), ("changed", changed), ("removed", removed)) if tables)
@@ -208,7 +220,8 @@ def _check_positions(positions: Mapping[str, int], generation: int, last: int, c
 
 
 def _check_recomputable(config: ChangelakeConfig, plan: PhysicalPlan, replaced: frozenset[str], generation: int,
-                        positions: Mapping[str, int], *, from_lake: bool = False) -> None:
+                        positions: Mapping[str, int], *, from_lake: bool = False,
+                        note: Callable[..., None] = log.info) -> None:
     """A view recomputed by a new checkpoint is right only when it reads every source from the start (or,
     ``from_lake``, from the mirrored tables' snapshot: ``service.rebuild``)."""
     for table in sorted(replaced):
@@ -227,7 +240,7 @@ def _check_recomputable(config: ChangelakeConfig, plan: PhysicalPlan, replaced: 
                 "at earliest (starting_offsets), so the view would count only the changes read from there. Set "
                 "starting_offsets: earliest on them (the topics must still hold every change), or keep running "
                 f"the checkpoint that wrote the table ({RESTART_DOC})")
-        log.info("table %s: written by %s; this checkpoint recomputes its view from the sources and replaces the "
+        note("table %s: written by %s; this checkpoint recomputes its view from the sources and replaces the "
                  "table's rows in its first commit", table, describe(positions[table]))
 
 

@@ -145,15 +145,18 @@ class BatchProcessor:
     for (this one only feeds their rows to the graph).
     """
 
+    #: the operators' state buckets when none are given (part of the state fingerprint: service.lifecycle)
+    DEFAULT_BUCKETS = 32
+
     def __init__(self, config: ChangelakeConfig, *, spark: Any = None, graph: Pipeline | None = _NO_GRAPH,
-                 buckets: int = 32, query: str = "", accounted_elsewhere: frozenset[str] = frozenset()) -> None:
+                 buckets: int | None = None, query: str = "", accounted_elsewhere: frozenset[str] = frozenset()) -> None:
         self.config = config
         self.query_name = query
         self.accounted_elsewhere = accounted_elsewhere
         self.routes = [_Route(s) for s in config.sources]
         graph = pipeline_from_config(config) if graph is _NO_GRAPH else graph
         self.plan: PhysicalPlan | None = None if graph is None else graph.plan()
-        self.buckets = buckets
+        self.buckets = self.DEFAULT_BUCKETS if buckets is None else buckets
         #: route index -> the graph source node it feeds
         self.graph_routes = {}
         if self.plan is not None:

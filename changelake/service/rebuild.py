@@ -130,12 +130,8 @@ def move_checkpoint(config: ChangelakeConfig, rebuild: Rebuild) -> None:
     """Step 4: record the rebuild in the old checkpoint, then move it to ``rebuild.kept``."""
     checkpoint = config.pipeline.checkpoint
     fs, root = filesystem(checkpoint)
-    kept_fs, kept = filesystem(rebuild.kept)
-    from pyarrow import fs as pafs
-
-    if kept_fs.get_file_info(kept).type != pafs.FileType.NotFound:
-        raise RebuildRefused(f"cannot keep the old checkpoint at {rebuild.kept}: it exists. Move it away, then run "
-                             f"again ({RESTART_DOC})")
+    refuse_kept_taken(rebuild)
+    _, kept = filesystem(rebuild.kept)
     with fs.open_output_stream(f"{root}/{PLAN}") as f:
         f.write(json.dumps(rebuild.to_json(), indent=1).encode())
     fs.move(root, kept)
@@ -143,6 +139,16 @@ def move_checkpoint(config: ChangelakeConfig, rebuild: Rebuild) -> None:
                 "generation %d; the old checkpoint is kept at %s", ", ".join(
                     f"{s} at version {v}" for s, v in sorted(rebuild.tables.items())), rebuild.batch,
                 rebuild.generation, rebuild.kept)
+
+
+def refuse_kept_taken(rebuild: Rebuild) -> None:
+    """Step 4 cannot keep the old checkpoint where something already is."""
+    from pyarrow import fs as pafs
+
+    kept_fs, kept = filesystem(rebuild.kept)
+    if kept_fs.get_file_info(kept).type != pafs.FileType.NotFound:
+        raise RebuildRefused(f"cannot keep the old checkpoint at {rebuild.kept}: it exists. Move it away, then run "
+                             f"again ({RESTART_DOC})")
 
 
 def start_new(config: ChangelakeConfig, rebuild: Rebuild) -> None:

@@ -96,23 +96,24 @@ class PipelineRunner:
 
     def _run(self, lease: Lease, *, available_now: bool | None, rebuild_views: bool) -> RunResult:
         cfg = self.config
+        parts = split(cfg, rebuild_views=rebuild_views)
+        refuse_bad_start(cfg, parts, rebuild_views=rebuild_views)       # in seconds: before the JVM starts
         watch = None
         if self.serve_http:
             self.endpoint = HttpEndpoint(self.health, host=cfg.metrics.host, port=cfg.metrics.port).start()
             log.info("metrics and health on %s", self.endpoint.url("/"))
             watch = BrokerWatch.for_config(cfg).start()     # changelake_broker_* (service.broker_watch)
         try:
-            return self._run_query(lease, available_now=available_now, rebuild_views=rebuild_views)
+            return self._run_query(lease, parts, available_now=available_now, rebuild_views=rebuild_views)
         finally:
             if watch is not None:
                 watch.stop()
 
-    def _run_query(self, lease: Lease, *, available_now: bool | None, rebuild_views: bool) -> RunResult:
+    def _run_query(self, lease: Lease, parts: Any, *, available_now: bool | None, rebuild_views: bool) -> RunResult:
         cfg = self.config
         conf = dict(cfg.pipeline.spark_conf)
         if log_format() == "json":      # Spark's log4j lines as JSON objects too (changelake.service.logs)
             conf.setdefault("spark.log.structuredLogging.enabled", "true")
-        parts = split(cfg, rebuild_views=rebuild_views)
         if parts is not None:       # the mirrors in a query of their own: FAIR pools, so neither waits for the other
             conf.setdefault("spark.scheduler.mode", "FAIR")
         terminal = _CatchUpLine.for_run(cfg)     # before the JVM starts: its stderr goes around the progress line
@@ -217,6 +218,28 @@ class PipelineRunner:
 
     #: keep the endpoint up after the query ends (the demo prints the URL and lets you scrape it)
     serve_http_after_stop = False
+
+
+def refuse_bad_start(config: ChangelakeConfig, parts: Any, *, rebuild_views: bool = False) -> None:
+    """Raise the refusal :func:`~changelake.service.pipeline.start_query` would raise for the checkpoint against
+    the lake and the views (``service.lifecycle``; ``RestartRefused``, ``RebuildRefused``), without Spark: from
+    the config, the checkpoint's files and the Delta logs (delta-rs). Nothing is written or moved; the start
+    itself checks again, after the session is built, and records the checkpoint. ``parts``: of ``split``."""
+    from changelake.service.lifecycle import prepare
+    from changelake.service.views import pipeline_from_config
+    from changelake.spark.compile import DEFAULT_BUCKETS
+
+    if parts is None:
+        runs = [(config, True, "", None)]
+    else:       # the queries in the order start_query starts them, each writing its own tables
+        graph_tables = {t.name for t in parts.graph.tables}
+        runs = [(parts.graph, True, "", lambda name: name in graph_tables),
+                (parts.mirrors, False, MIRRORS_APP, lambda name: name not in graph_tables)]
+    for run_cfg, with_graph, query, writes in runs:
+        graph = pipeline_from_config(run_cfg) if with_graph else None     # as BatchProcessor plans it
+        prepare(run_cfg, graph.plan() if graph is not None else None, buckets=BatchProcessor.DEFAULT_BUCKETS,
+                default_buckets=DEFAULT_BUCKETS, rebuild_views=rebuild_views, writes=writes, app_suffix=query,
+                check_only=True)
 
 
 def _await(queries: list[Any], stopping: Callable[[], bool], tick: Callable[[], None]) -> None:

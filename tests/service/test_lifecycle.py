@@ -104,3 +104,38 @@ def test_a_view_that_a_new_checkpoint_cannot_recompute_is_refused(tmp_path):
     write(config, "category_sales", batch_id=3)
     with pytest.raises(RestartRefused, match="source.* orders, products do not start at earliest"):
         start(new_checkpoint(config, tmp_path / "ck2"))
+
+
+def test_a_refused_start_is_refused_before_the_spark_session_is_built(tmp_path, monkeypatch):
+    """``changelake run`` on changed views, or with an older checkpoint: the refusal comes from the checkpoint's
+    files and the Delta logs, before the JVM starts (seconds, not a Spark session's start-up)."""
+    from changelake.service import runner
+
+    def no_session(**_):
+        raise AssertionError("the Spark session was built for a start that is refused")
+
+    monkeypatch.setattr(runner, "build_session", no_session)
+    monkeypatch.setattr(runner, "broker_topics", lambda config: {})      # no broker in the unit tier
+    config = config_with_views(tmp_path)
+    committed(config, 2)
+    start(config)
+    changed = [VIEWS[0], {**VIEWS[1], "aggregates": {"orders": "count(*)", "n": "sum(quantity)"}}]
+    edited = config_with_views(tmp_path, views=changed)
+    with pytest.raises(RestartRefused, match="changed: category_sales.*move the checkpoint"):
+        runner.PipelineRunner(edited, serve_http=False).run(install_signal_handlers=False)
+    write(config, "products", batch_id=0, generation=1)
+    with pytest.raises(RestartRefused, match="newer checkpoint .*generation 1"):
+        runner.PipelineRunner(config, serve_http=False).run(install_signal_handlers=False)
+
+
+def test_checking_a_start_only_changes_nothing(tmp_path):
+    """The runner's check before the session (``check_only``) writes no record, so the start itself decides."""
+    config = config_with_views(tmp_path)
+    graph = pipeline_from_config(config)
+    assert prepare(config, graph.plan(), check_only=True).generation == 0
+    assert read_lineage(config.pipeline.checkpoint) is None
+    write(config, "orders", batch_id=7)
+    begun = prepare(config, graph.plan(), check_only=True)
+    assert begun.generation == 1 and begun.new_checkpoint
+    assert read_lineage(config.pipeline.checkpoint) is None
+    assert start(config).generation == 1
