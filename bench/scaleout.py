@@ -168,6 +168,9 @@ def main() -> int:
         for op, rows, size in re.findall(r"state of (\S+): ([\d,]+) rows, ([\d,]+) bytes", log):
             rows, size = int(rows.replace(",", "")), int(size.replace(",", ""))
             print(f"{master}: state of {op}: {rows:,} rows, {size:,} bytes ({size / max(rows, 1):,.0f} bytes per row)")
+    for master, (config, log, wall) in runs.items():
+        times = re.search(r"task time: (.*)", log)
+        print(f"{master}: task time {times.group(1) if times else '?'}")
     ran = re.search(r"ran on (\d+) executor\(s\): (.*)", runs[MASTERS[1]][1])
     tasks = {e: int(k) for e, k in re.findall(r"executor (\S+): (\d+) task", ran.group(2))} if ran else {}
     print(f"\nexecutors of the cluster run: {tasks}")
