@@ -4,6 +4,10 @@
     PYTHONPATH=. python bench/sink.py --preload 1000000 --changes 100000 --hot recent
     PYTHONPATH=. python bench/sink.py --preload 1000000 --changes 100000 --hot uniform
     PYTHONPATH=. python bench/sink.py --quick          # smoke run: 20k changes, 4k keys, 2k preloaded
+    PYTHONPATH=. python bench/sink.py --engine delta-spark --preload 1000000 --hot uniform   # Delta's MERGE in Spark
+
+Prints the table's data files after the preload and at the end: a MERGE rewrites every file holding a
+changed key, so its cost follows the files the keys touch (``--hot``), not the batch alone.
 
 Every change is a +I (first change of a key), +U or -D (``--delete-ratio``), with
 strictly increasing ``_seq`` per key; each batch is shuffled, and ``--late-ratio``
