@@ -50,10 +50,10 @@ def is_s3(uri: str) -> bool:
 #: ``abfss``    ``org.apache.hadoop:hadoop-azure``
 #: ``gs``       ``com.google.cloud.bigdataoss:gcs-connector`` (hadoop3)
 #: ===========  ====================================================  =========================================
+_HADOOP_AWS = "org.apache.hadoop:hadoop-aws (pyspark's Hadoop version) with software.amazon.awssdk:bundle"
 HADOOP_CONNECTORS: dict[str, tuple[tuple[str, ...], str]] = {
-    "s3a": (("hadoop-aws",), "org.apache.hadoop:hadoop-aws (pyspark's Hadoop version) with software.amazon.awssdk:bundle"),
-    "s3": (("hadoop-aws",), "org.apache.hadoop:hadoop-aws (pyspark's Hadoop version) with software.amazon.awssdk:bundle, "
-           "and spark.hadoop.fs.s3.impl=org.apache.hadoop.fs.s3a.S3AFileSystem"),
+    "s3a": (("hadoop-aws",), _HADOOP_AWS),
+    "s3": (("hadoop-aws",), f"{_HADOOP_AWS}, and spark.hadoop.fs.s3.impl=org.apache.hadoop.fs.s3a.S3AFileSystem"),
     "abfss": (("hadoop-azure",), "org.apache.hadoop:hadoop-azure (pyspark's Hadoop version)"),
     "gs": (("gcs-connector",), "com.google.cloud.bigdataoss:gcs-connector (its hadoop3 build)"),
 }

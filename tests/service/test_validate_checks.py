@@ -278,7 +278,8 @@ def test_delta_spark_on_an_object_store_without_its_hadoop_connector_fails_valid
     delta-rs way out. Naming the connector in pipeline.spark_conf's spark.jars (or .packages) passes; delta-rs and
     a local lake pass."""
     text = STORE_CONFIG.replace("ROOT", root).replace("TABLE_PATH", root + "/elsewhere")
-    rc, _, err = validate(capsys, write(tmp_path, text=text.replace("ENGINE", "delta-spark").replace("SPARK_CONF", "{}")))
+    delta_spark = text.replace("ENGINE", "delta-spark").replace("SPARK_CONF", "{}")
+    rc, _, err = validate(capsys, write(tmp_path, text=delta_spark))
     assert rc == 2 and "2 error(s)" in err, err
     scheme = root.split(":")[0]
     assert f"storage.root: storage.engine: delta-spark cannot write {root}: {scheme}:// needs Hadoop's connector" in err
@@ -291,5 +292,6 @@ def test_delta_spark_on_an_object_store_without_its_hadoop_connector_fails_valid
         rc, _, err = validate(capsys, write(tmp_path, text=text.replace("ENGINE", engine).replace("SPARK_CONF", conf)))
         assert rc == 0, (engine, err)
     local = STORE_CONFIG.replace("ROOT", str(tmp_path / "lake")).replace("TABLE_PATH", str(tmp_path / "t"))
-    rc, _, err = validate(capsys, write(tmp_path, text=local.replace("ENGINE", "delta-spark").replace("SPARK_CONF", "{}")))
+    local = local.replace("ENGINE", "delta-spark").replace("SPARK_CONF", "{}")
+    rc, _, err = validate(capsys, write(tmp_path, text=local))
     assert rc == 0, err
