@@ -69,7 +69,8 @@ def _cmdline(pid: int) -> str:
 
 class PeakMemory:
     """Samples the RSS of a process tree every ``interval`` s: the root process (default: this
-    one), the JVMs below it and the other Python processes below it (Spark's Python workers).
+    one), the JVMs below it (a local-cluster's executor JVMs apart) and the other Python processes below it
+    (Spark's Python workers, the executors' included).
 
     ``exclude``: pids whose subtrees are not counted (e.g. an embedded broker started by the
     benchmark, which is not part of the system measured). ``total_mb`` is the peak of the sum.
@@ -79,7 +80,8 @@ class PeakMemory:
         self.interval = interval
         self.root = root
         self.exclude = frozenset(exclude)
-        self.peak_mb = {"driver (python)": 0.0, "spark jvm": 0.0, "python workers (sum)": 0.0}
+        self.peak_mb = {"driver (python)": 0.0, "spark jvm": 0.0, "python workers (sum)": 0.0,
+                        "executor jvms (sum)": 0.0}
         self.total_mb = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -87,14 +89,16 @@ class PeakMemory:
     def _run(self) -> None:
         me = os.getpid() if self.root is None else self.root
         while not self._stop.is_set():
-            jvm = workers = 0
+            jvm = workers = executors = 0
             stack = _children(me)
             while stack:
                 pid = stack.pop()
                 if pid in self.exclude:
                     continue
                 cmd = _cmdline(pid)
-                if "java" in cmd.split(" ", 1)[0]:
+                if "java" in cmd.split(" ", 1)[0] and "CoarseGrainedExecutorBackend" in cmd:
+                    executors += _rss_kb(pid)      # a local-cluster's executor JVMs (children of the driver's)
+                elif "java" in cmd.split(" ", 1)[0]:
                     jvm += _rss_kb(pid)
                 elif "pyspark" in cmd or "python" in cmd:
                     workers += _rss_kb(pid)
@@ -103,7 +107,8 @@ class PeakMemory:
             self._update("driver (python)", driver)
             self._update("spark jvm", jvm)
             self._update("python workers (sum)", workers)
-            self.total_mb = max(self.total_mb, (driver + jvm + workers) / 1024)
+            self._update("executor jvms (sum)", executors)
+            self.total_mb = max(self.total_mb, (driver + jvm + workers + executors) / 1024)
             time.sleep(self.interval)
 
     def _update(self, key: str, kb: int) -> None:

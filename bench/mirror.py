@@ -4,6 +4,10 @@ on embedded defaults.
 
     .venv/bin/python bench/mirror.py [--events 1000000] [--keys 200000] [--profile]
     .venv/bin/python bench/mirror.py --quick     # smoke run: 20,000 events, 4,000 keys, 2 micro-batches
+    .venv/bin/python bench/mirror.py --engine delta-spark [--master 'local-cluster[2,1,1024]']
+
+``--engine`` is ``storage.engine`` (delta-spark: the reduction and the MERGE on the executors, the ``delta``
+JVM set on the session's classpath) and ``--master`` ``pipeline.master``.
 
 Prints events/s end to end (from query start, Spark start-up included, and from the first
 batch on), peak RSS of the driver, the Spark JVM and the Python workers, and the Delta
@@ -16,8 +20,10 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import logging
 import pstats
 import random
+import re
 import shutil
 import sys
 import time
@@ -84,6 +90,19 @@ def generate(events: int, keys: int, seed: int = 42):
     generate.final_state = live  # type: ignore[attr-defined]
 
 
+class _DriverBytes(logging.Handler):
+    """The bytes each batch collected on the driver, from the query's ``batch N: B bytes collected`` log line."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.sizes: list[int] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        m = re.match(r"batch \d+: (\d+) bytes collected on the driver", record.getMessage())
+        if m:
+            self.sizes.append(int(m.group(1)))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--events", type=int, default=1_000_000)
@@ -94,6 +113,9 @@ def main() -> int:
     ap.add_argument("--profile", action="store_true", help="cProfile the driver; print the top functions")
     ap.add_argument("--reduce-on", choices=["auto", "driver", "executors"], default="auto",
                     help="storage.reduce_on: where each batch is reduced per key (docs/sink.md)")
+    ap.add_argument("--engine", choices=["auto", "delta-rs", "delta-spark"], default="auto",
+                    help="storage.engine (auto: delta-rs on a local master)")
+    ap.add_argument("--master", default=None, help="pipeline.master (default: the session builder's, local[2])")
     add_broker_option(ap)
     ap.add_argument("--quick", action="store_true", help="smoke run: 20,000 events over 4,000 keys, batches of 10,000")
     args = ap.parse_args()
@@ -125,12 +147,13 @@ def main() -> int:
         print(f"produced {n:,} events ({len(final):,} live keys at the end) in {time.monotonic() - t0:.1f}s")
         raw = {
             "pipeline": {"id": "bench-mirror", "checkpoint": str(work / "checkpoint"),
-                         "max_records_per_batch": args.batch, "read_tasks": 2},
+                         "max_records_per_batch": args.batch, "read_tasks": 2,
+                         **({"master": args.master} if args.master else {})},
             "kafka": {"bootstrap_servers": broker.bootstrap_servers},
             "sources": [{"name": "products", "topic_pattern": r"bench\.shop\.products\.\d+",
                          "format": "debezium-json", "columns": COLUMNS, "table": "products"}],
             "tables": [{"name": "products", "primary_key": ["id"]}],
-            "storage": {"root": str(work / "lake"), "reduce_on": args.reduce_on},
+            "storage": {"root": str(work / "lake"), "reduce_on": args.reduce_on, "engine": args.engine},
             "metrics": {"port": 0},
         }
         config = parse_config(orjson.dumps(raw).decode())
@@ -147,6 +170,9 @@ def main() -> int:
                   flush=True)
             return out
         pl.BatchProcessor.process_decoded = timed
+        collected = _DriverBytes()
+        logging.getLogger("changelake.spark.query").addHandler(collected)
+        logging.getLogger("changelake.spark.query").setLevel(logging.INFO)
         with PeakMemory(exclude=(broker.pid,)) as mem:   # the broker is not the system measured
             start = time.monotonic()
             if profiler:
@@ -164,6 +190,9 @@ def main() -> int:
               f"{(records - args.batch) / steady:,.0f} events/s" if steady > 0 else "")
     for p in result.progress:
         print(f"  spark batch {p['batchId']}: {kafka_records(p) or '?'} records, durations (ms) {p['durationMs']}")
+    print(f"storage.engine {args.engine}, master {args.master or 'local[2] (default)'}: driver bytes collected per "
+          f"batch {collected.sizes} (max {max(collected.sizes, default=0):,}; "
+          f"{sum(collected.sizes) / max(records, 1):,.1f} per record)")
     print(f"expired offsets (must be 0): {result.totals.expired}")
     for k, v in mem.peak_mb.items():
         print(f"peak RSS {k}: {v:,.0f} MB")

@@ -34,7 +34,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import add_broker_option, machine, open_broker  # noqa: E402
+from common import PeakMemory, add_broker_option, machine, open_broker  # noqa: E402
 
 from changelake.connectors.delta_read import read_delta  # noqa: E402
 from changelake.service.config import load_config  # noqa: E402
@@ -46,8 +46,10 @@ MASTERS = ("local[2]", "local-cluster[2,1,1024]")
 TABLES = ["customers", "products", "orders", "sales_by_category", "top_categories"]
 
 
-def spark_submit(master: str, config: Path, engine: str = "auto") -> subprocess.CompletedProcess:
-    """``engine`` delta-spark: the ``delta`` JVM set passed with ``--jars`` (spark-submit's driver JVM is
+def spark_submit(master: str, config: Path, engine: str = "auto") -> tuple[subprocess.CompletedProcess, dict]:
+    """The finished spark-submit and the peak RSS (MB) of its process tree (bench/common.py's PeakMemory: the
+    driver's Python process, the driver JVM, a local-cluster's executor JVMs, the Python workers).
+    ``engine`` delta-spark: the ``delta`` JVM set passed with ``--jars`` (spark-submit's driver JVM is
     started before the session builder could add them) with Delta's extension and catalog."""
     import pyspark
 
@@ -67,7 +69,10 @@ def spark_submit(master: str, config: Path, engine: str = "auto") -> subprocess.
         cmd += ["--jars", ",".join(session_jars()), "--conf", f"spark.sql.extensions={DELTA_SPARK_EXTENSION}",
                 "--conf", f"spark.sql.catalog.spark_catalog={DELTA_SPARK_CATALOG}"]
     cmd += [str(DRIVER), "run", "--available-now", "-c", str(config)]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with PeakMemory(root=proc.pid, interval=0.5) as mem:
+        out, err = proc.communicate(timeout=1800)
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err), dict(mem.peak_mb)
 
 
 def write_config(servers: str, workdir: Path, prefix: str, batch: int, engine: str = "auto") -> Path:
@@ -121,12 +126,12 @@ def main() -> int:
         n = produce((Message(m.topic.replace(SERVER, prefix, 1), m.key, m.value) for m in messages),
                     broker.bootstrap_servers)
         print(f"produced {n:,} messages")
-        runs = {}
+        runs, memory = {}, {}
         for master in MASTERS:
             path = write_config(broker.bootstrap_servers, work / re.sub(r"\W", "_", master), prefix, args.batch,
                                 args.engine)
             started = time.monotonic()
-            done = spark_submit(master, path, args.engine)
+            done, peak = spark_submit(master, path, args.engine)
             wall = time.monotonic() - started
             (path.parent / "stdout.txt").write_text(done.stdout)
             (path.parent / "stderr.txt").write_text(done.stderr)
@@ -134,6 +139,7 @@ def main() -> int:
                 print(f"{master}: spark-submit exited {done.returncode}\n{first_error(done.stderr)}")
                 return 1
             runs[master] = (load_config(path), done.stdout + done.stderr, wall)
+            memory[master] = peak
 
     print(f"\n| master | records | seconds | events/s | spark-submit wall s | batches | "
           f"driver bytes per batch (max) | driver bytes per record |")
@@ -150,6 +156,21 @@ def main() -> int:
         print(f"| {master} | {n_records:,} | {seconds:.1f} | {n_records / seconds:,.0f} | {wall:.0f} | "
               f"{len(collected)} | {max(collected, default=0):,} | {sum(collected) / max(n_records, 1):,.0f} |")
 
+    print("\n| master | peak RSS MB: driver python | driver JVM | executor JVMs (sum) | Python workers (sum) | "
+          "batch seconds on the driver (process_decoded) |")
+    print("|---|---|---|---|---|---|")
+    for master, (config, log, wall) in runs.items():
+        m = memory[master]
+        applied = [float(x) for x in re.findall(r"batch \d+: \d+ records, .*?, ([\d.]+)s", log)]
+        print(f"| {master} | {m['driver (python)']:,.0f} | {m['spark jvm']:,.0f} | {m['executor jvms (sum)']:,.0f} | "
+              f"{m['python workers (sum)']:,.0f} | {', '.join(f'{x:.2f}' for x in applied)} |")
+    for master, (config, log, wall) in runs.items():
+        for op, rows, size in re.findall(r"state of (\S+): ([\d,]+) rows, ([\d,]+) bytes", log):
+            rows, size = int(rows.replace(",", "")), int(size.replace(",", ""))
+            print(f"{master}: state of {op}: {rows:,} rows, {size:,} bytes ({size / max(rows, 1):,.0f} bytes per row)")
+    for master, (config, log, wall) in runs.items():
+        times = re.search(r"task time: (.*)", log)
+        print(f"{master}: task time {times.group(1) if times else '?'}")
     ran = re.search(r"ran on (\d+) executor\(s\): (.*)", runs[MASTERS[1]][1])
     tasks = {e: int(k) for e, k in re.findall(r"executor (\S+): (\d+) task", ran.group(2))} if ran else {}
     print(f"\nexecutors of the cluster run: {tasks}")

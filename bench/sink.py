@@ -4,6 +4,10 @@
     PYTHONPATH=. python bench/sink.py --preload 1000000 --changes 100000 --hot recent
     PYTHONPATH=. python bench/sink.py --preload 1000000 --changes 100000 --hot uniform
     PYTHONPATH=. python bench/sink.py --quick          # smoke run: 20k changes, 4k keys, 2k preloaded
+    PYTHONPATH=. python bench/sink.py --engine delta-spark --preload 1000000 --hot uniform   # Delta's MERGE in Spark
+
+Prints the table's data files after the preload and at the end: a MERGE rewrites every file holding a
+changed key, so its cost follows the files the keys touch (``--hot``), not the batch alone.
 
 Every change is a +I (first change of a key), +U or -D (``--delete-ratio``), with
 strictly increasing ``_seq`` per key; each batch is shuffled, and ``--late-ratio``
@@ -119,7 +123,8 @@ def main() -> None:
     parser.add_argument("--preload", type=int, default=0, help="rows inserted (not timed) before the run")
     parser.add_argument("--hot", choices=["recent", "uniform"], default="recent",
                         help="with --preload: which existing rows the changes hit")
-    parser.add_argument("--engine", default="delta-rs", choices=["delta-rs"])
+    parser.add_argument("--engine", default="delta-rs", choices=["delta-rs", "delta-spark"],
+                        help="delta-spark: the MERGE in a local[2] Spark session with the project's `delta` JVM set")
     parser.add_argument("--dir", default=None, help="where to write the table (default: a temp dir)")
     parser.add_argument("--profile", action="store_true", help="print time per sink phase (timed batches)")
     parser.add_argument("--quick", action="store_true",
@@ -133,7 +138,14 @@ def main() -> None:
     root = Path(args.dir or tempfile.mkdtemp(prefix="changelake-bench-"))
     shutil.rmtree(root / "lake", ignore_errors=True)
     spec = TableSpec(name="bench", path=str(root / "lake" / "items"), primary_key=("id",))
-    sink = open_sink(spec, pipeline_id="bench", engine=args.engine)
+    if args.engine == "delta-spark":
+        from changelake.spark.delta_sink import open_sink as open_spark_sink
+        from changelake.spark.session import build_session
+
+        spark = build_session(app_name="bench-sink", master="local[2]", ui=False, engine="delta-spark")
+        sink = open_spark_sink(spec, pipeline_id="bench", engine="delta-spark", spark=spark)
+    else:
+        sink = open_sink(spec, pipeline_id="bench", engine=args.engine)
     batch_id = 0
     preload = make_changes(np.arange(args.preload, dtype=np.int64), 0.0, rng)
     for start in range(0, args.preload, args.batch):  # built over several batches, like a live table
@@ -146,6 +158,8 @@ def main() -> None:
 
     changes = make_changes(pool[rng.integers(0, len(pool), args.changes)], args.delete_ratio, rng,
                            first_offset=args.preload)
+    if args.preload:
+        print(f"preloaded {args.preload:,} rows: {len(DeltaTable(spec.path).file_uris())} data files")
     phases.clear()  # only the timed batches
     applied = 0
     elapsed = 0.0
@@ -165,6 +179,7 @@ def main() -> None:
     actual = dict(zip(got["id"].to_pylist(), got["_seq"].to_pylist()))
     ok = actual == expected_state(pa.concat_tables([preload, changes]))
     layout = f"preloaded {args.preload} rows, {args.hot} keys" if args.preload else "empty table"
+    print(f"engine {args.engine}; table at the end: {len(table.file_uris())} data files")
     print(f"{applied} changes over {args.keys} keys in batches of {args.batch} ({layout}): "
           f"{elapsed:.2f} s, {applied / elapsed:,.0f} changes/s; "
           f"final state {'matches' if ok else 'DOES NOT MATCH'} the expected rows")

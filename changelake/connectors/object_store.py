@@ -25,7 +25,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CONDITIONAL_PUT", "arrow_filesystem", "delta_options", "is_s3"]
+__all__ = ["CONDITIONAL_PUT", "HADOOP_CONNECTORS", "arrow_filesystem", "delta_options", "hadoop_connector_missing",
+           "is_s3"]
 
 #: The option naming S3's commit mode, and the value changelake defaults it to.
 CONDITIONAL_PUT = ("aws_conditional_put", "etag")
@@ -34,6 +35,43 @@ LOCKING_PROVIDER = "aws_s3_locking_provider"
 
 def is_s3(uri: str) -> bool:
     return uri.split("://", 1)[0].lower() in ("s3", "s3a") if "://" in uri else False
+
+
+#: What delta-spark (Hadoop's file systems) needs to read and write an object-store URI, per scheme; none of it
+#: is in pyspark's jars or the project's pinned JVM sets (jvm/pom.xml):
+#:
+#: ===========  ====================================================  =========================================
+#: scheme       jars (Maven coordinates)                              note
+#: ===========  ====================================================  =========================================
+#: ``s3a``      ``org.apache.hadoop:hadoop-aws`` at pyspark's Hadoop   the AWS SDK bundle it depends on as well
+#:              version, ``software.amazon.awssdk:bundle``
+#: ``s3``       the same                                              and ``spark.hadoop.fs.s3.impl=
+#:                                                                    org.apache.hadoop.fs.s3a.S3AFileSystem``
+#: ``abfss``    ``org.apache.hadoop:hadoop-azure``
+#: ``gs``       ``com.google.cloud.bigdataoss:gcs-connector`` (hadoop3)
+#: ===========  ====================================================  =========================================
+_HADOOP_AWS = "org.apache.hadoop:hadoop-aws (pyspark's Hadoop version) with software.amazon.awssdk:bundle"
+HADOOP_CONNECTORS: dict[str, tuple[tuple[str, ...], str]] = {
+    "s3a": (("hadoop-aws",), _HADOOP_AWS),
+    "s3": (("hadoop-aws",), f"{_HADOOP_AWS}, and spark.hadoop.fs.s3.impl=org.apache.hadoop.fs.s3a.S3AFileSystem"),
+    "abfss": (("hadoop-azure",), "org.apache.hadoop:hadoop-azure (pyspark's Hadoop version)"),
+    "gs": (("gcs-connector",), "com.google.cloud.bigdataoss:gcs-connector (its hadoop3 build)"),
+}
+
+
+def hadoop_connector_missing(uri: str, jars: Iterable[str]) -> str | None:
+    """Why delta-spark cannot open ``uri``: its scheme needs a Hadoop connector (:data:`HADOOP_CONNECTORS`) that no
+    name in ``jars`` (jar file names or Maven coordinates on the classpath) is; None for a local path, another
+    scheme, or a connector that is there."""
+    scheme = uri.split("://", 1)[0].lower() if "://" in uri else ""
+    if scheme not in HADOOP_CONNECTORS:
+        return None
+    names, install = HADOOP_CONNECTORS[scheme]
+    if any(n in j for j in jars for n in names):
+        return None
+    return (f"{scheme}:// needs Hadoop's connector for it on Spark's classpath, which neither pyspark nor the project's "
+            f"pinned JVM sets (jvm/pom.xml) carry: add {install} to spark.jars / spark-submit --jars (or to "
+            "the image's Spark jars), or write this lake with storage.engine: delta-rs, which reaches the store itself")
 
 
 def delta_options(options: Mapping[str, str], locations: Iterable[str] = ()) -> dict[str, str]:

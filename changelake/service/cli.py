@@ -192,6 +192,16 @@ def version_text() -> str:
             + (f"delta-spark jars {jars})" if jars else "no delta-spark jars: the delta-rs engine writes)"))
 
 
+def _state_lines() -> list[str]:
+    """``state of <operator>: R rows, B bytes`` per stateful operator, as the last batch reported it
+    (changelake_state_rows / _bytes)."""
+    from changelake import metrics
+
+    rows = {s.labels["operator"]: s.value for m in metrics.STATE_ROWS.collect() for s in m.samples}
+    size = {s.labels["operator"]: s.value for m in metrics.STATE_BYTES.collect() for s in m.samples}
+    return [f"state of {op}: {rows[op]:,.0f} rows, {size.get(op, 0):,.0f} bytes" for op in sorted(rows)]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -246,6 +256,8 @@ def _dispatch(args: argparse.Namespace) -> int:
                                             rebuild_views=args.rebuild_views)
         print(f"stopped after {result.totals.records:,} records in {result.seconds:.1f} s "
               f"({result.records_per_second:,.0f} records/s){' (signal)' if result.stopped_by_signal else ''}")
+        for line in _state_lines():
+            print(line)
         if sys.stderr.isatty() and (config.pipeline.master or "local").startswith("local"):
             _archive_later()
         return 0

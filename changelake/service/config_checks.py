@@ -278,6 +278,7 @@ def engine_problems(config: ChangelakeConfig) -> list[tuple[Loc, str]]:
             why = delta_spark_refused_properties(rule.properties)
             if why:
                 problems.append((("sources", i, "route", j, "properties"), f"table {rule.table!r}: {why}"))
+    problems += store_problems(config)
     for i, s in enumerate(config.sources):
         refused = delta_spark_refused_columns(_columns_of(s)) if s.columns and s.table not in history else []
         if refused:
@@ -287,6 +288,31 @@ def engine_problems(config: ChangelakeConfig) -> list[tuple[Loc, str]]:
             if refused:
                 problems.append((("sources", i, "route", j, "columns"),
                                  delta_spark_refusal(f"{rule.table!r} (a route rule's)", refused)))
+    return problems
+
+
+def store_problems(config: ChangelakeConfig) -> list[tuple[Loc, str]]:
+    """Object-store locations (``storage.root``, a table's ``path``, the dead-letter table) that delta-spark cannot
+    reach because the Hadoop connector for their scheme is on no classpath it will have: the project's pinned
+    Spark sets (``delta``, ``spark-kafka``) and the pipeline's own ``spark.jars`` / ``spark.jars.packages``.
+    Jars given only to spark-submit (``--jars``) or baked into a custom image are not seen here: list them in
+    ``pipeline.spark_conf`` as well."""
+    from changelake import jvm_deps
+    from changelake.connectors.object_store import hadoop_connector_missing
+
+    _, sets = jvm_deps.read_lock()
+    jars = [name for s in jvm_deps.IMAGE_SETS for name in sets.get(s, {})]
+    for key in ("spark.jars", "spark.jars.packages"):
+        jars += [j for j in config.pipeline.spark_conf.get(key, "").split(",") if j.strip()]
+    places: list[tuple[Loc, str]] = [(("storage", "root"), config.storage.root)]
+    places += [(("tables", i, "path"), t.path) for i, t in enumerate(config.tables) if t.path]
+    if config.dead_letter.path:
+        places.append((("dead_letter", "path"), config.dead_letter.path))
+    problems: list[tuple[Loc, str]] = []
+    for loc, uri in places:
+        why = hadoop_connector_missing(uri, jars)
+        if why:
+            problems.append((loc, f"storage.engine: delta-spark cannot write {uri}: {why}"))
     return problems
 
 

@@ -24,7 +24,7 @@ from changelake.service.split import MIRRORS_APP, split
 from changelake.service.restart_clock import RestartClock
 from changelake.spark.checkpoint import checkpoint_store_problem
 from changelake.spark.progress import ProgressListener, parse_offsets, work_done
-from changelake.spark.session import build_session, driver_jvm, executor_tasks
+from changelake.spark.session import build_session, driver_jvm, executor_tasks, executor_times
 
 log = logging.getLogger(__name__)
 
@@ -204,6 +204,8 @@ class PipelineRunner:
         if executors:
             log.info("ran on %d executor(s): %s", len(executors),
                      ", ".join(f"executor {e}: {n} task(s)" for e, n in sorted(executors.items())))
+        log.info("task time: %s", ", ".join(f"{e}: {run:.1f} s, GC {gc:.1f} s, shuffle read {read:,} bytes"
+                                            for e, (run, gc, read) in sorted(executor_times(spark).items())))
         lag: dict[tuple[str, str], int] = {}
         for listener in listeners:
             for tp, n in listener.last_lag.items():

@@ -327,6 +327,20 @@ def executor_tasks(spark: Any) -> dict[str, int]:
     return out
 
 
+def executor_times(spark: Any) -> dict[str, tuple[float, float, int]]:
+    """Executor id (``driver`` for a local master's tasks) -> (seconds its tasks ran, seconds of them in GC,
+    shuffle bytes read), from Spark's status store, for every executor that ran a task: where a run's time went
+    (bench/scaleout.py compares local[N] with local-cluster by it)."""
+    store = spark.sparkContext._jsc.sc().statusStore()
+    seq = store.executorList(False)
+    out = {}
+    for i in range(seq.size()):
+        e = seq.apply(i)
+        if int(e.completedTasks()) + int(e.failedTasks()):
+            out[e.id()] = (int(e.totalDuration()) / 1000, int(e.totalGCTime()) / 1000, int(e.totalShuffleRead()))
+    return out
+
+
 def driver_jvm(spark: Any) -> tuple[int | None, Any]:
     """(pid of the driver JVM this process launched, or None: one it attached to; a callable that returns
     the JVM's heap in bytes: used, committed, max) for ``changelake.metrics.JVM``."""

@@ -258,3 +258,40 @@ def test_what_delta_spark_refuses_fails_validate_with_engine_delta_spark_only(tm
             "COLUMN", '"unit price"').replace("AGGREGATE", '"n (all)"').replace(
             "PROPERTIES", "{delta.logRetentionDuration: interval 3 days}")))
         assert rc == 0, err
+
+
+STORE_CONFIG = """pipeline: {id: inv, checkpoint: /tmp/ckpt, spark_conf: SPARK_CONF}
+kafka: {bootstrap_servers: "localhost:9092"}
+storage: {root: "ROOT", engine: ENGINE}
+sources: [{name: p, topics: [a.b.products], table: products, columns: {id: int}},
+          {name: o, topics: [a.b.other], table: other, columns: {id: int}}]
+tables: [{name: products, primary_key: [id]}, {name: other, primary_key: [id], path: "TABLE_PATH"}]
+"""
+
+
+@pytest.mark.parametrize("root, connector", [("s3a://lake/cdc", "hadoop-aws"), ("s3://lake/cdc", "fs.s3.impl"),
+                                             ("abfss://c@acct.dfs.core.windows.net/cdc", "hadoop-azure"),
+                                             ("gs://lake/cdc", "gcs-connector")])
+def test_delta_spark_on_an_object_store_without_its_hadoop_connector_fails_validate(tmp_path, capsys, root, connector):
+    """No pinned JVM set carries Hadoop's object-store connectors: delta-spark on such a lake would fail at the first
+    batch with "No FileSystem for scheme"; validate says so for every location on it, with the jars to add and the
+    delta-rs way out. Naming the connector in pipeline.spark_conf's spark.jars (or .packages) passes; delta-rs and
+    a local lake pass."""
+    text = STORE_CONFIG.replace("ROOT", root).replace("TABLE_PATH", root + "/elsewhere")
+    delta_spark = text.replace("ENGINE", "delta-spark").replace("SPARK_CONF", "{}")
+    rc, _, err = validate(capsys, write(tmp_path, text=delta_spark))
+    assert rc == 2 and "2 error(s)" in err, err
+    scheme = root.split(":")[0]
+    assert f"storage.root: storage.engine: delta-spark cannot write {root}: {scheme}:// needs Hadoop's connector" in err
+    assert f"tables.1.path: storage.engine: delta-spark cannot write {root}/elsewhere" in err
+    assert connector in err and "storage.engine: delta-rs" in err
+
+    jar = {"s3a": "hadoop-aws-3.5.0.jar", "s3": "/opt/jars/hadoop-aws-3.5.0.jar", "abfss": "hadoop-azure-3.5.0.jar",
+           "gs": "gcs-connector-hadoop3-2.2.26-shaded.jar"}[scheme]
+    for engine, conf in (("delta-spark", f'{{spark.jars: "x.jar,{jar}"}}'), ("delta-rs", "{}"), ("auto", "{}")):
+        rc, _, err = validate(capsys, write(tmp_path, text=text.replace("ENGINE", engine).replace("SPARK_CONF", conf)))
+        assert rc == 0, (engine, err)
+    local = STORE_CONFIG.replace("ROOT", str(tmp_path / "lake")).replace("TABLE_PATH", str(tmp_path / "t"))
+    local = local.replace("ENGINE", "delta-spark").replace("SPARK_CONF", "{}")
+    rc, _, err = validate(capsys, write(tmp_path, text=local))
+    assert rc == 0, err
