@@ -30,12 +30,16 @@ from tests.service.test_transaction_views import VIEW_TABLES, config_of, views_o
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka, pytest.mark.spark]
 
+#: how many source transactions the history has; a long run for many more snapshots (docs/benchmarks.md):
+#: CHANGELAKE_TEST_TXN_TRANSACTIONS=1500 pytest tests/integration/test_transaction_views_pipeline.py -k sigkill -s
+TRANSACTIONS = int(os.environ.get("CHANGELAKE_TEST_TXN_TRANSACTIONS", "40"))
+
 
 def _setup(kafka, tmp_path, consistency: str) -> tuple[th.History, str, str]:
     prefix = kafka.topic("txnv")
     names = th.topics(prefix)
     kafka.create_topics({**{t: th.PARTITIONS for t in names.values()}, f"{prefix}.transaction": 1})
-    history = th.generate(17, transactions=40, prefix=prefix)
+    history = th.generate(17, transactions=TRANSACTIONS, prefix=prefix)
     th.produce(history, kafka.bootstrap_servers)
     lake = str(tmp_path / "lake")
     config = config_of(lake, str(tmp_path / "ckpt"), consistency=consistency, topics=names,
@@ -72,7 +76,7 @@ def _run_reading(path: str, lake: str, *, fault: str | None = None) -> tuple[sub
                              "--available-now", "-c", path], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     reads, found = 0, []
-    deadline = time.monotonic() + 600
+    deadline = time.monotonic() + 600 + 2 * TRANSACTIONS
     while proc.poll() is None and time.monotonic() < deadline:
         rows = _progress(lake)
         if rows:
