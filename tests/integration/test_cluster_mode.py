@@ -31,8 +31,9 @@ def test_spark_submit_master_runs_the_pipeline_on_two_executors(tmp_path):
                            str(tmp_path / "work")], env=env, capture_output=True, text=True, timeout=1800)
     print(done.stdout)
     assert done.returncode == 0, f"{done.stdout[-6000:]}\n--- stderr ---\n{done.stderr[-4000:]}"
+    table = done.stdout.split("| master | records |", 1)[1].split("\n\n", 1)[0]     # the first table: the runs
     rows = {m.group(1): m for m in re.finditer(r"^\| (local\S*) \| ([\d,]+) \| ([\d.]+) \| ([\d,]+) \|",
-                                               done.stdout, re.M)}
+                                               table, re.M)}
     assert set(rows) == {"local[2]", "local-cluster[2,1,1024]"}, done.stdout
     assert rows["local[2]"].group(2) == rows["local-cluster[2,1,1024]"].group(2) != "0"
     tasks = re.search(r"executors of the cluster run: \{(.*)\}", done.stdout).group(1)
