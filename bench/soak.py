@@ -171,7 +171,9 @@ def main(argv: list[str] | None = None) -> int:
 
     java = QUICK_BROKER_JAVA_OPTIONS if args.quick else ("-Xmx512m", "-Xms64m", "-XX:+UseSerialGC")
     # a node restarted under a heavy load recovers its logs for minutes before it answers
-    with LocalKafka(nodes=3, workdir=work / "kafka", java_options=java, settings={"log.retention.ms": "-1"},
+    # --quick faults only changelake: one broker node is enough (the smoke run in make test)
+    with LocalKafka(nodes=1 if args.quick else 3, workdir=work / "kafka", java_options=java,
+                    settings={"log.retention.ms": "-1"},
                     start_timeout_s=600) as cluster:
         servers = cluster.bootstrap_servers
         create_topics(servers, {topic_for(t): 4 for t in TABLES})
