@@ -19,10 +19,10 @@ Nothing here takes a lock or writes: it is safe beside a running pipeline.
 from __future__ import annotations
 
 import re
-import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
+from changelake.connectors.kafka_retry import with_retries
 from changelake.service.config import ChangelakeConfig
 from changelake.service.pipeline import consumer_group
 from changelake.service.preflight import RDKAFKA_LOGGER, broker_topics, pattern_without_side_topics
@@ -109,7 +109,7 @@ def collect_status(config: ChangelakeConfig) -> PipelineStatus:
 
     holder = newest_holder(config)
     if holder is not None:
-        status.lease = (holder.describe().split(" (")[0], holder.event, holder.at,
+        status.lease = (holder.owner, holder.event, holder.at,
                         parse_duration(config.pipeline.lease_ttl))
     live_metrics(status, "127.0.0.1" if config.metrics.host in ("0.0.0.0", "") else config.metrics.host,
                  config.metrics.port, pipeline_id=config.pipeline.id)
@@ -186,7 +186,11 @@ def group_lag(config: ChangelakeConfig, *, group: str | None = None) -> list[Par
         parts = sorted({(tp.topic, tp.partition): tp for tp in parts}.values(), key=lambda tp: (tp.topic, tp.partition))
         if not parts:
             return []
-        committed = {(tp.topic, tp.partition): tp.offset for tp in _committed(consumer, parts)}
+        # a group coordinator still loading after a broker start answers NOT_COORDINATOR for a while
+        committed = {(tp.topic, tp.partition): tp.offset
+                     for tp in with_retries(f"the committed offsets of {conf['group.id']}",
+                                            lambda: consumer.committed(parts, timeout=_TIMEOUT_S),
+                                            wait_ms=int(_TIMEOUT_S * 1000))}
         out = []
         for tp in parts:
             _, high = consumer.get_watermark_offsets(tp, timeout=_TIMEOUT_S, cached=False)
@@ -195,25 +199,6 @@ def group_lag(config: ChangelakeConfig, *, group: str | None = None) -> list[Par
         return out
     finally:
         consumer.close()
-
-
-def _committed(consumer, parts: list) -> list:
-    """The group's committed offsets, asked again while the broker answers with a retriable error (a group
-    coordinator that is still loading or moving after a broker start answers NOT_COORDINATOR), for at most
-    ``_TIMEOUT_S``."""
-    from confluent_kafka import KafkaError, KafkaException
-
-    moving = {KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.COORDINATOR_NOT_AVAILABLE}
-    deadline = time.monotonic() + _TIMEOUT_S
-    while True:
-        try:
-            return consumer.committed(parts, timeout=_TIMEOUT_S)
-        except KafkaException as exc:
-            err = exc.args[0] if exc.args else None
-            again = isinstance(err, KafkaError) and (err.retriable() or err.code() in moving)
-            if not again or time.monotonic() >= deadline:
-                raise
-            time.sleep(0.5)
 
 
 def last_batch(checkpoint: str) -> LastBatch | None:

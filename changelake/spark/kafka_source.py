@@ -82,6 +82,7 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from changelake.changelog import RAW_SCHEMA
+from changelake.connectors.kafka_retry import transient, with_retries
 from changelake.errors import SourceError
 
 log = logging.getLogger(__name__)
@@ -104,52 +105,6 @@ _METADATA_TIMEOUT_S = 30.0
 #: leader moves, every broker down) before the query fails: ``brokerWaitMs``
 _BROKER_WAIT_MS = 300_000
 
-
-def _with_retries(what: str, call: Any, *, wait_ms: int) -> Any:
-    """``call()``, again with backoff while it fails with a retriable Kafka error (a leader moving, brokers
-    down), for at most ``wait_ms``; a warning says what is awaited, and when it is back."""
-    from confluent_kafka import KafkaError, KafkaException
-
-    import time
-
-    deadline, pause, warned = time.monotonic() + wait_ms / 1000, 0.2, False
-    while True:
-        try:
-            result = call()
-        except KafkaException as exc:
-            err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
-            transient = err is not None and not err.fatal() and (err.retriable() or err.code() in _TRANSIENT)
-            if not transient or time.monotonic() + pause > deadline:
-                raise
-            if not warned:
-                log.warning("%s: %s; retrying for up to %.0f s (the broker may be restarting or its partition "
-                            "leaders moving)", what, err.str(), wait_ms / 1000)
-                warned = True
-            time.sleep(pause)
-            pause = min(pause * 2, 2.0)
-            continue
-        if warned:
-            log.warning("%s: answered again", what)
-        return result
-
-
-def _transient_codes() -> frozenset[int]:
-    from confluent_kafka import KafkaError
-
-    return frozenset(getattr(KafkaError, name) for name in (
-        "NOT_LEADER_FOR_PARTITION", "LEADER_NOT_AVAILABLE", "_TRANSPORT", "_ALL_BROKERS_DOWN", "_TIMED_OUT",
-        "REQUEST_TIMED_OUT", "NOT_COORDINATOR", "_WAIT_COORD", "UNKNOWN_TOPIC_OR_PART", "_UNKNOWN_PARTITION",
-        "BROKER_NOT_AVAILABLE", "NOT_ENOUGH_REPLICAS", "KAFKA_STORAGE_ERROR", "FENCED_LEADER_EPOCH",
-        "UNKNOWN_LEADER_EPOCH", "OFFSET_NOT_AVAILABLE", "_NODE_UPDATE",
-        # librdkafka retires its bootstrap brokers' handles once it knows the cluster's: a request in flight
-        # on one fails so, on a fresh client, also without any fault
-        "_DESTROY_BROKER") if hasattr(KafkaError, name))
-
-
-try:
-    _TRANSIENT = _transient_codes()
-except ImportError:       # confluent-kafka is imported where it is used
-    _TRANSIENT = frozenset()
 
 Offsets = dict[str, dict[str, int]]     # {topic: {partition (as str): next offset to read}}
 
@@ -341,7 +296,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _partitions(self) -> list[tuple[str, int]]:
         try:
-            md = _with_retries(f"listing the topics on {self.options.bootstrap_servers}",
+            md = with_retries(f"listing the topics on {self.options.bootstrap_servers}",
                                lambda: self._metadata_client().list_topics(timeout=_METADATA_TIMEOUT_S),
                                wait_ms=self.options.broker_wait_ms)
         except Exception as exc:  # KafkaException
@@ -372,7 +327,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         marks: dict[tuple[str, int], tuple[int, int]] = {}
         for topic, p in parts:
             try:
-                low, high = _with_retries(f"the offsets of {topic}[{p}]",
+                low, high = with_retries(f"the offsets of {topic}[{p}]",
                                           functools.partial(self._watermark, TopicPartition(topic, p)),
                                           wait_ms=self.options.broker_wait_ms)
             except Exception as exc:
@@ -624,7 +579,7 @@ def read_range(options: KafkaOptions, rng: KafkaRange) -> Iterator[pa.RecordBatc
                     pass
                 raise
 
-        low, _high = _with_retries(f"the offsets of {rng.topic}[{rng.partition}]", watermarks,
+        low, _high = with_retries(f"the offsets of {rng.topic}[{rng.partition}]", watermarks,
                                    wait_ms=options.broker_wait_ms)
         start, expired = rng.start, 0
         if low > start:
@@ -683,7 +638,7 @@ def _records_in_range(msgs: list[Any], rng: KafkaRange, position: int) -> tuple[
                 raise SourceError(f"data loss: {rng.topic}[{rng.partition}] offset {position} left the log while it "
                                   f"was read (retention); {err}. Raise the topic's retention, or set on_data_loss: "
                                   "skip on the source to skip such gaps")
-            elif not err.fatal() and (err.retriable() or err.code() in _TRANSIENT):
+            elif transient(err):
                 log.info("%s[%d]: %s (the client retries)", rng.topic, rng.partition, err)
             else:
                 raise SourceError(f"{rng.topic}[{rng.partition}]: Kafka error while reading: {err}")
