@@ -27,16 +27,14 @@ so this suits views whose state is small to moderate (docs/pipelines.md, "Transa
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from changelake.changelog import KIND, SEQ
-from changelake.operators._event_time import LATE_KINDS
+from changelake.changelog import SEQ
 from changelake.plan.local import LocalRunner
 from changelake.plan.physical import PhysicalPlan
+from changelake.spark.binding import NodeInfo, late_reports, with_positions
 
 
 class DriverGraph:
@@ -62,16 +60,12 @@ class DriverGraph:
         return {table: _with_positions(changes) for table, changes in outs.items() if changes.num_rows}
 
     def _late(self) -> dict[tuple[str, str], tuple[int, list[str]]]:
+        """The late rows of the step per (view, side), as the executors' binding reports them."""
         out = {}
         for node_id, parts in self.runner.late.items():
-            late = pa.concat_tables(parts)
-            user = [n for n in late.schema.names if n not in (KIND, SEQ)]
-            dead_letter = self.plan[node_id].late_rows == "dead_letter"
-            for kind, side in LATE_KINDS.items():
-                mine = late.filter(pc.equal(late[KIND], kind))
-                if mine.num_rows:
-                    rows = [json.dumps(r, default=str) for r in mine.select(user).to_pylist()] if dead_letter else []
-                    out[(node_id, side)] = (mine.num_rows, rows)
+            info = NodeInfo(node_id, self.plan[node_id].late_rows == "dead_letter")
+            for late in late_reports(info, pa.concat_tables(parts)):
+                out[(late.node, late.side)] = (late.count, list(late.rows))
         return out
 
     def snapshot(self) -> dict[str, bytes]:
@@ -86,8 +80,5 @@ class DriverGraph:
 
 
 def _with_positions(changes: pa.Table) -> pa.Table:
-    """The emission order as ``_seq`` (fixed-width, so that sorting by it keeps the order)."""
-    positions = pa.array([f"{i:012d}" for i in range(changes.num_rows)], pa.string())
-    if SEQ in changes.column_names:
-        return changes.set_column(changes.schema.get_field_index(SEQ), SEQ, positions)
-    return changes.append_column(SEQ, positions)
+    """The emission order as ``_seq`` (the executors' binding's positions, in place of any ``_seq``)."""
+    return with_positions(changes.drop_columns([SEQ]) if SEQ in changes.column_names else changes)
