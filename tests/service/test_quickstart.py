@@ -65,10 +65,11 @@ def test_the_python_snippet_runs_as_written(tmp_path):
 def test_the_spark_sql_queries_run(spark, tmp_path):
     from changelake.spark import delta_jars
     from changelake.spark.delta_sink import delta_spark_missing
+    from tests.jars import unavailable
 
     missing = delta_spark_missing(spark)
     if missing and delta_jars.missing():
-        pytest.skip(f"Spark SQL on Delta tables (delta.`path`): {delta_jars.missing()}")
+        unavailable(f"Spark SQL on Delta tables (delta.`path`): {delta_jars.missing()}")
     # the jars are installed, so the test session (changelake/spark/session.py) has Delta's extension
     assert missing is None, f"{missing} in the tests' Spark session, although the `delta` JVM set is installed"
     lake = _demo_tables(tmp_path)

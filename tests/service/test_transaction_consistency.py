@@ -231,9 +231,11 @@ def test_the_spark_sql_reader_sees_the_same_consistent_point(spark, tmp_path):
     """docs/pipelines.md's Spark SQL: the newest progress row, then each table VERSION AS OF its version."""
     from changelake.spark.delta_sink import delta_spark_missing
 
+    from tests.jars import unavailable
+
     missing = delta_spark_missing(spark)
     if missing:
-        pytest.skip(f"Spark SQL on Delta tables (delta.`path`): {missing}; the test session gets Delta's SQL "
+        unavailable(f"Spark SQL on Delta tables (delta.`path`): {missing}; the test session gets Delta's SQL "
                     "extension when delta-spark's jars are in pyspark's jars directory or $SPARK_HOME/jars")
     config = _config(tmp_path)
     history = th.generate(8, transactions=12)
