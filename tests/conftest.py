@@ -90,16 +90,21 @@ def _spark_class_archive() -> str | None:
         return None
     return archive
 
-#: seconds (setup + call + teardown) and tests per directory under tests/, for the summary below
+#: seconds (setup + call + teardown) and tests per directory under tests/, and per file, for the summary below
 _DIRECTORY_SECONDS: dict[str, list] = {}
+_FILE_SECONDS: dict[str, list] = {}
+#: how many of the slowest files the summary names
+SLOWEST_FILES = 25
 
 
 def pytest_runtest_logreport(report) -> None:
-    parts = report.nodeid.split("::")[0].split("/")
+    path = report.nodeid.split("::")[0]
+    parts = path.split("/")
     where = parts[1] if len(parts) > 2 else parts[-1]          # tests/<dir>/..., or a module at the top
-    seconds = _DIRECTORY_SECONDS.setdefault(where, [0.0, 0])
-    seconds[0] += report.duration
-    seconds[1] += report.when == "call"
+    for table, key in ((_DIRECTORY_SECONDS, where), (_FILE_SECONDS, path)):
+        seconds = table.setdefault(key, [0.0, 0])
+        seconds[0] += report.duration
+        seconds[1] += report.when == "call"
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
@@ -114,6 +119,10 @@ def pytest_terminal_summary(terminalreporter) -> None:
                                     f"tests/{where}")
     terminalreporter.write_line(f"{total:8.0f} s in tests (the rest of the wall time: collection, the session's "
                                 "start and end)")
+    terminalreporter.section(f"the {SLOWEST_FILES} slowest files")
+    slowest = sorted(_FILE_SECONDS.items(), key=lambda kv: -kv[1][0])[:SLOWEST_FILES]
+    for path, (seconds, tests) in slowest:
+        terminalreporter.write_line(f"{seconds:8.0f} s {tests:6d} tests  {path}")
 
 
 _MIN_DOCKER_TIMEOUT_S = 3
