@@ -7,6 +7,11 @@ the process is killed with SIGKILL in the middle of the mirrors' batch 1, after 
 then the mirrors have committed batch 0 while the graph has committed nothing. The restart (no hooks)
 must give every table exactly the source's final state: the mirrors row for row, the graph tables equal
 to DuckDB's batch query, and no table holds a batch twice.
+
+Bad messages sit in the topics of ``products`` and ``orders``, which both queries read (mirrored, and read
+by the views): each must be in the dead-letter table exactly once, with its bytes and position, across
+the crash (the mirrors' query accounts for them, ``accounted_elsewhere``), and ``changelake dlq list``
+must find them.
 """
 
 from __future__ import annotations
@@ -18,7 +23,9 @@ import sys
 
 import orjson
 import pytest
+from confluent_kafka import Producer
 
+from changelake.connectors.delta_read import read_delta
 from changelake.service.demo import verify
 from changelake.service.split import mirror_checkpoint
 
@@ -47,10 +54,29 @@ def _txn_batches(table_dir) -> list[int]:
     return out
 
 
+def _produce_bad(servers: str, prefix: str) -> dict[tuple[str, int, int], bytes]:
+    """Malformed messages and an unknown op into topics both queries read; returns each one's position."""
+    bad = [(f"{prefix}.inventory.products", 0, b'{"op": "c", "after": {"id": 1'),
+           (f"{prefix}.inventory.orders", 1, b"\xff\xfe not json"),
+           (f"{prefix}.inventory.products", 2, b'{"op": "x", "after": {"id": 9}}')]
+    where: dict[tuple[str, int, int], bytes] = {}
+
+    def delivered(err, msg) -> None:
+        assert err is None, err
+        where[(msg.topic(), msg.partition(), msg.offset())] = msg.value()
+
+    producer = Producer({"bootstrap.servers": servers, "log_level": 3})
+    for topic, partition, value in bad:
+        producer.produce(topic, key=b'{"id": 1}', value=value, partition=partition, on_delivery=delivered)
+    assert producer.flush(30) == 0 and len(where) == len(bad)
+    return where
+
+
 def test_mirror_commits_while_the_graph_batch_is_slow_and_a_sigkill_restart_applies_each_change_once(kafka, tmp_path):
     prefix = kafka.topic("mirrorq")
     db = write_history(kafka.bootstrap_servers, seed=11, changes=300, topic_prefix=prefix, redeliver=30,
                        sizes={"customers": 10, "products": 15, "orders": 40})
+    bad = _produce_bad(kafka.bootstrap_servers, prefix)
     graph = {"views": VIEWS, "tables": [{"name": t, "from": src, "primary_key": key} for (t, (key, _)), src in
                                         zip(GRAPH_TABLES.items(), ("by_category", "top3", "lines"))],
              "pipeline": {"mirrors": "own_query",
@@ -73,3 +99,15 @@ def test_mirror_commits_while_the_graph_batch_is_slow_and_a_sigkill_restart_appl
     for table in [*db.state, *GRAPH_TABLES]:        # each batch committed once per table
         batches = _txn_batches(lake / table)
         assert batches == sorted(set(batches)), (table, batches)
+
+    letters = read_delta(config.dead_letter_path()).to_pylist()
+    positions = [(r["topic"], r["partition"], r["offset"]) for r in letters]
+    assert sorted(positions) == sorted(bad), "each bad message once, across the crash and both queries"
+    assert all(r["value"] == bad[(r["topic"], r["partition"], r["offset"])] for r in letters)
+    assert {r["reason"] for r in letters} <= {"malformed", "unknown-op"} and all(r["error"] for r in letters)
+    listed = subprocess.run([sys.executable, "-m", "changelake.service.cli", "dlq", "list", "-c", str(path)],
+                            capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 0, listed.stderr[-3000:]
+    for topic, partition, offset in bad:
+        assert f"{topic}/{partition}/{offset}" in listed.stdout, listed.stdout
+    assert f"{len(bad)} dead letter(s)" in listed.stdout, listed.stdout
