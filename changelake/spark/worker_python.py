@@ -64,6 +64,12 @@ def _drop_redundant_zips() -> None:
         sys.path[:] = [p for p in sys.path if p not in drop]
 
 
+#: pyspark modules that print their progress to stdout, which Spark copies to the driver's console: ten
+#: lines of "Streaming TransformWithStateInPandas Python worker ..." per stateful operator at every query
+#: start, nothing a user needs (their errors go back to the JVM through the worker's socket)
+CHATTY_MODULES = frozenset({"pyspark.sql.streaming.transform_with_state_driver_worker"})
+
+
 def script_path(executable: str | None = None) -> str | None:
     """:data:`SCRIPT` installed beside ``executable`` (default: this interpreter), else None."""
     path = os.path.join(os.path.dirname(executable or sys.executable), SCRIPT)
@@ -83,6 +89,8 @@ def interpreter_main(argv: list[str] | None = None) -> None:
         return
     import runpy
 
+    if args[1] in CHATTY_MODULES:
+        sys.stdout = open(os.devnull, "w")
     runpy.run_module(args[1], run_name="__main__", alter_sys=True)
 
 

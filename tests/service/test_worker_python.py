@@ -114,3 +114,19 @@ def test_the_daemon_module_through_the_script_starts_pyspark_s_daemon_without_a_
                          capture_output=True, timeout=60)
     assert len(out.stdout) >= 4, out.stderr.decode()          # pyspark.daemon: its port, as a 4-byte int
     assert b"RuntimeWarning" not in out.stderr, out.stderr.decode()
+
+
+def test_pyspark_s_chatty_planning_worker_prints_nothing_to_the_console(tmp_path, monkeypatch, capsys):
+    (tmp_path / "chatty_probe.py").write_text(
+        "import pathlib, sys\n"
+        "print('Starting Streaming TransformWithStateInPandas Python worker.')\n"
+        "pathlib.Path(sys.argv[1]).write_text('ran')\n")
+    assert "pyspark.sql.streaming.transform_with_state_driver_worker" in worker_python.CHATTY_MODULES
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    monkeypatch.setattr(sys, "stdout", sys.stdout)           # restored after the module replaced it
+    monkeypatch.setattr(worker_python, "CHATTY_MODULES", frozenset({"chatty_probe"}))
+    worker_python.interpreter_main(["-m", "chatty_probe", str(tmp_path / "ran")])
+    assert (tmp_path / "ran").read_text() == "ran"
+    assert "TransformWithStateInPandas" not in capsys.readouterr().out
