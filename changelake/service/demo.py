@@ -278,12 +278,13 @@ look at the result tables (Delta Lake, one directory per table under {workdir / 
     from deltalake import DeltaTable, QueryBuilder
     qb = QueryBuilder().register("top_categories", DeltaTable("{table}"))
     print(qb.execute("SELECT category, orders, units, rank FROM top_categories ORDER BY rank").read_all())
-  with Spark SQL (delta-spark comes with changelake; the first start downloads Delta's jars):
-    from delta import configure_spark_with_delta_pip
+  with Spark SQL (Delta's jars pinned by jvm/jvm.lock, once: .venv/bin/python -m changelake.jvm_deps install delta):
     from pyspark.sql import SparkSession
-    spark = configure_spark_with_delta_pip(SparkSession.builder
+    from changelake.spark import delta_jars
+    assert delta_jars.missing() is None, delta_jars.missing()
+    spark = (SparkSession.builder.config("spark.jars", ",".join(delta_jars.session_jars()))
         .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
-        .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")).getOrCreate()
+        .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog").getOrCreate())
     spark.sql("SELECT * FROM delta.`{table}` ORDER BY rank").show()
 note: {workdir / "pipeline.yaml"} is the pipeline the demo ran. Its kafka.bootstrap_servers ({bootstrap_servers}) was
   the demo's embedded broker, which stopped with the demo: `changelake run` or `status` on that file cannot reach

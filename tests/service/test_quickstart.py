@@ -81,3 +81,22 @@ def test_the_spark_sql_queries_run(spark, tmp_path):
     assert [r["category"] for r in top] == ["books", "toys", "garden"]
     assert sum(r["orders"] for r in per_category) > 0
     assert [r["operation"] for r in history][-1] == "CREATE TABLE"
+
+
+@pytest.mark.unit
+def test_the_spark_snippets_take_the_pinned_jars_and_download_nothing(tmp_path):
+    import yaml
+
+    from changelake import jvm_deps
+    from changelake.service.config import parse_config
+    from changelake.service.demo import next_steps
+
+    config = parse_config(yaml.safe_dump(demo_config(bootstrap_servers="127.0.0.1:9", workdir=tmp_path,
+                                                     metrics_port=0)))
+    for text in (_python_blocks()[1], next_steps(config, tmp_path, "127.0.0.1:9")):
+        # configure_spark_with_delta_pip has Spark fetch Delta's jars through Ivy at the session's start
+        assert "configure_spark_with_delta_pip" not in text and "spark.jars.packages" not in text
+        assert 'config("spark.jars", ",".join(delta_jars.session_jars()))' in text
+        assert "delta_jars.missing()" in text
+    assert "python -m changelake.jvm_deps install delta" in QUICKSTART.read_text()
+    assert "delta" in jvm_deps.SETS
