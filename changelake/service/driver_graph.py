@@ -73,10 +73,15 @@ class DriverGraph:
 
     def restore(self, snapshot: Mapping[str, bytes] | None) -> None:
         """The state an earlier batch left (None: before the first batch)."""
-        self.runner.close()
+        self.close()
         self.runner = LocalRunner(self.plan)
         if snapshot is not None:
             self.runner.restore(snapshot)
+
+
+    def close(self) -> None:
+        """Close the lookup joins' connections and threads (the runner's)."""
+        self.runner.close()
 
 
 def _with_positions(changes: pa.Table) -> pa.Table:

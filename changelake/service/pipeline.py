@@ -228,6 +228,12 @@ class BatchProcessor:
         for sink in self.sinks.values():
             sink.generation = generation
 
+    def close(self) -> None:
+        """Release what the processor holds on the driver once its query has ended: the lookup joins'
+        connections of the views behind the transaction gate."""
+        if self.driver_graph is not None:
+            self.driver_graph.close()
+
     def _table_model(self, name: str) -> TableSpecModel:
         return self.routed_tables[name] if name in self.routed_tables else self.config.table(name)
 

@@ -189,6 +189,8 @@ class PipelineRunner:
                 for report in query.recentProgress:
                     listener.record_progress(report)
                 spark.streams.removeListener(listener)
+            for _, processor, _ in runs:
+                processor.close()
             if self.endpoint is not None and not self.serve_http_after_stop:
                 self.endpoint.stop()
         # per partition, the end offset of the query furthest behind among those that read it
