@@ -207,7 +207,7 @@ class TransactionGate:
             if keep.num_rows:
                 held[table] = keep
         # 6. the limit: apply everything held, split every transaction not complete
-        held_rows = sum(t.num_rows for t in held.values())
+        held_rows = _held_count(held)
         split_now: list[str] = []
         if held_rows > self.max_held_rows:
             open_ids = {p[0] for p in pending} | set(seen) - {p[0] for p in released}
@@ -247,6 +247,23 @@ class TransactionGate:
         metrics.HELD_ROWS.set(held_rows)
         return GateResult(rows=out, released=len(released), held_transactions=len(waiting), held_rows=held_rows,
                           split=len(split_now), last_txn=after.last_txn, last_position=after.last_position), after
+
+
+def _held_count(held: Mapping[str, pa.Table]) -> int:
+    """The changelog rows held, each source change once: a source both mirrored and read by the views holds
+    its rows twice, as its table's and as the views' feed (``FEED`` + source); a feed's row at a position
+    that a held table row has is not counted again."""
+    tables = [t for name, t in held.items() if not name.startswith(FEED)]
+    count = sum(t.num_rows for t in tables)
+    feeds = [t for name, t in held.items() if name.startswith(FEED)]
+    if not feeds:
+        return count
+    counted = pa.concat_arrays([_position_keys(t[TOPIC], t[PARTITION], t[OFFSET]) for t in tables]) \
+        if tables else pa.array([], pa.string())
+    for feed in feeds:
+        keys = _position_keys(feed[TOPIC], feed[PARTITION], feed[OFFSET])
+        count += len(keys) - pc.sum(pc.is_in(keys, value_set=counted)).as_py() if len(keys) else 0
+    return count
 
 
 def _position_keys(topic: pa.ChunkedArray | pa.Array, partition: pa.ChunkedArray | pa.Array,

@@ -9,7 +9,7 @@ import pytest
 
 from changelake.changelog import OFFSET, PARTITION, TOPIC
 from changelake.formats.transactions import BOUNDARIES_SCHEMA, EVENTS_SCHEMA, event_transactions, transaction_boundaries
-from changelake.service.transactions import GateBook, GateState, TransactionGate
+from changelake.service.transactions import FEED, GateBook, GateState, TransactionGate
 
 pytestmark = pytest.mark.unit
 
@@ -109,6 +109,19 @@ def test_the_limit_splits_every_incomplete_transaction_and_later_events_pass(tmp
     assert r.split == 1 and r.rows["a"].num_rows == 2 and r.held_rows == 0
     r, s = gate.apply(s, {"b": [_rows("p.db.b", [0])]}, _events([("p.db.b", 0, 0, "1")]), _ends([]), batch_id=1)
     assert r.rows["b"].num_rows == 1 and r.held_rows == 0
+
+
+def test_a_source_mirrored_and_read_by_the_views_counts_its_held_rows_once():
+    # txn 1 waits for db.b; db.a's two rows are held for its table and for the views' feed of source a,
+    # and a third row only the views read (another topic) is held for its feed alone
+    rows = {"a": [_rows("p.db.a", [0, 1])], FEED + "a": [_rows("p.db.a", [0, 1])], FEED + "c": [_rows("p.db.c", [0])]}
+    events = _events([("p.db.a", 0, 0, "1"), ("p.db.a", 0, 1, "1"), ("p.db.c", 0, 0, "1")])
+    r, s = _gate(limit=3).apply(GateState(), rows, events, _ends([(1, "1", {"db.a": 2, "db.b": 1})]), batch_id=0)
+    assert r.held_rows == 3 and r.split == 0
+    assert {t: h.num_rows for t, h in s.held.items()} == {"a": 2, FEED + "a": 2, FEED + "c": 1}
+    # one row over the limit still splits
+    r, _ = _gate(limit=2).apply(GateState(), rows, events, _ends([(1, "1", {"db.a": 2, "db.b": 1})]), batch_id=0)
+    assert r.split == 1 and r.held_rows == 0
 
 
 def test_the_checkpoint_keeps_the_held_rows_for_the_batch_after(tmp_path):
