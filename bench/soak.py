@@ -4,7 +4,9 @@ Apache Kafka cluster (KRaft, replication factor 3, min.insync.replicas 2), while
 hit it; at the end every table is compared with the database's final state.
 
     .venv/bin/python bench/soak.py [--rate 500] [--minutes 30] [--fault-every 180] [--faults KINDS] [--seed 7]
+        [--store local|s3]
     .venv/bin/python bench/soak.py --quick      # smoke run: ~30 s of stream, one SIGKILL of changelake
+    .venv/bin/python bench/soak.py --quick --store s3   # the same on S3, its first three commits refused
 
 A fault comes only once the pipeline has finished a batch since its last start, so each one's recovery
 is measured on its own.
@@ -18,7 +20,14 @@ leader-kill         SIGKILL of the node leading a random source partition; resta
 cluster-restart     every node stopped (SIGTERM) for three trigger intervals, then started
 optimize            a concurrent OPTIMIZE (delta-rs compaction, another writer) of a random table
                     while the pipeline writes it
+s3-errors           (``--store s3``) the object store answers 503 SlowDown to every Delta log PUT
+                    (the commits) for 20 s, then recovers
 ==================  ==========================================================================
+
+``--store s3``: the Delta tables and dead letters on an S3 API on this machine (moto's server, the test
+suite's ``tests/objstore/s3_server.py``, behind its fault proxy), with the storage options a user gives
+(conditional PUT by ETag, the default for S3); the checkpoint stays on a local path, as docs/operations.md
+("Object storage") says. Every fault kind then runs against the tables on S3.
 
 The pipeline runs as ``changelake run`` in a child process (its log in the workdir). Reported: faults
 survived per kind, changes lost and duplicated (rows missing or differing, and rows beyond one per key,
@@ -54,7 +63,9 @@ from changelake.service.config import parse_config  # noqa: E402
 from changelake.service.demo import demo_config, expected_views, verify, verify_views  # noqa: E402
 from changelake.service.inventory import TABLES, InventoryDatabase, SteadyProducer, topic_for  # noqa: E402
 
-KINDS = ("changelake-kill", "leader-kill", "cluster-restart", "optimize")
+KINDS = ("changelake-kill", "leader-kill", "cluster-restart", "optimize", "s3-errors")
+#: how long the s3-errors fault refuses the commits
+S3_ERROR_S = 20.0
 RESTART = re.compile(r"restart to first commit: ([\d.]+) s \(([^)]*)\)")
 PHASE = re.compile(r"(\w+) ([\d.]+) s")
 
@@ -68,9 +79,12 @@ def _free_port() -> int:
 class Pipeline:
     """``changelake run`` in its own process group, its log appended to ``log``."""
 
-    def __init__(self, config_path: Path, log: Path, port: int, tables: dict[str, str] | None = None) -> None:
+    def __init__(self, config_path: Path, log: Path, port: int, tables: dict[str, str] | None = None,
+                 storage_options: dict[str, str] | None = None, proxy=None) -> None:
         self.config_path, self.log, self.port = config_path, log, port
         self.tables = tables or {}          # table name -> path (the optimize fault's targets)
+        self.storage_options = storage_options or None
+        self.proxy = proxy                  # --store s3: the fault proxy in front of the object store
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
@@ -136,7 +150,8 @@ def compare(config, db: InventoryDatabase) -> dict[str, tuple[int, int]]:
             nums = [int(n) for n in re.findall(r"(\d+) (?:missing|differ)", verdict)]
             lost = sum(nums) if nums else 1
         try:
-            rows = read_delta(config.table_path(table), columns=keys[table]).to_pylist()
+            rows = read_delta(config.table_path(table), storage_options=config.storage.plain_options(),
+                              columns=keys[table]).to_pylist()
             dup = len(rows) - len({tuple(r.values()) for r in rows})
         except Exception:  # the table does not exist: everything lost
             dup = 0
@@ -149,16 +164,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rate", type=float, default=500.0, help="messages per second (default 500)")
     ap.add_argument("--minutes", type=float, default=30.0, help="how long the stream runs (default 30)")
     ap.add_argument("--fault-every", type=float, default=180.0, help="seconds between faults, on average")
-    ap.add_argument("--faults", default=",".join(KINDS), help=f"comma-separated, of {', '.join(KINDS)}")
+    ap.add_argument("--faults", default=None,
+                    help=f"comma-separated, of {', '.join(KINDS)} (default: all; s3-errors with --store s3)")
     ap.add_argument("--max-faults", type=int, default=0, help="at most this many faults (0: no limit)")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--workdir", type=Path, default=Path("soak-work"))
-    ap.add_argument("--quick", action="store_true", help="smoke run: 30 s at 60 messages/s, one SIGKILL")
+    ap.add_argument("--store", choices=("local", "s3"), default="local",
+                    help="where the Delta tables are: a local directory, or an S3 API on this machine (moto)")
+    ap.add_argument("--quick", action="store_true", help="smoke run: 30 s at 60 messages/s, one SIGKILL "
+                                                         "(with --store s3, the orders table's first three commits refused)")
     args = ap.parse_args(argv)
-    kinds = [k.strip() for k in args.faults.split(",") if k.strip()]
+    kinds = [k.strip() for k in (args.faults or ",".join(KINDS)).split(",") if k.strip()]
     if set(kinds) - set(KINDS):
         ap.error(f"unknown fault kind(s): {sorted(set(kinds) - set(KINDS))}")
-    if args.quick:
+    if args.store != "s3" and args.faults is None:
+        kinds.remove("s3-errors")
+    elif args.store != "s3" and "s3-errors" in kinds:
+        ap.error("the s3-errors fault needs --store s3")
+    if args.quick:      # one SIGKILL (with --store s3, the first commits refused too: see _soak)
         args.rate, args.minutes, args.fault_every, args.max_faults = 60.0, 0.5, 5.0, 1
         kinds = ["changelake-kill"]
     rng = random.Random(args.seed)
@@ -169,6 +192,42 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True)
     print(f"machine: {machine()} (shared: other jobs may run; figures are this run's)", flush=True)
 
+    with _store(args.store, work) as (storage, proxy):
+        return _with_store(args, kinds, rng, work, storage, proxy)
+
+
+class _store:
+    """``--store``: nothing for ``local``; for ``s3``, moto's server and the fault proxy, the bucket, and the
+    credentials in this process's environment (the pipeline's child process takes them from there, as a pod
+    does). Yields (the YAML ``storage`` section or None, the proxy or None)."""
+
+    def __init__(self, kind: str, work: Path) -> None:
+        self.kind, self.work, self.server, self.proxy = kind, work, None, None
+
+    def __enter__(self):
+        if self.kind != "s3":
+            return None, None
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        from tests.objstore.s3_server import FaultProxy, MotoS3
+
+        self.server = MotoS3(self.work).start()
+        bucket = self.server.bucket("soak")
+        self.proxy = FaultProxy(self.server.port)
+        options = self.server.options(self.proxy.endpoint)
+        for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+            os.environ[key] = options.pop(key)
+        print(f"store: s3://{bucket}/lake on moto's S3 server ({self.server.endpoint}) behind a fault proxy",
+              flush=True)
+        return {"root": f"s3://{bucket}/lake", "engine": "delta-rs", "options": options}, self.proxy
+
+    def __exit__(self, *exc) -> None:
+        if self.proxy is not None:
+            self.proxy.stop()
+        if self.server is not None:
+            self.server.stop()
+
+
+def _with_store(args: argparse.Namespace, kinds: list[str], rng: random.Random, work: Path, storage, proxy) -> int:
     java = QUICK_BROKER_JAVA_OPTIONS if args.quick else ("-Xmx512m", "-Xms64m", "-XX:+UseSerialGC")
     # a node restarted under a heavy load recovers its logs for minutes before it answers
     # --quick faults only changelake: one broker node is enough (the smoke run in make test)
@@ -183,20 +242,28 @@ def main(argv: list[str] | None = None) -> int:
         raw = demo_config(bootstrap_servers=servers, workdir=work, metrics_port=_free_port(),
                           pipeline_id="soak", max_records_per_batch=50_000)
         raw["pipeline"]["trigger_interval"] = "2 seconds"
+        if storage is not None:
+            raw["storage"] = storage
         (work / "pipeline.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
         config = parse_config((work / "pipeline.yaml").read_text(), origin=str(work / "pipeline.yaml"))
         pipeline = Pipeline(work / "pipeline.yaml", work / "changelake.log", raw["metrics"]["port"],
-                            {t.name: config.table_path(t.name) for t in config.tables})
+                            {t.name: config.table_path(t.name) for t in config.tables},
+                            config.storage.plain_options(), proxy)
+        early = None
+        if args.quick and proxy is not None:        # the orders table's first three commits refused, retried
+            from tests.objstore.s3_server import Fault
+
+            early = proxy.arm(Fault("refuse", "PUT", "/orders/_delta_log/", times=3))
         pipeline.start()
         try:
-            return _soak(args, kinds, rng, cluster, db, config, pipeline, msgs, work)
+            return _soak(args, kinds, rng, cluster, db, config, pipeline, msgs, work, early)
         finally:
             if pipeline.proc.poll() is None:       # a failed soak leaves no pipeline behind
                 pipeline.kill()
 
 
 def _soak(args: argparse.Namespace, kinds: list[str], rng: random.Random, cluster: LocalKafka,
-          db: InventoryDatabase, config, pipeline: Pipeline, msgs, work: Path) -> int:
+          db: InventoryDatabase, config, pipeline: Pipeline, msgs, work: Path, early=None) -> int:
     """The stream, the faults, the final comparison and the report (:func:`main` set it up)."""
     servers = cluster.bootstrap_servers
     producer = SteadyProducer(msgs, servers, rate=args.rate).start()
@@ -215,6 +282,10 @@ def _soak(args: argparse.Namespace, kinds: list[str], rng: random.Random, cluste
             faults.append(inject(kind, cluster, pipeline, rng, at=now - started))
             next_fault = time.monotonic() + rng.uniform(0.5, 1.5) * args.fault_every
         time.sleep(1.0)
+    if early is not None:
+        print(f"s3-errors from the start: {early.met} of the orders table's commit PUT(s) refused with 503", flush=True)
+        if early.met:
+            faults.append({"kind": "s3-errors", "at": 0.0, "recovered_s": None})
     sent = producer.wait(600)
     print(f"produced {sent:,} messages in {time.monotonic() - started:.0f} s; waiting for the tables", flush=True)
     deadline = time.monotonic() + (300 if args.quick else 900)
@@ -251,12 +322,21 @@ def inject(kind: str, cluster: LocalKafka, pipeline: Pipeline, rng: random.Rando
         cluster.stop_all()
         time.sleep(6)
         cluster.start_all()
+    elif kind == "s3-errors":               # every commit refused for a while: retried with backoff
+        from tests.objstore.s3_server import Fault
+
+        began = time.monotonic()
+        fault = pipeline.proxy.arm(Fault("refuse", "PUT", "/_delta_log/", until=began + S3_ERROR_S))
+        time.sleep(S3_ERROR_S)
+        pipeline.proxy.disarm()
+        print(f"         s3-errors: {fault.met} commit PUT(s) refused with 503 over {time.monotonic() - began:.0f} s",
+              flush=True)
     else:                                   # another writer compacts a table the pipeline writes
         from deltalake import DeltaTable
 
         table = rng.choice(sorted(pipeline.tables))
         try:
-            done = DeltaTable(pipeline.tables[table]).optimize.compact()
+            done = DeltaTable(pipeline.tables[table], storage_options=pipeline.storage_options).optimize.compact()
             print(f"         optimize {table}: {done.get('numFilesRemoved', 0)} files compacted", flush=True)
         except Exception as exc:  # the pipeline's commit won the race: that is the pipeline's retry's business
             print(f"         optimize {table} failed: {exc}", flush=True)
