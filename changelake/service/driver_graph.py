@@ -23,6 +23,13 @@ their state                            in memory, and with the gate's state in t
 
 The cost: the operators run in one process, and every batch writes their whole state to the checkpoint,
 so this suits views whose state is small to moderate (docs/pipelines.md, "Transaction-consistent tables").
+
+A row an operator raises on is set aside as on the executors (:func:`~changelake.spark.binding.
+run_bucket_isolating`: the node's rows halved down to the rows that make it raise, each half run from the
+state the half before it left) and reported in :attr:`DriverGraph.rejected`, which the batch turns into
+``operator-error`` dead letters of the source it descends from, under that source's ``on_error``: one bad
+row never stops the pipeline in a loop. Its position is not known here (the operators' inputs carry no
+``_seq`` on the driver): the letter holds the row.
 """
 
 from __future__ import annotations
@@ -32,9 +39,46 @@ from collections.abc import Mapping, Sequence
 import pyarrow as pa
 
 from changelake.changelog import SEQ
-from changelake.plan.local import LocalRunner
-from changelake.plan.physical import PhysicalPlan
-from changelake.spark.binding import NodeInfo, late_reports, with_positions
+from changelake.errors import StateError
+from changelake.metrics import publish
+from changelake.operators._event_time import split_late
+from changelake.plan.local import LocalRunner, without_update_before
+from changelake.plan.physical import EVENT_TIME_OPS, TWO_INPUT_OPS, PhysicalNode, PhysicalPlan
+from changelake.spark import reports
+from changelake.spark.binding import NodeInfo, late_reports, poisoned_reports, run_bucket_isolating, with_positions
+
+
+class _IsolatingRunner(LocalRunner):
+    """:class:`LocalRunner` whose kernels set aside the rows they raise on (module docstring)."""
+
+    def __init__(self, plan: PhysicalPlan) -> None:
+        super().__init__(plan)
+        #: the rows the operators raised on in the last step
+        self.rejected: list[reports.Rejected] = []
+
+    def _kernel_step(self, node: PhysicalNode, ins: list[pa.Table], now: int) -> pa.Table:
+        kernel = self.kernels[node.id]
+        before = kernel.snapshot()
+        try:
+            return super()._kernel_step(node, ins, now)
+        except StateError:          # a policy's deliberate stop
+            raise
+        except Exception:
+            pass
+        if node.drop_update_before:
+            ins = [without_update_before(t) for t in ins]
+        rows = (ins[0], ins[1]) if node.op in TWO_INPUT_OPS else ins[0]
+        step, bad = run_bucket_isolating(type(kernel), node.config, before, rows, node.schema, now=now)
+        self.kernels[node.id] = step.kernel if step.kernel is not None else type(kernel).restore(
+            node.config, step.snapshot) if step.snapshot is not None else node.make_kernel()
+        publish(step.figures)
+        self.rejected.extend(poisoned_reports(NodeInfo(node.id, node.late_rows == "dead_letter"), bad))
+        table = step.out
+        if node.op in EVENT_TIME_OPS:
+            table, late = split_late(table)
+            if late.num_rows:
+                self.late.setdefault(node.id, []).append(late)
+        return table
 
 
 class DriverGraph:
@@ -43,9 +87,11 @@ class DriverGraph:
 
     def __init__(self, plan: PhysicalPlan) -> None:
         self.plan = plan
-        self.runner = LocalRunner(plan)
+        self.runner = _IsolatingRunner(plan)
         #: (view, side) -> (late rows, their JSON when the view dead-letters them) of the last step
         self.late: dict[tuple[str, str], tuple[int, list[str]]] = {}
+        #: the rows an operator raised on in the last step (``operator-error`` dead letters)
+        self.rejected: list[reports.Rejected] = []
 
     @property
     def sources(self) -> frozenset[str]:
@@ -54,9 +100,9 @@ class DriverGraph:
     def step(self, feeds: Mapping[str, Sequence[pa.Table]], *, now_ms: int) -> dict[str, pa.Table]:
         """``now_ms``: the batch's processing time (state TTL), the gate's batch clock: a replay repeats it."""
         inputs = {s: pa.concat_tables(parts, promote_options="permissive") for s, parts in feeds.items() if parts}
-        self.runner.late = {}
+        self.runner.late, self.runner.rejected = {}, []
         outs = self.runner.step(inputs, now=now_ms)
-        self.late = self._late()
+        self.late, self.rejected = self._late(), list(self.runner.rejected)
         return {table: _with_positions(changes) for table, changes in outs.items() if changes.num_rows}
 
     def _late(self) -> dict[tuple[str, str], tuple[int, list[str]]]:
@@ -74,7 +120,7 @@ class DriverGraph:
     def restore(self, snapshot: Mapping[str, bytes] | None) -> None:
         """The state an earlier batch left (None: before the first batch)."""
         self.close()
-        self.runner = LocalRunner(self.plan)
+        self.runner = _IsolatingRunner(self.plan)
         if snapshot is not None:
             self.runner.restore(snapshot)
 

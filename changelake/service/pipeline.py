@@ -475,7 +475,8 @@ class BatchProcessor:
             by_source.setdefault(source, []).append({
                 "topic": topic, "partition": partition, "offset": offset, "timestamp": None, "key": None,
                 "value": r.row.encode(), "reason": "operator-error",
-                "error": (f"view {r.node!r} could not process this {r.side} input row (position {r.seq}): "
+                "error": (f"view {r.node!r} could not process this {r.side} input row "
+                          f"({'position ' + r.seq if r.seq else 'position not known: views behind the gate'}): "
                           f"{r.error}. The row was set aside and the pipeline went on; fix the value or the "
                           "view; `changelake dlq show` shows the row (a decoded row, not a message: it is not "
                           "replayed)")})
@@ -533,6 +534,10 @@ class BatchProcessor:
         cut, driven = self._gate(per_table, feeds, transactions, batch_id, report)
         if self.driver_graph is not None:
             late_rows = {**(late_rows or {}), **self.driver_graph.late}
+            for route, _, bad in self._rejected(self.driver_graph.rejected):     # the views' operator errors
+                self._handle_bad(route, bad, batch_id, report)
+                if route.spec.on_error == "dlq":
+                    letters.append((route.spec.name, bad, route.spec.table))
         letters.extend(self._late_letters(late_rows or {}, batch_id, report))
         truncate_at = self._truncates(truncates, report)
         for name in frames:

@@ -114,3 +114,59 @@ def test_with_on_error_fail_a_rejected_row_stops_naming_view_and_position(tmp_pa
     with pytest.raises(DecodeError, match=f"source 'orders'.*view '{node}'.*position") as info:
         processor.process_decoded(SCHEMA.empty_table(), 5, rejected=[_rejected(node)])
     assert (info.value.partition, info.value.offset) == (3, 41)
+
+
+def test_behind_the_transaction_gate_a_row_the_views_raise_on_is_a_dead_letter_and_the_batch_goes_on(tmp_path):
+    """With ``consistency: transaction`` the views run on the driver (``service.driver_graph``): a row its
+    aggregate overflows on is set aside there as on the executors, and the rest of the batch lands."""
+    import orjson
+    import yaml
+
+    from tests import txn_history as th
+
+    topic, txn_topic = th.TOPICS["accounts"], th.TXN_TOPIC
+    config = parse_config(yaml.safe_dump({
+        "pipeline": {"id": "txn-rejected", "checkpoint": str(tmp_path / "ckpt")},
+        "kafka": {"bootstrap_servers": "localhost:1"}, "storage": {"root": str(tmp_path / "lake")},
+        "sources": [{"name": "accounts", "topics": [topic], "format": "debezium-json", "table": "accounts",
+                     "columns": {"id": "bigint", "balance": "bigint"}, "consistency": "transaction",
+                     "on_error": "dlq"}],
+        "views": [{"name": "by_parity",
+                   "sql": "SELECT id % 2 AS parity, SUM(balance) AS total FROM accounts GROUP BY id % 2"}],
+        "tables": [{"name": "accounts", "primary_key": ["id"]},
+                   {"name": "by_parity", "from": "by_parity", "primary_key": ["parity"]}]}))
+    processor = BatchProcessor(config)
+    assert processor.driver_graph is not None
+
+    def txn(k: int, rows: list[tuple[int, int]], offset: int) -> list[tuple]:
+        tid = f"{900 + k}:1"
+        out = [(topic, 0, offset + i, orjson.dumps({"id": a}), orjson.dumps({
+            "op": "c", "before": None, "after": {"id": a, "balance": b}, "ts_ms": 1_700_000_000_000,
+            "source": {"connector": "mysql", "db": th.DB, "table": "accounts", "file": "mysql-bin.000001",
+                       "pos": 100 * (offset + i + 1), "row": 0},
+            "transaction": {"id": tid, "total_order": i + 1, "data_collection_order": i + 1}}))
+            for i, (a, b) in enumerate(rows)]
+        end = (txn_topic, 0, k, None, orjson.dumps({"status": "END", "id": tid, "event_count": len(rows),
+                                                    "data_collections": [{"data_collection": f"{th.DB}.accounts",
+                                                                          "event_count": len(rows)}]}))
+        return out + [end]
+
+    # account 3's balance overflows the odd accounts' SUM after account 1's
+    first = th.record_batch(txn(0, [(1, MAX), (3, 1)], 0))
+    out = pa.Table.from_batches(list(processor.stage(iter([first]))))
+    report = processor.process_decoded(out, 0)
+    assert report.dead_letters == {"operator-error": 1}
+    letters = read_delta(config.dead_letter_path()).to_pylist()
+    assert [(json.loads(r["value"]), r["reason"], r["source"]) for r in letters] == [
+        ({"parity": 1, "balance": 1}, "operator-error", "accounts")]
+    assert "view 'by_parity'" in letters[0]["error"] and "ValueOverflowError" in letters[0]["error"]
+    assert "position not known" in letters[0]["error"]
+    assert sorted(read_delta(config.table_path("by_parity")).select(["parity", "total"]).to_pylist(),
+                  key=lambda r: r["parity"]) == [{"parity": 1, "total": MAX}]
+    # the next transaction goes through the same views' state
+    second = th.record_batch(txn(1, [(2, 7)], 2))
+    report = processor.process_decoded(pa.Table.from_batches(list(processor.stage(iter([second])))), 1)
+    assert not report.dead_letters
+    assert sorted(read_delta(config.table_path("by_parity")).select(["parity", "total"]).to_pylist(),
+                  key=lambda r: r["parity"]) == [{"parity": 0, "total": 7}, {"parity": 1, "total": MAX}]
+    assert read_delta(config.table_path("accounts")).num_rows == 3       # the mirror took every row
