@@ -174,7 +174,8 @@ def spark_reader_run(spark, reader: str, config, work: Path, n: int) -> dict:
     import statistics
 
     from bench.common import PeakMemory
-    from changelake.service.pipeline import BatchProcessor, kafka_reader_options
+    from changelake.service.pipeline import BatchProcessor
+    from changelake.service.query_start import kafka_reader_options
     from changelake.spark.query import PipelineQuery, start
 
     counted = _Counted(BatchProcessor(config).stage)

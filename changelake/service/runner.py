@@ -18,7 +18,8 @@ from changelake.service.config import ChangelakeConfig, parse_duration
 from changelake.service.http import Health, HttpEndpoint
 from changelake.service.lease import Lease, LeaseLost
 from changelake.service.logs import TerminalStderr, log_format
-from changelake.service.pipeline import BatchProcessor, BatchReport, start_query
+from changelake.service.pipeline import BatchProcessor, BatchReport
+from changelake.service.query_start import start_query
 from changelake.service.preflight import broker_topics, side_topic, skipped_side_topics
 from changelake.service.split import MIRRORS_APP, split
 from changelake.service.restart_clock import RestartClock
@@ -225,7 +226,7 @@ class PipelineRunner:
 
 
 def refuse_bad_start(config: ChangelakeConfig, parts: Any, *, rebuild_views: bool = False) -> None:
-    """Raise the refusal :func:`~changelake.service.pipeline.start_query` would raise for the checkpoint against
+    """Raise the refusal :func:`~changelake.service.query_start.start_query` would raise for the checkpoint against
     the lake and the views (``service.lifecycle``; ``RestartRefused``, ``RebuildRefused``), without Spark: from
     the config, the checkpoint's files and the Delta logs (delta-rs). Nothing is written or moved; the start
     itself checks again, after the session is built, and records the checkpoint. ``parts``: of ``split``."""

@@ -2,7 +2,7 @@
 
 ====================  ================================================================================
 lag per partition     end offset (Kafka) minus the offset committed to the pipeline's consumer group
-                      (:func:`~changelake.service.pipeline.consumer_group`) after each batch
+                      (:func:`~changelake.service.query_start.consumer_group`) after each batch
 last batch            the newest entry of the checkpoint's commit log: batch id, when, its end offsets
 tables                Delta version, live files and their bytes (sink tables and their tombstone tables)
 dead letters          rows of the dead-letter Delta table, by source and reason
@@ -24,7 +24,7 @@ from datetime import datetime, timezone
 
 from changelake.connectors.kafka_retry import with_retries
 from changelake.service.config import ChangelakeConfig
-from changelake.service.pipeline import consumer_group
+from changelake.service.query_start import consumer_group
 from changelake.service.preflight import RDKAFKA_LOGGER, broker_topics, pattern_without_side_topics
 
 _TIMEOUT_S = 15.0

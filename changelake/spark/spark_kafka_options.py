@@ -186,7 +186,7 @@ def subscribe_pattern(reader_options: Mapping[str, str]) -> str:
 def spark_options(reader_options: Mapping[str, str], properties: Mapping[str, str],
                   passthrough: Mapping[str, str], *, resolve_offsets: Any = None) -> dict[str, str]:
     """The options of ``spark.readStream.format("kafka")`` (module docstring). ``reader_options`` are the
-    ``python`` reader's (``changelake.service.pipeline.kafka_reader_options``); ``resolve_offsets`` (called
+    ``python`` reader's (``changelake.service.query_start.kafka_reader_options``); ``resolve_offsets`` (called
     only for starting offsets other than ``earliest`` / ``latest``) returns ``{topic: {partition: offset}}``
     for every partition, as the ``python`` reader's ``initialOffset``."""
     opts = {k.lower(): v for k, v in reader_options.items()}

@@ -19,7 +19,8 @@ from confluent_kafka import Producer
 from changelake.connectors.delta_read import read_delta
 from changelake import metrics
 from changelake.service.config import ChangelakeConfig
-from changelake.service.pipeline import BatchProcessor, start_query
+from changelake.service.pipeline import BatchProcessor
+from changelake.service.query_start import start_query
 from tests.formats.avro_envelopes import KEY, V1, V2_ADDS_EMAIL, V3_NAME_IS_LONG, framed, framed_key
 from tests.registry_stub import schema_registry
 

@@ -44,7 +44,8 @@ from deltalake import DeltaTable
 
 from changelake.connectors.delta_read import read_delta
 from changelake.service.config import parse_config
-from changelake.service.pipeline import BatchProcessor, start_query
+from changelake.service.pipeline import BatchProcessor
+from changelake.service.query_start import start_query
 from changelake.spark.delta_sink import DeltaSparkSink
 from tests.adversarial_history import ENVELOPES, GRAPH, AdversarialShop, columns_of, encode, pipeline_yaml, truth
 from tests.keychange_history import KeyChangeDatabase, pipeline_sections

@@ -10,7 +10,8 @@ from changelake.changelog import DEAD_LETTER_SCHEMA
 from changelake.connectors.dead_letter_topic import LETTER_SCHEMA, DeadLetterTopic, header_dict, read_topics
 from changelake import metrics
 from changelake.service.demo import verify
-from changelake.service.pipeline import BatchProcessor, start_query
+from changelake.service.pipeline import BatchProcessor
+from changelake.service.query_start import start_query
 
 from .helpers import pipeline_config, write_history
 

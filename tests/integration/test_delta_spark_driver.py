@@ -20,7 +20,8 @@ import pytest
 from deltalake import DeltaTable
 
 from changelake.service.demo import demo_config, verify
-from changelake.service.pipeline import BatchProcessor, start_query
+from changelake.service.pipeline import BatchProcessor
+from changelake.service.query_start import start_query
 from changelake.spark.delta_sink import DeltaSparkSink
 from changelake.spark.query import PipelineQuery
 

@@ -19,7 +19,8 @@ from changelake.connectors.dead_letter_topic import read_topics
 from changelake.connectors.delta_read import read_delta
 from changelake.service.cli import main
 from changelake.service.config import parse_config
-from changelake.service.pipeline import BatchProcessor, start_query
+from changelake.service.pipeline import BatchProcessor
+from changelake.service.query_start import start_query
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.kafka]
 

@@ -19,7 +19,8 @@ from confluent_kafka import Producer
 from changelake.connectors.delta_read import read_delta
 from changelake.service.config import parse_config
 from changelake.service.demo import demo_config, expected_views, verify, verify_views
-from changelake.service.pipeline import BatchProcessor, start_query
+from changelake.service.pipeline import BatchProcessor
+from changelake.service.query_start import start_query
 from changelake.spark.groups import MARKER, GroupLayout
 
 from .helpers import write_history

@@ -19,7 +19,8 @@ import changelake.service.inventory as inv
 from changelake.service.config import parse_config
 from changelake.service.demo import demo_config, expected_views, verify, verify_views
 from changelake.service.inventory import InventoryDatabase, produce
-from changelake.service.pipeline import BatchProcessor, start_query
+from changelake.service.pipeline import BatchProcessor
+from changelake.service.query_start import start_query
 from changelake.spark.groups import MARKER
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.kafka]

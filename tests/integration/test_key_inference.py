@@ -11,7 +11,8 @@ from deltalake import DeltaTable
 import changelake.service.inventory as inv
 from changelake.connectors.delta_sink_schema import PROP_PRIMARY_KEY
 from changelake.service.demo import verify
-from changelake.service.pipeline import BatchProcessor, start_query
+from changelake.service.pipeline import BatchProcessor
+from changelake.service.query_start import start_query
 
 from .helpers import pipeline_config
 

@@ -18,7 +18,7 @@ import pytest
 from confluent_kafka import ConsumerGroupTopicPartitions, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from changelake.service.pipeline import consumer_group
+from changelake.service.query_start import consumer_group
 
 from .helpers import pipeline_config, write_history
 

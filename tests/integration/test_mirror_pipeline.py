@@ -12,7 +12,8 @@ from changelake.connectors.delta_read import read_delta
 from changelake.spark.kafka_source import SOURCE_NAME, KafkaSource
 from changelake import metrics
 from changelake.service.demo import verify
-from changelake.service.pipeline import BatchProcessor, start_query
+from changelake.service.pipeline import BatchProcessor
+from changelake.service.query_start import start_query
 
 from .helpers import pipeline_config, write_history
 

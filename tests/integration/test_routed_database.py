@@ -23,7 +23,8 @@ from deltalake import DeltaTable
 from changelake import metrics
 from changelake.connectors.delta_read import read_delta
 from changelake.service.config import parse_config
-from changelake.service.pipeline import BatchProcessor, start_query
+from changelake.service.pipeline import BatchProcessor
+from changelake.service.query_start import start_query
 from changelake.service.runner import wait_for
 from tests.routed_history import RoutedDatabase, produce
 

@@ -16,7 +16,8 @@ from confluent_kafka import Producer
 
 from changelake.connectors.delta_read import read_delta
 from changelake.service.config import ChangelakeConfig
-from changelake.service.pipeline import BatchProcessor, start_query
+from changelake.service.pipeline import BatchProcessor
+from changelake.service.query_start import start_query
 from tests.formats.avro_envelopes import envelope, framed
 from tests.integration.test_schema_evolution import change, field
 from tests.registry_stub import schema_registry

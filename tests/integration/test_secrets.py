@@ -7,7 +7,8 @@ import logging
 import pytest
 
 from changelake.service.cli import configure_logging
-from changelake.service.pipeline import BatchProcessor, kafka_reader_options, start_query
+from changelake.service.pipeline import BatchProcessor
+from changelake.service.query_start import kafka_reader_options, start_query
 
 from .helpers import pipeline_config, write_history
 

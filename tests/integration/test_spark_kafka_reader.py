@@ -13,7 +13,8 @@ from confluent_kafka import Producer
 
 from changelake.connectors.delta_read import read_delta
 from changelake.service.demo import verify
-from changelake.service.pipeline import BatchProcessor, start_query
+from changelake.service.pipeline import BatchProcessor
+from changelake.service.query_start import start_query
 from changelake.spark.checkpoint import batch_end_offsets, last_committed_batch
 from tests.jars import need
 

@@ -19,7 +19,8 @@ from confluent_kafka import Producer
 
 from changelake.connectors.delta_read import read_delta
 from changelake.service.config import parse_config
-from changelake.service.pipeline import BatchProcessor, start_query
+from changelake.service.pipeline import BatchProcessor
+from changelake.service.query_start import start_query
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.kafka]
 

@@ -24,7 +24,8 @@ import pytest
 import changelake.service.inventory as inv
 from changelake.connectors.delta_read import read_delta
 from changelake import metrics
-from changelake.service.pipeline import BatchProcessor, start_query
+from changelake.service.pipeline import BatchProcessor
+from changelake.service.query_start import start_query
 
 from .helpers import pipeline_config
 

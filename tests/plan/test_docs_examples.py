@@ -92,7 +92,7 @@ def test_the_lookup_join_examples_plan_and_explain_as_shown():
 def test_the_starting_position_example_asks_for_the_moment_in_epoch_ms():
     import json
 
-    from changelake.service.pipeline import kafka_reader_options
+    from changelake.service.query_start import kafka_reader_options
 
     start = DOC.index("## Starting positions")
     section = DOC[start:DOC.index("\n## ", start + 1)]

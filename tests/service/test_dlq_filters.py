@@ -94,7 +94,8 @@ def test_list_and_replay_refuse_unknown_filters_and_apply_the_reason_rules(tmp_p
 
 
 def test_the_kafka_source_reads_each_sources_replay_topics():
-    from changelake.service.pipeline import _Route, kafka_reader_options
+    from changelake.service.pipeline import _Route
+    from changelake.service.query_start import kafka_reader_options
     from changelake.spark.kafka_source import KafkaOptions
 
     config = parse_config(yaml.safe_dump({

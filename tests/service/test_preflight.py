@@ -13,7 +13,7 @@ import pytest
 
 from changelake.errors import SourceError
 from changelake.service.config import parse_config
-from changelake.service.pipeline import kafka_reader_options
+from changelake.service.query_start import kafka_reader_options
 from changelake.service.preflight import broker_topics, skipped_side_topics
 
 pytestmark = pytest.mark.unit

@@ -262,7 +262,7 @@ def test_the_spark_sql_reader_sees_the_same_consistent_point(spark, tmp_path):
 
 
 def test_the_transaction_topic_starts_where_its_sources_start(tmp_path):
-    from changelake.service.pipeline import kafka_reader_options
+    from changelake.service.query_start import kafka_reader_options
 
     raw = {"pipeline": {"id": "p", "checkpoint": str(tmp_path)}, "kafka": {"bootstrap_servers": "x:1"},
            "sources": [{"name": "s", "topics": ["dbz.shop.a"], "table": "t", "consistency": "transaction",

@@ -127,7 +127,7 @@ def test_a_source_starting_at_a_time_asks_for_it_in_epoch_ms():
 
     from changelake.errors import ConfigError
     from changelake.service.config import parse_config
-    from changelake.service.pipeline import kafka_reader_options
+    from changelake.service.query_start import kafka_reader_options
 
     def config(source: dict):
         raw = {"pipeline": {"id": "p", "checkpoint": "/tmp/c"}, "kafka": {"bootstrap_servers": "localhost:1"},
