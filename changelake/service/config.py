@@ -76,11 +76,10 @@ class PipelineSettings(_Model):
     read_tasks: int = Field(2, gt=0, description="Spark tasks that read Kafka per micro-batch; about the executor cores")
     mirrors: Literal["own_query", "with_graph"] = Field(
         "with_graph", description="with views: with_graph runs the mirrors in the operator graph's query (they "
-                                  "wait for its batches); own_query (experimental: one benchmark run's graph "
-                                  "table lost 2 of 18,000 orders, not explained yet) runs them in a streaming "
-                                  "query of their own (checkpoint <checkpoint>/mirrors), committing on their own "
-                                  "cadence. Decided when the checkpoint is created (operations.md, 'Mirrors and "
-                                  "views')")
+                                  "wait for its batches); own_query (opt-in, fewer tests run in this mode; not "
+                                  "with consistency: transaction) runs them in a streaming query of their own "
+                                  "(checkpoint <checkpoint>/mirrors), committing on their own cadence. Decided "
+                                  "when the checkpoint is created (operations.md, 'Mirrors and views')")
     state_ttl: str | None = Field(None, description="idle-state retention of every operator ('1 day'); none: forever")
     on_stale_retraction: Literal["warn", "fail"] = Field(
         "warn", description="a retraction that finds no state (expired or never seen): warn and skip, or fail")
