@@ -5,6 +5,7 @@
     .venv/bin/python bench/freshness.py --quick     # smoke run: 12 s at 200 events/s, 2,000 keys
     .venv/bin/python bench/freshness.py --join [--orders N] [--mirrors own_query|with_graph] [--quick]
     .venv/bin/python bench/freshness.py --consistency offset|transaction|both [...]
+    .venv/bin/python bench/freshness.py --join [--shape full|no-top3|join-only] --stages [--conf KEY=VALUE ...]
 
 **What runs.** A Kafka broker (``--broker``, bench/common.py, printed by the run: Apache Kafka from the
 project's ``kafka`` JVM set where it is installed, else librdkafka's mock cluster); a producer process that writes
@@ -73,6 +74,17 @@ freshness counts from the append.
 running batch to end, then for the trigger) and that start -> the mirror's commit (its own batch); the
 run prints both (p50, p99), the batches that held the slowest 1% of changes, and how far apart batches
 started while producing.
+
+**The per-stage cost of a steady micro-batch** (``--stages``, issue 29). Spark's event log is on for the
+run; per micro-batch that started while the producer ran, the table gives, median (p90) over those batches,
+each stage of the batch's job (the source tasks: Kafka read, decode and routing; each stateful operator, one
+``transformWithStateInPandas`` per level of the graph, the last with Deliver and the collect): wall time,
+tasks, task time, Python time and the state store's commit and update times (summed over the tasks); then
+the whole job, the driver part (Delta commits) and the parts of Spark's progress (``durationMs``: planning,
+offsets, the batch). ``--shape`` removes graph nodes (``no-top3``: the Top-3, which shares its level with
+the aggregate; ``join-only``: both, the join's output a table of its own), so that the cost of a stateful
+node is the difference of two runs. ``CHANGELAKE_STEP_PROFILE=<dir>`` (``changelake.spark.binding.StepClock``)
+adds the Python workers' CPU per bucket step and phase.
 
 **``--consistency transaction``** (issue 31): the sources take ``consistency: transaction``; each steady change
 is a source transaction of its own (the change carries Debezium's ``transaction`` block, and its END, counting
