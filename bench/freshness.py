@@ -5,6 +5,7 @@
     .venv/bin/python bench/freshness.py --quick     # smoke run: 12 s at 200 events/s, 2,000 keys
     .venv/bin/python bench/freshness.py --join [--orders N] [--mirrors own_query|with_graph] [--quick]
     .venv/bin/python bench/freshness.py --consistency offset|transaction|both [...]
+    .venv/bin/python bench/freshness.py --join [--shape full|no-top3|join-only] --stages [--conf KEY=VALUE ...]
 
 **What runs.** A Kafka broker (``--broker``, bench/common.py, printed by the run: Apache Kafka from the
 project's ``kafka`` JVM set where it is installed, else librdkafka's mock cluster); a producer process that writes
@@ -74,6 +75,17 @@ running batch to end, then for the trigger) and that start -> the mirror's commi
 run prints both (p50, p99), the batches that held the slowest 1% of changes, and how far apart batches
 started while producing.
 
+**The per-stage cost of a steady micro-batch** (``--stages``, issue 29). Spark's event log is on for the
+run; per micro-batch that started while the producer ran, the table gives, median (p90) over those batches,
+each stage of the batch's job (the source tasks: Kafka read, decode and routing; each stateful operator, one
+``transformWithStateInPandas`` per level of the graph, the last with Deliver and the collect): wall time,
+tasks, task time, Python time and the state store's commit and update times (summed over the tasks); then
+the whole job, the driver part (Delta commits) and the parts of Spark's progress (``durationMs``: planning,
+offsets, the batch). ``--shape`` removes graph nodes (``no-top3``: the Top-3, which shares its level with
+the aggregate; ``join-only``: both, the join's output a table of its own), so that the cost of a stateful
+node is the difference of two runs. ``CHANGELAKE_STEP_PROFILE=<dir>`` (``changelake.spark.binding.StepClock``)
+adds the Python workers' CPU per bucket step and phase.
+
 **``--consistency transaction``** (issue 31): the sources take ``consistency: transaction``; each steady change
 is a source transaction of its own (the change carries Debezium's ``transaction`` block, and its END, counting
 one event of the change's topic, goes to ``bench.transaction``, one partition). The gate applies a transaction
@@ -128,7 +140,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import PeakMemory, add_broker_option, machine, open_broker
 from bench.gen import debezium_envelope
-from bench.spark_timing import BatchClock
+from bench.spark_timing import BatchClock, batch_stages, stage_table
 
 CATEGORIES = ["tools", "garden", "kitchen", "toys", "sports", "office", "auto", "outdoor", "books", "music"]
 COLUMNS = {"id": "bigint", "name": "string", "description": "string", "category": "string",
@@ -144,11 +156,15 @@ MIRROR, GRAPH = "products", "category_stock"
 ORDERS = "orders"
 #: the --join graph's tables: orders JOIN products, then per category an aggregate and a Top-3
 SALES, TOP3 = "category_sales", "category_top3"
+#: --shape join-only: the join's output as a table of its own (keyed by order)
+LINES = "order_lines"
+#: --join's graph shapes (--shape): the graph tables each writes; full is issue 29's graph
+SHAPES = {"full": (SALES, TOP3), "no-top3": (SALES,), "join-only": (LINES,)}
 #: the share of --join's steady changes that are orders' (the rest are products')
 ORDER_SHARE = 0.75
 TARGETS = {MIRROR: "p99 <= 3 s at 10,000 events/s", GRAPH: "p99 <= 5 s at 2,000 events/s, no growing backlog",
            ORDERS: "p99 <= 3 s at 2,000 events/s (issue 29)", SALES: "p99 <= 3 s at 2,000 events/s (issue 29)",
-           TOP3: "p99 <= 3 s at 2,000 events/s (issue 29)"}
+           TOP3: "p99 <= 3 s at 2,000 events/s (issue 29)", LINES: "p99 <= 3 s at 2,000 events/s (issue 29)"}
 
 
 # -- the source database --------------------------------------------------------------------------------
@@ -516,7 +532,8 @@ def config(args: argparse.Namespace, bootstrap: str, work: Path):
     raw = {
         "pipeline": {"id": PIPELINE_ID, "checkpoint": str(work / "checkpoint"), "trigger_interval": args.trigger,
                      "read_tasks": 2,
-                     "spark_conf": {"spark.sql.streaming.minBatchesToRetain": "1000000"}},
+                     "spark_conf": {"spark.sql.streaming.minBatchesToRetain": "1000000",
+                                    **dict(c.split("=", 1) for c in args.conf)}},
         "kafka": {"bootstrap_servers": bootstrap},
         "sources": [{"name": "products", "topic_pattern": TOPIC.format(n="").replace(".", r"\.") + r"\d+",
                      "format": "debezium-json", "columns": COLUMNS, "table": MIRROR, "primary_key": ["id"],
@@ -530,15 +547,20 @@ def config(args: argparse.Namespace, bootstrap: str, work: Path):
                                + r"\d+", "format": "debezium-json", "columns": ORDER_COLUMNS, "table": ORDERS,
                                "primary_key": ["order_id"], "normalize": False})
         raw["tables"].append({"name": ORDERS, "primary_key": ["order_id"]})
-        raw["views"] = [
-            {"name": "order_lines", "join": {"left": "orders", "right": "products", "on": {"product_id": "id"}}},
-            {"name": "sales", "from": "order_lines", "group_by": ["category"],
-             "aggregates": {"orders": "count(*)", "units": "sum(quantity)"}},
-            {"name": "top3", "from": "order_lines",
-             "top_n": {"n": 3, "order_by": ["quantity desc", "order_id asc"], "partition_by": ["category"],
-                       "rank_column": "rank"}}]
-        raw["tables"] += [{"name": SALES, "from": "sales", "primary_key": ["category"]},
-                          {"name": TOP3, "from": "top3", "primary_key": ["category", "rank"]}]
+        views = {
+            LINES: {"name": "order_lines", "join": {"left": "orders", "right": "products",
+                                                     "on": {"product_id": "id"}}},
+            SALES: {"name": "sales", "from": "order_lines", "group_by": ["category"],
+                    "aggregates": {"orders": "count(*)", "units": "sum(quantity)"}},
+            TOP3: {"name": "top3", "from": "order_lines",
+                   "top_n": {"n": 3, "order_by": ["quantity desc", "order_id asc"], "partition_by": ["category"],
+                             "rank_column": "rank"}}}
+        tables = {LINES: {"name": LINES, "from": "order_lines", "primary_key": ["order_id"]},
+                  SALES: {"name": SALES, "from": "sales", "primary_key": ["category"]},
+                  TOP3: {"name": TOP3, "from": "top3", "primary_key": ["category", "rank"]}}
+        wanted = SHAPES[args.shape]
+        raw["views"] = [views[LINES]] + [views[t] for t in wanted if t != LINES]
+        raw["tables"] += [tables[t] for t in wanted]
     elif args.graph:
         raw["views"] = [{"name": "by_category", "from": "products", "group_by": ["category"],
                          "aggregates": {"products": "count(*)", "stock": "sum(stock)"}}]
@@ -602,6 +624,8 @@ def verify(cfg, final: dict[str, list[dict]], tables: list[str]) -> dict[str, st
         SALES: (("category",), ("category", "orders", "units"),
                 "SELECT category, count(*), sum(quantity) FROM orders JOIN products ON product_id = id "
                 "GROUP BY category"),
+        LINES: (("order_id",), ("order_id", "category", "quantity"),
+                "SELECT order_id, category, quantity FROM orders JOIN products ON product_id = id"),
         TOP3: (("category", "rank"), ("category", "rank", "order_id", "quantity"),
                "SELECT category, rank, order_id, quantity FROM (SELECT category, order_id, quantity, row_number() OVER "
                "(PARTITION BY category ORDER BY quantity DESC, order_id ASC) AS rank FROM orders JOIN products "
@@ -630,6 +654,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--join", action="store_true",
                     help="issue 29's graph: products and orders mirrored, orders JOIN products, per category an "
                          "aggregate and a Top-3 (ORDER_SHARE of the changes are orders')")
+    ap.add_argument("--shape", choices=tuple(SHAPES), default="full",
+                    help="--join's graph: full (join, aggregate, Top-3), no-top3 (join, aggregate), join-only "
+                         "(the join's output as a table): the cost of a stateful node, by difference")
+    ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                    help="a Spark setting for the pipeline (pipeline.spark_conf); repeatable")
+    ap.add_argument("--stages", action="store_true",
+                    help="Spark's event log on: print the per-stage cost of the steady micro-batches")
     ap.add_argument("--orders", type=int, default=None, help="order keys with --join (default: --keys)")
     ap.add_argument("--mirrors", choices=("own_query", "with_graph"), default=None,
                     help="the pipeline's pipeline.mirrors (default: the service's default)")
@@ -666,9 +697,13 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.workdir).absolute() if args.workdir else Path(tempfile.mkdtemp(prefix="bench-freshness-"))
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
+    if args.stages:
+        (work / "eventlog").mkdir()
+        args.conf += [f"spark.eventLog.dir={work / 'eventlog'}", "spark.eventLog.enabled=true",
+                      "spark.eventLog.compress=false", "spark.eventLog.rolling.enabled=false"]
     load0 = os.getloadavg()
     mirrors = [MIRROR, ORDERS] if args.join else [MIRROR]
-    graph_tables = [SALES, TOP3] if args.join else [GRAPH] if args.graph else []
+    graph_tables = list(SHAPES[args.shape]) if args.join else [GRAPH] if args.graph else []
     tables = mirrors + graph_tables
     print(f"freshness: {args.rate:,.0f} events/s for {args.duration:.0f} s over {args.keys:,} keys, "
           f"{args.topics} topics x 4 partitions, producer linger {args.linger:g} ms, trigger {args.trigger}, tables {tables}; {machine()}; "
@@ -833,6 +868,12 @@ def main(argv: list[str] | None = None) -> int:
         (a50, d50), (a90, d90) = np.percentile(timed, [50, 90], axis=0)
         print(f"micro-batches after the snapshot: {len(timed)}; Spark action (read, decode, operators, collect) "
               f"median {a50:.2f}s (p90 {a90:.2f}s), driver (Delta commits) median {d50:.2f}s (p90 {d90:.2f}s)")
+    if args.stages and result is not None:
+        # the steady batches: those that started while the producer ran (after the snapshot's catch-up)
+        steady_ids = sorted(b for b, t in starts.items() if t0 <= t <= t1)
+        drivers = [d for _, d in clock.batches[warmup_batches:]]
+        print(f"\nper-stage cost of the steady micro-batches ({args.shape if args.join else 'one source'}):")
+        print(stage_table(batch_stages(work / "eventlog"), steady_ids, drivers, result.progress))
     grid = np.arange(t0, t1 + 1e-9, 1.0)
     backlog = (np.searchsorted(np.sort(acked), grid, side="right")
                - np.searchsorted(np.sort(mirror[~np.isnan(mirror)]), grid, side="right"))

@@ -143,3 +143,110 @@ def spark_stages(eventlog: Path) -> dict[str, list[dict]]:
                 s["task_ms"] += int(acc.get("internal.metrics.executorRunTime", 0))
                 s["python_ms"] += int(acc.get("time to execute Python code", 0))
     return {qid: [stages[p] for p in sorted(stages)] for qid, stages in out.items()}
+
+
+#: SQL metrics of a stateful operator (summed over the stage's tasks) that the stage table shows
+_STATE_METRICS = {"time to commit changes": "commit_ms", "time to update": "update_ms",
+                  "time to remove": "remove_ms", "time to execute Python code": "python_ms"}
+
+
+def batch_stages(eventlog: Path) -> dict[int, dict]:
+    """Per micro-batch id (``streaming.sql.batchId`` of its jobs): the batch's Spark jobs' wall time
+    (``job_ms``: first job start to last job end) and its completed stages in submission order, each
+    ``{"what", "tasks", "wall_ms", "task_ms", "python_ms", "commit_ms", "update_ms", "remove_ms"}``
+    (task figures summed over the stage's tasks). ``what`` names the stage by its RDDs: the source stage
+    (``DataSourceRDD``: Kafka read + decode + route), the stateful stages (``StateStoreRDD``: one
+    ``transformWithStateInPandas`` operator; numbered by their place in the batch), the rest."""
+    jobs: dict[int, int] = {}                       # job id -> batch id
+    stage_batch: dict[int, int] = {}
+    out: dict[int, dict] = {}
+    for path in sorted(eventlog.rglob("*")):
+        if not path.is_file() or path.name.startswith(".") or "appstatus" in path.name:
+            continue
+        for line in path.read_text().splitlines():
+            e = json.loads(line)
+            kind = e["Event"]
+            if kind == "SparkListenerJobStart":
+                bid = (e.get("Properties") or {}).get("streaming.sql.batchId")
+                if bid is None:
+                    continue
+                jobs[e["Job ID"]] = int(bid)
+                b = out.setdefault(int(bid), {"start": e["Submission Time"], "end": e["Submission Time"],
+                                              "stages": []})
+                b["start"] = min(b["start"], e["Submission Time"])
+                for sid in e["Stage IDs"]:
+                    stage_batch[sid] = int(bid)
+            elif kind == "SparkListenerJobEnd" and e["Job ID"] in jobs:
+                b = out[jobs[e["Job ID"]]]
+                b["end"] = max(b["end"], e["Completion Time"])
+            elif kind == "SparkListenerStageCompleted" and e["Stage Info"]["Stage ID"] in stage_batch:
+                info = e["Stage Info"]
+                acc: dict[str, int] = {}
+                for a in info.get("Accumulables", []):
+                    try:
+                        acc[a["Name"]] = acc.get(a["Name"], 0) + int(a.get("Value") or 0)
+                    except (TypeError, ValueError):
+                        pass
+                rdds = {r["Name"] for r in info["RDD Info"]}
+                stage = {"id": info["Stage ID"], "submitted": info.get("Submission Time", 0),
+                         "what": "source" if "DataSourceRDD" in rdds else
+                         "stateful" if "StateStoreRDD" in rdds else "other",
+                         "tasks": info["Number of Tasks"],
+                         "wall_ms": info.get("Completion Time", 0) - info.get("Submission Time", 0),
+                         "task_ms": acc.get("internal.metrics.executorRunTime", 0)}
+                stage.update({key: acc.get(name, 0) for name, key in _STATE_METRICS.items()})
+                out[stage_batch[info["Stage ID"]]]["stages"].append(stage)
+    for b in out.values():
+        b["job_ms"] = b.pop("end") - b.pop("start")
+        b["stages"].sort(key=lambda s: (s["submitted"], s["id"]))
+        level = 0
+        for s in b["stages"]:
+            if s["what"] == "stateful":
+                level += 1
+                s["what"] = f"stateful operator {level} (transformWithStateInPandas)"
+            elif s["what"] == "source":
+                s["what"] = "Kafka read + decode + route (source tasks)"
+            else:
+                s["what"] = "other (shuffle, collect)"
+    return out
+
+
+def stage_table(batches: dict[int, dict], ids: list[int], driver_s: list[float] | None = None,
+                progress: list[dict] | None = None) -> str:
+    """A markdown table of the median (p90) per stage over the micro-batches ``ids`` (those with the
+    most common stage layout), plus the batch's Spark job, the driver part (``driver_s``: seconds per
+    batch, e.g. BatchClock's) and the parts Spark's progress reports (``durationMs``) for those ids."""
+    import numpy as np
+    from collections import Counter
+
+    chosen = [batches[i] for i in ids if i in batches]
+    if not chosen:
+        return "(no micro-batch of those ids in the event log)"
+    layout = Counter(tuple(s["what"] for s in b["stages"]) for b in chosen).most_common(1)[0][0]
+    same = [b for b in chosen if tuple(s["what"] for s in b["stages"]) == layout]
+
+    def fmt(values) -> str:
+        p50, p90 = np.percentile(values, [50, 90])
+        return f"{p50:,.0f} ({p90:,.0f})"
+
+    lines = [f"{len(same)} micro-batches (of {len(chosen)}; the rest had another stage layout); ms, median (p90); "
+             "task, Python, commit and update times are summed over the stage's tasks",
+             "", "| part | tasks | wall | task time | Python | state commit | state update |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for pos, what in enumerate(layout):
+        col = [b["stages"][pos] for b in same]
+        lines.append(f"| {what} | {col[0]['tasks']} | {fmt([s['wall_ms'] for s in col])} | "
+                     f"{fmt([s['task_ms'] for s in col])} | {fmt([s['python_ms'] for s in col])} | "
+                     f"{fmt([s['commit_ms'] for s in col])} | {fmt([s['update_ms'] for s in col])} |")
+    lines.append(f"| **the batch's Spark jobs** (first start to last end) | | {fmt([b['job_ms'] for b in same])} "
+                 "| | | | |")
+    if driver_s:
+        lines.append(f"| driver part (Delta commits, dead letters) | | {fmt([d * 1000 for d in driver_s])} | | | | |")
+    by_id = {p["batchId"]: p for p in progress or () if p.get("numInputRows")}
+    steady = [by_id[i] for i in ids if i in by_id]
+    if steady:
+        parts = sorted({k for p in steady for k in p.get("durationMs", {})})
+        for k in parts:
+            lines.append(f"| progress `durationMs.{k}` | | {fmt([p['durationMs'].get(k, 0) for p in steady])} "
+                         "| | | | |")
+    return "\n".join(lines)

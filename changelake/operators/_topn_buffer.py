@@ -69,7 +69,10 @@ class SortOrder:
         """A natively comparable key with the order of :meth:`compare` (for bisect and sorting)."""
         out = []
         for spec, flag, v in zip(self.columns, self._null_flags, sort_key):
-            if v is None:
+            kind = type(v)
+            if kind is int or (kind is float and v == v):       # the common case first (not bool, not NaN)
+                out.append((0, (0, v if spec.ascending else -v)))
+            elif v is None:
                 out.append((flag, 0))
             elif isinstance(v, (int, float)) and not isinstance(v, bool):   # NaN above every number
                 if isinstance(v, float) and math.isnan(v):
@@ -123,9 +126,13 @@ class TopNBuffer:
         if found:
             del self.entries[i]
 
-    def prune_empty(self) -> None:
-        """Drop sort keys whose last item was removed in place."""
-        self.entries[:] = [e for e in self.entries if e[1]]
+    def drop_if_empty(self, index: int) -> None:
+        """Drop the sort key at ``index`` (-1: none) when its last item was removed in place. The
+        retractions remove items of one sort key only, so that entry is the only one that can be empty:
+        one check instead of a pass over the partition (which cost ~1 s per micro-batch of 4,000 updates
+        over Top-3 partitions of 2,000 rows: docs/benchmarks.md, issue 29)."""
+        if index >= 0 and not self.entries[index][1]:
+            del self.entries[index]
 
     def remove_last(self) -> Any:
         if not self.entries:

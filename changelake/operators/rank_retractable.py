@@ -75,12 +75,12 @@ class RetractableTopN(TopNBase):
 
     # -- retract -----------------------------------------------------------------------------
     def _retract_ranked(self, sk: tuple, row: tuple, buf: TopNBuffer) -> bool:
-        rank, prev, found = 0, None, False
-        for sort_key, rows in buf:
+        rank, prev, found, at = 0, None, False, -1
+        for index, (sort_key, rows) in enumerate(buf):
             if not self.in_rank_end(rank):
                 break
             if not found and buf.same_key(sort_key, sk):
-                i = 0
+                at, i = index, 0
                 while i < len(rows) and self.in_rank_end(rank):
                     current = rows[i]
                     if not found and current == row:
@@ -100,16 +100,16 @@ class RetractableTopN(TopNBase):
                 rank += len(rows)
         if self.in_rank_end(rank) and found:
             self.delete(prev, rank)
-        buf.prune_empty()
+        buf.drop_if_empty(at)
         return found
 
     def _retract_unranked(self, sk: tuple, row: tuple, buf: TopNBuffer) -> bool:
-        next_rank, found = 1, False
-        for sort_key, rows in buf:
+        next_rank, found, at = 1, False, -1
+        for index, (sort_key, rows) in enumerate(buf):
             if not self.in_rank_end(next_rank):
                 break
             if not found and buf.same_key(sort_key, sk):
-                i = 0
+                at, i = index, 0
                 while i < len(rows) and self.in_rank_end(next_rank):
                     current = rows[i]
                     if not found and current == row:
@@ -132,5 +132,5 @@ class RetractableTopN(TopNBase):
                     break
             else:
                 next_rank += len(rows)
-        buf.prune_empty()
+        buf.drop_if_empty(at)
         return found

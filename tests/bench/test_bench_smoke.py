@@ -51,8 +51,10 @@ SMOKE: dict[str, tuple[list[str], tuple[str, ...], list[str]]] = {
                                                r"\| category_stock \| [\d,]+ \| [\d.]+ s \|",
                                                r"records/s: offered [\d,]+", r"backlog .* at the end of production",
                                                r"freshness run ok"]),
-    "freshness.py join": (["--join"], ("spark", "kafka"),
-                          [r"\| mirrors \(all\) \| [\d,]+ \| [\d.]+ s \| [\d.]+ s \| [\d.]+ s \| 0 \|",
+    "freshness.py join": (["--join", "--stages"], ("spark", "kafka"),
+                          [r"\| stateful operator 2 \(transformWithStateInPandas\) \| \d+ \| [\d,]+ \([\d,]+\) \|",
+                           r"\| \*\*the batch's Spark jobs\*\* .* \| \| [\d,]+ \([\d,]+\) \|",
+                           r"\| mirrors \(all\) \| [\d,]+ \| [\d.]+ s \| [\d.]+ s \| [\d.]+ s \| 0 \|",
                            r"\| graph tables \(all\) \| [\d,]+ \| [\d.]+ s \| [\d.]+ s \| [\d.]+ s \| 0 \|",
                            r"verification of category_top3 against the source's final state: ok",
                            r"verification of orders against the source's final state: ok",
@@ -69,7 +71,8 @@ HELPERS = {
     "common.py": "imported by operators.py, joins.py, state_design.py, freshness.py, mirror.py",
     "gen.py": "imported by decode.py, mirror.py, operators.py, freshness.py",
     "_interval.py": "run by joins.py interval",
-    "spark_timing.py": "BatchClock in operators.py (and test_batch_clock below), spark_stages in operators.py",
+    "spark_timing.py": ("BatchClock in operators.py and freshness.py (and test_batch_clock below), spark_stages in "
+                        "operators.py, batch_stages and stage_table in freshness.py --join --stages"),
     "pyflink_ops_job.py": "run by operators.py in PyFlink's own interpreter, where apache-flink is installed",
     "scaleout.py": "run --quick by tests/integration/test_cluster_mode.py (two spark-submits: one slow test, not two)",
 }
@@ -138,3 +141,42 @@ def test_batch_clock_times_the_foreach_batch_callable() -> None:
             pipeline.BatchProcessor.__init__) == before
     with pytest.raises(RuntimeError, match="ran 3 micro-batch"):
         clock.check([{"batchId": 0}, {"batchId": 1}, {"batchId": 2}])
+
+
+@pytest.mark.unit
+def test_stage_table_reads_each_micro_batch_from_the_event_log(tmp_path: Path) -> None:
+    """bench/spark_timing.py's batch_stages groups a Spark event log's stages by micro-batch id and names the
+    stateful ones by their place; stage_table gives the median over the batches asked for, nothing else."""
+    import json
+
+    from bench.spark_timing import batch_stages, stage_table
+
+    def stage(sid: int, rdd: str, wall: int, commit: int) -> dict:
+        return {"Event": "SparkListenerStageCompleted", "Stage Info": {
+            "Stage ID": sid, "Number of Tasks": 2, "Submission Time": 1000 * sid, "Completion Time": 1000 * sid + wall,
+            "RDD Info": [{"Name": rdd}],
+            "Accumulables": [{"Name": "internal.metrics.executorRunTime", "Value": 2 * wall},
+                             {"Name": "time to commit changes", "Value": commit}]}}
+
+    events = []
+    for batch, scale in ((7, 1), (8, 3), (9, 100)):        # batch 9: not asked for
+        first = 10 * batch
+        events += [{"Event": "SparkListenerJobStart", "Job ID": batch, "Submission Time": 1000 * first,
+                    "Stage IDs": [first, first + 1, first + 2],
+                    "Properties": {"streaming.sql.batchId": str(batch)}},
+                   stage(first, "DataSourceRDD", 100 * scale, 0), stage(first + 1, "StateStoreRDD", 200 * scale, 50),
+                   stage(first + 2, "StateStoreRDD", 300 * scale, 60),
+                   {"Event": "SparkListenerJobEnd", "Job ID": batch, "Completion Time": 1000 * first + 2500}]
+    events.append({"Event": "SparkListenerJobStart", "Job ID": 99, "Submission Time": 0, "Stage IDs": [999],
+                   "Properties": {}})           # not a micro-batch's job
+    (tmp_path / "app-1").write_text("\n".join(json.dumps(e) for e in events))
+    batches = batch_stages(tmp_path)
+    assert sorted(batches) == [7, 8, 9]
+    assert [s["what"] for s in batches[7]["stages"]] == [
+        "Kafka read + decode + route (source tasks)", "stateful operator 1 (transformWithStateInPandas)",
+        "stateful operator 2 (transformWithStateInPandas)"]
+    assert batches[8]["job_ms"] == 2500 and batches[8]["stages"][2]["wall_ms"] == 900
+    table = stage_table(batches, [7, 8], driver_s=[0.1, 0.3])
+    assert "| stateful operator 2 (transformWithStateInPandas) | 2 | 600 (840) | 1,200 (1,680) | 0 (0) | 60 (60) |" \
+        in table
+    assert "| driver part (Delta commits, dead letters) | | 200 (280) |" in table

@@ -356,3 +356,45 @@ def test_a_row_inserted_and_deleted_within_one_mini_batch_is_not_a_stale_retract
     assert out.as_pairs() == [("+I", (2, "b"))]
     # key 3 was deleted without ever being seen: that one is stale; key 1 never left the batch
     assert kernel.take_figures() == {("stale_retractions", "Deduplicate"): 1}
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("ranked", [True, False])
+def test_retractable_top_n_retractions_leave_no_empty_sort_key_and_the_right_top_n(ranked: bool) -> None:
+    """A retraction removes its row from its own sort key only (inside or beyond the Top-N); a sort key
+    left without rows leaves the partition, and the Top-N emitted so far is the best N of what is left."""
+    import random
+
+    config = RankConfig(strategy="retract", partition_keys=(1,), sort_keys=(SortColumn(2, False), SortColumn(0)),
+                        rank_end=3, output_rank_number=ranked)
+    kernel = make_rank(config)
+    rnd = random.Random(7)
+    live: dict[int, tuple] = {}
+    shown: dict = {}                    # what the output says the Top-N is: rank -> row (ranked) or set of rows
+    for _ in range(40):
+        batch = Changes()
+        for _ in range(25):
+            i = rnd.randrange(60)
+            if i in live:
+                batch.emit(UPDATE_BEFORE if rnd.random() < 0.7 else DELETE, live.pop(i))
+            else:
+                live[i] = (i, "p", rnd.randrange(8))      # few quantities: many rows per sort key... and ties
+                batch.emit(INSERT, live[i])
+        for kind, row in kernel.process(batch):
+            if ranked:
+                if kind in (INSERT, UPDATE_AFTER):
+                    shown[row[-1]] = row[:-1]
+                elif kind == DELETE:
+                    shown.pop(row[-1])
+            elif kind in (INSERT, UPDATE_AFTER):
+                shown[row] = True
+            elif kind in (DELETE, UPDATE_BEFORE):
+                del shown[row]
+        buffer = kernel.state.get(("p",), 0)
+        if buffer is not None:
+            assert all(rows for _, rows in buffer["buffer"]), "a sort key without rows stayed in the partition"
+        best = sorted(live.values(), key=lambda r: (-r[2], r[0]))[:3]
+        if ranked:
+            assert [shown[r] for r in sorted(shown)] == best
+        else:
+            assert set(shown) == set(best)
