@@ -27,6 +27,13 @@ Per batch (see ``docs/sink.md``); v = the batch's commit position (checkpoint ge
 
 The tombstone commit comes first: a crash between the two commits leaves a
 tombstone ahead of its delete, which a replay of the batch completes.
+
+A commit the object store fails for a while (HTTP 5xx, throttling, timeouts, refused connections:
+:func:`is_transient_store_error`) is tried again, from a fresh read of the table's log, with a backoff of
+1 s doubling to 30 s, for up to :data:`STORE_RETRY_S` (5 minutes) since its first such failure: delta-rs's
+own client gives up after 10 quick retries (a few seconds), far shorter than a store's brownout. A try
+whose reply was lost after the store applied it finds the batch's transaction id on the next try and
+writes nothing twice (``connectors.commits``).
 """
 
 from __future__ import annotations
@@ -296,6 +303,19 @@ def record_freshness(table: str, source_ts: pa.Array | None, *, now: float | Non
     metrics.FRESHNESS.observe_many(table, seconds.clip(min=0.0))
 
 
+#: how long a commit is tried again while the object store fails it transiently (see the module docstring)
+STORE_RETRY_S = 300.0
+#: what delta-rs's object-store errors say when the store (or the way to it) failed for a while
+_TRANSIENT = re.compile(r"SlowDown|ServiceUnavailable|InternalError|RequestTimeout|Throttl|TooManyRequests|"
+                        r"\b50[0-4]\b|\b429\b|timed? ?out|[Cc]onnection (refused|reset|closed)|error sending request|"
+                        r"[Bb]roken pipe|dns error")
+
+
+def is_transient_store_error(exc: BaseException) -> bool:
+    """True for an object-store failure worth trying again (not a refused request: 403, 404, a conflict)."""
+    return isinstance(exc, OSError) and bool(_TRANSIENT.search(str(exc)))
+
+
 class DeltaUpsertSink(abc.ABC):
     """Upsert-by-primary-key sink for one Delta table; the engine subclasses do the I/O.
 
@@ -318,6 +338,8 @@ class DeltaUpsertSink(abc.ABC):
         self.tombstone_path = spec.resolved_tombstone_path
         self._clock = clock
         self._max_commit_retries = max_commit_retries
+        #: see :data:`STORE_RETRY_S`
+        self._store_retry_s = STORE_RETRY_S
         self._last_expiry: datetime | None = None
         self._last_compact: datetime | None = None
         self._last_vacuum: datetime | None = None
@@ -370,11 +392,25 @@ class DeltaUpsertSink(abc.ABC):
         seconds: ``changelake_table_freshness_seconds``), then run the maintenance that is due."""
         started = time.perf_counter()
         attempt = 0
+        store_failing_since: float | None = None
+        backoff = 1.0
         while True:
             try:
                 result, counts = once()
                 break
             except Exception as exc:  # classified below and always re-raised, typed
+                if is_transient_store_error(exc) and not self._is_conflict(exc):
+                    now = time.monotonic()
+                    store_failing_since = now if store_failing_since is None else store_failing_since
+                    if now - store_failing_since < self._store_retry_s:
+                        metrics.COMMIT_RETRIES.labels(table=self.spec.name).inc()
+                        log.warning("table %s batch %d: the store failed the commit (%s); trying again in %.0f s "
+                                    "(for up to %.0f s)", self.spec.name, batch_id, str(exc).splitlines()[0],
+                                    backoff, self._store_retry_s)
+                        self._forget_logs()
+                        time.sleep(backoff)
+                        backoff = min(backoff * 2, 30.0)
+                        continue
                 if self._is_conflict(exc) and attempt < self._max_commit_retries:
                     attempt += 1
                     metrics.COMMIT_RETRIES.labels(table=self.spec.name).inc()

@@ -65,6 +65,50 @@ def test_conflicts_beyond_the_retry_limit_fail_the_batch(rs_sink):
     assert sink.committed_batch_id() is None
 
 
+_SLOW_DOWN = ("Generic S3 error: Error performing PUT http://s3/lake/t/_delta_log/00000000000000000001.json in "
+              "4.4s, after 10 retries, max_retries 10, retry_timeout 180s - <Error><Code>SlowDown</Code></Error>")
+
+
+def test_a_store_failing_for_a_while_is_outlasted_and_the_lost_reply_writes_nothing_twice(rs_sink, monkeypatch):
+    sink = rs_sink("brownout")
+    sink.apply(changes([("+I", 1, 1, "a")]), batch_id=0)
+    slept = []
+    monkeypatch.setattr("changelake.connectors.delta_sink.time.sleep", slept.append)
+    real = sink._merge_table
+    calls = []
+
+    def merge_then_lose_the_reply(*args, **kwargs):     # 503s, then one commit applied whose reply was lost
+        calls.append(1)
+        if len(calls) <= 3:
+            raise OSError(_SLOW_DOWN)
+        if len(calls) == 4:
+            real(*args, **kwargs)
+            raise OSError("Generic S3 error: error sending request for url (http://s3/lake/t/_delta_log/...)")
+        return real(*args, **kwargs)
+
+    sink._merge_table = merge_then_lose_the_reply
+    before = _metric(metrics.COMMIT_RETRIES, table="brownout")
+    result = sink.apply(changes([("+U", 1, 2, "b"), ("+I", 3, 2, "c")]), batch_id=1)
+    assert len(calls) == 4 and slept == [1.0, 2.0, 4.0, 8.0]          # the fifth try found the batch committed
+    assert not result.committed
+    assert live(sink.spec.path) == {1: ("b", seq(2)), 3: ("c", seq(2))}
+    assert sink.committed_batch_id() == 1
+    assert _metric(metrics.COMMIT_RETRIES, table="brownout") - before == 4
+
+
+def test_a_store_error_that_is_not_transient_or_lasts_too_long_fails_the_batch(rs_sink, monkeypatch):
+    monkeypatch.setattr("changelake.connectors.delta_sink.time.sleep", lambda s: None)
+    sink = rs_sink("denied")
+    _fail_first(sink, "_merge_table", [OSError("Generic S3 error: 403 Forbidden <Code>AccessDenied</Code>")])
+    with pytest.raises(SinkCommitError, match="AccessDenied"):
+        sink.apply(changes([("+I", 1, 1, "a")]), batch_id=0)
+    sink = rs_sink("brownout-too-long")
+    sink._store_retry_s = 0.0
+    _fail_first(sink, "_merge_table", [OSError(_SLOW_DOWN)])
+    with pytest.raises(SinkCommitError, match="SlowDown"):
+        sink.apply(changes([("+I", 1, 1, "a")]), batch_id=0)
+
+
 def test_failed_tombstone_expiry_does_not_fail_the_committed_batch(rs_sink, clock):
     sink = rs_sink("maint", tombstone_retention=timedelta(hours=1), tombstone_expiry_interval=timedelta(hours=1))
     sink.apply(changes([("-D", 1, 1, None)]), batch_id=0)
