@@ -274,6 +274,10 @@ def _soak(args: argparse.Namespace, kinds: list[str], rng: random.Random, cluste
     # --quick: the one fault also when the stream ended before the pipeline's first batch (a slow start)
     while not producer.done or (args.quick and not faults and time.monotonic() - started < 600):
         now = time.monotonic()
+        if pipeline.proc.poll() is not None:        # it stopped by itself: what a fault must never cause
+            print(f"[{now - started:6.0f} s] changelake run exited with code {pipeline.proc.returncode} "
+                  f"(see {pipeline.log})", flush=True)
+            break
         memory.append((now - started, pipeline.rss_mb()))
         # a fault once the pipeline committed since its last start (so each restart's recovery is measured)
         if now >= next_fault and (not args.max_faults or len(faults) < args.max_faults) \
@@ -290,7 +294,8 @@ def _soak(args: argparse.Namespace, kinds: list[str], rng: random.Random, cluste
     print(f"produced {sent:,} messages in {time.monotonic() - started:.0f} s; waiting for the tables", flush=True)
     deadline = time.monotonic() + (300 if args.quick else 900)
     result = compare(config, db)
-    while any(lost for lost, _ in result.values()) and time.monotonic() < deadline:
+    while any(lost for lost, _ in result.values()) and time.monotonic() < deadline \
+            and pipeline.proc.poll() is None:
         memory.append((time.monotonic() - started, pipeline.rss_mb()))
         time.sleep(2)
         result = compare(config, db)
