@@ -171,8 +171,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workdir", type=Path, default=Path("soak-work"))
     ap.add_argument("--store", choices=("local", "s3"), default="local",
                     help="where the Delta tables are: a local directory, or an S3 API on this machine (moto)")
-    ap.add_argument("--quick", action="store_true", help="smoke run: 30 s at 60 messages/s, one SIGKILL "
-                                                         "(with --store s3, the orders table's first three commits refused)")
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke run: 30 s at 60 messages/s, one SIGKILL (with --store s3, the orders table's first "
+                         "three commits refused)")
     args = ap.parse_args(argv)
     kinds = [k.strip() for k in (args.faults or ",".join(KINDS)).split(",") if k.strip()]
     if set(kinds) - set(KINDS):
