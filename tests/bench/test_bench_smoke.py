@@ -61,6 +61,10 @@ SMOKE: dict[str, tuple[list[str], tuple[str, ...], list[str]]] = {
     "soak.py": ([], ("spark", "kafka"), [r"changelake-kill: 1", r"restart to first commit \(s\)",
                                           r"changes lost \(must be 0\): 0", r"changes duplicated \(must be 0\): 0",
                                           r"soak run ok"]),
+    "restart.py": ([], ("spark", "kafka"), [r"cold start \(new checkpoint\): [\d.]+ s",
+                                             r"\| \*\*median of the restarts\*\* \|( [\d.]+ \|){9}",
+                                             r"changes lost \(must be 0\): 0", r"changes duplicated \(must be 0\): 0",
+                                             r"restart run ok"]),
 }
 #: helper modules and what exercises them
 HELPERS = {
@@ -83,7 +87,7 @@ def _params() -> list:
 def test_quick_run(name: str, tmp_path: Path) -> None:
     script = name.split()[0]
     args, _, expected = SMOKE[name]
-    extra = ["--workdir", str(tmp_path / "work")] if script in ("mirror.py", "freshness.py", "soak.py") else []
+    extra = ["--workdir", str(tmp_path / "work")] if script in ("mirror.py", "freshness.py", "soak.py", "restart.py") else []
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     started = time.monotonic()
     done = subprocess.run([sys.executable, str(BENCH / script), *args, "--quick", *extra], cwd=tmp_path, env=env,
