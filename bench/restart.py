@@ -19,6 +19,7 @@ import argparse
 import os
 import shutil
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,7 +28,7 @@ from statistics import median
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import add_broker_option, machine, open_broker  # noqa: E402
+from common import _children, _cmdline, add_broker_option, machine, open_broker  # noqa: E402
 from soak import PHASE, RESTART, Pipeline, _free_port, compare  # noqa: E402
 
 from changelake.service.config import parse_config  # noqa: E402
@@ -76,6 +77,54 @@ class Stream:
         return fold(self._sent)
 
 
+class TreeCpu:
+    """Samples the pipeline's process tree every ``interval`` s: each process's CPU seconds (user + system) as last
+    seen, and its kind (driver, JVM, Python). A process that lives less than ``interval`` may be missed; the sums
+    are a lower bound, and, unlike the wall time, hardly depend on what else the machine runs."""
+
+    def __init__(self, interval: float = 0.2) -> None:
+        self.interval = interval
+        self.cpu: dict[int, tuple[str, float]] = {}
+        self.root = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def follow(self, root: int) -> None:
+        with self._lock:
+            self.root, self.cpu = root, {}
+
+    def _run(self) -> None:
+        tick = os.sysconf("SC_CLK_TCK")
+        while not self._stop.wait(self.interval):
+            with self._lock:
+                stack = [self.root] if self.root else []
+                while stack:
+                    pid = stack.pop()
+                    try:
+                        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                    except OSError:
+                        continue
+                    cmd = _cmdline(pid)
+                    kind = ("driver" if pid == self.root else "jvm" if "java" in cmd.split(" ", 1)[0]
+                            else "python")
+                    self.cpu[pid] = (kind, (int(fields[11]) + int(fields[12])) / tick)
+                    stack.extend(_children(pid))
+
+    def totals(self) -> dict[str, float]:
+        """CPU seconds by kind, and ``python processes``: how many Python processes Spark started."""
+        with self._lock:
+            out = {"cpu driver": 0.0, "cpu jvm": 0.0, "cpu python": 0.0, "python processes": 0}
+            for kind, seconds in self.cpu.values():
+                out[f"cpu {kind}"] += seconds
+                out["python processes"] += kind == "python"
+            return out
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
 def load() -> str:
     return "/".join(f"{x:.1f}" for x in os.getloadavg())
 
@@ -109,15 +158,18 @@ def main(argv: list[str] | None = None) -> int:
         log = work / "changelake.log"
         pipeline = Pipeline(work / "pipeline.yaml", log, raw["metrics"]["port"])
         producer = SteadyProducer(stream, broker.bootstrap_servers, rate=args.rate).start()
+        tree = TreeCpu()
         pipeline.start()
+        tree.follow(pipeline.proc.pid)
         try:
-            cold = wait_for_start(pipeline, log, 1, 900)
+            cold = {**wait_for_start(pipeline, log, 1, 900), **tree.totals()}
             print(f"cold start (new checkpoint): {cold['total']:.1f} s, load {load()}", flush=True)
             restarts = []
             for i in range(args.restarts):
                 pipeline.kill()
                 pipeline.start()
-                restarts.append(wait_for_start(pipeline, log, i + 2, 900))
+                tree.follow(pipeline.proc.pid)
+                restarts.append({**wait_for_start(pipeline, log, i + 2, 900), **tree.totals()})
                 print(f"restart {i + 1}: {restarts[-1]['total']:.1f} s, load {load()}", flush=True)
             stream.end()
             producer.wait(300)
@@ -127,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(2)
                 result = compare(config, stream)
         finally:
+            tree.stop()
             stream.end()
             if pipeline.proc.poll() is None:
                 pipeline.kill()
@@ -135,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def report(cold: dict[str, float], restarts: list[dict[str, float]], result: dict[str, tuple[int, int]]) -> None:
-    columns = [*PHASES, "total"]
+    columns = [*PHASES, "total", "cpu driver", "cpu jvm", "cpu python", "python processes"]
     print("\nrestart to first commit (s)")
     print("| start | " + " | ".join(columns) + " |")
     print("|---" * (len(columns) + 1) + "|")
@@ -143,6 +196,8 @@ def report(cold: dict[str, float], restarts: list[dict[str, float]], result: dic
         print(f"| {name} | " + " | ".join(f"{r.get(p, 0.0):.2f}" for p in columns) + " |")
     print("| **median of the restarts** | " + " | ".join(f"{median(r.get(p, 0.0) for r in restarts):.2f}"
                                                      for p in columns) + " |")
+    print("(cpu: CPU seconds of the pipeline's processes from their start to the first commit, sampled every 0.2 s;"
+          " python processes: those Spark started and the sampler saw)")
     print(f"median restart to first commit: {median(r['total'] for r in restarts):.1f} s over "
           f"{len(restarts)} restart(s); load average at the end: {load()}")
     print(f"changes lost (must be 0): {sum(lost for lost, _ in result.values())}")
