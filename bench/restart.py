@@ -135,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rate", type=float, default=50.0, help="messages per second of the stream (default 50)")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--workdir", type=Path, default=Path("restart-work"))
+    ap.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
+                    help="a Spark setting for the pipeline (pipeline.spark_conf), to compare settings; repeatable")
     ap.add_argument("--quick", action="store_true", help="smoke run: one restart")
     add_broker_option(ap)
     args = ap.parse_args(argv)
@@ -153,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
                                    changes=10_000_000))
         raw = demo_config(bootstrap_servers=broker.bootstrap_servers, workdir=work, metrics_port=_free_port(),
                           pipeline_id="restart")
+        raw["pipeline"]["spark_conf"] = dict(kv.split("=", 1) for kv in args.spark_conf)
         (work / "pipeline.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
         config = parse_config((work / "pipeline.yaml").read_text(), origin=str(work / "pipeline.yaml"))
         log = work / "changelake.log"

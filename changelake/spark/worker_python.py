@@ -18,6 +18,15 @@ Two ways in, both set by ``changelake.spark.session``:
   same path fix, for launchers that choose ``PYSPARK_PYTHON`` themselves (the container image).
 
 Neither may import pyspark, or anything of changelake that does, before the path is set.
+
+A daemon forks its workers: what it imported before the fork, they start with. pyspark's own daemon imports
+nothing a worker needs, so every UDF worker imported pyspark's worker, pyarrow, pandas and changelake's
+modules on its own (0.5-0.7 s of CPU each on this machine; a restart's first batch forks four or more).
+The UDF daemon here imports :data:`PRELOAD` first (:func:`preload`), once. pyspark's daemon forks before
+importing the worker module because pandas and pyarrow start threads at import (OpenBLAS's pool, jemalloc's
+background thread); both reset them in a forked child (their ``pthread_atfork`` handlers), and
+changelake's modules start none at import. A module that fails to import is left to the worker, which then
+reports the error as before.
 """
 
 from __future__ import annotations
@@ -86,9 +95,31 @@ def interpreter_main(argv: list[str] | None = None) -> None:
     runpy.run_module(args[1], run_name="__main__", alter_sys=True)
 
 
+#: what Spark's UDF workers import: pyspark's worker and Arrow serializers, pyarrow, pandas, and the changelake
+#: modules whose functions their tasks run (the Kafka source's reads, the decode stage, the stateful chain)
+PRELOAD = ("pyspark.worker", "pyspark.sql.pandas.serializers", "pyarrow", "pandas",
+           "changelake.spark.kafka_source", "changelake.spark.decode_stage", "changelake.spark.chain")
+
+
+def preload(modules: tuple[str, ...] = PRELOAD) -> list[str]:
+    """Import ``modules`` (the daemon, before it forks); returns those that failed, which the workers import
+    (and report) themselves."""
+    import importlib
+
+    failed = []
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - the worker imports it again and reports the error to Spark
+            failed.append(name)
+    return failed
+
+
 def daemon_main() -> None:
-    """``python -m changelake.spark.worker_python <worker module>``: pyspark's daemon with the path set."""
+    """``python -m changelake.spark.worker_python <worker module>``: pyspark's daemon with the path set and
+    :data:`PRELOAD` imported before it forks its workers."""
     _drop_redundant_zips()
+    preload()
     import runpy
 
     runpy.run_module("pyspark.daemon", run_name="__main__", alter_sys=True)

@@ -114,3 +114,23 @@ def test_the_daemon_module_through_the_script_starts_pyspark_s_daemon_without_a_
                          capture_output=True, timeout=60)
     assert len(out.stdout) >= 4, out.stderr.decode()          # pyspark.daemon: its port, as a 4-byte int
     assert b"RuntimeWarning" not in out.stderr, out.stderr.decode()
+
+
+def test_the_daemon_imports_what_its_workers_need_before_it_forks(monkeypatch):
+    """The UDF daemon imports pyspark's worker, pyarrow, pandas and changelake's task modules once, before
+    pyspark's daemon runs (and forks its workers): each worker starts with them instead of importing them."""
+    seen: dict[str, bool] = {}
+
+    def run_module(name, **_):
+        seen["ran"] = name == "pyspark.daemon"
+        seen["loaded"] = all(m in sys.modules for m in worker_python.PRELOAD)
+
+    import runpy
+
+    monkeypatch.setattr(runpy, "run_module", run_module)
+    worker_python.daemon_main()
+    assert seen == {"ran": True, "loaded": True}
+
+
+def test_a_module_that_fails_to_preload_is_left_to_the_worker():
+    assert worker_python.preload(("json", "changelake.no_such_module")) == ["changelake.no_such_module"]
