@@ -239,8 +239,11 @@ def build_session(*, app_name: str = "changelake", master: str | None = None,
                     "or the environment) sets %s; remove one of the two", key, mine, theirs)
     # Spark's Python processes run this interpreter (so they see the same packages), through the script
     # that imports pyspark from the installed package (changelake/spark/worker_python.py) where installed
-    os.environ.setdefault("PYSPARK_PYTHON", worker_python.script_path() or sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    # that imports pyspark from the installed package (changelake/spark/worker_python.py) where installed; the JVM's
+    # own Python calls too (the lookup of Python data sources at the first query runs PYSPARK_DRIVER_PYTHON)
+    script = worker_python.script_path()
+    os.environ.setdefault("PYSPARK_PYTHON", script or sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", script or sys.executable)
     local = settings.master.startswith("local")
     if local:
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
