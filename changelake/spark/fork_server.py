@@ -66,6 +66,11 @@ def start() -> str | None:
     return path
 
 
+def server_pid() -> int | None:
+    """The pid of the server this process started, while it runs."""
+    return _server.pid if _server is not None and _server.poll() is None else None
+
+
 def run_forked(module_args: list[str]) -> int | None:
     """``-m module args`` run by the server as a fork; its exit code, or None when the server cannot serve (then
     the caller starts the module itself)."""

@@ -9,6 +9,9 @@ layout (``SPARK_HOME`` = the installed ``pyspark`` package) the zips hold the sa
 packages beside them, which Python caches as ``.pyc``; so they are taken off ``sys.path`` before
 pyspark is imported. Any other layout (a Spark distribution's own ``SPARK_HOME``) is left as it is.
 
+Where the driver started a fork server (``changelake.spark.fork_server``), ``changelake-worker-python -m ...``
+has it fork the process instead, warm, and starts an interpreter only when the server cannot serve.
+
 Two ways in, both set by ``changelake.spark.session``:
 
 * ``changelake-worker-python``, the interpreter Spark starts its Python processes with
@@ -84,6 +87,11 @@ def interpreter_main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if len(args) < 2 or args[0] != "-m":
         os.execv(sys.executable, [sys.executable, *args])   # not Spark's way of starting a worker: plain Python
+    from changelake.spark import fork_server
+
+    code = fork_server.run_forked(args[1:])     # a fork of the warm server, where the driver started one
+    if code is not None:
+        sys.exit(code)
     _drop_redundant_zips()
     sys.path[0] = os.getcwd()            # where ``python -m`` puts the working directory (not the script's)
     sys.argv = [args[1], *args[2:]]
