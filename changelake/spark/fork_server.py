@@ -144,10 +144,11 @@ def serve(path: str) -> None:
         conn.close()
         for fd in fds:
             os.close(fd)
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
+    for done in (lambda: os.unlink(path), lambda: os.rmdir(os.path.dirname(path))):
+        try:
+            done()
+        except OSError:
+            pass
 
 
 def _read(conn: socket.socket, size: int) -> bytes:
