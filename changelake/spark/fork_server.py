@@ -186,7 +186,8 @@ def _become(conn: socket.socket, fds: list[int], request: dict, base: list[str])
         try:
             if module == worker_python.__name__:
                 worker_python.daemon_main()
-            else:
+            else:       # the server imported it (PRELOAD): run its code again as __main__, as python -m would
+                sys.modules.pop(module, None)
                 runpy.run_module(module, run_name="__main__", alter_sys=True)
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)

@@ -90,3 +90,13 @@ def test_sigterm_to_the_started_process_reaches_the_fork(server, tmp_path):
     assert proc.stdout.readline().strip() == "ready"
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(30) == 42
+
+
+def test_a_module_the_server_imported_runs_as_main_without_a_warning(server, tmp_path):
+    """pyspark's daemon, which the server imports before it serves, runs as ``__main__`` in the fork (it writes
+    its port) without runpy's warning about a module found in ``sys.modules``; with stdin closed it stops."""
+    full = {**os.environ, fork_server.ENV: server}
+    done = subprocess.run([sys.executable, "-c", CLIENT, "pyspark.daemon"], cwd=tmp_path, env=full,
+                          stdin=subprocess.DEVNULL, capture_output=True, timeout=60)
+    assert len(done.stdout) >= 4, done.stderr.decode()
+    assert b"RuntimeWarning" not in done.stderr, done.stderr.decode()
