@@ -130,6 +130,7 @@ def daemon_main() -> None:
     preload()
     import runpy
 
+    sys.modules.pop("pyspark.daemon", None)     # a fork server's import of it: run as __main__ without a warning
     runpy.run_module("pyspark.daemon", run_name="__main__", alter_sys=True)
 
 

@@ -96,7 +96,8 @@ def test_a_module_the_server_imported_runs_as_main_without_a_warning(server, tmp
     """pyspark's daemon, which the server imports before it serves, runs as ``__main__`` in the fork (it writes
     its port) without runpy's warning about a module found in ``sys.modules``; with stdin closed it stops."""
     full = {**os.environ, fork_server.ENV: server}
-    done = subprocess.run([sys.executable, "-c", CLIENT, "pyspark.daemon"], cwd=tmp_path, env=full,
-                          stdin=subprocess.DEVNULL, capture_output=True, timeout=60)
-    assert len(done.stdout) >= 4, done.stderr.decode()
-    assert b"RuntimeWarning" not in done.stderr, done.stderr.decode()
+    for module in ("pyspark.daemon", "changelake.spark.worker_python"):     # pyspark's, and the UDF daemon
+        done = subprocess.run([sys.executable, "-c", CLIENT, module], cwd=tmp_path, env=full,
+                              stdin=subprocess.DEVNULL, capture_output=True, timeout=60)
+        assert len(done.stdout) >= 4, (module, done.stderr.decode())
+        assert b"RuntimeWarning" not in done.stderr, (module, done.stderr.decode())
