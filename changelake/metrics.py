@@ -315,10 +315,13 @@ class JvmCollector(Collector):
     def __init__(self, registry: CollectorRegistry) -> None:
         self.pid: int | None = None
         self.heap: Callable[[], dict[str, int]] | None = None
+        self.workers_under: int | None = None
         registry.register(self)
 
-    def watch(self, pid: int | None, heap: Callable[[], dict[str, int]] | None = None) -> None:
-        self.pid, self.heap = pid, heap
+    def watch(self, pid: int | None, heap: Callable[[], dict[str, int]] | None = None, *,
+              workers_under: int | None = None) -> None:
+        """``workers_under``: a process whose tree holds Spark's Python processes too (the fork server)."""
+        self.pid, self.heap, self.workers_under = pid, heap, workers_under
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
         return iter(())
@@ -331,10 +334,14 @@ class JvmCollector(Collector):
             yield GaugeMetricFamily("changelake_jvm_resident_memory_bytes",
                                     "Resident memory of the Spark driver JVM (local mode: executors too).",
                                     value=rss)
-            children = sum(_rss_bytes(p) or 0 for p in _descendants(self.pid))
+            pids = _descendants(self.pid)
+            if self.workers_under is not None:
+                pids += [self.workers_under, *_descendants(self.workers_under)]
+            children = sum(_rss_bytes(p) or 0 for p in pids)
             yield GaugeMetricFamily("changelake_spark_python_workers_resident_memory_bytes",
                                     "Resident memory of the processes the driver JVM started (Spark's Python "
-                                    "workers in local mode).", value=children)
+                                    "workers in local mode, and the fork server they start from).",
+                                    value=children)
         if self.heap is not None:
             try:
                 heap = self.heap()

@@ -23,6 +23,7 @@ from changelake.service.query_start import start_query
 from changelake.service.preflight import broker_topics, side_topic, skipped_side_topics
 from changelake.service.split import MIRRORS_APP, split
 from changelake.service.restart_clock import RestartClock
+from changelake.spark import fork_server
 from changelake.spark.checkpoint import checkpoint_store_problem
 from changelake.spark.progress import ProgressListener, parse_offsets, work_done
 from changelake.spark.session import build_session, driver_jvm, executor_tasks, executor_times
@@ -123,7 +124,7 @@ class PipelineRunner:
                                             jar_sets=("spark-kafka",) if cfg.kafka.reader == "spark-kafka" else ())
         clock = self.clock
         clock.mark("session")
-        metrics.JVM.watch(*driver_jvm(spark))
+        metrics.JVM.watch(*driver_jvm(spark), workers_under=fork_server.server_pid())
         lags: dict = {}
         if parts is None:
             runs = [(cfg, BatchProcessor(cfg, spark=spark), None)]

@@ -9,7 +9,9 @@ A setting comes from one of three places; the first that sets a key wins:
 2. the pipeline     ``pipeline.master`` and ``pipeline.spark_conf`` of the YAML
 3. code defaults    :data:`DEFAULTS`, ``local[2]``, one shuffle partition per core of the master, and
                     the driver JVM's options (:func:`driver_java_options`: the class archive; on a
-                    local master the parallel collector), each unless the user's JVM options choose it
+                    local master the parallel collector), each unless the user's JVM options choose it;
+                    on a local master, Spark's Python processes forked by a warm server
+                    (changelake/spark/fork_server.py; ``CHANGELAKE_FORK_SERVER=off`` turns it off)
 ==================  ==================================================================================
 
 A YAML setting that the launcher overrides is logged as a warning, so that nobody wonders why it
@@ -31,7 +33,7 @@ from typing import Any, Mapping, Sequence
 
 from pyspark.sql import SparkSession
 
-from changelake.spark import jvm_archive, jvm_options, worker_python
+from changelake.spark import fork_server, jvm_archive, jvm_options, worker_python
 
 log = logging.getLogger(__name__)
 
@@ -239,9 +241,14 @@ def build_session(*, app_name: str = "changelake", master: str | None = None,
                     "or the environment) sets %s; remove one of the two", key, mine, theirs)
     # Spark's Python processes run this interpreter (so they see the same packages), through the script
     # that imports pyspark from the installed package (changelake/spark/worker_python.py) where installed
-    os.environ.setdefault("PYSPARK_PYTHON", worker_python.script_path() or sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    local = settings.master.startswith("local")
+    # that imports pyspark from the installed package (changelake/spark/worker_python.py) where installed; the JVM's
+    # own Python calls too (the lookup of Python data sources at the first query runs PYSPARK_DRIVER_PYTHON)
+    script = worker_python.script_path()
+    os.environ.setdefault("PYSPARK_PYTHON", script or sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", script or sys.executable)
+    if script and os.environ["PYSPARK_PYTHON"] == script and local_master(settings.master) and _starts_a_jvm():
+        fork_server.start()     # Spark's Python processes as forks of a warm process (changelake/spark/fork_server.py)
+    local = local_master(settings.master)
     if local:
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder: Any = SparkSession.builder.appName(app_name)
@@ -286,6 +293,11 @@ def driver_java_options(master: str, *given: str) -> str | None:
     (changelake/spark/jvm_options.py), each unless the user's options choose it; None: neither."""
     parts = [jvm_archive.java_options(*given), jvm_options.collector(master, *given)]
     return " ".join(p for p in parts if p) or None
+
+
+def local_master(master: str) -> bool:
+    """``local``, ``local[N]``, ``local-cluster[...]``: every process of the session runs on this machine."""
+    return master.startswith("local")
 
 
 def _starts_a_jvm() -> bool:

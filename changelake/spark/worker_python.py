@@ -9,6 +9,9 @@ layout (``SPARK_HOME`` = the installed ``pyspark`` package) the zips hold the sa
 packages beside them, which Python caches as ``.pyc``; so they are taken off ``sys.path`` before
 pyspark is imported. Any other layout (a Spark distribution's own ``SPARK_HOME``) is left as it is.
 
+Where the driver started a fork server (``changelake.spark.fork_server``), ``changelake-worker-python -m ...``
+has it fork the process instead, warm, and starts an interpreter only when the server cannot serve.
+
 Two ways in, both set by ``changelake.spark.session``:
 
 * ``changelake-worker-python``, the interpreter Spark starts its Python processes with
@@ -18,6 +21,15 @@ Two ways in, both set by ``changelake.spark.session``:
   same path fix, for launchers that choose ``PYSPARK_PYTHON`` themselves (the container image).
 
 Neither may import pyspark, or anything of changelake that does, before the path is set.
+
+A daemon forks its workers: what it imported before the fork, they start with. pyspark's own daemon imports
+nothing a worker needs, so every UDF worker imported pyspark's worker, pyarrow, pandas and changelake's
+modules on its own (0.5-0.7 s of CPU each on this machine; a restart's first batch forks four or more).
+The UDF daemon here imports :data:`PRELOAD` first (:func:`preload`), once. pyspark's daemon forks before
+importing the worker module because pandas and pyarrow start threads at import (OpenBLAS's pool, jemalloc's
+background thread); both reset them in a forked child (their ``pthread_atfork`` handlers), and
+changelake's modules start none at import. A module that fails to import is left to the worker, which then
+reports the error as before.
 """
 
 from __future__ import annotations
@@ -81,6 +93,11 @@ def interpreter_main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if len(args) < 2 or args[0] != "-m":
         os.execv(sys.executable, [sys.executable, *args])   # not Spark's way of starting a worker: plain Python
+    from changelake.spark import fork_server
+
+    code = fork_server.run_forked(args[1:])     # a fork of the warm server, where the driver started one
+    if code is not None:
+        sys.exit(code)
     _drop_redundant_zips()
     sys.path[0] = os.getcwd()            # where ``python -m`` puts the working directory (not the script's)
     sys.argv = [args[1], *args[2:]]
@@ -94,11 +111,34 @@ def interpreter_main(argv: list[str] | None = None) -> None:
     runpy.run_module(args[1], run_name="__main__", alter_sys=True)
 
 
+#: what Spark's UDF workers import: pyspark's worker and Arrow serializers, pyarrow, pandas, and the changelake
+#: modules whose functions their tasks run (the Kafka source's reads, the decode stage, the stateful chain)
+PRELOAD = ("pyspark.worker", "pyspark.sql.pandas.serializers", "pyarrow", "pandas",
+           "changelake.spark.kafka_source", "changelake.spark.decode_stage", "changelake.spark.chain")
+
+
+def preload(modules: tuple[str, ...] = PRELOAD) -> list[str]:
+    """Import ``modules`` (the daemon, before it forks); returns those that failed, which the workers import
+    (and report) themselves."""
+    import importlib
+
+    failed = []
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - the worker imports it again and reports the error to Spark
+            failed.append(name)
+    return failed
+
+
 def daemon_main() -> None:
-    """``python -m changelake.spark.worker_python <worker module>``: pyspark's daemon with the path set."""
+    """``python -m changelake.spark.worker_python <worker module>``: pyspark's daemon with the path set and
+    :data:`PRELOAD` imported before it forks its workers."""
     _drop_redundant_zips()
+    preload()
     import runpy
 
+    sys.modules.pop("pyspark.daemon", None)     # a fork server's import of it: run as __main__ without a warning
     runpy.run_module("pyspark.daemon", run_name="__main__", alter_sys=True)
 
 

@@ -65,6 +65,10 @@ SMOKE: dict[str, tuple[list[str], tuple[str, ...], list[str]]] = {
                  r"s3-errors from the start: 3 of the orders table's commit PUT\(s\) refused",
                  r"restart to first commit \(s\)", r"changes lost \(must be 0\): 0",
                  r"changes duplicated \(must be 0\): 0", r"soak run ok"]),
+    "restart.py": ([], ("spark", "kafka"), [r"cold start \(new checkpoint\): [\d.]+ s",
+                                             r"\| \*\*median of the restarts\*\* \|( [\d.]+ \|){13}",
+                                             r"changes lost \(must be 0\): 0", r"changes duplicated \(must be 0\): 0",
+                                             r"restart run ok"]),
 }
 #: helper modules and what exercises them
 HELPERS = {
@@ -88,7 +92,8 @@ def _params() -> list:
 def test_quick_run(name: str, tmp_path: Path) -> None:
     script = name.split()[0]
     args, _, expected = SMOKE[name]
-    extra = ["--workdir", str(tmp_path / "work")] if script in ("mirror.py", "freshness.py", "soak.py") else []
+    work_dir = ("mirror.py", "freshness.py", "soak.py", "restart.py")
+    extra = ["--workdir", str(tmp_path / "work")] if script in work_dir else []
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     started = time.monotonic()
     done = subprocess.run([sys.executable, str(BENCH / script), *args, "--quick", *extra], cwd=tmp_path, env=env,

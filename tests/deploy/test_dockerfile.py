@@ -144,12 +144,14 @@ def test_entrypoint_is_a_project_script() -> None:
 def test_spark_starts_its_python_processes_through_the_project_script() -> None:
     """Spark's Python processes run ``changelake-worker-python`` (pyspark imported compiled, not from
     Spark's zip: changelake/spark/worker_python.py), a script the builder's ``pip install`` puts in the
-    venv the runtime stage copies; the driver is the venv's Python."""
+    venv the runtime stage copies; so do the JVM's own Python calls (``PYSPARK_DRIVER_PYTHON``: the lookup of
+    Python data sources), through the same script, which runs any other command line as the venv's Python."""
     env = dict(part.partition("=")[::2] for part in _last("runtime", "ENV").split())
     workers = Path(env["PYSPARK_PYTHON"])
     assert workers.name in PYPROJECT["project"]["scripts"]
     assert workers.name == "changelake-worker-python"
-    assert str(workers.parent) == env["VIRTUAL_ENV"] + "/bin" == str(Path(env["PYSPARK_DRIVER_PYTHON"]).parent)
+    assert str(workers.parent) == env["VIRTUAL_ENV"] + "/bin"
+    assert env["PYSPARK_DRIVER_PYTHON"] == env["PYSPARK_PYTHON"]
     copies = [args.split() for w, args in STAGES["runtime"] if w == "COPY"]
     assert ["--from=builder", env["VIRTUAL_ENV"], env["VIRTUAL_ENV"]] in copies
 

@@ -88,3 +88,31 @@ def test_the_driver_jvm_memory_is_read_from_its_process(tmp_path):
             os.kill(p, 9)
         child.kill()
         child.wait()
+
+
+def test_the_python_workers_under_the_fork_server_count_too():
+    """Spark's Python processes forked by the fork server (changelake/spark/fork_server.py) are the server's
+    children, not the JVM's: their memory is counted with the workers'."""
+    import os
+    import subprocess
+    import sys
+
+    jvm = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    server = subprocess.Popen([sys.executable, "-c", "import subprocess, sys; subprocess.run([sys.executable, '-c', "
+                               "'import time; y = bytearray(40_000_000); time.sleep(30)'])"])
+    try:
+        metrics.JVM.watch(jvm.pid, workers_under=server.pid)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            s = _samples()
+            if _value(s, "changelake_spark_python_workers_resident_memory_bytes") > 40_000_000:
+                break
+            time.sleep(0.2)
+        assert _value(s, "changelake_spark_python_workers_resident_memory_bytes") > 40_000_000
+    finally:
+        metrics.JVM.watch(None)
+        for p in metrics._descendants(server.pid):
+            os.kill(p, 9)
+        for proc in (jvm, server):
+            proc.kill()
+            proc.wait()

@@ -130,3 +130,23 @@ def test_pyspark_s_chatty_planning_worker_prints_nothing_to_the_console(tmp_path
     worker_python.interpreter_main(["-m", "chatty_probe", str(tmp_path / "ran")])
     assert (tmp_path / "ran").read_text() == "ran"
     assert "TransformWithStateInPandas" not in capsys.readouterr().out
+
+
+def test_the_daemon_imports_what_its_workers_need_before_it_forks(monkeypatch):
+    """The UDF daemon imports pyspark's worker, pyarrow, pandas and changelake's task modules once, before
+    pyspark's daemon runs (and forks its workers): each worker starts with them instead of importing them."""
+    seen: dict[str, bool] = {}
+
+    def run_module(name, **_):
+        seen["ran"] = name == "pyspark.daemon"
+        seen["loaded"] = all(m in sys.modules for m in worker_python.PRELOAD)
+
+    import runpy
+
+    monkeypatch.setattr(runpy, "run_module", run_module)
+    worker_python.daemon_main()
+    assert seen == {"ran": True, "loaded": True}
+
+
+def test_a_module_that_fails_to_preload_is_left_to_the_worker():
+    assert worker_python.preload(("json", "changelake.no_such_module")) == ["changelake.no_such_module"]
