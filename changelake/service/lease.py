@@ -22,6 +22,12 @@ its first write, so no table or checkpoint is written by both; an idle instance 
 lease taken stops its query between batches (``service.runner``). A graceful stop releases the lease.
 ``changelake_lease_state{state}`` is 1 for the state the lease is in (:data:`STATES`: held, renewal_failing,
 lost) and ``changelake_lease_renewed_timestamp_seconds`` says when it was last committed.
+
+The object store failing for a while (a renewal's PUT refused, 5xx, timeouts) does not stop a batch: no other
+instance may take the lease before ``lease_ttl`` has passed since this one's last renewal, so :meth:`Lease.check`
+lets the batch write until then (state ``renewal_failing``, a warning) and stops it with the store's error
+after. A renewal the store applied but whose reply was lost is this instance's own newest commit: it is taken
+as held, not as a takeover.
 """
 
 from __future__ import annotations
@@ -174,9 +180,17 @@ class Lease:
             if self._lost is None:
                 table = self._table()
                 if table.version() != self._version:
-                    self._lose(table)
+                    self._adopt_or_lose(table)
                 elif self._clock() - self._renewed > self.ttl_s / 2:
-                    self._renew_locked(table)
+                    try:
+                        self._renew_locked(table)
+                    except OSError:      # the store failing: no one may take the lease over before its ttl
+                        if self._clock() - self._renewed >= self.ttl_s:
+                            raise
+                        _set_state(self.pipeline_id, "renewal_failing")
+                        log.warning("pipeline %s: lease renewal failed before batch %d; the lease holds until "
+                                    "%.0f s after its last renewal, so the batch goes on", self.pipeline_id,
+                                    batch_id, self.ttl_s, exc_info=True)
             if self._lost is not None:
                 raise LeaseLost(f"{self._lost}; batch {batch_id} was not written by this instance ({_DOC})")
 
@@ -208,11 +222,22 @@ class Lease:
 
     def _renew_locked(self, table: DeltaTable) -> None:
         if table.version() != self._version:
-            return self._lose(table)
+            return self._adopt_or_lose(table)
         try:
             self._commit(table, "renew")
         except CommitFailedError:
             self._lose(self._table())
+
+    def _adopt_or_lose(self, table: DeltaTable) -> None:
+        """The lease has a commit this instance did not see succeed: its own (a renewal whose reply was lost)
+        keeps the lease; anyone else's took it over."""
+        holder = _holder(table)
+        if holder is not None and holder.owner == self.owner and holder.event != "release":
+            self._version = table.version()
+            self._renewed = holder.at
+            _set_state(self.pipeline_id, "held")
+            return
+        self._lose(table)
 
     def _lose(self, table: DeltaTable) -> None:
         holder = _holder(table)

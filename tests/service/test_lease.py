@@ -126,3 +126,41 @@ def test_the_lease_state_metric_follows_take_loss_and_release(path):
     assert _state()["lost"] == 1 and _state()["held"] == 0
     second.release()
     assert _state() == {"held": 0, "renewal_failing": 0, "lost": 0}
+
+
+def test_a_store_failing_for_less_than_the_ttl_lets_batches_go_on_and_a_lost_reply_keeps_the_lease(path,
+                                                                                                 monkeypatch):
+    import changelake.service.lease as lease_module
+
+    clock = Clock()
+    first, second = _lease(path, clock, host="pod-a", pid=7), _lease(path, clock, host="pod-b", pid=8)
+    first.acquire()
+    real = lease_module.write_deltalake
+    refused = []
+
+    def store_down(*args, **kwargs):
+        refused.append(1)
+        raise OSError("Generic S3 error: Error performing PUT ... <Code>SlowDown</Code>")
+
+    monkeypatch.setattr(lease_module, "write_deltalake", store_down)
+    clock.now += 40                                  # a renewal is due (> ttl / 2) and fails
+    first.check(1)                                   # within the ttl: the batch goes on
+    clock.now += 15
+    first.check(2)
+    assert len(refused) == 2
+    clock.now += 10                                  # 65 s since the last renewal: the lease may be taken over
+    with pytest.raises(OSError, match="SlowDown"):
+        first.check(3)
+
+    def applied_but_reply_lost(*args, **kwargs):
+        real(*args, **kwargs)
+        raise OSError("Generic S3 error: error sending request")
+
+    monkeypatch.setattr(lease_module, "write_deltalake", applied_but_reply_lost)
+    clock.now = 1_800_000_000.0 + 50
+    first.check(4)                                   # its renewal went in though the reply was lost
+    monkeypatch.setattr(lease_module, "write_deltalake", real)
+    first.check(5)                                   # its own commit: still held, not a takeover
+    assert first.lost is None
+    with pytest.raises(LeaseHeld):
+        second.acquire()
