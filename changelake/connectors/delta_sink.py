@@ -54,6 +54,7 @@ from deltalake.exceptions import TableNotFoundError
 
 from changelake.changelog import KIND, SEQ, SOURCE_TS, commit_position, split_commit_position
 from changelake.connectors.commits import check_position, describe
+from changelake.connectors.object_store import STORE_RETRY_S, is_transient_store_error
 from changelake.connectors.delta_sink_kernel import (
     align_to_table,
     check_truncate_order,
@@ -301,19 +302,6 @@ def record_freshness(table: str, source_ts: pa.Array | None, *, now: float | Non
     committed_ms = (time.time() if now is None else now) * 1000.0
     seconds = (committed_ms - source_ts.to_numpy(zero_copy_only=False).astype("float64")) / 1000.0
     metrics.FRESHNESS.observe_many(table, seconds.clip(min=0.0))
-
-
-#: how long a commit is tried again while the object store fails it transiently (see the module docstring)
-STORE_RETRY_S = 300.0
-#: what delta-rs's object-store errors say when the store (or the way to it) failed for a while
-_TRANSIENT = re.compile(r"SlowDown|ServiceUnavailable|InternalError|RequestTimeout|Throttl|TooManyRequests|"
-                        r"\b50[0-4]\b|\b429\b|timed? ?out|[Cc]onnection (refused|reset|closed)|error sending request|"
-                        r"[Bb]roken pipe|dns error")
-
-
-def is_transient_store_error(exc: BaseException) -> bool:
-    """True for an object-store failure worth trying again (not a refused request: 403, 404, a conflict)."""
-    return isinstance(exc, OSError) and bool(_TRANSIENT.search(str(exc)))
 
 
 class DeltaUpsertSink(abc.ABC):

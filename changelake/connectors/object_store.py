@@ -21,6 +21,7 @@ options ``max_retries``, ``retry_timeout`` and ``backoff_config.*`` change that)
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -116,3 +117,16 @@ def arrow_filesystem(uri: str, options: Mapping[str, str] | None = None) -> tupl
     if not kwargs:
         return pafs.FileSystem.from_uri(uri)
     return pafs.S3FileSystem(**kwargs), rest
+
+
+#: how long a commit is tried again while the object store fails it transiently (connectors.delta_sink, dead_letters)
+STORE_RETRY_S = 300.0
+#: what delta-rs's object-store errors say when the store (or the way to it) failed for a while
+_TRANSIENT = re.compile(r"SlowDown|ServiceUnavailable|InternalError|RequestTimeout|Throttl|TooManyRequests|"
+                        r"\b50[0-4]\b|\b429\b|timed? ?out|[Cc]onnection (refused|reset|closed)|error sending request|"
+                        r"[Bb]roken pipe|dns error")
+
+
+def is_transient_store_error(exc: BaseException) -> bool:
+    """True for an object-store failure worth trying again (not a refused request: 403, 404, a conflict)."""
+    return isinstance(exc, OSError) and bool(_TRANSIENT.search(str(exc)))

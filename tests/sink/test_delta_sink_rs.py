@@ -147,3 +147,28 @@ def test_upserts_keyed_by_a_decimal_or_a_double_update_their_own_row(tmp_path, c
     assert [(r["id"], r["v"]) for r in rows] == [(i, i + 1) for i in range(len(keys))]
     for r, k in zip(rows, keys):
         assert r["k"] == k or (math.isnan(r["k"]) and math.isnan(k))
+
+
+def test_dead_letters_outlast_a_failing_store_too(tmp_path, monkeypatch):
+    import changelake.connectors.dead_letters as dead_letters
+    from changelake.changelog import DEAD_LETTER_SCHEMA
+
+    slept = []
+    monkeypatch.setattr(dead_letters.time, "sleep", slept.append)
+    store = dead_letters.DeadLetterStore(str(tmp_path / "dlq"), pipeline_id="p")
+    real, calls = store._append_once, []
+
+    def flaky(*args, **kwargs):
+        calls.append(1)
+        if len(calls) <= 2:
+            raise OSError(_SLOW_DOWN)
+        return real(*args, **kwargs)
+
+    store._append_once = flaky
+    letter = pa.Table.from_pylist([{"topic": "t", "partition": 0, "offset": 5, "value": b"{bad", "reason": "malformed",
+                                    "error": "not JSON"}], schema=DEAD_LETTER_SCHEMA)
+    assert store.append(letter, source="s", batch_id=0)
+    assert slept == [1.0, 2.0] and store.read().num_rows == 1
+    store._append_once = lambda *a, **k: (_ for _ in ()).throw(OSError("403 Forbidden <Code>AccessDenied</Code>"))
+    with pytest.raises(OSError, match="AccessDenied"):
+        store.append(letter, source="s", batch_id=1)
