@@ -145,6 +145,8 @@ def main() -> None:
                              "gives them with storage.reduce_on executors); needs a Spark engine session")
     parser.add_argument("--jobs", action="store_true",
                         help="with a Spark session: list each timed batch's Spark jobs from Spark's event log")
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="a Spark setting of the benchmark's session (repeatable)")
     parser.add_argument("--dir", default=None, help="where to write the table (default: a temp dir)")
     parser.add_argument("--profile", action="store_true", help="print time per sink phase (timed batches)")
     parser.add_argument("--quick", action="store_true",
@@ -164,11 +166,11 @@ def main() -> None:
         from changelake.spark.delta_sink import open_sink as open_spark_sink
         from changelake.spark.session import build_session
 
-        conf = {}
+        conf = dict(item.split("=", 1) for item in args.conf)
         if args.jobs:
             shutil.rmtree(eventlog, ignore_errors=True)
             eventlog.mkdir(parents=True)
-            conf = {"spark.eventLog.enabled": "true", "spark.eventLog.dir": str(eventlog),
+            conf |= {"spark.eventLog.enabled": "true", "spark.eventLog.dir": str(eventlog),
                     "spark.eventLog.compress": "false"}
         spark = build_session(app_name="bench-sink", master="local[2]", ui=False, engine=args.engine, conf=conf)
         sink = open_spark_sink(spec, pipeline_id="bench", engine=args.engine, spark=spark)
