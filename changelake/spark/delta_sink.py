@@ -72,7 +72,6 @@ log = logging.getLogger(__name__)
 
 TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
-ADAPTIVE_CONF = "spark.sql.adaptive.enabled"
 
 
 JOB_DESCRIPTION = "spark.job.description"
@@ -178,11 +177,6 @@ class DeltaSparkSink(FrameBatches, DeltaUpsertSink):
                          generation=generation)
         self._session = spark.newSession()
         self._txn_lock = threading.Lock()
-        if _local_master(spark) and not spark.sparkContext.getConf().contains(ADAPTIVE_CONF):
-            # a MERGE with adaptive execution runs each of its shuffles and broadcasts as a job of its own (12 jobs
-            # per table MERGE against 6 without, bench/sink.py --frame --jobs); on one machine there is no skew
-            # or partition count for it to correct
-            self._session.conf.set(ADAPTIVE_CONF, "false")
 
     def _apply_reduced_frame(self, reduced: Any, begun: _Begun, batch_id: int, *,
                              before_truncate: int) -> tuple[ApplyResult, MergeCounts]:
