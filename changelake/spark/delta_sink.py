@@ -15,7 +15,9 @@ put there by changelake/spark/session.py) on the Spark classpath and the session
   (:mod:`changelake.spark.delta_sink_frames`) reduces it and splits it against the tombstone table
   (read as a DataFrame), and Delta's MERGE joins the result with the table; only the counts
   (validation, truncate, resurrections prevented, stale deletes, rows sent) reach the driver, in
-  one-row aggregations.
+  one-row aggregations. The tombstone table is read pinned at its current version, so that the
+  tombstone MERGE's commit (after which Delta re-caches plans reading the latest table) leaves the
+  cached reduction alone. Each step's Spark jobs carry its name (``described``: the Spark UI).
 
 Exactly-once: every commit runs with ``spark.databricks.delta.write.txnAppId`` /
 ``txnVersion`` set, in a private child session (``spark.newSession()``) so that
