@@ -116,6 +116,8 @@ def main() -> int:
     ap.add_argument("--engine", choices=["auto", "delta-rs", "delta-spark"], default="auto",
                     help="storage.engine (auto: delta-rs on a local master)")
     ap.add_argument("--master", default=None, help="pipeline.master (default: the session builder's, local[2])")
+    ap.add_argument("--jobs", action="store_true",
+                    help="list each batch's Spark jobs (call site, wall time, stages, tasks) from Spark's event log")
     add_broker_option(ap)
     ap.add_argument("--quick", action="store_true", help="smoke run: 20,000 events over 4,000 keys, batches of 10,000")
     args = ap.parse_args()
@@ -123,6 +125,9 @@ def main() -> int:
         args.events, args.keys, args.batch = 20_000, 4_000, 10_000
     work = Path(args.workdir).absolute()
     shutil.rmtree(work, ignore_errors=True)
+    eventlog = work / "eventlog"
+    if args.jobs:
+        eventlog.mkdir(parents=True)
     print(f"machine: {machine()}")
     from confluent_kafka import Producer
 
@@ -148,7 +153,9 @@ def main() -> int:
         raw = {
             "pipeline": {"id": "bench-mirror", "checkpoint": str(work / "checkpoint"),
                          "max_records_per_batch": args.batch, "read_tasks": 2,
-                         **({"master": args.master} if args.master else {})},
+                         **({"master": args.master} if args.master else {}),
+                         **({"spark_conf": {"spark.eventLog.enabled": "true", "spark.eventLog.dir": str(eventlog),
+                                            "spark.eventLog.compress": "false"}} if args.jobs else {})},
             "kafka": {"bootstrap_servers": broker.bootstrap_servers},
             "sources": [{"name": "products", "topic_pattern": r"bench\.shop\.products\.\d+",
                          "format": "debezium-json", "columns": COLUMNS, "table": "products"}],
@@ -203,6 +210,9 @@ def main() -> int:
     want = {k: (v["price"], v["stock"]) for k, v in final.items()}
     verdict = "ok" if got == want else f"MISMATCH ({len(got)} rows vs {len(want)} expected)"
     print(f"verification against the generator's final state: {verdict}")
+    if args.jobs:
+        from spark_timing import print_batch_jobs
+        print_batch_jobs(eventlog)
     if profiler:
         pstats.Stats(profiler).sort_stats("cumulative").print_stats(25)
     return 0 if verdict == "ok" and result.totals.expired == 0 else 1

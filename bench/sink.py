@@ -5,6 +5,7 @@
     PYTHONPATH=. python bench/sink.py --preload 1000000 --changes 100000 --hot uniform
     PYTHONPATH=. python bench/sink.py --quick          # smoke run: 20k changes, 4k keys, 2k preloaded
     PYTHONPATH=. python bench/sink.py --engine delta-spark --preload 1000000 --hot uniform   # Delta's MERGE in Spark
+    PYTHONPATH=. python bench/sink.py --engine delta-spark --frame --jobs   # apply_frame, with its Spark jobs listed
 
 Prints the table's data files after the preload and at the end: a MERGE rewrites every file holding a
 changed key, so its cost follows the files the keys touch (``--hot``), not the batch alone.
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -34,6 +36,8 @@ from deltalake import DeltaTable, QueryBuilder
 
 from changelake.changelog import seq_from_kafka
 from changelake.connectors.delta_sink import TableSpec, open_sink
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 KIND_I, KIND_U, KIND_D = 0, 2, 3
 
@@ -92,6 +96,17 @@ def instrument_phases() -> dict[str, float]:
     return totals
 
 
+def batch_frame(spark, batch: pa.Table):
+    """``batch`` as the pipeline hands a framed table to ``apply_frame``: a DataFrame on the executors,
+    persisted and counted (``count_kinds`` fills its cache), in 2 partitions."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    frame = spark.createDataFrame(batch, schema=from_arrow_schema(batch.schema, prefer_timestamp_ntz=True))
+    frame = frame.repartition(2).persist()   # not batch order, which _seq orders anyway (one change per offset)
+    frame.count()
+    return frame
+
+
 def expected_state(changes: pa.Table) -> dict[int, str]:
     last = changes.group_by("id").aggregate([("_seq", "max")])
     winners = changes.join(last, keys=["id", "_seq"], right_keys=["id", "_seq_max"], join_type="inner")
@@ -125,6 +140,13 @@ def main() -> None:
                         help="with --preload: which existing rows the changes hit")
     parser.add_argument("--engine", default="delta-rs", choices=["delta-rs", "delta-spark"],
                         help="delta-spark: the MERGE in a local[2] Spark session with the project's `delta` JVM set")
+    parser.add_argument("--frame", action="store_true",
+                        help="the timed batches as persisted Spark DataFrames through apply_frame (as the pipeline "
+                             "gives them with storage.reduce_on executors); needs a Spark engine session")
+    parser.add_argument("--jobs", action="store_true",
+                        help="with a Spark session: list each timed batch's Spark jobs from Spark's event log")
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="a Spark setting of the benchmark's session (repeatable)")
     parser.add_argument("--dir", default=None, help="where to write the table (default: a temp dir)")
     parser.add_argument("--profile", action="store_true", help="print time per sink phase (timed batches)")
     parser.add_argument("--quick", action="store_true",
@@ -138,12 +160,20 @@ def main() -> None:
     root = Path(args.dir or tempfile.mkdtemp(prefix="changelake-bench-"))
     shutil.rmtree(root / "lake", ignore_errors=True)
     spec = TableSpec(name="bench", path=str(root / "lake" / "items"), primary_key=("id",))
-    if args.engine == "delta-spark":
+    eventlog = root / "eventlog"
+    spark = None
+    if args.engine == "delta-spark" or args.frame:
         from changelake.spark.delta_sink import open_sink as open_spark_sink
         from changelake.spark.session import build_session
 
-        spark = build_session(app_name="bench-sink", master="local[2]", ui=False, engine="delta-spark")
-        sink = open_spark_sink(spec, pipeline_id="bench", engine="delta-spark", spark=spark)
+        conf = dict(item.split("=", 1) for item in args.conf)
+        if args.jobs:
+            shutil.rmtree(eventlog, ignore_errors=True)
+            eventlog.mkdir(parents=True)
+            conf |= {"spark.eventLog.enabled": "true", "spark.eventLog.dir": str(eventlog),
+                    "spark.eventLog.compress": "false"}
+        spark = build_session(app_name="bench-sink", master="local[2]", ui=False, engine=args.engine, conf=conf)
+        sink = open_spark_sink(spec, pipeline_id="bench", engine=args.engine, spark=spark)
     else:
         sink = open_sink(spec, pipeline_id="bench", engine=args.engine)
     batch_id = 0
@@ -164,9 +194,16 @@ def main() -> None:
     applied = 0
     elapsed = 0.0
     for batch in batches(changes, args.batch, args.late_ratio, rng):
+        frame = None
+        if args.frame:
+            frame = batch_frame(spark, batch)
+            spark.sparkContext.setLocalProperty("streaming.sql.batchId", str(batch_id))  # the job listing's key
         started = time.perf_counter()
-        result = sink.apply(batch, batch_id=batch_id)
+        result = sink.apply(batch, batch_id=batch_id) if frame is None else sink.apply_frame(frame, batch_id=batch_id)
         took = time.perf_counter() - started
+        if frame is not None:
+            frame.unpersist()
+            spark.sparkContext.setLocalProperty("streaming.sql.batchId", None)
         elapsed += took
         applied += batch.num_rows
         print(f"batch {batch_id}: {batch.num_rows} changes in {took:.3f} s "
@@ -185,6 +222,10 @@ def main() -> None:
           f"final state {'matches' if ok else 'DOES NOT MATCH'} the expected rows")
     for name, seconds in sorted(phases.items(), key=lambda item: -item[1]):
         print(f"  {name:28s} {seconds:7.3f} s  {100 * seconds / elapsed:5.1f} %")
+    if args.jobs and spark is not None:
+        spark.stop()                    # flushes the event log
+        from spark_timing import print_batch_jobs
+        print_batch_jobs(eventlog)
     if not args.dir:
         shutil.rmtree(root, ignore_errors=True)
     if not ok:

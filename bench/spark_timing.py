@@ -250,3 +250,59 @@ def stage_table(batches: dict[int, dict], ids: list[int], driver_s: list[float] 
             lines.append(f"| progress `durationMs.{k}` | | {fmt([p['durationMs'].get(k, 0) for p in steady])} "
                          "| | | | |")
     return "\n".join(lines)
+
+
+def batch_jobs(eventlog: Path) -> dict[int, list[dict]]:
+    """Per streaming batch id: the Spark jobs its micro-batch ran, in order, each with where it was
+    called (``callSite.short``: the Python line of the action), its wall time (job start to end, ms),
+    stages and tasks (skipped stages left out, as the SQL tab shows them). Jobs outside a streaming
+    batch are under -1 (table set-up of a sink benchmark, for instance)."""
+    jobs: dict[int, dict] = {}
+    stage_tasks: dict[int, int] = {}
+    for path in sorted(eventlog.rglob("*")):
+        if not path.is_file() or path.name.startswith(".") or "appstatus" in path.name:
+            continue
+        for line in path.read_text().splitlines():
+            e = json.loads(line)
+            if e["Event"] == "SparkListenerJobStart":
+                props = e.get("Properties") or {}
+                batch = props.get("streaming.sql.batchId")
+                jobs[e["Job ID"]] = {"batch": int(batch) if batch is not None else -1,
+                                     "site": props.get("callSite.short", "?"),
+                                     "description": _first_line(props.get("spark.job.description") or ""),
+                                     "start": e["Submission Time"], "stages": set(e["Stage IDs"])}
+            elif e["Event"] == "SparkListenerStageCompleted":
+                info = e["Stage Info"]
+                stage_tasks[info["Stage ID"]] = info["Number of Tasks"]
+            elif e["Event"] == "SparkListenerJobEnd" and e["Job ID"] in jobs:
+                jobs[e["Job ID"]]["ms"] = e["Completion Time"] - jobs[e["Job ID"]]["start"]
+    out: dict[int, list[dict]] = {}
+    for job_id, job in sorted(jobs.items()):
+        ran = [s for s in job["stages"] if s in stage_tasks]
+        out.setdefault(job["batch"], []).append({
+            "job": job_id, "site": job["site"], "description": job["description"], "ms": job.get("ms", 0),
+            "stages": len(ran), "tasks": sum(stage_tasks[s] for s in ran)})
+    return out
+
+
+def _first_line(description: str) -> str:
+    """The step a job belongs to: the first line of its description (changelake's sink steps,
+    changelake/spark/delta_sink.py ``described``; Delta prefixes its own jobs with ``Delta: ``)."""
+    return description.splitlines()[0][:90] if description else ""
+
+
+def print_batch_jobs(eventlog: Path) -> None:
+    """:func:`batch_jobs` as a table per batch."""
+    for batch, jobs in sorted(batch_jobs(eventlog).items()):
+        total = sum(j["ms"] for j in jobs)
+        print(f"batch {batch}: {len(jobs)} Spark jobs, {total / 1000:.2f} s of job wall time")
+        steps: dict[str, list[float]] = {}
+        for j in jobs:
+            step = steps.setdefault(j["description"].replace("Delta: ", ""), [0, 0.0])
+            step[0] += 1
+            step[1] += j["ms"] / 1000
+        for name, (n, seconds) in steps.items():
+            print(f"  {n:3d} job(s) {seconds:7.2f} s  {name}")
+        for j in jobs:
+            print(f"    job {j['job']:4d} {j['ms'] / 1000:7.2f} s  {j['stages']} stage(s) {j['tasks']:4d} task(s)  "
+                  f"{j['site']}  {j['description']}")

@@ -15,7 +15,9 @@ put there by changelake/spark/session.py) on the Spark classpath and the session
   (:mod:`changelake.spark.delta_sink_frames`) reduces it and splits it against the tombstone table
   (read as a DataFrame), and Delta's MERGE joins the result with the table; only the counts
   (validation, truncate, resurrections prevented, stale deletes, rows sent) reach the driver, in
-  one-row aggregations.
+  one-row aggregations. The tombstone table is read pinned at its current version, so that the
+  tombstone MERGE's commit (after which Delta re-caches plans reading the latest table) leaves the
+  cached reduction alone. Each step's Spark jobs carry its name (``described``: the Spark UI).
 
 Exactly-once: every commit runs with ``spark.databricks.delta.write.txnAppId`` /
 ``txnVersion`` set, in a private child session (``spark.newSession()``) so that
@@ -74,6 +76,24 @@ TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
 
 
+JOB_DESCRIPTION = "spark.job.description"
+
+
+@contextmanager
+def described(spark: Any, table: str, phase: str) -> Iterator[None]:
+    """The enclosed Spark jobs described as ``changelake <table>: <phase>`` (first line; the
+    description they had, such as the streaming query's, below it): the Spark UI's and the event
+    log's name for each step of a sink's batch (bench/spark_timing.py ``batch_jobs`` lists them)."""
+    context = spark.sparkContext
+    before = context.getLocalProperty(JOB_DESCRIPTION)
+    mine = f"changelake {table}: {phase}"
+    context.setLocalProperty(JOB_DESCRIPTION, mine if not before else f"{mine}\n{before}")
+    try:
+        yield
+    finally:
+        context.setLocalProperty(JOB_DESCRIPTION, before)
+
+
 def expired_before(cutoff: datetime) -> str:
     """Spark SQL predicate selecting tombstones committed before ``cutoff``."""
     return f"{backtick(DELETED_AT)} < timestamp'{cutoff.isoformat()}'"
@@ -101,17 +121,22 @@ class FrameBatches:
             raise ValueError(f"batch_id must be >= 0, got {batch_id}")
         spec = self.spec
         changes = frames.with_position(changes)
-        frames.validate_frame(changes, primary_key=spec.primary_key, nullable_key=spec.nullable_key, table=spec.name)
+        spark = changes.sparkSession
+        with described(spark, spec.name, "validate"):
+            frames.validate_frame(changes, primary_key=spec.primary_key, nullable_key=spec.nullable_key,
+                                  table=spec.name)
         dropped = tuple(dropped_columns)
         version = commit_position(batch_id, self.generation)
-        return self._committing(batch_id, lambda: self._apply_frame_once(changes, version, truncate_at, dropped,
-                                                                         schema_position),
-                                freshness=lambda committed_at: self._frame_freshness(changes, committed_at))
+        with described(spark, spec.name, "apply"):
+            return self._committing(batch_id, lambda: self._apply_frame_once(changes, version, truncate_at, dropped,
+                                                                             schema_position),
+                                    freshness=lambda committed_at: self._frame_freshness(changes, committed_at))
 
     def _frame_freshness(self, changes: Any, committed_at: float) -> None:
         """``changelake_table_freshness_seconds`` of a committed DataFrame batch: counted per bucket on the
         executors (the batch is cached there), as the Arrow batches' are on the driver."""
-        counted = frames.freshness_counts(changes, committed_at=committed_at, bounds=metrics.FRESHNESS.bounds)
+        with described(changes.sparkSession, self.spec.name, "freshness"):
+            counted = frames.freshness_counts(changes, committed_at=committed_at, bounds=metrics.FRESHNESS.bounds)
         if counted is not None:
             metrics.FRESHNESS.observe_counts(self.spec.name, *counted)
 
@@ -125,9 +150,10 @@ class FrameBatches:
             return begun, None
         if begun.skip:
             changes = changes.drop(*[c for c in begun.skip if c in changes.columns])
-        reduced, before_truncate = frames.reduce_batch(
-            changes, primary_key=spec.primary_key, placeholder=spec.unavailable_value, horizon=begun.horizon,
-            target_schema=begun.target_schema, table=spec.name)
+        with described(changes.sparkSession, spec.name, "reduce (truncate count)"):
+            reduced, before_truncate = frames.reduce_batch(
+                changes, primary_key=spec.primary_key, placeholder=spec.unavailable_value, horizon=begun.horizon,
+                target_schema=begun.target_schema, table=spec.name)
         return self._apply_reduced_frame(reduced, begun, batch_id, before_truncate=before_truncate)
 
 
@@ -160,22 +186,30 @@ class DeltaSparkSink(FrameBatches, DeltaUpsertSink):
         on the executors; only the counts reach the driver (one one-row aggregation)."""
         spec = self.spec
         tomb_state = self._tombstone_state()
-        tombstones = (self._session.read.format("delta").load(self.tombstone_path)
-                      .select(*[backtick(c) for c in (*spec.primary_key, SEQ)]) if tomb_state is not None else None)
+        tombstones = None
+        if tomb_state is not None:
+            # read at its current version, pinned: after the tombstone MERGE below commits, Delta re-caches every
+            # cached plan that reads the latest tombstone table, which would recompute the whole reduction for the
+            # table MERGE (and the new version's snapshot first); a pinned read is left alone
+            tombstones = (self._session.read.format("delta").option("versionAsOf", tomb_state.version)
+                          .load(self.tombstone_path).select(*[backtick(c) for c in (*spec.primary_key, SEQ)]))
         split = frames.split_against_tombstones(reduced, tombstones, primary_key=spec.primary_key, now=self._clock())
         split.flagged.persist()             # on the executors: read by the counts and both MERGEs
         try:
-            counted = frames.split_counts(split)
+            with described(self._session, spec.name, "reduce and split (counts)"):
+                counted = frames.split_counts(split)
             if counted.tombstone_changes:
-                self._merge_tombstones_once(split.tombstone_changes, tomb_state, begun.target_schema, batch_id)
+                with described(self._session, spec.name, "tombstone MERGE"):
+                    self._merge_tombstones_once(split.tombstone_changes, tomb_state, begun.target_schema, batch_id)
             source = split.table_changes
             unavailable = {}
             if spec.unavailable_value is not None:
                 schema = _arrow(source.schema)
                 unavailable = {c: sql_literal(placeholder_value(schema.field(c).type, spec.unavailable_value))
                                for c in frames.text_columns(source)}
-            counts = self._merge_table(source, batch_id=batch_id, unavailable=unavailable,
-                                       empty=counted.table_changes == 0, replace=begun.replace)
+            with described(self._session, spec.name, "table MERGE"):
+                counts = self._merge_table(source, batch_id=batch_id, unavailable=unavailable,
+                                           empty=counted.table_changes == 0, replace=begun.replace)
         finally:
             split.flagged.unpersist()
         return self._result(counts, upserts_sent=counted.table_changes - counted.table_deletes,

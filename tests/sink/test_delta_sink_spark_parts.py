@@ -2,8 +2,9 @@
 
 The engine's MERGE needs the jars (absent here; the behavioural suite runs on it
 where they are present). What is checked here: its Arrow-to-Spark conversion, that
-its merge clauses are valid Spark SQL selecting the intended rows, and that the
-transaction id settings stay inside its private session.
+its merge clauses are valid Spark SQL selecting the intended rows, that the
+transaction id settings stay inside its private session, and that its steps name
+their Spark jobs.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from changelake.spark.delta_sink import (
     TXN_APP_ID_CONF,
     TXN_VERSION_CONF,
     DeltaSparkSink,
+    described,
     expired_before,
 )
 
@@ -93,3 +95,24 @@ def test_expiry_predicate_selects_tombstones_older_than_the_cutoff(spark_sink):
                                         "_deleted_at": pa.array(moments, pa.timestamp("us", tz="UTC"))}))
     cutoff = datetime(2026, 1, 2, 12, tzinfo=timezone.utc)
     assert sorted(r["id"] for r in frame.where(expired_before(cutoff)).collect()) == [1]
+
+
+def test_sink_steps_name_their_spark_jobs_and_give_back_the_description_they_found(spark):
+    """The Spark UI and the event log show which step of a sink's batch ran a job (bench/spark_timing.py
+    lists them by this name); the query's own description comes back after the step, also on an error."""
+    context = spark.sparkContext
+    key = "spark.job.description"
+    with described(spark, "orders", "validate"):
+        alone = context.getLocalProperty(key)
+    assert alone == "changelake orders: validate"
+    assert context.getLocalProperty(key) is None
+    context.setJobDescription("pipeline p, batch 3")
+    try:
+        with pytest.raises(RuntimeError):
+            with described(spark, "orders", "table MERGE"):
+                inside = context.getLocalProperty(key)
+                raise RuntimeError("the MERGE failed")
+        assert inside == "changelake orders: table MERGE\npipeline p, batch 3"
+        assert context.getLocalProperty(key) == "pipeline p, batch 3"
+    finally:
+        context.setJobDescription(None)
