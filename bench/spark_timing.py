@@ -111,37 +111,42 @@ class BatchClock:
                                "assembly moved, update BatchClock")
 
 
+def _events(eventlog: Path):
+    """Every event of an (uncompressed) Spark event log directory, file by file."""
+    for path in sorted(eventlog.rglob("*")):
+        if not path.is_file() or path.name.startswith(".") or "appstatus" in path.name:
+            continue
+        for line in path.read_text().splitlines():
+            yield json.loads(line)
+
+
 def spark_stages(eventlog: Path) -> dict[str, list[dict]]:
     """Per streaming query id: its stages by position in the micro-batch job, summed over batches
     (wall ms, task time ms, Python code ms), from Spark's event log. ``what`` is a guess from the
     stage's RDDs: a stage ends at a shuffle, so it may hold more than the operator it is named for."""
     stage_query: dict[int, tuple[str, int]] = {}
     out: dict[str, dict[int, dict]] = {}
-    for path in sorted(eventlog.rglob("*")):
-        if not path.is_file() or path.name.startswith(".") or "appstatus" in path.name:
-            continue
-        for line in path.read_text().splitlines():
-            e = json.loads(line)
-            if e["Event"] == "SparkListenerJobStart":
-                qid = (e.get("Properties") or {}).get("sql.streaming.queryId")
-                if qid:
-                    for i, sid in enumerate(sorted(e["Stage IDs"])):
-                        stage_query[sid] = (qid, i)
-            elif e["Event"] == "SparkListenerStageCompleted" and e["Stage Info"]["Stage ID"] in stage_query:
-                info = e["Stage Info"]
-                qid, pos = stage_query[info["Stage ID"]]
-                acc = {a["Name"]: a.get("Value") for a in info.get("Accumulables", [])}
-                rdds = {r["Name"] for r in info["RDD Info"]}
-                what = ("read Kafka + decode (+ route to the graph)" if "DataSourceRDD" in rdds else
-                        "stateful operator (transformWithStateInPandas)" if "StateStoreRDD" in rdds else
-                        "unpack sources + shuffle")
-                s = out.setdefault(qid, {}).setdefault(pos, {"what": what, "tasks": 0, "wall_ms": 0, "task_ms": 0,
-                                                             "python_ms": 0, "batches": 0})
-                s["batches"] += 1
-                s["tasks"] += info["Number of Tasks"]
-                s["wall_ms"] += info.get("Completion Time", 0) - info.get("Submission Time", 0)
-                s["task_ms"] += int(acc.get("internal.metrics.executorRunTime", 0))
-                s["python_ms"] += int(acc.get("time to execute Python code", 0))
+    for e in _events(eventlog):
+        if e["Event"] == "SparkListenerJobStart":
+            qid = (e.get("Properties") or {}).get("sql.streaming.queryId")
+            if qid:
+                for i, sid in enumerate(sorted(e["Stage IDs"])):
+                    stage_query[sid] = (qid, i)
+        elif e["Event"] == "SparkListenerStageCompleted" and e["Stage Info"]["Stage ID"] in stage_query:
+            info = e["Stage Info"]
+            qid, pos = stage_query[info["Stage ID"]]
+            acc = {a["Name"]: a.get("Value") for a in info.get("Accumulables", [])}
+            rdds = {r["Name"] for r in info["RDD Info"]}
+            what = ("read Kafka + decode (+ route to the graph)" if "DataSourceRDD" in rdds else
+                    "stateful operator (transformWithStateInPandas)" if "StateStoreRDD" in rdds else
+                    "unpack sources + shuffle")
+            s = out.setdefault(qid, {}).setdefault(pos, {"what": what, "tasks": 0, "wall_ms": 0, "task_ms": 0,
+                                                         "python_ms": 0, "batches": 0})
+            s["batches"] += 1
+            s["tasks"] += info["Number of Tasks"]
+            s["wall_ms"] += info.get("Completion Time", 0) - info.get("Submission Time", 0)
+            s["task_ms"] += int(acc.get("internal.metrics.executorRunTime", 0))
+            s["python_ms"] += int(acc.get("time to execute Python code", 0))
     return {qid: [stages[p] for p in sorted(stages)] for qid, stages in out.items()}
 
 
@@ -160,42 +165,38 @@ def batch_stages(eventlog: Path) -> dict[int, dict]:
     jobs: dict[int, int] = {}                       # job id -> batch id
     stage_batch: dict[int, int] = {}
     out: dict[int, dict] = {}
-    for path in sorted(eventlog.rglob("*")):
-        if not path.is_file() or path.name.startswith(".") or "appstatus" in path.name:
-            continue
-        for line in path.read_text().splitlines():
-            e = json.loads(line)
-            kind = e["Event"]
-            if kind == "SparkListenerJobStart":
-                bid = (e.get("Properties") or {}).get("streaming.sql.batchId")
-                if bid is None:
-                    continue
-                jobs[e["Job ID"]] = int(bid)
-                b = out.setdefault(int(bid), {"start": e["Submission Time"], "end": e["Submission Time"],
-                                              "stages": []})
-                b["start"] = min(b["start"], e["Submission Time"])
-                for sid in e["Stage IDs"]:
-                    stage_batch[sid] = int(bid)
-            elif kind == "SparkListenerJobEnd" and e["Job ID"] in jobs:
-                b = out[jobs[e["Job ID"]]]
-                b["end"] = max(b["end"], e["Completion Time"])
-            elif kind == "SparkListenerStageCompleted" and e["Stage Info"]["Stage ID"] in stage_batch:
-                info = e["Stage Info"]
-                acc: dict[str, int] = {}
-                for a in info.get("Accumulables", []):
-                    try:
-                        acc[a["Name"]] = acc.get(a["Name"], 0) + int(a.get("Value") or 0)
-                    except (TypeError, ValueError):
-                        pass
-                rdds = {r["Name"] for r in info["RDD Info"]}
-                stage = {"id": info["Stage ID"], "submitted": info.get("Submission Time", 0),
-                         "what": "source" if "DataSourceRDD" in rdds else
-                         "stateful" if "StateStoreRDD" in rdds else "other",
-                         "tasks": info["Number of Tasks"],
-                         "wall_ms": info.get("Completion Time", 0) - info.get("Submission Time", 0),
-                         "task_ms": acc.get("internal.metrics.executorRunTime", 0)}
-                stage.update({key: acc.get(name, 0) for name, key in _STATE_METRICS.items()})
-                out[stage_batch[info["Stage ID"]]]["stages"].append(stage)
+    for e in _events(eventlog):
+        kind = e["Event"]
+        if kind == "SparkListenerJobStart":
+            bid = (e.get("Properties") or {}).get("streaming.sql.batchId")
+            if bid is None:
+                continue
+            jobs[e["Job ID"]] = int(bid)
+            b = out.setdefault(int(bid), {"start": e["Submission Time"], "end": e["Submission Time"],
+                                          "stages": []})
+            b["start"] = min(b["start"], e["Submission Time"])
+            for sid in e["Stage IDs"]:
+                stage_batch[sid] = int(bid)
+        elif kind == "SparkListenerJobEnd" and e["Job ID"] in jobs:
+            b = out[jobs[e["Job ID"]]]
+            b["end"] = max(b["end"], e["Completion Time"])
+        elif kind == "SparkListenerStageCompleted" and e["Stage Info"]["Stage ID"] in stage_batch:
+            info = e["Stage Info"]
+            acc: dict[str, int] = {}
+            for a in info.get("Accumulables", []):
+                try:
+                    acc[a["Name"]] = acc.get(a["Name"], 0) + int(a.get("Value") or 0)
+                except (TypeError, ValueError):
+                    pass
+            rdds = {r["Name"] for r in info["RDD Info"]}
+            stage = {"id": info["Stage ID"], "submitted": info.get("Submission Time", 0),
+                     "what": "source" if "DataSourceRDD" in rdds else
+                     "stateful" if "StateStoreRDD" in rdds else "other",
+                     "tasks": info["Number of Tasks"],
+                     "wall_ms": info.get("Completion Time", 0) - info.get("Submission Time", 0),
+                     "task_ms": acc.get("internal.metrics.executorRunTime", 0)}
+            stage.update({key: acc.get(name, 0) for name, key in _STATE_METRICS.items()})
+            out[stage_batch[info["Stage ID"]]]["stages"].append(stage)
     for b in out.values():
         b["job_ms"] = b.pop("end") - b.pop("start")
         b["stages"].sort(key=lambda s: (s["submitted"], s["id"]))
@@ -259,23 +260,19 @@ def batch_jobs(eventlog: Path) -> dict[int, list[dict]]:
     batch are under -1 (table set-up of a sink benchmark, for instance)."""
     jobs: dict[int, dict] = {}
     stage_tasks: dict[int, int] = {}
-    for path in sorted(eventlog.rglob("*")):
-        if not path.is_file() or path.name.startswith(".") or "appstatus" in path.name:
-            continue
-        for line in path.read_text().splitlines():
-            e = json.loads(line)
-            if e["Event"] == "SparkListenerJobStart":
-                props = e.get("Properties") or {}
-                batch = props.get("streaming.sql.batchId")
-                jobs[e["Job ID"]] = {"batch": int(batch) if batch is not None else -1,
-                                     "site": props.get("callSite.short", "?"),
-                                     "description": _first_line(props.get("spark.job.description") or ""),
-                                     "start": e["Submission Time"], "stages": set(e["Stage IDs"])}
-            elif e["Event"] == "SparkListenerStageCompleted":
-                info = e["Stage Info"]
-                stage_tasks[info["Stage ID"]] = info["Number of Tasks"]
-            elif e["Event"] == "SparkListenerJobEnd" and e["Job ID"] in jobs:
-                jobs[e["Job ID"]]["ms"] = e["Completion Time"] - jobs[e["Job ID"]]["start"]
+    for e in _events(eventlog):
+        if e["Event"] == "SparkListenerJobStart":
+            props = e.get("Properties") or {}
+            batch = props.get("streaming.sql.batchId")
+            jobs[e["Job ID"]] = {"batch": int(batch) if batch is not None else -1,
+                                 "site": props.get("callSite.short", "?"),
+                                 "description": _first_line(props.get("spark.job.description") or ""),
+                                 "start": e["Submission Time"], "stages": set(e["Stage IDs"])}
+        elif e["Event"] == "SparkListenerStageCompleted":
+            info = e["Stage Info"]
+            stage_tasks[info["Stage ID"]] = info["Number of Tasks"]
+        elif e["Event"] == "SparkListenerJobEnd" and e["Job ID"] in jobs:
+            jobs[e["Job ID"]]["ms"] = e["Completion Time"] - jobs[e["Job ID"]]["start"]
     out: dict[int, list[dict]] = {}
     for job_id, job in sorted(jobs.items()):
         ran = [s for s in job["stages"] if s in stage_tasks]
