@@ -240,7 +240,6 @@ def build_session(*, app_name: str = "changelake", master: str | None = None,
         log.warning("the pipeline's %s=%s does not apply: the Spark launcher (spark-submit, spark-defaults.conf "
                     "or the environment) sets %s; remove one of the two", key, mine, theirs)
     # Spark's Python processes run this interpreter (so they see the same packages), through the script
-    # that imports pyspark from the installed package (changelake/spark/worker_python.py) where installed
     # that imports pyspark from the installed package (changelake/spark/worker_python.py) where installed; the JVM's
     # own Python calls too (the lookup of Python data sources at the first query runs PYSPARK_DRIVER_PYTHON)
     script = worker_python.script_path()
