@@ -123,6 +123,8 @@ def test_pyspark_s_chatty_planning_worker_prints_nothing_to_the_console(tmp_path
         "pathlib.Path(sys.argv[1]).write_text('ran')\n")
     assert "pyspark.sql.streaming.transform_with_state_driver_worker" in worker_python.CHATTY_MODULES
     monkeypatch.chdir(tmp_path)
+    # run here, not by a fork server that a Spark session of this test process started
+    monkeypatch.setenv("CHANGELAKE_FORK_SERVER", "off")
     monkeypatch.setattr(sys, "path", list(sys.path))
     monkeypatch.setattr(sys, "argv", list(sys.argv))
     monkeypatch.setattr(sys, "stdout", sys.stdout)           # restored after the module replaced it
