@@ -63,6 +63,17 @@ def test_build_info_and_process_figures_and_no_created_series():
     assert not [n for n in s if n.endswith("_created")]
 
 
+def _samples_once_workers_hold(size: int, *, within_s: float = 20):
+    """The samples once the Python workers' resident memory is above ``size`` (or the last ones after
+    ``within_s``): the children start and allocate in their own time."""
+    deadline = time.monotonic() + within_s
+    while True:
+        s = _samples()
+        if _value(s, "changelake_spark_python_workers_resident_memory_bytes") > size or time.monotonic() >= deadline:
+            return s
+        time.sleep(0.2)
+
+
 def test_the_driver_jvm_memory_is_read_from_its_process(tmp_path):
     import os
     import subprocess
@@ -73,12 +84,7 @@ def test_the_driver_jvm_memory_is_read_from_its_process(tmp_path):
                               "time.sleep(30)'])"])
     try:
         metrics.JVM.watch(child.pid, heap=lambda: {"heap_used": 1, "heap_committed": 2, "heap_max": 3})
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            s = _samples()
-            if _value(s, "changelake_spark_python_workers_resident_memory_bytes") > 30_000_000:
-                break
-            time.sleep(0.2)
+        s = _samples_once_workers_hold(30_000_000)
         assert _value(s, "changelake_jvm_resident_memory_bytes") > 50_000_000
         assert _value(s, "changelake_spark_python_workers_resident_memory_bytes") > 30_000_000
         assert _value(s, "changelake_jvm_memory_bytes", area="heap_max") == 3
@@ -102,12 +108,7 @@ def test_the_python_workers_under_the_fork_server_count_too():
                                "'import time; y = bytearray(40_000_000); time.sleep(30)'])"])
     try:
         metrics.JVM.watch(jvm.pid, workers_under=server.pid)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            s = _samples()
-            if _value(s, "changelake_spark_python_workers_resident_memory_bytes") > 40_000_000:
-                break
-            time.sleep(0.2)
+        s = _samples_once_workers_hold(40_000_000)
         assert _value(s, "changelake_spark_python_workers_resident_memory_bytes") > 40_000_000
     finally:
         metrics.JVM.watch(None)
