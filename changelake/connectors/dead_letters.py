@@ -21,7 +21,7 @@ from deltalake.exceptions import CommitFailedError
 from changelake.changelog import DEAD_LETTER_SCHEMA, commit_position
 from changelake.connectors.commits import check_position
 from changelake.connectors.delta_read import read_delta
-from changelake.connectors.object_store import STORE_RETRY_S, is_transient_store_error
+from changelake.connectors.object_store import StoreBrownout
 
 #: tries at one batch's append (a conflict is re-checked, then retried)
 COMMIT_ATTEMPTS = 4
@@ -47,7 +47,7 @@ class DeadLetterStore:
         when this batch was already written. A store written before the ``table`` column existed gets it."""
         if letters.num_rows == 0:
             return False
-        attempt, failing_since, backoff = 0, None, 1.0
+        attempt, brownout = 0, StoreBrownout()
         while True:
             try:
                 return self._append_once(letters, source=source, batch_id=batch_id, table=table)
@@ -57,11 +57,10 @@ class DeadLetterStore:
                     raise
                 time.sleep(0.1 * 2 ** attempt)
             except OSError as exc:      # the store failing for a while: again, as the table sinks do
-                failing_since = time.monotonic() if failing_since is None else failing_since
-                if not is_transient_store_error(exc) or time.monotonic() - failing_since >= STORE_RETRY_S:
+                wait = brownout.delay(exc)
+                if wait is None:
                     raise
-                time.sleep(backoff)
-                backoff = min(backoff * 2, 30.0)
+                time.sleep(wait)
 
     def _append_once(self, letters: pa.Table, *, source: str | pa.Array, batch_id: int,
                      table: str | pa.Array | None) -> bool:

@@ -54,7 +54,7 @@ from deltalake.exceptions import TableNotFoundError
 
 from changelake.changelog import KIND, SEQ, SOURCE_TS, commit_position, split_commit_position
 from changelake.connectors.commits import check_position, describe
-from changelake.connectors.object_store import STORE_RETRY_S, is_transient_store_error
+from changelake.connectors.object_store import STORE_RETRY_S, StoreBrownout
 from changelake.connectors.delta_sink_kernel import (
     align_to_table,
     check_truncate_order,
@@ -380,25 +380,21 @@ class DeltaUpsertSink(abc.ABC):
         seconds: ``changelake_table_freshness_seconds``), then run the maintenance that is due."""
         started = time.perf_counter()
         attempt = 0
-        store_failing_since: float | None = None
-        backoff = 1.0
+        brownout = StoreBrownout(self._store_retry_s)
         while True:
             try:
                 result, counts = once()
                 break
             except Exception as exc:  # classified below and always re-raised, typed
-                if is_transient_store_error(exc) and not self._is_conflict(exc):
-                    now = time.monotonic()
-                    store_failing_since = now if store_failing_since is None else store_failing_since
-                    if now - store_failing_since < self._store_retry_s:
-                        metrics.COMMIT_RETRIES.labels(table=self.spec.name).inc()
-                        log.warning("table %s batch %d: the store failed the commit (%s); trying again in %.0f s "
-                                    "(for up to %.0f s)", self.spec.name, batch_id, str(exc).splitlines()[0],
-                                    backoff, self._store_retry_s)
-                        self._forget_logs()
-                        time.sleep(backoff)
-                        backoff = min(backoff * 2, 30.0)
-                        continue
+                wait = None if self._is_conflict(exc) else brownout.delay(exc)
+                if wait is not None:
+                    metrics.COMMIT_RETRIES.labels(table=self.spec.name).inc()
+                    log.warning("table %s batch %d: the store failed the commit (%s); trying again in %.0f s "
+                                "(for up to %.0f s)", self.spec.name, batch_id, str(exc).splitlines()[0],
+                                wait, self._store_retry_s)
+                    self._forget_logs()
+                    time.sleep(wait)
+                    continue
                 if self._is_conflict(exc) and attempt < self._max_commit_retries:
                     attempt += 1
                     metrics.COMMIT_RETRIES.labels(table=self.spec.name).inc()

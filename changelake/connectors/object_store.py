@@ -22,6 +22,7 @@ options ``max_retries``, ``retry_timeout`` and ``backoff_config.*`` change that)
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -130,3 +131,24 @@ _TRANSIENT = re.compile(r"SlowDown|ServiceUnavailable|InternalError|RequestTimeo
 def is_transient_store_error(exc: BaseException) -> bool:
     """True for an object-store failure worth trying again (not a refused request: 403, 404, a conflict)."""
     return isinstance(exc, OSError) and bool(_TRANSIENT.search(str(exc)))
+
+
+class StoreBrownout:
+    """The pace of the tries at one commit while the store fails it transiently: 1 s doubling to 30 s, for
+    up to ``limit_s`` since the first such failure (the table sinks and the dead-letter table alike)."""
+
+    def __init__(self, limit_s: float = STORE_RETRY_S) -> None:
+        self.limit_s = limit_s
+        self._since: float | None = None
+        self._next = 1.0
+
+    def delay(self, exc: BaseException) -> float | None:
+        """Seconds to wait before trying again after ``exc``; None: give up (not transient, or too long)."""
+        if not is_transient_store_error(exc):
+            return None
+        now = time.monotonic()
+        self._since = now if self._since is None else self._since
+        if now - self._since >= self.limit_s:
+            return None
+        wait, self._next = self._next, min(self._next * 2, 30.0)
+        return wait
