@@ -88,9 +88,18 @@ class LocalRunner:
         return changelog_of(node, split.changes)
 
     def _kernel_step(self, node: PhysicalNode, ins: list[pa.Table], now: int) -> pa.Table:
-        kernel = self.kernels[node.id]
         if node.drop_update_before:
             ins = [without_update_before(t) for t in ins]
+        table = self._run_kernel(node, ins, now)
+        if node.op in EVENT_TIME_OPS:
+            table, late = split_late(table)
+            if late.num_rows:
+                self.late.setdefault(node.id, []).append(late)
+        return table
+
+    def _run_kernel(self, node: PhysicalNode, ins: list[pa.Table], now: int) -> pa.Table:
+        """The node's kernel over the step's inputs (its state changed in place): its output changelog."""
+        kernel = self.kernels[node.id]
         if node.op in TWO_INPUT_OPS:
             out = kernel.process(ins[0], side="left", now=now)
             out.extend(kernel.process(ins[1], side="right", now=now))
@@ -98,12 +107,7 @@ class LocalRunner:
             out = kernel.process(ins[0], now=now)
         out.extend(kernel.finish(now=now))
         publish(kernel.take_figures())       # this process's registry: the runner runs in it
-        table = out.to_arrow(node.schema)
-        if node.op in EVENT_TIME_OPS:
-            table, late = split_late(table)
-            if late.num_rows:
-                self.late.setdefault(node.id, []).append(late)
-        return table
+        return out.to_arrow(node.schema)
 
     def close(self) -> None:
         """Close the lookup joins' connections and threads."""

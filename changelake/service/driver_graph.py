@@ -41,9 +41,8 @@ import pyarrow as pa
 from changelake.changelog import SEQ
 from changelake.errors import StateError
 from changelake.metrics import publish
-from changelake.operators._event_time import split_late
-from changelake.plan.local import LocalRunner, without_update_before
-from changelake.plan.physical import EVENT_TIME_OPS, TWO_INPUT_OPS, PhysicalNode, PhysicalPlan
+from changelake.plan.local import LocalRunner
+from changelake.plan.physical import TWO_INPUT_OPS, PhysicalNode, PhysicalPlan
 from changelake.spark import reports
 from changelake.spark.binding import NodeInfo, late_reports, poisoned_reports, run_bucket_isolating, with_positions
 
@@ -55,30 +54,25 @@ class _IsolatingRunner(LocalRunner):
         super().__init__(plan)
         #: the rows the operators raised on in the last step
         self.rejected: list[reports.Rejected] = []
+        #: node id -> its kernel's state before the step (its snapshot; absent: a fresh kernel)
+        self.before: Mapping[str, bytes] = {}
 
-    def _kernel_step(self, node: PhysicalNode, ins: list[pa.Table], now: int) -> pa.Table:
-        kernel = self.kernels[node.id]
-        before = kernel.snapshot()
+    def _run_kernel(self, node: PhysicalNode, ins: list[pa.Table], now: int) -> pa.Table:
         try:
-            return super()._kernel_step(node, ins, now)
+            return super()._run_kernel(node, ins, now)
         except StateError:          # a policy's deliberate stop
             raise
-        except Exception:
+        except Exception:  # noqa: BLE001 - run again from the state before, the bad rows set aside
             pass
-        if node.drop_update_before:
-            ins = [without_update_before(t) for t in ins]
+        kernel = self.kernels[node.id]
         rows = (ins[0], ins[1]) if node.op in TWO_INPUT_OPS else ins[0]
-        step, bad = run_bucket_isolating(type(kernel), node.config, before, rows, node.schema, now=now)
+        step, bad = run_bucket_isolating(type(kernel), node.config, self.before.get(node.id), rows, node.schema,
+                                         now=now)
         self.kernels[node.id] = step.kernel if step.kernel is not None else type(kernel).restore(
             node.config, step.snapshot) if step.snapshot is not None else node.make_kernel()
         publish(step.figures)
         self.rejected.extend(poisoned_reports(NodeInfo(node.id, node.late_rows == "dead_letter"), bad))
-        table = step.out
-        if node.op in EVENT_TIME_OPS:
-            table, late = split_late(table)
-            if late.num_rows:
-                self.late.setdefault(node.id, []).append(late)
-        return table
+        return step.out
 
 
 class DriverGraph:
@@ -92,6 +86,8 @@ class DriverGraph:
         self.late: dict[tuple[str, str], tuple[int, list[str]]] = {}
         #: the rows an operator raised on in the last step (``operator-error`` dead letters)
         self.rejected: list[reports.Rejected] = []
+        #: whether a step ran since the last :meth:`snapshot` (then the runner's state before is not saved)
+        self._unsaved = False
 
     @property
     def sources(self) -> frozenset[str]:
@@ -100,7 +96,10 @@ class DriverGraph:
     def step(self, feeds: Mapping[str, Sequence[pa.Table]], *, now_ms: int) -> dict[str, pa.Table]:
         """``now_ms``: the batch's processing time (state TTL), the gate's batch clock: a replay repeats it."""
         inputs = {s: pa.concat_tables(parts, promote_options="permissive") for s, parts in feeds.items() if parts}
+        if self._unsaved:           # the state before the step, for a kernel that raises (the gate saves it anyway)
+            self.runner.before = self.runner.snapshot()
         self.runner.late, self.runner.rejected = {}, []
+        self._unsaved = True
         outs = self.runner.step(inputs, now=now_ms)
         self.late, self.rejected = self._late(), list(self.runner.rejected)
         return {table: _with_positions(changes) for table, changes in outs.items() if changes.num_rows}
@@ -115,7 +114,10 @@ class DriverGraph:
         return out
 
     def snapshot(self) -> dict[str, bytes]:
-        return self.runner.snapshot()
+        """The operators' state (also what a kernel raising in the next step runs again from)."""
+        self.runner.before = taken = self.runner.snapshot()
+        self._unsaved = False
+        return taken
 
     def restore(self, snapshot: Mapping[str, bytes] | None) -> None:
         """The state an earlier batch left (None: before the first batch)."""
@@ -123,6 +125,8 @@ class DriverGraph:
         self.runner = _IsolatingRunner(self.plan)
         if snapshot is not None:
             self.runner.restore(snapshot)
+            self.runner.before = snapshot
+        self._unsaved = False
 
 
     def close(self) -> None:
