@@ -36,15 +36,17 @@ import subprocess
 import sys
 import tempfile
 
+from changelake.spark import worker_python
+
 #: the server's socket path (or ``off``), inherited by the JVM and the Python processes it starts
 ENV = "CHANGELAKE_FORK_SERVER"
-#: what the server imports before it serves: what Spark's Python processes import first
-PRELOAD = ("pyspark.daemon", "pyspark.worker", "pyspark.sql.pandas.serializers", "pyarrow", "pandas",
+#: what the server imports before it serves: what Spark's Python processes import first (the UDF daemon's
+#: preload, and the planning and runner processes' own modules)
+PRELOAD = ("pyspark.daemon", *worker_python.PRELOAD,
            "pyspark.sql.streaming.python_streaming_source_runner",
            "pyspark.sql.streaming.transform_with_state_driver_worker",
            "pyspark.sql.worker.plan_data_source_read", "pyspark.sql.worker.create_data_source",
-           "pyspark.sql.worker.lookup_data_sources",
-           "changelake.spark.kafka_source", "changelake.spark.decode_stage", "changelake.spark.chain")
+           "pyspark.sql.worker.lookup_data_sources")
 
 _server: subprocess.Popen | None = None
 
@@ -107,8 +109,6 @@ def run_forked(module_args: list[str]) -> int | None:
 
 def serve(path: str) -> None:
     """Import :data:`PRELOAD`, listen on ``path`` and fork a process per request until the parent is gone."""
-    from changelake.spark import worker_python
-
     worker_python._drop_redundant_zips()
     worker_python.preload(PRELOAD)
     base = sys.path[1:]                      # the interpreter's own path: stdlib, site-packages
@@ -163,8 +163,6 @@ def _read(conn: socket.socket, size: int) -> bytes:
 
 def _become(conn: socket.socket, fds: list[int], request: dict, base: list[str]) -> None:
     """In the fork: the client's descriptors, directory, environment and ``python -m`` path, then the module."""
-    from changelake.spark import worker_python
-
     code = 1
     try:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
