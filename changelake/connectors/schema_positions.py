@@ -68,10 +68,16 @@ def position_order(position: str, recorded: str) -> Order:
 @dataclass(frozen=True)
 class SourceSchema:
     """A source schema of a batch (user columns) and the newest ``_seq`` of the batch's changes read with it
-    (None: no position, as schema-less sources; only its additions and widenings count)."""
+    (None: no position, as schema-less sources; only its additions and widenings count); ``first``: the
+    oldest such ``_seq`` (None: the same as ``position``), which says the schema a new table starts from."""
 
     columns: pa.Schema
     position: str | None
+    first: str | None = None
+
+    @property
+    def earliest(self) -> str | None:
+        return self.first if self.first is not None else self.position
 
 
 @dataclass(frozen=True)
@@ -147,10 +153,12 @@ def _taken(columns: pa.Schema, changes: Sequence[ColumnChange], found: dict) -> 
     return columns
 
 
-def schema_positions(raw: pa.Table, record_schemas: pa.Array, rows: pa.Table, n: int) -> list[str | None]:
-    """Per schema index ``0..n-1``: the newest ``_seq`` of ``rows`` decoded from the ``raw`` records read with it
-    (``record_schemas``: each raw record's schema index, null when it has none); None when no row has it."""
-    out: list[str | None] = [None] * n
+def schema_positions(raw: pa.Table, record_schemas: pa.Array, rows: pa.Table, n: int
+                     ) -> list[tuple[str, str] | None]:
+    """Per schema index ``0..n-1``: the oldest and the newest ``_seq`` of ``rows`` decoded from the ``raw`` records
+    read with it (``record_schemas``: each raw record's schema index, null when it has none); None when no row
+    has it."""
+    out: list[tuple[str, str] | None] = [None] * n
     if rows.num_rows == 0 or n == 0:
         return out
     by_record = pa.table({"t": raw["topic"], "p": raw["partition"].cast(pa.int32()), "o": raw["offset"],
@@ -158,7 +166,7 @@ def schema_positions(raw: pa.Table, record_schemas: pa.Array, rows: pa.Table, n:
     by_record = by_record.filter(pc.is_valid(by_record["s"]))
     changes = pa.table({"t": rows[TOPIC], "p": rows[PARTITION].cast(pa.int32()), "o": rows[OFFSET], "q": rows[SEQ]})
     joined = changes.join(by_record, keys=["t", "p", "o"], join_type="inner")
-    newest = joined.group_by("s").aggregate([("q", "max")])
-    for s, q in zip(newest["s"].to_pylist(), newest["q_max"].to_pylist()):
-        out[s] = q
+    spans = joined.group_by("s").aggregate([("q", "min"), ("q", "max")])
+    for s, first, last in zip(spans["s"].to_pylist(), spans["q_min"].to_pylist(), spans["q_max"].to_pylist()):
+        out[s] = (first, last)
     return out

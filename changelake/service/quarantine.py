@@ -167,14 +167,14 @@ class Quarantine:
         schemas = _source_schemas(decoder, raw, rows, meta)
         columns = self.table_columns(table)
         recorded = self.schema_position(table) if columns is not None else None
-        if columns is None:     # the batch creates the table: from its oldest schema, then what follows it
-            placed = [s for s in schemas if s.position is not None]
+        if columns is None:     # the batch creates the table: from the schema of its oldest change, then what
+            placed = [s for s in schemas if s.position is not None]     # follows it in position order
             if not placed:
                 return Screened(rows, dead_letters)
             newest = max(placed, key=lambda s: s.position)
-            oldest = min((s for s in placed if position_order(s.position, newest.position) != "unordered"),
-                         key=lambda s: s.position)
-            columns, recorded = oldest.columns, oldest.position
+            oldest = min((s for s in placed if position_order(s.earliest, newest.position) != "unordered"),
+                         key=lambda s: s.earliest)
+            columns, recorded = oldest.columns, oldest.earliest
         columns = pa.schema([f for f in columns if f.name not in meta])
         behaviour = self._behaviour(table)
         followed = follow(columns, schemas, recorded=recorded, behaviour=behaviour,
@@ -213,7 +213,7 @@ def _source_schemas(decoder: Any, raw: pa.Table, rows: pa.Table, meta: set[str])
     if per_record is None:
         return [SourceSchema(s, None) for s in schemas]
     positions = schema_positions(raw, per_record, rows, len(schemas))
-    return [SourceSchema(s, q) for s, q in zip(schemas, positions) if q is not None]
+    return [SourceSchema(s, q[1], q[0]) for s, q in zip(schemas, positions) if q is not None]
 
 
 def conform(rows: pa.Table, dead_letters: pa.Table, raw: pa.Table, target: pa.Schema, *, meta: set[str],
