@@ -15,7 +15,7 @@ from collections.abc import Mapping
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from changelake.changelog import KIND, RowKind
+from changelake.changelog import KIND, SEQ, RowKind
 from changelake.key_changes import split_key_changes
 from changelake.metrics import publish
 from changelake.operators._event_time import split_late
@@ -53,6 +53,10 @@ class LocalRunner:
         #: source -> updates that changed its primary key (split into -D, +I at the source node)
         self.key_changes: dict[str, int] = {}
 
+    #: whether the sources' rows keep their ``_seq`` (their source position) through filters and projections
+    #: into the first operators, as on the executors, so that a row an operator raises on names its position
+    carry_seq = False
+
     def step(self, inputs: Mapping[str, pa.Table], *, now: int = 0) -> dict[str, pa.Table]:
         """Feed one micro-batch (decoded changelogs by source name); returns each table's changes."""
         unknown = set(inputs) - {n.source for n in self.plan.sources}
@@ -66,7 +70,9 @@ class LocalRunner:
             elif node.op == "filter":
                 outs[node.id] = sql.apply_filter(ins[0], node.predicate)
             elif node.op == "project":
-                outs[node.id] = sql.apply_project(ins[0], node.projections, node.schema)
+                projected = sql.apply_project(ins[0], node.projections, node.schema)
+                outs[node.id] = (projected.append_column(SEQ, ins[0][SEQ]) if SEQ in ins[0].column_names
+                                 else projected)
             elif node.op == "sink":
                 outs[node.id] = ins[0]
             elif node.op == "lookup_join":
@@ -80,12 +86,15 @@ class LocalRunner:
     def _source_step(self, node: PhysicalNode, table: pa.Table | None) -> pa.Table:
         """A source's decoded rows with its key changes split by its primary key (as the service's decode
         stage does on Spark), as the source node's changelog."""
-        if table is None or node.upsert_key is None or node.append_only:
-            return changelog_of(node, table)
-        split = split_key_changes(table, node.upsert_key)
-        if split.moves:
-            self.key_changes[node.source] = self.key_changes.get(node.source, 0) + split.moves
-        return changelog_of(node, split.changes)
+        if table is not None and node.upsert_key is not None and not node.append_only:
+            split = split_key_changes(table, node.upsert_key)
+            if split.moves:
+                self.key_changes[node.source] = self.key_changes.get(node.source, 0) + split.moves
+            table = split.changes
+        out = changelog_of(node, table)
+        if self.carry_seq and table is not None and SEQ in table.column_names:
+            out = out.append_column(SEQ, table[SEQ])
+        return out
 
     def _kernel_step(self, node: PhysicalNode, ins: list[pa.Table], now: int) -> pa.Table:
         if node.drop_update_before:

@@ -28,17 +28,21 @@ A row an operator raises on is set aside as on the executors (:func:`~changelake
 run_bucket_isolating`: the node's rows halved down to the rows that make it raise, each half run from the
 state the half before it left) and reported in :attr:`DriverGraph.rejected`, which the batch turns into
 ``operator-error`` dead letters of the source it descends from, under that source's ``on_error``: one bad
-row never stops the pipeline in a loop. Its position is not known here (the operators' inputs carry no
-``_seq`` on the driver): the letter holds the row.
+row never stops the pipeline in a loop. A source's rows keep their ``_seq`` into the first operators, as on
+the executors, so the letter of a row a first operator raises on names its source position and the Kafka
+message it was decoded from (topic, partition, offset); a deeper operator's input is another operator's
+output, which has no message: its letter holds the row only.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from changelake.changelog import SEQ
+from changelake.changelog import OFFSET, PARTITION, SEQ, TOPIC
 from changelake.errors import StateError
 from changelake.metrics import publish
 from changelake.plan.local import LocalRunner
@@ -49,6 +53,8 @@ from changelake.spark.binding import NodeInfo, late_reports, poisoned_reports, r
 
 class _IsolatingRunner(LocalRunner):
     """:class:`LocalRunner` whose kernels set aside the rows they raise on (module docstring)."""
+
+    carry_seq = True
 
     def __init__(self, plan: PhysicalPlan) -> None:
         super().__init__(plan)
@@ -101,7 +107,7 @@ class DriverGraph:
         self.runner.late, self.runner.rejected = {}, []
         self._unsaved = True
         outs = self.runner.step(inputs, now=now_ms)
-        self.late, self.rejected = self._late(), list(self.runner.rejected)
+        self.late, self.rejected = self._late(), [_with_message(r, inputs) for r in self.runner.rejected]
         return {table: _with_positions(changes) for table, changes in outs.items() if changes.num_rows}
 
     def _late(self) -> dict[tuple[str, str], tuple[int, list[str]]]:
@@ -132,6 +138,20 @@ class DriverGraph:
     def close(self) -> None:
         """Close the lookup joins' connections and threads (the runner's)."""
         self.runner.close()
+
+
+def _with_message(rejected: reports.Rejected, inputs: Mapping[str, pa.Table]) -> reports.Rejected:
+    """``rejected`` with the Kafka message its row was decoded from: the source row of the same ``_seq``."""
+    if rejected.seq is None:
+        return rejected
+    for table in inputs.values():
+        if not {SEQ, TOPIC, PARTITION, OFFSET} <= set(table.column_names):
+            continue
+        hit = table.filter(pc.equal(table[SEQ], rejected.seq))
+        if hit.num_rows:
+            return dataclasses.replace(rejected, message=(hit[TOPIC][0].as_py(), hit[PARTITION][0].as_py(),
+                                                          hit[OFFSET][0].as_py()))
+    return rejected
 
 
 def _with_positions(changes: pa.Table) -> pa.Table:

@@ -470,13 +470,18 @@ class BatchProcessor:
         for r in rejected:
             source = self._source_of(r.node, r.side)
             spec = self._route_of(source).spec
-            partition, offset = _kafka_position(r.seq)
-            topic = spec.topics[0] if spec.topics and len(spec.topics) == 1 else f"view:{r.node}"
+            if r.message is not None:
+                topic, partition, offset = r.message
+            else:
+                partition, offset = _kafka_position(r.seq)
+                topic = spec.topics[0] if spec.topics and len(spec.topics) == 1 else f"view:{r.node}"
+            where = (f"the message at {topic} partition {partition} offset {offset}" if r.message is not None else
+                     f"position {r.seq}" if r.seq else "another operator's output: no source position")
             by_source.setdefault(source, []).append({
                 "topic": topic, "partition": partition, "offset": offset, "timestamp": None, "key": None,
                 "value": r.row.encode(), "reason": "operator-error",
                 "error": (f"view {r.node!r} could not process this {r.side} input row "
-                          f"({'position ' + r.seq if r.seq else 'position not known: views behind the gate'}): "
+                          f"({where}): "
                           f"{r.error}. The row was set aside and the pipeline went on; fix the value or the "
                           "view; `changelake dlq show` shows the row (a decoded row, not a message: it is not "
                           "replayed)")})

@@ -68,6 +68,7 @@ class Rejected:
     row: str                          # the row as JSON
     seq: str | None                   # its ordering token (a source row: its log or Kafka position)
     error: str
+    message: tuple[str, int, int] | None = None     # the Kafka message it was decoded from, where known
 
 
 @dataclass(frozen=True)

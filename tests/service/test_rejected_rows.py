@@ -9,8 +9,6 @@ of the source they descend from (reason ``operator-error``), so that source's ``
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
-
 import pyarrow as pa
 import pytest
 
@@ -22,6 +20,7 @@ from changelake.service.config import parse_config
 from changelake.service.pipeline import BatchProcessor
 from changelake.spark.binding import NodeInfo, poisoned_reports, run_bucket, run_bucket_isolating
 from changelake.spark.decode_stage import SCHEMA
+from changelake.spark.reports import Rejected
 
 pytestmark = pytest.mark.unit
 
@@ -89,9 +88,8 @@ storage: {{root: {tmp_path}/lake}}
 
 
 def _rejected(node: str):
-    return SimpleNamespace(node=node, side="left", row=json.dumps({"order_id": 7, "category": "x", "amount": 1}),
-                           seq=seq_from_kafka(3, 41), error="ArrowInvalid: Integer value 9223372036854775808 "
-                                                             "not in range")
+    return Rejected(node=node, side="left", row=json.dumps({"order_id": 7, "category": "x", "amount": 1}),
+                    seq=seq_from_kafka(3, 41), error="ArrowInvalid: Integer value 9223372036854775808 not in range")
 
 
 def test_rejected_rows_are_dead_letters_of_their_source_with_position(tmp_path):
@@ -116,9 +114,12 @@ def test_with_on_error_fail_a_rejected_row_stops_naming_view_and_position(tmp_pa
     assert (info.value.partition, info.value.offset) == (3, 41)
 
 
-def test_behind_the_transaction_gate_a_row_the_views_raise_on_is_a_dead_letter_and_the_batch_goes_on(tmp_path):
+@pytest.mark.parametrize("normalize", [True, False])
+def test_behind_the_transaction_gate_a_row_the_views_raise_on_is_a_dead_letter_and_the_batch_goes_on(tmp_path,
+                                                                                                    normalize):
     """With ``consistency: transaction`` the views run on the driver (``service.driver_graph``): a row its
-    aggregate overflows on is set aside there as on the executors, and the rest of the batch lands."""
+    aggregate overflows on is set aside there as on the executors, and the rest of the batch lands. Without
+    the source's ChangelogNormalize the aggregate reads the source's rows: the letter names their message."""
     import orjson
     import yaml
 
@@ -130,7 +131,7 @@ def test_behind_the_transaction_gate_a_row_the_views_raise_on_is_a_dead_letter_a
         "kafka": {"bootstrap_servers": "localhost:1"}, "storage": {"root": str(tmp_path / "lake")},
         "sources": [{"name": "accounts", "topics": [topic], "format": "debezium-json", "table": "accounts",
                      "columns": {"id": "bigint", "balance": "bigint"}, "consistency": "transaction",
-                     "on_error": "dlq"}],
+                     "on_error": "dlq", "normalize": normalize}],
         "views": [{"name": "by_parity",
                    "sql": "SELECT id % 2 AS parity, SUM(balance) AS total FROM accounts GROUP BY id % 2"}],
         "tables": [{"name": "accounts", "primary_key": ["id"]},
@@ -160,7 +161,11 @@ def test_behind_the_transaction_gate_a_row_the_views_raise_on_is_a_dead_letter_a
     assert [(json.loads(r["value"]), r["reason"], r["source"]) for r in letters] == [
         ({"parity": 1, "balance": 1}, "operator-error", "accounts")]
     assert "view 'by_parity'" in letters[0]["error"] and "ValueOverflowError" in letters[0]["error"]
-    assert "position not known" in letters[0]["error"]
+    if normalize:           # the aggregate's input is the normalize's output: no message to name
+        assert "no source position" in letters[0]["error"] and letters[0]["partition"] == -1
+    else:                   # the change's source position and the Kafka message of account 3: offset 1
+        assert (letters[0]["topic"], letters[0]["partition"], letters[0]["offset"]) == (topic, 0, 1)
+        assert f"(the message at {topic} partition 0 offset 1)" in letters[0]["error"], letters[0]["error"]
     assert sorted(read_delta(config.table_path("by_parity")).select(["parity", "total"]).to_pylist(),
                   key=lambda r: r["parity"]) == [{"parity": 1, "total": MAX}]
     # the next transaction goes through the same views' state
