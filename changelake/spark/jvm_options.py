@@ -1,6 +1,6 @@
 """The JVM options the user gave a driver JVM changelake starts itself, and the collector changelake adds.
 
-:func:`changelake.spark.session.driver_java_options` gives a new driver JVM two options, each only where
+:func:`changelake.spark.session.driver_java_options` gives a new driver JVM three options, each only where
 nothing the user gave chooses the same thing (:func:`chooses`):
 
 * the class-data-sharing archive (:mod:`changelake.spark.jvm_archive`);
@@ -12,9 +12,20 @@ nothing the user gave chooses the same thing (:func:`chooses`):
   freshness (p99 1.99 s against 2.00 s) where they were: G1's concurrent threads share the task threads'
   cores, and a micro-batch's garbage dies young. A cluster's executors are other JVMs, left alone.
 
+* on a local master as well, the JIT held at its first tier (C1), :data:`LOCAL_JIT`. The second tier (C2)
+  compiles hot methods again, harder, in compiler threads that share the task threads' two cores at every
+  start: the JVM's CPU to a restart's first commit went from 16.0 to 8.4 s with C1 only, and the median
+  restart to first commit of ``bench/restart.py`` from 15.3 to 13.0 s (quiet machine). No workload measured
+  ran slower for it: issue 29's join graph at 2,000 changes/s had its Spark action at 1.59 and 1.36 s with both
+  tiers against 1.39 s (quiet A/B/A), and ``bench/operators.py`` under load (21-41) took (a) 72 and 102 s
+  against 125 and 112 s, (b) 249 and 262 s against 301 and 278 s (alternated pairs): the heavy part of a
+  batch runs in Python, and the JVM's share is not hot enough for C2 to pay for its compiling. A user whose
+  pipeline runs long at full load on a larger machine gives ``-XX:TieredStopAtLevel=4`` to get C2 back.
+
 What the user gave: ``spark.driver.extraJavaOptions`` (the launcher's or the pipeline's) and the variables
 Spark's launcher and the JVM read options from, :data:`OPTION_VARIABLES`. A collector chosen there (any
-``-XX:+Use...GC``) wins; two collectors in one JVM's options stop it from starting.
+``-XX:+Use...GC``) wins; two collectors in one JVM's options stop it from starting. A JIT setting there
+(``-XX:TieredStopAtLevel=N``, ``-XX:[+-]TieredCompilation``) wins as well.
 """
 
 from __future__ import annotations
@@ -28,7 +39,11 @@ OPTION_VARIABLES = ("SPARK_SUBMIT_OPTS", "JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS"
 #: the collector of a local master's driver JVM (module docstring)
 LOCAL_COLLECTOR = "-XX:+UseParallelGC"
 
+#: the JIT of a local master's driver JVM (module docstring)
+LOCAL_JIT = "-XX:TieredStopAtLevel=1"
+
 _COLLECTOR_OPTION = re.compile(r"(?:^|\s)-XX:[+-]Use\w*GC(?=\s|$)")
+_JIT_OPTION = re.compile(r"(?:^|\s)-XX:(?:TieredStopAtLevel=\d+|[+-]TieredCompilation)(?=\s|$)")
 
 
 def given(*options: str) -> list[str]:
@@ -52,3 +67,11 @@ def collector(master: str, *options: str) -> str | None:
     if not runs_tasks(master) or chooses(_COLLECTOR_OPTION, *options):
         return None
     return LOCAL_COLLECTOR
+
+
+def jit(master: str, *options: str) -> str | None:
+    """The JIT option for a new driver JVM of ``master``, or None: not a local master, or ``options``
+    (``spark.driver.extraJavaOptions``) or the environment choose the JIT's tiers themselves."""
+    if not runs_tasks(master) or chooses(_JIT_OPTION, *options):
+        return None
+    return LOCAL_JIT

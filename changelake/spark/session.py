@@ -288,9 +288,9 @@ _JAVA_OPTIONS = "spark.driver.defaultJavaOptions"
 def driver_java_options(master: str, *given: str) -> str | None:
     """The options of a driver JVM this process starts for ``master`` (``given``: the
     ``spark.driver.extraJavaOptions`` in effect): Spark's classes from the archive
-    (changelake/spark/jvm_archive.py) and, on a local master, the parallel collector
-    (changelake/spark/jvm_options.py), each unless the user's options choose it; None: neither."""
-    parts = [jvm_archive.java_options(*given), jvm_options.collector(master, *given)]
+    (changelake/spark/jvm_archive.py) and, on a local master, the parallel collector and the first-tier JIT
+    (changelake/spark/jvm_options.py), each unless the user's options choose it; None: none of them."""
+    parts = [jvm_archive.java_options(*given), jvm_options.collector(master, *given), jvm_options.jit(master, *given)]
     return " ".join(p for p in parts if p) or None
 
 

@@ -121,6 +121,7 @@ def test_jvm_archive_writes_an_archive_that_a_new_session_maps_in(tmp_path):
     # a local master's driver JVM runs the parallel collector (changelake/spark/jvm_options.py), the archive
     # (dumped by a JVM that ran it too) mapped in beside it
     assert "-XX:+UseParallelGC" in mapped["args"] and "PS Scavenge" in mapped["collectors"]
+    assert "-XX:TieredStopAtLevel=1" in mapped["args"]       # and the first-tier JIT: the archive maps beside it
     # a collector of the user's (here the way the tests give theirs) wins, and the JVM starts: no second one
     plain = _probe({**env, jvm_archive.ENV: "off", "SPARK_SUBMIT_OPTS": "-XX:+UseSerialGC"})
     assert not any(a.startswith("-XX:SharedArchiveFile") for a in plain["args"]) and plain["rows"] == 3

@@ -1,5 +1,6 @@
 """The options changelake gives a driver JVM it starts (changelake/spark/jvm_options.py and
-``session.driver_java_options``): the parallel collector on a local master, and the user's options winning."""
+``session.driver_java_options``): the parallel collector and the first-tier JIT on a local master, and the
+user's options winning."""
 
 from __future__ import annotations
 
@@ -19,16 +20,17 @@ def no_option_env(monkeypatch):
 
 
 @pytest.mark.parametrize("master", ["local", "local[2]", "local[*]", "local[4,3]"])
-def test_a_local_masters_driver_runs_the_parallel_collector(master):
+def test_a_local_masters_driver_runs_the_parallel_collector_and_the_first_tier_jit(master):
     assert jvm_options.collector(master) == "-XX:+UseParallelGC"
-    assert driver_java_options(master) == "-XX:+UseParallelGC"
+    assert jvm_options.jit(master) == "-XX:TieredStopAtLevel=1"
+    assert driver_java_options(master) == "-XX:+UseParallelGC -XX:TieredStopAtLevel=1"
 
 
 @pytest.mark.parametrize("master", ["local-cluster[2,1,1024]", "yarn", "k8s://https://kubernetes:443",
                                     "spark://host:7077"])
 def test_a_cluster_masters_driver_is_left_alone(master):
     # the tasks run in the executors' JVMs; the driver's collector stays the JVM's choice
-    assert jvm_options.collector(master) is None
+    assert jvm_options.collector(master) is None and jvm_options.jit(master) is None
     assert driver_java_options(master) is None
 
 
@@ -46,6 +48,21 @@ def test_a_collector_in_the_launchers_environment_wins(monkeypatch, variable):
     assert jvm_options.collector("local[2]") is None
 
 
+@pytest.mark.parametrize("theirs", ["-XX:TieredStopAtLevel=4", "-Xmx2g -XX:-TieredCompilation",
+                                    "-XX:+TieredCompilation -Dx=1"])
+def test_a_jit_setting_of_the_users_wins(monkeypatch, theirs):
+    # C2 back for a pipeline that runs long at full load: the user's tiers, and no second TieredStopAtLevel
+    assert jvm_options.jit("local[2]", theirs) is None
+    assert driver_java_options("local[2]", theirs) == "-XX:+UseParallelGC"
+    monkeypatch.setenv("JAVA_TOOL_OPTIONS", theirs)
+    assert jvm_options.jit("local[2]") is None
+
+
+def test_options_that_only_tune_the_jit_do_not_choose_its_tiers():
+    assert jvm_options.jit("local[2]", "-XX:CICompilerCount=2 -XX:ReservedCodeCacheSize=64m") == \
+        "-XX:TieredStopAtLevel=1"
+
+
 def test_options_that_only_tune_a_collector_do_not_choose_one():
     assert jvm_options.collector("local[2]", "-XX:MaxGCPauseMillis=100 -XX:ParallelGCThreads=2 -Xmx2g") \
         == "-XX:+UseParallelGC"
@@ -58,5 +75,6 @@ def test_the_archive_and_the_collector_together(monkeypatch, tmp_path):
     options = driver_java_options("local[2]").split()
     assert f"-XX:SharedArchiveFile={archive}" in options and "-XX:+UseParallelGC" in options
     # the user's collector drops only the collector, their archive choice only the archive
-    assert driver_java_options("local[2]", "-XX:+UseG1GC").split() == jvm_archive.java_options().split()
-    assert driver_java_options("local[2]", "-Xshare:off") == "-XX:+UseParallelGC"
+    assert driver_java_options("local[2]", "-XX:+UseG1GC").split() == \
+        jvm_archive.java_options().split() + ["-XX:TieredStopAtLevel=1"]
+    assert driver_java_options("local[2]", "-Xshare:off") == "-XX:+UseParallelGC -XX:TieredStopAtLevel=1"
