@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/freshness.py [--rate 2000] [--duration 300] [--keys 100000] [--no-graph]
         [--broker real|embedded]
-    .venv/bin/python bench/freshness.py --quick     # smoke run: 12 s at 200 events/s, 2,000 keys
+    .venv/bin/python bench/freshness.py --quick     # smoke run: 6 s at 200 events/s, 2,000 keys
     .venv/bin/python bench/freshness.py --join [--orders N] [--mirrors own_query|with_graph] [--quick]
     .venv/bin/python bench/freshness.py --consistency offset|transaction|both [...]
     .venv/bin/python bench/freshness.py --join [--shape full|no-top3|join-only] --stages [--conf KEY=VALUE ...]
@@ -674,7 +674,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--drain", type=float, default=None,
                     help="seconds to wait for the pipeline to commit the rest after production (default: "
                          "max(60, duration))")
-    ap.add_argument("--quick", action="store_true", help="smoke run: 12 s at 200 events/s over 2,000 keys "
+    ap.add_argument("--quick", action="store_true", help="smoke run: 6 s at 200 events/s over 2,000 keys "
                                                          "(--join: 1,000 keys, 2,000 orders, 1 topic per table)")
     ap.add_argument("--workdir", help="keep the run here (default: a temporary directory, removed)")
     ap.add_argument("--seed", type=int, default=12)
@@ -684,7 +684,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.quick:
-        args.rate, args.duration, args.keys, args.topics = 200, 12, 2_000, 2
+        args.rate, args.duration, args.keys, args.topics = 200, 6, 2_000, 2
         if args.join:
             args.keys, args.orders, args.topics = 1_000, 2_000, 1
     if args.orders is None:

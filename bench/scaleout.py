@@ -1,7 +1,7 @@
 """Scaling out: the same pipeline and data on ``local[2]`` and on ``local-cluster[2,1,1024]``.
 
     .venv/bin/python bench/scaleout.py [--changes 20000] [--batch 5000]
-    .venv/bin/python bench/scaleout.py --quick     # 1,500 changes, batches of 700 (tests/integration/test_cluster_mode.py)
+    .venv/bin/python bench/scaleout.py --quick     # 1,000 changes, two batches of 700 (test_cluster_mode.py)
     .venv/bin/python bench/scaleout.py --engine delta-spark   # MERGE on the executors (the delta JVM set, --jars)
 
 Writes one inventory history (three Debezium JSON tables, ~2% redelivered) to a broker
@@ -107,13 +107,13 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=5_000, help="max records per micro-batch")
     ap.add_argument("--workdir", default="bench/out/scaleout")
     add_broker_option(ap)
-    ap.add_argument("--quick", action="store_true", help="smoke run: 1,500 changes, batches of 700")
+    ap.add_argument("--quick", action="store_true", help="smoke run: 1,000 changes, two batches of 700")
     ap.add_argument("--engine", choices=("auto", "delta-rs", "delta-spark"), default="auto",
                     help="storage.engine of both runs (auto: delta-rs on these local masters)")
     args = ap.parse_args()
     sizes = {"customers": 400, "products": 600, "orders": 1_000}
     if args.quick:
-        args.changes, args.batch, sizes = 1_500, 700, {"customers": 40, "products": 60, "orders": 100}
+        args.changes, args.batch, sizes = 1_000, 700, {"customers": 40, "products": 60, "orders": 100}
     work = Path(args.workdir).absolute()
     shutil.rmtree(work, ignore_errors=True)
     print(f"machine: {machine()}")
