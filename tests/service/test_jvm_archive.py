@@ -107,9 +107,6 @@ def test_jvm_archive_writes_an_archive_that_a_new_session_maps_in(tmp_path):
     env = {k: v for k, v in os.environ.items()
            if k not in (jvm_archive.DUMP_ENV, "PYSPARK_SUBMIT_ARGS", "SPARK_SUBMIT_OPTS", "JAVA_TOOL_OPTIONS")}
     env[jvm_archive.ENV] = str(archive)
-    # C1 only, as every JVM of the tests (tests/conftest.py): it chooses neither a collector nor the sharing, so
-    # the product's own apply (and the demo run that dumps the archive costs a quarter less CPU)
-    env["SPARK_SUBMIT_OPTS"] = "-XX:TieredStopAtLevel=1"
     cli = Path(sys.executable).with_name("changelake")
     command = [str(cli)] if cli.exists() else [sys.executable, "-m", "changelake.service.cli"]
     out = subprocess.run([*command, "jvm-archive", "--changes", "300"], env=env, capture_output=True, text=True,
@@ -124,7 +121,8 @@ def test_jvm_archive_writes_an_archive_that_a_new_session_maps_in(tmp_path):
     # a local master's driver JVM runs the parallel collector (changelake/spark/jvm_options.py), the archive
     # (dumped by a JVM that ran it too) mapped in beside it
     assert "-XX:+UseParallelGC" in mapped["args"] and "PS Scavenge" in mapped["collectors"]
-    assert "-XX:TieredStopAtLevel=1" in mapped["args"]       # and the first-tier JIT: the archive maps beside it
+    # and the first-tier JIT (the product's default on a local master; nothing here sets it)
+    assert "-XX:TieredStopAtLevel=1" in mapped["args"]
     # a collector of the user's (here the way the tests give theirs) wins, and the JVM starts: no second one
     plain = _probe({**env, jvm_archive.ENV: "off", "SPARK_SUBMIT_OPTS": "-XX:+UseSerialGC"})
     assert not any(a.startswith("-XX:SharedArchiveFile") for a in plain["args"]) and plain["rows"] == 3
