@@ -12,7 +12,7 @@ who                     does
 the driver              :func:`start` before the JVM starts (``build_session``, local masters only): the
                         server in a child process, its socket path in ``CHANGELAKE_FORK_SERVER``, which
                         the JVM and the processes it starts inherit
-``changelake-worker-    :func:`run_forked`: sends its command (``-m module args``), working directory,
+``changelake-worker-    :func:`~changelake.spark.worker_python.run_forked`: sends its command (``-m module args``), working directory,
 python -m ...``         environment and stdin/stdout/stderr (file descriptors over the Unix socket), then
                         waits for the fork's exit code, passing on SIGTERM/SIGINT/SIGHUP, and exits with it
 the server              :func:`serve`: per request, forks; the fork takes the descriptors, directory,
@@ -39,7 +39,7 @@ import tempfile
 from changelake.spark import worker_python
 
 #: the server's socket path (or ``off``), inherited by the JVM and the Python processes it starts
-ENV = "CHANGELAKE_FORK_SERVER"
+ENV = worker_python.FORK_SERVER_ENV
 #: what the server imports before it serves: what Spark's Python processes import first (the UDF daemon's
 #: preload, and the planning and runner processes' own modules)
 PRELOAD = ("pyspark.daemon", *worker_python.PRELOAD,
@@ -71,40 +71,6 @@ def start() -> str | None:
 def server_pid() -> int | None:
     """The pid of the server this process started, while it runs."""
     return _server.pid if _server is not None and _server.poll() is None else None
-
-
-def run_forked(module_args: list[str]) -> int | None:
-    """``-m module args`` run by the server as a fork; its exit code, or None when the server cannot serve (then
-    the caller starts the module itself)."""
-    path = os.environ.get(ENV, "")
-    if not path or path.lower() in ("off", "false", "0", "none"):
-        return None
-    try:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.connect(path)
-        request = json.dumps({"argv": module_args, "cwd": os.getcwd(), "env": dict(os.environ)}).encode()
-        socket.send_fds(sock, [b"F"], [0, 1, 2])
-        sock.sendall(struct.pack("!Q", len(request)) + request)
-        reply = sock.makefile("rb")
-        first = reply.readline()
-    except OSError:
-        return None
-    if not first.strip().isdigit():         # refused (another hash seed) or gone before forking
-        return None
-    pid = int(first)
-
-    def forward(signum: int, _frame: object) -> None:
-        try:
-            os.kill(pid, signum)
-        except OSError:
-            pass
-
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(signum, forward)
-    try:
-        return int(reply.readline())
-    except ValueError:                      # no exit code: the fork was killed
-        return 1
 
 
 def serve(path: str) -> None:

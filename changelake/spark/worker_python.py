@@ -34,10 +34,18 @@ reports the error as before.
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import signal
+import socket
+import struct
 import sys
 from importlib import metadata
+
+#: the fork server's socket path (or ``off``; ``changelake.spark.fork_server``), inherited by the JVM and the
+#: Python processes it starts
+FORK_SERVER_ENV = "CHANGELAKE_FORK_SERVER"
 
 #: the console script of :func:`interpreter_main` (pyproject.toml)
 SCRIPT = "changelake-worker-python"
@@ -93,9 +101,7 @@ def interpreter_main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if len(args) < 2 or args[0] != "-m":
         os.execv(sys.executable, [sys.executable, *args])   # not Spark's way of starting a worker: plain Python
-    from changelake.spark import fork_server
-
-    code = fork_server.run_forked(args[1:])     # a fork of the warm server, where the driver started one
+    code = run_forked(args[1:])     # a fork of the warm server, where the driver started one
     if code is not None:
         sys.exit(code)
     _drop_redundant_zips()
@@ -109,6 +115,40 @@ def interpreter_main(argv: list[str] | None = None) -> None:
     if args[1] in CHATTY_MODULES:
         sys.stdout = open(os.devnull, "w")
     runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+
+
+def run_forked(module_args: list[str]) -> int | None:
+    """``-m module args`` run by the server as a fork; its exit code, or None when the server cannot serve (then
+    the caller starts the module itself)."""
+    path = os.environ.get(FORK_SERVER_ENV, "")
+    if not path or path.lower() in ("off", "false", "0", "none"):
+        return None
+    try:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(path)
+        request = json.dumps({"argv": module_args, "cwd": os.getcwd(), "env": dict(os.environ)}).encode()
+        socket.send_fds(sock, [b"F"], [0, 1, 2])
+        sock.sendall(struct.pack("!Q", len(request)) + request)
+        reply = sock.makefile("rb")
+        first = reply.readline()
+    except OSError:
+        return None
+    if not first.strip().isdigit():         # refused (another hash seed) or gone before forking
+        return None
+    pid = int(first)
+
+    def forward(signum: int, _frame: object) -> None:
+        try:
+            os.kill(pid, signum)
+        except OSError:
+            pass
+
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, forward)
+    try:
+        return int(reply.readline())
+    except ValueError:                      # no exit code: the fork was killed
+        return 1
 
 
 #: what Spark's UDF workers import: pyspark's worker and Arrow serializers, pyarrow, pandas, and the changelake

@@ -26,7 +26,7 @@ print('to stderr', file=sys.stderr)
 sys.exit(int(os.environ.get('PROBE_EXIT', '0')))
 """
 
-CLIENT = "import sys; from changelake.spark.fork_server import run_forked; code = run_forked(sys.argv[1:]); " \
+CLIENT = "import sys; from changelake.spark.worker_python import run_forked; code = run_forked(sys.argv[1:]); " \
          "sys.exit(99 if code is None else code)"
 
 
