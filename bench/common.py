@@ -49,6 +49,19 @@ def _rss_kb(pid: int) -> int:
     return 0
 
 
+def _pss_kb(pid: int) -> int:
+    """The process's proportional set size (``/proc/PID/smaps_rollup``): each page shared with other processes
+    (a fork's pages still shared copy-on-write with its parent) counted as its share only."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
 def _children(pid: int) -> list[int]:
     out = []
     try:
@@ -68,51 +81,79 @@ def _cmdline(pid: int) -> str:
 
 
 class PeakMemory:
-    """Samples the RSS of a process tree every ``interval`` s: the root process (default: this
-    one), the JVMs below it (a local-cluster's executor JVMs apart) and the other Python processes below it
-    (Spark's Python workers, the executors' included).
+    """Samples the memory of a process tree: the root process (default: this one), the JVMs below it (a
+    local-cluster's executor JVMs apart) and the other Python processes below it (Spark's Python workers, the
+    executors' included).
 
-    ``exclude``: pids whose subtrees are not counted (e.g. an embedded broker started by the
-    benchmark, which is not part of the system measured). ``total_mb`` is the peak of the sum.
+    ========================  ================================================================================
+    figure                    what it sums, sampled how often
+    ========================  ================================================================================
+    ``peak_mb``, ``total_mb``  RSS (``VmRSS``) per part and the peak of the sum, every ``interval`` s. A page
+                              that forks share copy-on-write (Spark's Python workers are forks of one warm
+                              process) is counted once in every process that maps it
+    ``pss_mb``,               PSS (``smaps_rollup``) per part and the peak of the sum, every ``pss_every``
+    ``total_pss_mb``          samples (reading it costs ~20 ms for a JVM): each shared page split between the
+                              processes sharing it, so the sum is what the tree really holds
+    ========================  ================================================================================
+
+    The tree itself is walked again every ``pss_every`` samples (a JVM's threads each list their children).
+    ``exclude``: pids whose subtrees are not counted (e.g. an embedded broker started by the benchmark, which is
+    not part of the system measured).
     """
 
-    def __init__(self, interval: float = 0.25, *, root: int | None = None, exclude: Iterable[int] = ()) -> None:
+    PARTS = ("driver (python)", "spark jvm", "python workers (sum)", "executor jvms (sum)")
+
+    def __init__(self, interval: float = 0.25, *, root: int | None = None, exclude: Iterable[int] = (),
+                 pss_every: int = 4) -> None:
         self.interval = interval
         self.root = root
         self.exclude = frozenset(exclude)
-        self.peak_mb = {"driver (python)": 0.0, "spark jvm": 0.0, "python workers (sum)": 0.0,
-                        "executor jvms (sum)": 0.0}
-        self.total_mb = 0.0
+        self.pss_every = pss_every
+        self.peak_mb = dict.fromkeys(self.PARTS, 0.0)
+        self.pss_mb = dict.fromkeys(self.PARTS, 0.0)
+        self.total_mb = self.total_pss_mb = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
+    def _tree(self, me: int) -> list[tuple[int, str]]:
+        """(pid, part) of every process of the tree."""
+        out = [(me, self.PARTS[0])]
+        stack = _children(me)
+        while stack:
+            pid = stack.pop()
+            if pid in self.exclude:
+                continue
+            cmd = _cmdline(pid)
+            if "java" in cmd.split(" ", 1)[0] and "CoarseGrainedExecutorBackend" in cmd:
+                out.append((pid, self.PARTS[3]))      # a local-cluster's executor JVMs (children of the driver's)
+            elif "java" in cmd.split(" ", 1)[0]:
+                out.append((pid, self.PARTS[1]))
+            elif "pyspark" in cmd or "python" in cmd:
+                out.append((pid, self.PARTS[2]))
+            stack.extend(_children(pid))
+        return out
+
     def _run(self) -> None:
         me = os.getpid() if self.root is None else self.root
+        tree: list[tuple[int, str]] = []
+        n = 0
         while not self._stop.is_set():
-            jvm = workers = executors = 0
-            stack = _children(me)
-            while stack:
-                pid = stack.pop()
-                if pid in self.exclude:
-                    continue
-                cmd = _cmdline(pid)
-                if "java" in cmd.split(" ", 1)[0] and "CoarseGrainedExecutorBackend" in cmd:
-                    executors += _rss_kb(pid)      # a local-cluster's executor JVMs (children of the driver's)
-                elif "java" in cmd.split(" ", 1)[0]:
-                    jvm += _rss_kb(pid)
-                elif "pyspark" in cmd or "python" in cmd:
-                    workers += _rss_kb(pid)
-                stack.extend(_children(pid))
-            driver = _rss_kb(me)
-            self._update("driver (python)", driver)
-            self._update("spark jvm", jvm)
-            self._update("python workers (sum)", workers)
-            self._update("executor jvms (sum)", executors)
-            self.total_mb = max(self.total_mb, (driver + jvm + workers + executors) / 1024)
+            with_pss = n % self.pss_every == 0
+            if with_pss:
+                tree = self._tree(me)
+            self._sample(tree, _rss_kb, self.peak_mb, "total_mb")
+            if with_pss:
+                self._sample(tree, _pss_kb, self.pss_mb, "total_pss_mb")
+            n += 1
             time.sleep(self.interval)
 
-    def _update(self, key: str, kb: int) -> None:
-        self.peak_mb[key] = max(self.peak_mb[key], kb / 1024)
+    def _sample(self, tree: list[tuple[int, str]], read, peaks: dict[str, float], total: str) -> None:
+        kb = dict.fromkeys(self.PARTS, 0)
+        for pid, part in tree:
+            kb[part] += read(pid)
+        for part, value in kb.items():
+            peaks[part] = max(peaks[part], value / 1024)
+        setattr(self, total, max(getattr(self, total), sum(kb.values()) / 1024))
 
     def __enter__(self) -> "PeakMemory":
         self._thread.start()
@@ -144,11 +185,16 @@ class JobRun:
     stdout: str
     peak_mb: dict[str, float]       # as PeakMemory.peak_mb, for the subprocess's tree
     total_mb: float
+    total_pss_mb: float = 0.0       # as PeakMemory.total_pss_mb
 
 
-def run_python_job(python: str, script: Path, args: Sequence[str], *, nice: int = 19) -> JobRun:
-    """Run ``script`` with another interpreter (e.g. PyFlink's venv) and time it; raise on failure."""
-    cmd = ["nice", "-n", str(nice), python, str(script), *args]
+def run_python_job(python: str, script: Path, args: Sequence[str], *, nice: int | None = None) -> JobRun:
+    """Run ``script`` with another interpreter (e.g. PyFlink's venv) and time it; raise on failure.
+
+    ``nice``: added niceness; by default none, so the job runs at the benchmark's own niceness, as changelake's
+    side does (a peer at ``nice 19`` in a benchmark at 0 gets a sliver of a loaded machine's CPU and its time, not
+    the system's, is what the ratio then measures)."""
+    cmd = [python, str(script), *args] if not nice else ["nice", "-n", str(nice), python, str(script), *args]
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     with PeakMemory(root=proc.pid) as mem:
@@ -156,7 +202,7 @@ def run_python_job(python: str, script: Path, args: Sequence[str], *, nice: int 
     seconds = time.perf_counter() - start
     if proc.returncode:
         raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}:\n{err[-3000:]}")
-    return JobRun(seconds, out, dict(mem.peak_mb), mem.total_mb)
+    return JobRun(seconds, out, dict(mem.peak_mb), mem.total_mb, mem.total_pss_mb)
 
 
 def pyflink_missing(python: str) -> str | None:

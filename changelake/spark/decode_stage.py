@@ -60,6 +60,12 @@ SPARK_SCHEMA = "_route smallint, part string, payload binary"
 #: every ``part`` a payload can have (the stage's, and the graph tables' ``changes``): an envelope addressed
 #: to the driver carries its part as an index into this tuple (``changelake.spark.chain.DRIVER``)
 PARTS = ("stats", "rows", "moves", "dl", "trunc", "raw", "keys", "changes", "epochs", "epochchg", "txn", "bounds")
+#: a read task decodes its records this many at a time (at least; a ``consume`` call's batch is not split): each
+#: chunk is held in several forms at once while it is decoded (the raw batches, their cast and filtered copies,
+#: one JSON text of the values, Arrow's parse of the whole envelopes), so the chunk, not the micro-batch, sets a
+#: read worker's peak memory. Measured on 125,000 Debezium JSON events (bench/operators.py's products): peak
+#: +259-274 MB at 100,000 a chunk against +143-145 MB at 25,000; docs/benchmarks.md, issue 29's section
+CHUNK_RECORDS = 25_000
 STATS_SCHEMA = pa.schema([pa.field("topic", pa.string()), pa.field("partition", pa.int32()),
                           pa.field("records", pa.int64()), pa.field("expired", pa.int64()),
                           pa.field("last_ts", pa.int64())])
@@ -104,7 +110,7 @@ class DecodeStage:
         for batch in batches:
             pending.append(batch)
             size += batch.num_rows
-            if size >= 100_000:
+            if size >= CHUNK_RECORDS:
                 yield self._process(pending)
                 pending, size = [], 0
         if pending:

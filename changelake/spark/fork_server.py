@@ -77,6 +77,7 @@ def serve(path: str) -> None:
     """Import :data:`PRELOAD`, listen on ``path`` and fork a process per request until the parent is gone."""
     worker_python._drop_redundant_zips()
     worker_python.preload(PRELOAD)
+    worker_python.freeze()                   # the forks' collections leave the preloaded objects alone
     base = sys.path[1:]                      # the interpreter's own path: stdlib, site-packages
     own = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     base = [p for p in base if p not in own]

@@ -100,6 +100,10 @@ ARROW_SCHEMA = pa.schema([
 ])
 
 _CONSUME_BATCH = 10_000
+#: a range's consumer: bytes per partition per fetch, and the most messages it keeps queued ahead
+#: (librdkafka's defaults: 1 MB, 100,000); see :meth:`KafkaOptions.consumer_config`
+_RANGE_FETCH_BYTES = 1024 * 1024
+_QUEUED_MIN_MESSAGES = 100_000
 _METADATA_TIMEOUT_S = 30.0
 #: how long the driver and the read tasks wait out a broker fault (no leader for a partition while its
 #: leader moves, every broker down) before the query fails: ``brokerWaitMs``
@@ -180,7 +184,9 @@ class KafkaOptions:
         """``topic`` is one of the pipeline's replay topics."""
         return self.replay_topics is not None and _regex(self.replay_topics).fullmatch(topic) is not None
 
-    def consumer_config(self) -> dict[str, Any]:
+    def consumer_config(self, records: int | None = None) -> dict[str, Any]:
+        """The consumer's settings; ``records``: how many records the consumer is to read (a range), which
+        bounds what it fetches ahead (below)."""
         conf: dict[str, Any] = {
             "bootstrap.servers": self.bootstrap_servers,
             # Never joined (partitions are assigned explicitly); librdkafka wants a group id anyway.
@@ -196,6 +202,14 @@ class KafkaOptions:
             "queued.max.messages.kbytes": 256 * 1024,
             "log_level": 3,
         }
+        if records is not None:
+            # A range's consumer needs ``records`` messages, then closes. Left to the settings above it fetches
+            # (and decompresses) up to 16 MB of the partition at a time and keeps fetching ahead to 256 MB:
+            # on bench/operators.py's topics (zstd) each range read the whole rest of its partition, 2.5-4.5x
+            # the records a query needs. Fetched in 1 MB steps (librdkafka's default) until ``records`` are
+            # queued, it stops about one step past the range.
+            conf["max.partition.fetch.bytes"] = _RANGE_FETCH_BYTES
+            conf["queued.min.messages"] = max(1, min(records, _QUEUED_MIN_MESSAGES))
         conf.update(self.consumer_properties)
         return conf
 
@@ -566,7 +580,7 @@ def read_range(options: KafkaOptions, rng: KafkaRange) -> Iterator[pa.RecordBatc
 
     from confluent_kafka import Consumer, TopicPartition
 
-    consumer = Consumer(options.consumer_config())
+    consumer = Consumer(options.consumer_config(records=rng.end - rng.start))
     try:
         tp = TopicPartition(rng.topic, rng.partition)
         def watermarks() -> tuple[int, int]:

@@ -18,10 +18,12 @@ from changelake.spark import fork_server
 pytestmark = pytest.mark.unit
 
 PROBE = """\
-import json, os, sys
+import gc, json, os, sys
 line = sys.stdin.readline().strip()
+gc.collect()
 print(json.dumps({'name': __name__, 'argv': sys.argv, 'path0': sys.path[0], 'cwd': os.getcwd(), 'stdin': line,
-                  'env': os.environ.get('PROBE_VALUE'), 'pid': os.getpid(), 'pyarrow': 'pyarrow' in sys.modules}))
+                  'env': os.environ.get('PROBE_VALUE'), 'pid': os.getpid(), 'pyarrow': 'pyarrow' in sys.modules,
+                  'frozen': gc.get_freeze_count(), 'tracked': len(gc.get_objects())}))
 print('to stderr', file=sys.stderr)
 sys.exit(int(os.environ.get('PROBE_EXIT', '0')))
 """
@@ -61,6 +63,15 @@ def test_a_forked_module_runs_as_python_m_would(server, tmp_path):
     assert got["stdin"] == "hello" and got["env"] == "from-the-client"
     assert got["pyarrow"], "the fork starts with the server's imports"
     assert "to stderr" in done.stderr
+
+
+def test_a_forks_collections_leave_the_servers_imports_alone(server, tmp_path):
+    """pyspark's daemon collects after every task of a reused worker: the imports it shares with the server are
+    frozen (gc.freeze), so such a pass neither walks them nor copies their pages."""
+    (tmp_path / "probe.py").write_text(PROBE)
+    got = json.loads(_client(server, tmp_path, "probe").stdout)
+    assert got["frozen"] > 50_000, got              # pyspark, pyarrow, pandas, changelake's modules
+    assert got["tracked"] < got["frozen"] / 5, got  # what a collection still walks: the fork's own objects
 
 
 def test_the_exit_code_comes_back(server, tmp_path):
