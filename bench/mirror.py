@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import logging
+import os
 import pstats
 import random
 import re
@@ -214,7 +215,7 @@ def main() -> int:
         from spark_timing import print_batch_jobs
         print_batch_jobs(eventlog)
     if profiler:
-        pstats.Stats(profiler).sort_stats("cumulative").print_stats(25)
+        pstats.Stats(profiler).sort_stats("cumulative").print_stats(int(os.environ.get("PROFILE_LINES", "25")))
     return 0 if verdict == "ok" and result.totals.expired == 0 else 1
 
 

@@ -73,11 +73,15 @@ def instrument_phases() -> dict[str, float]:
     """Wrap the sink's phases with timers (bench only); returns the running totals in seconds."""
     from changelake.connectors import delta_sink
     from changelake.connectors.delta_sink_rs import DeltaRsSink
+    from changelake.spark.delta_sink import DeltaSparkSink
 
     phases = [
         (delta_sink, ("validate_changes", "latest_per_key", "align_to_table", "split_against_tombstones")),
-        (DeltaRsSink, ("_state", "_create_table", "_read_tombstones", "_merge_tombstones", "_merge_table",
+        (delta_sink.DeltaUpsertSink, ("_state", "_begin", "_record_files", "_maintain")),
+        (DeltaRsSink, ("_create_table", "_read_tombstones", "_merge_tombstones", "_merge_table",
                        "_delete_tombstones_before", "_compact_tombstones")),
+        (DeltaSparkSink, ("apply_frame", "_tombstone_frame", "_merge_tombstones", "_merge", "_merge_table",
+                          "_metrics_of_commit", "_frame_freshness")),
     ]
     totals: dict[str, float] = {}
 
@@ -98,13 +102,16 @@ def instrument_phases() -> dict[str, float]:
 
 def batch_frame(spark, batch: pa.Table):
     """``batch`` as the pipeline hands a framed table to ``apply_frame``: a DataFrame on the executors,
-    persisted and counted (``count_kinds`` fills its cache), in 2 partitions."""
+    persisted and counted (``count_kinds`` fills its cache), in 2 partitions; and the checks counted with
+    its kinds (``apply_frame(..., checks=)``)."""
     from pyspark.sql.pandas.types import from_arrow_schema
+
+    from changelake.spark.batch_frames import count_kinds
 
     frame = spark.createDataFrame(batch, schema=from_arrow_schema(batch.schema, prefer_timestamp_ntz=True))
     frame = frame.repartition(2).persist()   # not batch order, which _seq orders anyway (one change per offset)
-    frame.count()
-    return frame
+    _, checks = count_kinds({"bench": frame}, {"bench": ("id",)})["bench"]
+    return frame, checks
 
 
 def expected_state(changes: pa.Table) -> dict[int, str]:
@@ -196,10 +203,10 @@ def main() -> None:
     for batch in batches(changes, args.batch, args.late_ratio, rng):
         frame = None
         if args.frame:
-            frame = batch_frame(spark, batch)
+            frame, checks = batch_frame(spark, batch)
             spark.sparkContext.setLocalProperty("streaming.sql.batchId", str(batch_id))  # the job listing's key
         started = time.perf_counter()
-        result = sink.apply(batch, batch_id=batch_id) if frame is None else sink.apply_frame(frame, batch_id=batch_id)
+        result = sink.apply(batch, batch_id=batch_id) if frame is None else sink.apply_frame(frame, batch_id=batch_id, checks=checks)
         took = time.perf_counter() - started
         if frame is not None:
             frame.unpersist()

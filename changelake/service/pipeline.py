@@ -583,7 +583,8 @@ class BatchProcessor:
             else:
                 if parts:
                     raise AssertionError(f"table {name}: changes both collected and left on the executors")
-                changes, kinds, apply = frame.changes, frame.kinds, self._sink(name).apply_frame
+                changes, kinds = frame.changes, frame.kinds
+                apply = functools.partial(self._sink(name).apply_frame, checks=frame.checks)
                 report.framed_tables.append(name)
             report.changes[name] = kinds
             if self.consistency.active:

@@ -34,7 +34,7 @@ from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from changelake.changelog import _SEQ_WIDTH, DEAD_LETTER_SCHEMA, KIND, SEQ, RowKind, commit_position
 from changelake.spark.compile import CHANGES_PART
 from changelake.spark.decode_stage import check_keys, moves_payload, payload_batch
-from changelake.spark.delta_sink_frames import POSITION, with_position
+from changelake.spark.delta_sink_frames import POSITION, FrameChecks, checked_columns, with_position
 from changelake.spark.payloads import from_ipc, to_ipc
 
 log = logging.getLogger(__name__)
@@ -45,10 +45,12 @@ _LABEL = {int(k): k.short for k in RowKind}
 
 @dataclass(frozen=True)
 class TableFrame:
-    """One framed table's changes of a micro-batch: a DataFrame in batch order, and its counts per kind."""
+    """One framed table's changes of a micro-batch: a DataFrame in batch order, its counts per kind, and
+    what its sink validates, counted with them (``apply_frame(..., checks=)``)."""
 
     changes: DataFrame
     kinds: dict[str, int]
+    checks: FrameChecks | None = None
 
 
 class CheckRows:
@@ -128,19 +130,38 @@ def sink_changes(changes: DataFrame, *, primary_key: Sequence[str], batch_id: in
     return ranked.select(*others, kind.alias(KIND), seq.alias(SEQ))
 
 
-def count_kinds(tables: Mapping[str, DataFrame]) -> dict[str, dict[str, int]]:
-    """Each table's changes per kind (``+I`` ... ``-D``): one aggregation over all of them (which also
-    fills their caches when they are persisted), at most four numbers per table to the driver."""
+def count_kinds(tables: Mapping[str, DataFrame], keys: Mapping[str, Sequence[str]]
+                ) -> dict[str, tuple[dict[str, int], FrameChecks]]:
+    """Each table's changes per kind (``+I`` ... ``-D``) and what its sink's ``validate_frame`` checks (rows
+    per ``_kind`` code, NULLs in the key ``keys[table]`` and ``_seq``: :class:`FrameChecks`): one
+    aggregation over all of them (which also fills their caches when they are persisted), a few numbers
+    per table and kind to the driver. The sink then runs no aggregation of its own to validate."""
     if not tables:
         return {}
-    kinds = [df.select(F.lit(name).alias("table"), F.col(KIND)) for name, df in tables.items()]
-    union = kinds[0]
-    for more in kinds[1:]:
+    columns = {name: checked_columns(keys[name]) for name in tables}
+    width = max(len(c) for c in columns.values())
+    parts = []
+    for name, df in tables.items():
+        nulls = [F.col(_bt(c)).isNull().cast("long") for c in columns[name]]
+        nulls += [F.lit(0).cast("long")] * (width - len(nulls))
+        parts.append(df.select(F.lit(name).alias("table"), F.col(KIND), *[n.alias(f"n{i}") for i, n in enumerate(nulls)]))
+    union = parts[0]
+    for more in parts[1:]:
         union = union.unionAll(more)
-    counted: dict[str, dict[str, int]] = {name: {} for name in tables}
-    for r in union.groupBy("table", KIND).count().collect():
-        counted[r["table"]][_LABEL[int(r[KIND])]] = int(r["count"])
-    return counted
+    rows = union.groupBy("table", KIND).agg(F.count(F.lit(1)).alias("count"),
+                                            *[F.sum(f"n{i}").alias(f"n{i}") for i in range(width)]).collect()
+    out: dict[str, tuple[dict[str, int], FrameChecks]] = {}
+    for name in tables:
+        mine = [r for r in rows if r["table"] == name]
+        codes = {(None if r[KIND] is None else int(r[KIND])): int(r["count"]) for r in mine}
+        kinds = {_LABEL[code]: n for code, n in codes.items() if code in _LABEL}
+        nulls = {c: sum(int(r[f"n{i}"] or 0) for r in mine) for i, c in enumerate(columns[name])}
+        out[name] = kinds, FrameChecks(kinds=codes, nulls=nulls)
+    return out
+
+
+def _bt(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
 
 
 @dataclass(frozen=True)
@@ -160,6 +181,10 @@ class FramedBatch:
         if self.graph:
             is_framed = is_framed | ((F.col("part") == CHANGES_PART) & F.col("_route").isin(list(self.graph)))
         return is_framed
+
+    def keys(self) -> dict[str, tuple[str, ...]]:
+        """Each framed table's primary key."""
+        return {table: key for table, key, _ in (*self.mirrors.values(), *self.graph.values())}
 
     def tables(self, checked: DataFrame, present: set[tuple[int, str]], batch_id: int,
                generation: int = 0) -> dict[str, DataFrame]:

@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 from typing import Any
+from urllib.parse import unquote
 
 import pyarrow as pa
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
@@ -51,6 +52,7 @@ from changelake.connectors.delta_sink import (
     MergeCounts,
     TableSpec,
     _Begun,
+    _TableState,
     delta_spark_refusal,
     delta_spark_refused_columns,
 )
@@ -111,11 +113,13 @@ class FrameBatches:
     spec: TableSpec
 
     def apply_frame(self, changes: Any, *, batch_id: int, truncate_at: str | None = None,
-                    dropped_columns: Sequence[str] = (), schema_position: str | None = None) -> ApplyResult:
+                    dropped_columns: Sequence[str] = (), schema_position: str | None = None,
+                    checks: frames.FrameChecks | None = None) -> ApplyResult:
         """``apply`` for a batch that is a Spark DataFrame (the changelog columns, ``_kind``, ``_seq``).
 
         The batch's order (``_seq`` ties: the rows of one message) is read from the DataFrame's
-        partitions: give it as computed, before any shuffle.
+        partitions: give it as computed, before any shuffle. ``checks``: its rows per kind and NULLs,
+        when counted already (the query counts them with the kinds: no aggregation of its own here).
         """
         if batch_id < 0:
             raise ValueError(f"batch_id must be >= 0, got {batch_id}")
@@ -124,7 +128,7 @@ class FrameBatches:
         spark = changes.sparkSession
         with described(spark, spec.name, "validate"):
             frames.validate_frame(changes, primary_key=spec.primary_key, nullable_key=spec.nullable_key,
-                                  table=spec.name)
+                                  table=spec.name, checks=checks)
         dropped = tuple(dropped_columns)
         version = commit_position(batch_id, self.generation)
         with described(spark, spec.name, "apply"):
@@ -186,13 +190,7 @@ class DeltaSparkSink(FrameBatches, DeltaUpsertSink):
         on the executors; only the counts reach the driver (one one-row aggregation)."""
         spec = self.spec
         tomb_state = self._tombstone_state()
-        tombstones = None
-        if tomb_state is not None:
-            # read at its current version, pinned: after the tombstone MERGE below commits, Delta re-caches every
-            # cached plan that reads the latest tombstone table, which would recompute the whole reduction for the
-            # table MERGE (and the new version's snapshot first); a pinned read is left alone
-            tombstones = (self._session.read.format("delta").option("versionAsOf", tomb_state.version)
-                          .load(self.tombstone_path).select(*[backtick(c) for c in (*spec.primary_key, SEQ)]))
+        tombstones = None if tomb_state is None else self._tombstone_frame(tomb_state)
         split = frames.split_against_tombstones(reduced, tombstones, primary_key=spec.primary_key, now=self._clock())
         split.flagged.persist()             # on the executors: read by the counts and both MERGEs
         try:
@@ -216,6 +214,48 @@ class DeltaSparkSink(FrameBatches, DeltaUpsertSink):
                             stale_deletes=counted.stale_deletes,
                             resurrections_prevented=counted.resurrections_prevented,
                             truncated=begun.truncated, before_truncate=before_truncate), counts
+
+    def _tombstone_frame(self, tomb_state: _TableState) -> Any:
+        """The tombstones (key columns, ``_seq``) at the version ``tomb_state`` read, pinned, as a DataFrame;
+        None when that version holds none (the split then needs no join).
+
+        ===========================================  =================================================
+        the tombstone table's version                read as
+        ===========================================  =================================================
+        no live file, or only files of 0 rows        None
+        plain files (reader version 1, relative      the parquet files delta-rs lists, with the schema
+        paths, no glob character)                    delta-rs reads: no Spark job to plan it
+        anything else                                Delta's read ``versionAsOf`` that version
+        ===========================================  =================================================
+
+        Both are pinned: after the tombstone MERGE commits, Delta re-caches every cached plan reading the
+        latest tombstone table, which would recompute the whole reduction for the table MERGE. Delta plans
+        a version's read by reconstructing its snapshot with Spark jobs (4 per batch, as each batch commits
+        a new version); delta-rs has already read that log in-process."""
+        columns = [*self.spec.primary_key, SEQ]
+        adds = self._log(self.tombstone_path).get_add_actions(flatten=True)
+        records = adds.column("num_records").to_pylist() if adds.num_rows else []
+        if all(n == 0 for n in records):
+            return None
+        files = _plain_files(self.tombstone_path, adds.column("path").to_pylist(),
+                             self._log(self.tombstone_path).protocol().min_reader_version)
+        if files is None:
+            return (self._session.read.format("delta").option("versionAsOf", tomb_state.version)
+                    .load(self.tombstone_path).select(*[backtick(c) for c in columns]))
+        schema = from_arrow_schema(pa.schema([tomb_state.schema.field(c) for c in columns]),
+                                   prefer_timestamp_ntz=True)
+        # Spark lists more than `threshold` paths in a Spark job of its own: these are files, checked on the driver
+        threshold = "spark.sql.sources.parallelPartitionDiscovery.threshold"
+        with self._txn_lock:
+            given = self._session.conf.get(threshold, None)
+            self._session.conf.set(threshold, str(max(len(files), int(given or 32))))
+            try:
+                return self._session.read.schema(schema).parquet(*files)
+            finally:
+                if given is None:
+                    self._session.conf.unset(threshold)
+                else:
+                    self._session.conf.set(threshold, given)
 
     # --- helpers -------------------------------------------------------------------
 
@@ -402,6 +442,22 @@ class DeltaSparkSink(FrameBatches, DeltaUpsertSink):
         from delta import exceptions as delta_exceptions
 
         return isinstance(exc, tuple(getattr(delta_exceptions, name) for name in delta_exceptions.__all__))
+
+
+_GLOB = frozenset("*?[]{}\\")
+
+
+def _plain_files(table: str, paths: Sequence[str], reader_version: int) -> list[str] | None:
+    """The data files of a Delta table version as paths Spark's parquet reader takes (``table``: the
+    table's path as Spark is given it, ``paths``: its add actions' paths); None when the files alone are
+    not the version's rows (a reader feature such as deletion vectors or column mapping) or a path is
+    not one Spark would read literally (absolute, or with a glob character)."""
+    if reader_version > 1:
+        return None
+    files = [table.rstrip("/") + "/" + unquote(p) for p in paths]
+    if any("://" in p or p.startswith("/") for p in paths) or any(_GLOB & set(f) for f in files):
+        return None
+    return files
 
 
 def _sql_string(value: str) -> str:

@@ -25,7 +25,7 @@ aggregations (:func:`split_counts`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -192,8 +192,36 @@ def align_to_table(reduced: DataFrame, target_schema: pa.Schema) -> DataFrame:
     return reduced.select(*columns, F.col(KIND).cast("byte").alias(KIND))
 
 
-def validate_frame(changes: DataFrame, *, primary_key: Sequence[str], nullable_key: Sequence[str], table: str) -> None:
-    """``validate_changes`` of the Arrow kernel, as one aggregation (one row to the driver)."""
+@dataclass(frozen=True)
+class FrameChecks:
+    """What :func:`validate_frame` needs of a batch, counted in one aggregation (the query counts them with
+    the batch's kinds: ``changelake.spark.batch_frames.count_kinds``): the rows per ``_kind`` code (None:
+    NULL), and the NULLs per column, for at least the key columns and ``_seq``."""
+
+    kinds: Mapping[int | None, int]
+    nulls: Mapping[str, int]
+
+
+def checked_columns(primary_key: Sequence[str]) -> list[str]:
+    """The columns whose NULLs :class:`FrameChecks` counts."""
+    return [*primary_key, SEQ]
+
+
+def validate_frame(changes: DataFrame, *, primary_key: Sequence[str], nullable_key: Sequence[str], table: str,
+                   checks: FrameChecks | None = None) -> None:
+    """``validate_changes`` of the Arrow kernel: the columns and their types from the schema, the rows from
+    ``checks`` when given (counted with the batch's kinds), else in one aggregation (one row to the driver).
+
+    ================================================  =====================================
+    the batch                                         refused with
+    ================================================  =====================================
+    lacks a key column, ``_kind`` or ``_seq``         the columns missing
+    ``_seq`` not a string                             its type
+    a NULL in a key column (not ``nullable_key``),    the count and the column: route them
+    in ``_seq`` or in ``_kind``                       to the dead-letter path
+    a ``_kind`` code other than 0-3                   the count and the valid codes
+    ================================================  =====================================
+    """
     missing = [c for c in (*primary_key, KIND, SEQ) if c not in changes.columns]
     if missing:
         raise SinkCommitError(
@@ -202,17 +230,31 @@ def validate_frame(changes: DataFrame, *, primary_key: Sequence[str], nullable_k
     seq_type = changes.schema[SEQ].dataType
     if not isinstance(seq_type, StringType):
         raise SinkCommitError(f"batch for table {table}: {SEQ} must be a string column, got {seq_type.simpleString()}")
-    not_null = [k for k in primary_key if k not in nullable_key] + [SEQ, KIND]
-    row = changes.agg(*[F.sum(F.col(_bt(c)).isNull().cast("long")).alias(f"n{i}") for i, c in enumerate(not_null)],
-                      F.sum((~F.col(KIND).isin(0, 1, 2, 3)).cast("long")).alias("bad")).first()
-    for i, name in enumerate(not_null):
-        if row[f"n{i}"]:
+    not_null = [k for k in primary_key if k not in nullable_key] + [SEQ]
+    if checks is None or not set(not_null) <= set(checks.nulls):
+        checks = frame_checks(changes, checked_columns(primary_key))
+    nulls = {**{c: checks.nulls[c] for c in not_null}, KIND: checks.kinds.get(None, 0)}
+    for name, n in nulls.items():
+        if n:
             raise SinkCommitError(
-                f"batch for table {table} has {row[f'n{i}']} row(s) with a null {name!r}; "
+                f"batch for table {table} has {n} row(s) with a null {name!r}; "
                 "route changes with null primary key or ordering columns to the dead-letter path")
-    if row["bad"]:
-        raise SinkCommitError(f"batch for table {table} has {row['bad']} row(s) with an unknown {KIND} "
+    bad = sum(n for code, n in checks.kinds.items() if code is not None and code not in _KIND_CODES)
+    if bad:
+        raise SinkCommitError(f"batch for table {table} has {bad} row(s) with an unknown {KIND} "
                               "code; valid codes are 0 (+I), 1 (-U), 2 (+U), 3 (-D)")
+
+
+_KIND_CODES = frozenset(int(k) for k in RowKind)
+
+
+def frame_checks(changes: DataFrame, columns: Sequence[str]) -> FrameChecks:
+    """:class:`FrameChecks` of one batch (NULLs of ``columns``), in one aggregation."""
+    rows = changes.groupBy(KIND).agg(F.count(F.lit(1)).alias("n"),
+                                     *[F.sum(F.col(_bt(c)).isNull().cast("long")).alias(f"n{i}")
+                                       for i, c in enumerate(columns)]).collect()
+    return FrameChecks(kinds={(None if r[KIND] is None else int(r[KIND])): int(r["n"]) for r in rows},
+                       nulls={c: sum(int(r[f"n{i}"] or 0) for r in rows) for i, c in enumerate(columns)})
 
 
 def reduce_batch(changes: DataFrame, *, primary_key: Sequence[str], placeholder: str | None, horizon: str | None,

@@ -171,8 +171,9 @@ class PipelineQuery:
             for changes in tables.values():
                 changes.persist()
                 persisted.append(changes)
-            kinds = count_kinds(tables)
-            frames = {name: TableFrame(changes=changes, kinds=kinds[name]) for name, changes in tables.items()}
+            counted = count_kinds(tables, framed.keys())
+            frames = {name: TableFrame(changes=changes, kinds=counted[name][0], checks=counted[name][1])
+                      for name, changes in tables.items()}
             log.info("batch %d: %d bytes collected on the driver; table(s) %s stay on the executors",
                      batch_id, out.nbytes, sorted(frames))
             self._process(out, batch_id, frames)

@@ -172,15 +172,35 @@ def test_without_tombstones_and_with_a_truncate(spark):
     ([(1, 7, "l1"), (2, 9, "l2")], "2 row\\(s\\) with an unknown _kind code"),
     ([(1, 0, None)], "null '_seq'"),
 ])
-def test_a_distributed_batch_is_validated_before_anything_is_written(spark, tmp_path, rows, message):
+@pytest.mark.parametrize("counted", [False, True], ids=["by the sink", "with the query's kinds count"])
+def test_a_distributed_batch_is_validated_before_anything_is_written(spark, tmp_path, rows, message, counted):
     from changelake.connectors.delta_sink import TableSpec
     from changelake.errors import SinkCommitError
+    from changelake.spark.batch_frames import count_kinds
     from changelake.spark.delta_sink import DeltaSparkSink
 
     spec = TableSpec(name="t", path=str(tmp_path / "t"), primary_key=("k",))
     sink = DeltaSparkSink(spec, pipeline_id="p", spark=spark, clock=lambda: NOW, max_commit_retries=0)
     batch = pa.table({"k": pa.array([r[0] for r in rows], pa.int64()), KIND: pa.array([r[1] for r in rows], pa.int8()),
                       SEQ: pa.array([r[2] for r in rows], pa.string())})
+    frame = spark.createDataFrame(batch)
+    checks = count_kinds({"t": frame}, {"t": ("k",)})["t"][1] if counted else None
     with pytest.raises(SinkCommitError, match=message):
-        sink.apply_frame(spark.createDataFrame(batch), batch_id=0)
+        sink.apply_frame(frame, batch_id=0, checks=checks)
     assert not (tmp_path / "t").exists()
+
+
+def test_the_kinds_count_gives_each_table_its_kinds_and_nulls(spark):
+    """One aggregation over tables of different keys: each table's rows per kind (the report's labels; a
+    NULL or unknown code only in its checks), and the NULLs of its own key columns and ``_seq``."""
+    from changelake.spark.batch_frames import count_kinds
+
+    one = spark.createDataFrame(pa.table({"k": pa.array([1, None, 3], pa.int64()), KIND: pa.array([0, 2, 3], pa.int8()),
+                                          SEQ: pa.array(["a", "b", None])}))
+    two = spark.createDataFrame(pa.table({"a": pa.array(["x", "y"]), "b": pa.array([None, 2], pa.int32()),
+                                          KIND: pa.array([0, 9], pa.int8()), SEQ: pa.array(["a", "b"])}))
+    counted = count_kinds({"one": one, "two": two}, {"one": ("k",), "two": ("a", "b")})
+    assert counted["one"][0] == {"+I": 1, "+U": 1, "-D": 1}
+    assert counted["one"][1] == frames.FrameChecks(kinds={0: 1, 2: 1, 3: 1}, nulls={"k": 1, SEQ: 1})
+    assert counted["two"][0] == {"+I": 1}
+    assert counted["two"][1] == frames.FrameChecks(kinds={0: 1, 9: 1}, nulls={"a": 0, "b": 1, SEQ: 0})
