@@ -340,8 +340,13 @@ class JvmCollector(Collector):
             children = sum(_rss_bytes(p) or 0 for p in pids)
             yield GaugeMetricFamily("changelake_spark_python_workers_resident_memory_bytes",
                                     "Resident memory of the processes the driver JVM started (Spark's Python "
-                                    "workers in local mode, and the fork server they start from).",
+                                    "workers in local mode, and the fork server they start from); a page forks "
+                                    "share is counted once per fork.",
                                     value=children)
+            yield GaugeMetricFamily("changelake_spark_python_workers_proportional_memory_bytes",
+                                    "Proportional set size (PSS) of the same processes: each page they share "
+                                    "split between its sharers, so a page is counted once; what they hold.",
+                                    value=sum(_pss_bytes(p) or 0 for p in pids))
         if self.heap is not None:
             try:
                 heap = self.heap()
@@ -361,6 +366,18 @@ def _rss_bytes(pid: int) -> int | None:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return None
+
+
+def _pss_bytes(pid: int) -> int | None:
+    """The proportional set size of ``pid`` (``Pss:`` of /proc/PID/smaps_rollup), None when unreadable."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def _descendants(pid: int) -> list[int]:

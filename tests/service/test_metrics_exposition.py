@@ -96,6 +96,37 @@ def test_the_driver_jvm_memory_is_read_from_its_process(tmp_path):
         child.wait()
 
 
+def test_the_python_workers_proportional_memory_counts_a_page_their_forks_share_once():
+    """Forks of one parent share its pages until they write to them: the resident sizes' sum counts such a page
+    once per fork, the proportional one (PSS) once, which is what the processes hold."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    jvm = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    server = subprocess.Popen([sys.executable, "-c", "import os, time\n"
+                               "x = bytearray(b'x' * 60_000_000)\n"        # written: resident in the parent
+                               "for _ in range(3):\n"
+                               "    if os.fork() == 0:\n"
+                               "        time.sleep(30); os._exit(0)\n"
+                               "time.sleep(30)"])
+    try:
+        metrics.JVM.watch(jvm.pid, workers_under=server.pid)
+        s = _samples_once_workers_hold(4 * 60_000_000)
+        rss = _value(s, "changelake_spark_python_workers_resident_memory_bytes")
+        pss = _value(s, "changelake_spark_python_workers_proportional_memory_bytes")
+        assert rss > 4 * 60_000_000                     # the server and its three forks each count the 60 MB
+        assert 60_000_000 < pss < 2 * 60_000_000, (rss, pss)     # once between them
+    finally:
+        metrics.JVM.watch(None)
+        for p in metrics._descendants(server.pid):
+            os.kill(p, signal.SIGKILL)
+        for p in (server, jvm):
+            p.kill()
+            p.wait()
+
+
 def test_the_python_workers_under_the_fork_server_count_too():
     """Spark's Python processes forked by the fork server (changelake/spark/fork_server.py) are the server's
     children, not the JVM's: their memory is counted with the workers'."""
