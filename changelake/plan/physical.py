@@ -135,6 +135,14 @@ class PhysicalPlan:
     def consumers(self, node_id: str) -> list[PhysicalNode]:
         return [n for n in self.nodes if node_id in n.inputs]
 
+    def source_of(self, node_id: str, side: str = "left") -> str:
+        """The source that input ``side`` (left, right) of ``node_id`` descends from (its first input at every
+        step up)."""
+        node = self[self[node_id].inputs[0 if side == "left" else 1]]
+        while node.op != "source":
+            node = self[node.inputs[0]]
+        return node.source
+
 
 def sink_changes(changes: pa.Table, *, primary_key: Sequence[str], batch_id: int, generation: int = 0) -> pa.Table:
     """A sink node's output of one micro-batch, ready for the Delta upsert sink.

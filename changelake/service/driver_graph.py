@@ -107,7 +107,8 @@ class DriverGraph:
         self.runner.late, self.runner.rejected = {}, []
         self._unsaved = True
         outs = self.runner.step(inputs, now=now_ms)
-        self.late, self.rejected = self._late(), [_with_message(r, inputs) for r in self.runner.rejected]
+        self.late, self.rejected = self._late(), [_with_message(r, inputs.get(self.plan.source_of(r.node, r.side)))
+                                                  for r in self.runner.rejected]
         return {table: _with_positions(changes) for table, changes in outs.items() if changes.num_rows}
 
     def _late(self) -> dict[tuple[str, str], tuple[int, list[str]]]:
@@ -140,18 +141,17 @@ class DriverGraph:
         self.runner.close()
 
 
-def _with_message(rejected: reports.Rejected, inputs: Mapping[str, pa.Table]) -> reports.Rejected:
-    """``rejected`` with the Kafka message its row was decoded from: the source row of the same ``_seq``."""
-    if rejected.seq is None:
+def _with_message(rejected: reports.Rejected, source_rows: pa.Table | None) -> reports.Rejected:
+    """``rejected`` with the Kafka message its row was decoded from: the row of its source (``source_rows``:
+    the step's) with the same ``_seq`` (two sources' Kafka positions can be equal, one source's never)."""
+    if (rejected.seq is None or source_rows is None
+            or not {SEQ, TOPIC, PARTITION, OFFSET} <= set(source_rows.column_names)):
         return rejected
-    for table in inputs.values():
-        if not {SEQ, TOPIC, PARTITION, OFFSET} <= set(table.column_names):
-            continue
-        hit = table.filter(pc.equal(table[SEQ], rejected.seq))
-        if hit.num_rows:
-            return dataclasses.replace(rejected, message=(hit[TOPIC][0].as_py(), hit[PARTITION][0].as_py(),
-                                                          hit[OFFSET][0].as_py()))
-    return rejected
+    hit = source_rows.filter(pc.equal(source_rows[SEQ], rejected.seq))
+    if not hit.num_rows:
+        return rejected
+    return dataclasses.replace(rejected, message=(hit[TOPIC][0].as_py(), hit[PARTITION][0].as_py(),
+                                                  hit[OFFSET][0].as_py()))
 
 
 def _with_positions(changes: pa.Table) -> pa.Table:

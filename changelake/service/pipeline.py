@@ -472,7 +472,7 @@ class BatchProcessor:
         descend from, so that source's ``on_error`` applies: they never stop the pipeline in a loop."""
         by_source: dict[str, list[dict]] = {}
         for r in rejected:
-            source = self._source_of(r.node, r.side)
+            source = self.plan.source_of(r.node, r.side)
             spec = self._route_of(source).spec
             if r.message is not None:
                 topic, partition, offset = r.message
@@ -713,7 +713,7 @@ class BatchProcessor:
                 log.warning("batch %d: view %s dropped %d late %s row(s) (behind its watermark; late_rows: drop)",
                             batch_id, view, n, side)
                 continue
-            source = self._source_of(view, side)
+            source = self.plan.source_of(view, side)
             spec = self._route_of(source).spec
             error = (f"view {view!r}: this {side} input row's event time is behind the join's watermark (the "
                      "largest event time seen minus watermark_delay), so it was not joined; raise the source's "
@@ -724,13 +724,6 @@ class BatchProcessor:
                 "key": [None] * len(rows), "value": [r.encode() for r in rows],
                 "reason": ["late"] * len(rows), "error": [error] * len(rows)}, schema=DEAD_LETTER_SCHEMA), None))
         return letters
-
-    def _source_of(self, node_id: str, side: str) -> str:
-        """The source a join input descends from (its first input at every step up)."""
-        node = self.plan[self.plan[node_id].inputs[0 if side == "left" else 1]]
-        while node.op != "source":
-            node = self.plan[node.inputs[0]]
-        return node.source
 
     def _handle_bad(self, route: _Route, bad: pa.Table, batch_id: int, report: BatchReport) -> None:
         reasons = bad["reason"].to_pylist()
