@@ -19,7 +19,7 @@ from __future__ import annotations
 from changelake.log_values import shown_row
 from changelake.operators._rows import is_accumulate
 from changelake.operators._topn_buffer import TopNBuffer
-from changelake.operators.rank import TopNBase
+from changelake.operators.rank_base import TopNBase
 
 
 class RetractableTopN(TopNBase):

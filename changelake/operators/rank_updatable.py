@@ -22,7 +22,7 @@ from changelake.changelog import RowKind
 from changelake.log_values import shown, shown_row
 from changelake.operators._rows import is_accumulate, project
 from changelake.operators._topn_buffer import TopNBuffer
-from changelake.operators.rank import TopNBase
+from changelake.operators.rank_base import TopNBase
 
 
 class UpdatableTopN(TopNBase):
