@@ -100,10 +100,8 @@ ARROW_SCHEMA = pa.schema([
 ])
 
 _CONSUME_BATCH = 10_000
-#: a range's consumer: bytes per partition per fetch, and the most messages it keeps queued ahead
-#: (librdkafka's defaults: 1 MB, 100,000); see :meth:`KafkaOptions.consumer_config`
+#: a range's consumer: bytes per partition per fetch (librdkafka's default); see :meth:`KafkaOptions.consumer_config`
 _RANGE_FETCH_BYTES = 1024 * 1024
-_QUEUED_MIN_MESSAGES = 100_000
 _METADATA_TIMEOUT_S = 30.0
 #: how long the driver and the read tasks wait out a broker fault (no leader for a partition while its
 #: leader moves, every broker down) before the query fails: ``brokerWaitMs``
@@ -185,8 +183,8 @@ class KafkaOptions:
         return self.replay_topics is not None and _regex(self.replay_topics).fullmatch(topic) is not None
 
     def consumer_config(self, records: int | None = None) -> dict[str, Any]:
-        """The consumer's settings; ``records``: how many records the consumer is to read (a range), which
-        bounds what it fetches ahead (below)."""
+        """The consumer's settings; ``records``: how many records the consumer is to read (a range's consumer:
+        smaller fetches, below)."""
         conf: dict[str, Any] = {
             "bootstrap.servers": self.bootstrap_servers,
             # Never joined (partitions are assigned explicitly); librdkafka wants a group id anyway.
@@ -204,12 +202,11 @@ class KafkaOptions:
         }
         if records is not None:
             # A range's consumer needs ``records`` messages, then closes. Left to the settings above it fetches
-            # (and decompresses) up to 16 MB of the partition at a time and keeps fetching ahead to 256 MB:
-            # on bench/operators.py's topics (zstd) each range read the whole rest of its partition, 2.5-4.5x
-            # the records a query needs. Fetched in 1 MB steps (librdkafka's default) until ``records`` are
-            # queued, it stops about one step past the range.
+            # (and decompresses) up to 16 MB of the partition at a time: on bench/operators.py's topics (zstd)
+            # much more than a range holds. It fetches in 1 MB steps (librdkafka's default). Also bounding the
+            # queue to the range's records (``queued.min.messages``) was tried and dropped: a pipeline reading
+            # many small ranges (tests/integration/test_routed_database.py's 50 tables) took 230 s instead of 25.
             conf["max.partition.fetch.bytes"] = _RANGE_FETCH_BYTES
-            conf["queued.min.messages"] = max(1, min(records, _QUEUED_MIN_MESSAGES))
         conf.update(self.consumer_properties)
         return conf
 
