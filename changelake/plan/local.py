@@ -44,6 +44,10 @@ def without_update_before(table: pa.Table) -> pa.Table:
 class LocalRunner:
     """``runner.step({"orders": batch, ...})`` -> ``{"table": changelog}`` per sink table."""
 
+    #: whether the sources' rows keep their ``_seq`` (their source position) through filters and projections
+    #: into the first operators, as on the executors, so that a row an operator raises on names its position
+    carry_seq = False
+
     def __init__(self, plan: PhysicalPlan) -> None:
         self.plan = plan
         self.kernels = {n.id: n.make_kernel() for n in plan if n.stateful}
@@ -52,10 +56,6 @@ class LocalRunner:
         self.late: dict[str, list[pa.Table]] = {}
         #: source -> updates that changed its primary key (split into -D, +I at the source node)
         self.key_changes: dict[str, int] = {}
-
-    #: whether the sources' rows keep their ``_seq`` (their source position) through filters and projections
-    #: into the first operators, as on the executors, so that a row an operator raises on names its position
-    carry_seq = False
 
     def step(self, inputs: Mapping[str, pa.Table], *, now: int = 0) -> dict[str, pa.Table]:
         """Feed one micro-batch (decoded changelogs by source name); returns each table's changes."""

@@ -34,7 +34,7 @@ from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from changelake.changelog import _SEQ_WIDTH, DEAD_LETTER_SCHEMA, KIND, SEQ, RowKind, commit_position
 from changelake.spark.compile import CHANGES_PART
 from changelake.spark.decode_stage import check_keys, moves_payload, payload_batch
-from changelake.spark.delta_sink_frames import POSITION, FrameChecks, checked_columns, with_position
+from changelake.spark.delta_sink_frames import POSITION, FrameChecks, checked_columns, checks_of, with_position
 from changelake.spark.payloads import from_ipc, to_ipc
 
 log = logging.getLogger(__name__)
@@ -144,7 +144,8 @@ def count_kinds(tables: Mapping[str, DataFrame], keys: Mapping[str, Sequence[str
     for name, df in tables.items():
         nulls = [F.col(_bt(c)).isNull().cast("long") for c in columns[name]]
         nulls += [F.lit(0).cast("long")] * (width - len(nulls))
-        parts.append(df.select(F.lit(name).alias("table"), F.col(KIND), *[n.alias(f"n{i}") for i, n in enumerate(nulls)]))
+        parts.append(df.select(F.lit(name).alias("table"), F.col(KIND),
+                               *[n.alias(f"n{i}") for i, n in enumerate(nulls)]))
     union = parts[0]
     for more in parts[1:]:
         union = union.unionAll(more)
@@ -152,11 +153,8 @@ def count_kinds(tables: Mapping[str, DataFrame], keys: Mapping[str, Sequence[str
                                             *[F.sum(f"n{i}").alias(f"n{i}") for i in range(width)]).collect()
     out: dict[str, tuple[dict[str, int], FrameChecks]] = {}
     for name in tables:
-        mine = [r for r in rows if r["table"] == name]
-        codes = {(None if r[KIND] is None else int(r[KIND])): int(r["count"]) for r in mine}
-        kinds = {_LABEL[code]: n for code, n in codes.items() if code in _LABEL}
-        nulls = {c: sum(int(r[f"n{i}"] or 0) for r in mine) for i, c in enumerate(columns[name])}
-        out[name] = kinds, FrameChecks(kinds=codes, nulls=nulls)
+        checks = checks_of([r for r in rows if r["table"] == name], columns[name])
+        out[name] = {_LABEL[code]: n for code, n in checks.kinds.items() if code in _LABEL}, checks
     return out
 
 

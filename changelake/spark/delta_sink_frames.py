@@ -250,10 +250,16 @@ _KIND_CODES = frozenset(int(k) for k in RowKind)
 
 def frame_checks(changes: DataFrame, columns: Sequence[str]) -> FrameChecks:
     """:class:`FrameChecks` of one batch (NULLs of ``columns``), in one aggregation."""
-    rows = changes.groupBy(KIND).agg(F.count(F.lit(1)).alias("n"),
+    rows = changes.groupBy(KIND).agg(F.count(F.lit(1)).alias("count"),
                                      *[F.sum(F.col(_bt(c)).isNull().cast("long")).alias(f"n{i}")
                                        for i, c in enumerate(columns)]).collect()
-    return FrameChecks(kinds={(None if r[KIND] is None else int(r[KIND])): int(r["n"]) for r in rows},
+    return checks_of(rows, columns)
+
+
+def checks_of(rows: Sequence[Any], columns: Sequence[str]) -> FrameChecks:
+    """:class:`FrameChecks` from one batch's rows of an aggregation by ``_kind``: its rows as ``count``, the
+    NULLs of ``columns[i]`` as ``n<i>``."""
+    return FrameChecks(kinds={(None if r[KIND] is None else int(r[KIND])): int(r["count"]) for r in rows},
                        nulls={c: sum(int(r[f"n{i}"] or 0) for r in rows) for i, c in enumerate(columns)})
 
 

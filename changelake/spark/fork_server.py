@@ -12,9 +12,10 @@ who                     does
 the driver              :func:`start` before the JVM starts (``build_session``, local masters only): the
                         server in a child process, its socket path in ``CHANGELAKE_FORK_SERVER``, which
                         the JVM and the processes it starts inherit
-``changelake-worker-    :func:`~changelake.spark.worker_python.run_forked`: sends its command (``-m module args``), working directory,
-python -m ...``         environment and stdin/stdout/stderr (file descriptors over the Unix socket), then
-                        waits for the fork's exit code, passing on SIGTERM/SIGINT/SIGHUP, and exits with it
+``changelake-worker-    :func:`~.worker_python.run_forked`: sends its command (``-m module args``),
+python -m ...``         working directory, environment and stdin/stdout/stderr (file descriptors over the
+                        Unix socket), then waits for the fork's exit code, passing on SIGTERM/SIGINT/SIGHUP,
+                        and exits with it
 the server              :func:`serve`: per request, forks; the fork takes the descriptors, directory,
                         environment and ``sys.path`` as ``python -m`` would set them, and runs the module
 ======================  =================================================================================

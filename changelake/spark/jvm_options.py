@@ -64,14 +64,17 @@ def runs_tasks(master: str) -> bool:
 def collector(master: str, *options: str) -> str | None:
     """The collector option for a new driver JVM of ``master``, or None: not a local master, or ``options``
     (``spark.driver.extraJavaOptions``) or the environment choose a collector themselves."""
-    if not runs_tasks(master) or chooses(_COLLECTOR_OPTION, *options):
-        return None
-    return LOCAL_COLLECTOR
+    return _local_default(master, LOCAL_COLLECTOR, _COLLECTOR_OPTION, options)
 
 
 def jit(master: str, *options: str) -> str | None:
     """The JIT option for a new driver JVM of ``master``, or None: not a local master, or ``options``
     (``spark.driver.extraJavaOptions``) or the environment choose the JIT's tiers themselves."""
-    if not runs_tasks(master) or chooses(_JIT_OPTION, *options):
+    return _local_default(master, LOCAL_JIT, _JIT_OPTION, options)
+
+
+def _local_default(master: str, option: str, chosen_by: re.Pattern, options: tuple[str, ...]) -> str | None:
+    """``option`` for a local master's driver JVM, unless the user's options match ``chosen_by``."""
+    if not runs_tasks(master) or chooses(chosen_by, *options):
         return None
-    return LOCAL_JIT
+    return option
