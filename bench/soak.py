@@ -4,7 +4,7 @@ Apache Kafka cluster (KRaft, replication factor 3, min.insync.replicas 2), while
 hit it; at the end every table is compared with the database's final state.
 
     .venv/bin/python bench/soak.py [--rate 500] [--minutes 30] [--fault-every 180] [--faults KINDS] [--seed 7]
-        [--store local|s3]
+        [--store local|s3] [--draw bag|random]
     .venv/bin/python bench/soak.py --quick      # smoke run: ~20 s of stream, one SIGKILL of changelake
     .venv/bin/python bench/soak.py --quick --store s3   # the same on S3, its first three commits refused
 
@@ -19,7 +19,8 @@ changelake-kill     SIGKILL of the pipeline's process group (driver, Spark JVM, 
 leader-kill         SIGKILL of the node leading a random source partition; restarted 10 s later
 cluster-restart     every node stopped (SIGTERM) for three trigger intervals, then started
 optimize            a concurrent OPTIMIZE (delta-rs compaction, another writer) of a random table
-                    while the pipeline writes it
+                    while the pipeline writes it; a Z-order by its key when there was nothing to
+                    compact (one file), so that every such fault commits
 s3-errors           (``--store s3``) the object store answers 503 SlowDown to every Delta log PUT
                     (the commits) for 20 s, then recovers
 ==================  ==========================================================================
@@ -68,6 +69,8 @@ KINDS = ("changelake-kill", "leader-kill", "cluster-restart", "optimize", "s3-er
 S3_ERROR_S = 20.0
 RESTART = re.compile(r"restart to first commit: ([\d.]+) s \(([^)]*)\)")
 PHASE = re.compile(r"(\w+) ([\d.]+) s")
+#: every table's key columns (the duplicate count, the optimize fault's Z-order)
+KEYS = {**{t: [s["key"]] for t, s in TABLES.items()}, "sales_by_category": ["category"], "top_categories": ["rank"]}
 
 
 def _free_port() -> int:
@@ -86,6 +89,7 @@ class Pipeline:
         self.storage_options = storage_options or None
         self.proxy = proxy                  # --store s3: the fault proxy in front of the object store
         self.proc: subprocess.Popen | None = None
+        self.starts = 0                     # how many times ``changelake run`` was started
 
     def start(self) -> None:
         env = {k: v for k, v in os.environ.items() if k != "CHANGELAKE_FAULT"}
@@ -93,6 +97,7 @@ class Pipeline:
             self.proc = subprocess.Popen([sys.executable, "-m", "changelake.service.cli", "--log-level", "INFO",
                                           "run", "-c", str(self.config_path)], env=env, stdout=out,
                                          stderr=subprocess.STDOUT, start_new_session=True)
+        self.starts += 1
 
     def kill(self) -> None:
         os.killpg(self.proc.pid, signal.SIGKILL)
@@ -142,8 +147,6 @@ def compare(config, db: InventoryDatabase) -> dict[str, tuple[int, int]]:
     """table -> (changes lost: rows missing or differing, duplicated: rows beyond one per key)."""
     out = {}
     checks = {**verify(config, db.state), **verify_views(config, expected_views(db.state))}
-    keys = {**{t: [s["key"]] for t, s in TABLES.items()}, "sales_by_category": ["category"],
-            "top_categories": ["rank"]}
     for table, verdict in checks.items():
         lost = 0
         if verdict != "ok":
@@ -151,7 +154,7 @@ def compare(config, db: InventoryDatabase) -> dict[str, tuple[int, int]]:
             lost = sum(nums) if nums else 1
         try:
             rows = read_delta(config.table_path(table), storage_options=config.storage.plain_options(),
-                              columns=keys[table]).to_pylist()
+                              columns=KEYS[table]).to_pylist()
             dup = len(rows) - len({tuple(r.values()) for r in rows})
         except Exception:  # the table does not exist: everything lost
             dup = 0
@@ -167,6 +170,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--faults", default=None,
                     help=f"comma-separated, of {', '.join(KINDS)} (default: all; s3-errors with --store s3)")
     ap.add_argument("--max-faults", type=int, default=0, help="at most this many faults (0: no limit)")
+    ap.add_argument("--draw", choices=("bag", "random"), default="bag",
+                    help="bag (default): every kind once per round, each round in a random order, so N faults "
+                         "hold every kind N/kinds times (+-1); random: each fault's kind drawn independently")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--workdir", type=Path, default=Path("soak-work"))
     ap.add_argument("--store", choices=("local", "s3"), default="local",
@@ -271,8 +277,9 @@ def _soak(args: argparse.Namespace, kinds: list[str], rng: random.Random, cluste
     servers = cluster.bootstrap_servers
     producer = SteadyProducer(msgs, servers, rate=args.rate).start()
     started = time.monotonic()
-    memory: list[tuple[float, float]] = []
+    memory: list[tuple[float, float, int]] = []     # (seconds, RSS MB, life: changelake starts so far - 1)
     faults: list[dict] = []
+    bag: list[str] = []                             # --draw bag: every kind once per round, in random order
     next_fault = started + rng.uniform(0.5, 1.5) * args.fault_every
     # --quick: the one fault also when the stream ended before the pipeline's first batch (a slow start)
     while not producer.done or (args.quick and not faults and time.monotonic() - started < 600):
@@ -281,11 +288,15 @@ def _soak(args: argparse.Namespace, kinds: list[str], rng: random.Random, cluste
             print(f"[{now - started:6.0f} s] changelake run exited with code {pipeline.proc.returncode} "
                   f"(see {pipeline.log})", flush=True)
             break
-        memory.append((now - started, pipeline.rss_mb()))
+        memory.append((now - started, pipeline.rss_mb(), pipeline.starts - 1))
         # a fault once the pipeline committed since its last start (so each restart's recovery is measured)
         if now >= next_fault and (not args.max_faults or len(faults) < args.max_faults) \
                 and pipeline.batches() > 0:
-            kind = rng.choice(kinds)
+            if args.draw == "random":
+                kind = rng.choice(kinds)
+            else:
+                bag = bag or rng.sample(kinds, len(kinds))
+                kind = bag.pop()
             faults.append(inject(kind, cluster, pipeline, rng, at=now - started))
             next_fault = time.monotonic() + rng.uniform(0.5, 1.5) * args.fault_every
         time.sleep(1.0)
@@ -294,14 +305,19 @@ def _soak(args: argparse.Namespace, kinds: list[str], rng: random.Random, cluste
         if early.met:
             faults.append({"kind": "s3-errors", "at": 0.0, "recovered_s": None})
     sent = producer.wait(600)
-    print(f"produced {sent:,} messages in {time.monotonic() - started:.0f} s; waiting for the tables", flush=True)
-    deadline = time.monotonic() + (300 if args.quick else 900)
+    ended = time.monotonic()
+    print(f"produced {sent:,} messages in {ended - started:.0f} s ({sent / (ended - started):,.0f}/s); "
+          "waiting for the tables", flush=True)
+    deadline = ended + (300 if args.quick else 900)
     result = compare(config, db)
     while any(lost for lost, _ in result.values()) and time.monotonic() < deadline \
             and pipeline.proc.poll() is None:
-        memory.append((time.monotonic() - started, pipeline.rss_mb()))
+        memory.append((time.monotonic() - started, pipeline.rss_mb(), pipeline.starts - 1))
         time.sleep(2)
         result = compare(config, db)
+    caught_up = time.monotonic() - ended
+    print(f"tables {'equal to the source' if not any(lost for lost, _ in result.values()) else 'still behind'} "
+          f"{caught_up:.0f} s after the stream's last message", flush=True)
     brokers = pipeline.broker_figures()
     code = pipeline.stop()
     if brokers:
@@ -344,8 +360,12 @@ def inject(kind: str, cluster: LocalKafka, pipeline: Pipeline, rng: random.Rando
 
         table = rng.choice(sorted(pipeline.tables))
         try:
-            done = DeltaTable(pipeline.tables[table], storage_options=pipeline.storage_options).optimize.compact()
-            print(f"         optimize {table}: {done.get('numFilesRemoved', 0)} files compacted", flush=True)
+            dt = DeltaTable(pipeline.tables[table], storage_options=pipeline.storage_options)
+            done = dt.optimize.compact()
+            how = "compacted"
+            if not done.get("numFilesRemoved"):     # one file already: a Z-order rewrites it, a real commit
+                done, how = dt.optimize.z_order(KEYS[table]), f"Z-ordered by {', '.join(KEYS[table])}"
+            print(f"         optimize {table}: {done.get('numFilesRemoved', 0)} file(s) {how}", flush=True)
         except Exception as exc:  # the pipeline's commit won the race: that is the pipeline's retry's business
             print(f"         optimize {table} failed: {exc}", flush=True)
     ended = time.monotonic()
@@ -386,7 +406,14 @@ def report(faults: list[dict], restarts: list[dict[str, float]], memory: list[tu
     if memory:
         step = max(1, len(memory) // 10)
         print("memory of the pipeline's processes (RSS, MB) over time: "
-              + ", ".join(f"{t:.0f}s {mb:,.0f}" for t, mb in memory[::step]))
+              + ", ".join(f"{t:.0f}s {mb:,.0f}" for t, mb, _ in memory[::step]))
+        lives: dict[int, list[tuple[float, float]]] = {}
+        for t, mb, life in memory:
+            if mb:
+                lives.setdefault(life, []).append((t, mb))
+        # a leak shows as peaks that climb from life to life (each SIGKILL starts the climb again)
+        print("peak RSS of each life of changelake run (MB, its length): "
+              + ", ".join(f"{max(mb for _, mb in s):,.0f} ({s[-1][0] - s[0][0]:.0f} s)" for s in lives.values()))
     print(f"pipeline stopped with exit code {stopped}")
     print("soak run ok" if all(lost == 0 and dup == 0 for lost, dup in result.values()) else "soak run FAILED")
 
