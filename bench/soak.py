@@ -174,6 +174,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="bag (default): every kind once per round, each round in a random order, so N faults "
                          "hold every kind N/kinds times (+-1); random: each fault's kind drawn independently")
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--max-records", type=int, default=50_000,
+                    help="the pipeline's max_records_per_batch (default 50,000)")
+    ap.add_argument("--drain", type=float, default=900.0,
+                    help="after the stream, how long the tables may take to match the source (default 900 s)")
     ap.add_argument("--workdir", type=Path, default=Path("soak-work"))
     ap.add_argument("--store", choices=("local", "s3"), default="local",
                     help="where the Delta tables are: a local directory, or an S3 API on this machine (moto)")
@@ -249,7 +253,7 @@ def _with_store(args: argparse.Namespace, kinds: list[str], rng: random.Random, 
         db = InventoryDatabase(seed=args.seed)
         msgs = db.history(snapshot_sizes={"customers": 200, "products": 100, "orders": 500}, changes=changes)
         raw = demo_config(bootstrap_servers=servers, workdir=work, metrics_port=_free_port(),
-                          pipeline_id="soak", max_records_per_batch=50_000)
+                          pipeline_id="soak", max_records_per_batch=args.max_records)
         raw["pipeline"]["trigger_interval"] = "2 seconds"
         if storage is not None:
             raw["storage"] = storage
@@ -308,7 +312,7 @@ def _soak(args: argparse.Namespace, kinds: list[str], rng: random.Random, cluste
     ended = time.monotonic()
     print(f"produced {sent:,} messages in {ended - started:.0f} s ({sent / (ended - started):,.0f}/s); "
           "waiting for the tables", flush=True)
-    deadline = ended + (300 if args.quick else 900)
+    deadline = ended + (300 if args.quick else args.drain)
     result = compare(config, db)
     while any(lost for lost, _ in result.values()) and time.monotonic() < deadline \
             and pipeline.proc.poll() is None:
