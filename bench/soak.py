@@ -170,6 +170,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--faults", default=None,
                     help=f"comma-separated, of {', '.join(KINDS)} (default: all; s3-errors with --store s3)")
     ap.add_argument("--max-faults", type=int, default=0, help="at most this many faults (0: no limit)")
+    ap.add_argument("--faults-each", type=int, default=0,
+                    help="the stream goes on past --minutes (up to twice as long) until every kind has had this "
+                         "many faults (0: the stream ends at --minutes)")
     ap.add_argument("--draw", choices=("bag", "random"), default="bag",
                     help="bag (default): every kind once per round, each round in a random order, so N faults "
                          "hold every kind N/kinds times (+-1); random: each fault's kind drawn independently")
@@ -249,7 +252,7 @@ def _with_store(args: argparse.Namespace, kinds: list[str], rng: random.Random, 
                     start_timeout_s=600) as cluster:
         servers = cluster.bootstrap_servers
         create_topics(servers, {topic_for(t): 4 for t in TABLES})
-        changes = int(args.rate * args.minutes * 60)
+        changes = int(args.rate * args.minutes * 60 * (2 if args.faults_each else 1))
         db = InventoryDatabase(seed=args.seed)
         msgs = db.history(snapshot_sizes={"customers": 200, "products": 100, "orders": 500}, changes=changes)
         raw = demo_config(bootstrap_servers=servers, workdir=work, metrics_port=_free_port(),
@@ -303,6 +306,10 @@ def _soak(args: argparse.Namespace, kinds: list[str], rng: random.Random, cluste
                 kind = bag.pop()
             faults.append(inject(kind, cluster, pipeline, rng, at=now - started))
             next_fault = time.monotonic() + rng.uniform(0.5, 1.5) * args.fault_every
+        if args.faults_each and now - started >= args.minutes * 60 \
+                and all(sum(f["kind"] == k for f in faults) >= args.faults_each for k in kinds):
+            producer.stop()                         # --faults-each: every kind had its faults
+            break
         time.sleep(1.0)
     if early is not None:
         print(f"s3-errors from the start: {early.met} of the orders table's commit PUT(s) refused with 503", flush=True)

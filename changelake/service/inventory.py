@@ -224,7 +224,8 @@ class SteadyProducer:
         return self
 
     def stop(self) -> None:
-        """Stop producing (what was handed over is still delivered by :meth:`wait`)."""
+        """Stop producing before the next message is drawn from ``messages`` (what was drawn is still sent and
+        delivered by :meth:`wait`)."""
         self._stop.set()
 
     @property
@@ -240,8 +241,11 @@ class SteadyProducer:
         producer = Producer(self.conf)
         started = time.monotonic()
         try:
-            for m in self._messages:
-                if self._stop.is_set():
+            # stop is checked before the next message is drawn: a drawn message changed the generator's
+            # database (its final state, what the tables are compared with), so it is always sent
+            while not self._stop.is_set():
+                m = next(self._messages, None)
+                if m is None:
                     break
                 ahead = self.sent / self.rate - (time.monotonic() - started)
                 if ahead > 0:

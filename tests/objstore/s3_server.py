@@ -105,6 +105,16 @@ class Fault:
         return self.until is not None and time.monotonic() < self.until
 
 
+class _QuietServer(ThreadingHTTPServer):
+    """The proxy's server: a client killed in the middle of a request (a SIGKILLed pipeline) is not an error."""
+
+    daemon_threads = True
+
+    def handle_error(self, request, client_address) -> None:
+        if not isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
+            super().handle_error(request, client_address)
+
+
 @dataclass
 class FaultProxy:
     """An HTTP proxy in front of ``upstream`` (host:port) that fails the requests a :class:`Fault` matches."""
@@ -158,8 +168,7 @@ class FaultProxy:
 
             do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _handle
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
-        self._server.daemon_threads = True
+        self._server = _QuietServer(("127.0.0.1", free_port()), Handler)
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._thread.start()
 
