@@ -1,9 +1,11 @@
-"""``changelake dlq list | show | replay`` through the CLI, on a pipeline run against the embedded broker.
+"""``changelake dlq list | show | replay`` through the CLI, on a pipeline run against the test broker.
 
 The history (partition 0 of one Debezium JSON topic without a log position, so ``_seq`` is the Kafka
 offset): an insert, an update without a before-image (a ``missing-before`` dead letter), a newer update of
 the same row, an update without a before-image of a new row, and ``{not json``. Once the source is declared
 ``upsert``, replaying the letters lands the new row, and the old update stays older than the newer row.
+The same with the mirror in a query of its own (``mirrors: own_query``) and a view reading the source:
+both queries read the replay topic, and each letter is kept and replayed once.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from changelake.service.cli import main
 from changelake.service.config import parse_config
 from changelake.service.pipeline import BatchProcessor
 from changelake.service.query_start import start_query
+from changelake.service.runner import PipelineRunner
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.kafka]
 
@@ -140,3 +143,65 @@ def test_list_show_and_replay_to_the_pipelines_own_topic_with_the_original_order
     assert "would replay 0" in out and "3 already replayed" in out
     code, out, _ = _cli(capsys, "replay", "-c", path, "--force", "--again", "--dry-run", "--reason", "malformed")
     assert "would replay 1 dead letter(s) {'malformed': 1}" in out
+
+
+def _own_query_config(tmp_path, servers: str, topic: str, *, upsert: bool):
+    """``products`` mirrored in a query of its own (``mirrors: own_query``) and read by a view that counts the
+    rows per name, a graph table of the other query: both queries read the source's topics and its replay topic."""
+    raw = {"pipeline": {"id": f"dlqown-{topic}", "checkpoint": str(tmp_path / "ckpt"), "trigger_interval": "1 second",
+                        "mirrors": "own_query",
+                        "spark_conf": {"spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2"}},
+           "kafka": {"bootstrap_servers": servers},
+           "sources": [{"name": "products", "topics": [topic], "format": "debezium-json", "table": "products",
+                        "columns": {"id": "bigint", "name": "string"}, "primary_key": ["id"],
+                        "on_error": "dlq", "options": {"upsert": upsert}}],
+           "views": [{"name": "per_name", "from": "products", "group_by": ["name"],
+                      "aggregates": {"n": "count(*)"}}],
+           "tables": [{"name": "products", "primary_key": ["id"]},
+                      {"name": "name_counts", "from": "per_name", "primary_key": ["name"]}],
+           "storage": {"root": str(tmp_path / "lake")}}
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return parse_config(path.read_text(), origin=str(path)), str(path)
+
+
+def _run_split(spark, config) -> None:
+    """Both queries to the end of the topics, in this process (as ``changelake run --available-now``)."""
+    PipelineRunner(config, serve_http=False, spark=spark).run(available_now=True, install_signal_handlers=False)
+
+
+def test_replay_with_mirrors_in_their_own_query_lands_once_in_the_mirror_and_in_the_views(spark, kafka, tmp_path,
+                                                                                               capsys):
+    topic = kafka.topic("dlqown")
+    p = Producer({"bootstrap.servers": kafka.bootstrap_servers, "log_level": 3})
+    for key, value in HISTORY:
+        p.produce(topic, key=key, value=value, partition=0)
+    p.flush(30)
+    config, path = _own_query_config(tmp_path, kafka.bootstrap_servers, topic, upsert=False)
+    _run_split(spark, config)
+    assert {k: v[0] for k, v in _rows(config).items()} == {1: "new"}
+    counts = {r["name"]: r["n"] for r in read_delta(config.table_path("name_counts")).to_pylist()}
+    assert counts == {"new": 1}
+    code, out, _ = _cli(capsys, "list", "-c", path, "--json")
+    # both queries read the bad messages: each is one letter all the same
+    assert sorted(r["position"] for r in json.loads(out)) == [f"{topic}/0/1", f"{topic}/0/3", f"{topic}/0/4"]
+
+    config, path = _own_query_config(tmp_path, kafka.bootstrap_servers, topic, upsert=True)
+    code, out, _ = _cli(capsys, "replay", "-c", path)
+    assert code == 0 and "replayed 2 dead letter(s)" in out
+    _run_split(spark, config)
+
+    rows = _rows(config)
+    assert rows[1] == ("new", seq_from_kafka(0, 2))   # the replayed older update does not overwrite the newer row
+    assert rows[2] == ("x", seq_from_kafka(0, 3))
+    code, out, _ = _cli(capsys, "list", "-c", path, "--json")
+    listed = {r["position"]: r for r in json.loads(out)}
+    assert sorted(listed) == [f"{topic}/0/1", f"{topic}/0/3", f"{topic}/0/4"], "no letter twice after the replay"
+    assert [listed[f"{topic}/0/{o}"]["replayed"] for o in (1, 3, 4)] == [1, 1, 0]
+    counts = {r["name"]: r["n"] for r in read_delta(config.table_path("name_counts")).to_pylist()}
+    assert counts.get("x") == 1 and sum(counts.values()) == 2, counts     # each key once in the views
+    if counts != {"new": 1, "x": 1}:
+        # known: the views' ChangelogNormalize keeps the last row on arrival, not by source position, so the
+        # replayed update of id 1 (offset 1) replaces the newer row (offset 2) there while the mirror keeps it
+        # (docs/operations.md, "Dead letters": replaying a change older than its key's newest)
+        pytest.xfail(f"the views took the replayed older change as the newest: {counts}")
