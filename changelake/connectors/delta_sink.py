@@ -25,8 +25,22 @@ Per batch (see ``docs/sink.md``); v = the batch's commit position (checkpoint ge
         every compact_every, when the table has > compact_min_files live files: compact (OPTIMIZE)
         every vacuum_every: VACUUM the table and its tombstone table, keeping vacuum_retention
 
-The tombstone commit comes first: a crash between the two commits leaves a
-tombstone ahead of its delete, which a replay of the batch completes.
+The tombstone commit comes first (an engine with ``commits_alongside`` makes both at once): what a
+crash leaves, and what the replay of the batch does (the split depends only on the batch and the
+tombstone table, never on the sink table, so a replay that finds the tombstone table unchanged splits
+the batch as the first run did)::
+
+    neither commit            both MERGEs, as the first run
+    the tombstone commit      the tombstone MERGE skipped (its txn is recorded), the table MERGE; a
+                              delete whose _seq equals its tombstone's is still applied
+    the table commit          only with commits_alongside: the batch is reduced and split again and
+                              only the tombstone MERGE runs (committed=False). Skipping the batch
+                              there would lose its tombstones: a late, older insert of a key the
+                              batch deleted would bring the row back
+    both                      nothing written (committed=False)
+
+Without ``commits_alongside`` the table commit alone cannot happen, so a replay that finds the
+table's txn skips the batch without reading it.
 
 A commit the object store fails for a while (HTTP 5xx, throttling, timeouts, refused connections:
 :func:`is_transient_store_error`) is tried again, from a fresh read of the table's log, with a backoff of
@@ -274,6 +288,7 @@ class _Begun:
     horizon: str | None            # the table's truncate position: older changes are dropped
     skip: tuple[str, ...] = ()     # batch columns not written (schema_change: ignored or dropped columns)
     replace: bool = False          # the MERGE also deletes the rows the batch does not hold
+    tombstones_only: bool = False  # the table holds the batch, its tombstone table may not: only that MERGE
 
 
 @dataclass(frozen=True)
@@ -314,6 +329,9 @@ class DeltaUpsertSink(abc.ABC):
     """
 
     engine: ClassVar[str]
+    #: the engine may commit a batch's tombstone MERGE and table MERGE at the same time (module docstring:
+    #: a replay then checks the tombstone table as well)
+    commits_alongside: ClassVar[bool] = False
 
     def __init__(self, spec: TableSpec, *, pipeline_id: str, clock: Callable[[], datetime],
                  max_commit_retries: int, generation: int = 0) -> None:
@@ -485,6 +503,8 @@ class DeltaUpsertSink(abc.ABC):
 
         if split.tombstone_changes.num_rows:
             self._merge_tombstones_once(split.tombstone_changes, tomb_state, begun.target_schema, batch_id)
+        if begun.tombstones_only:
+            return self._tombstones_recorded(batch_id), None
         source = split.table_changes
         unavailable = {c: sql_literal(placeholder_value(source.schema.field(c).type, spec.unavailable_value))
                        for c in unavailable_columns(source, spec.unavailable_value)}
@@ -502,12 +522,19 @@ class DeltaUpsertSink(abc.ABC):
         state = self._state(spec.path)
         generation, batch = split_commit_position(batch_id)
         recorded = None if state is None else state.txn_version
+        tombstones_only = False
         if check_position(recorded, generation=generation, batch_id=batch, what=f"table {spec.name}") == "replay":
-            metrics.REPLAYED_BATCHES.labels(table=spec.name).inc()
-            log.info("table %s: %s already committed (a replay after a restart), not written again",
-                     spec.name, describe(batch_id))
-            return ApplyResult(committed=False, upserts=0, deletes=0, stale_ignored=0,
-                               resurrections_prevented=0, table_version=state.version)
+            if not self._tombstones_behind(batch_id):
+                metrics.REPLAYED_BATCHES.labels(table=spec.name).inc()
+                log.info("table %s: %s already committed (a replay after a restart), not written again",
+                         spec.name, describe(batch_id))
+                return ApplyResult(committed=False, upserts=0, deletes=0, stale_ignored=0,
+                                   resurrections_prevented=0, table_version=state.version)
+            # the table's commit is there, its tombstone table's may not be (module docstring): the batch's
+            # schema changes and truncate are in the table already, so the steps below change nothing
+            tombstones_only = True
+            log.info("table %s: %s already committed to the table, not (or not yet) to its tombstone table: "
+                     "splitting the batch again for its tombstones", spec.name, describe(batch_id))
         replace = (spec.replace_on_new_generation and recorded is not None
                    and split_commit_position(recorded)[0] < generation)
         if replace:
@@ -548,7 +575,17 @@ class DeltaUpsertSink(abc.ABC):
 
         truncated, horizon = self._truncate(state, truncate_at)
         return _Begun(target_schema=plan.target_schema, truncated=truncated, horizon=horizon, skip=plan.skip,
-                      replace=replace)
+                      replace=replace, tombstones_only=tombstones_only)
+
+    def _tombstones_behind(self, batch_id: int) -> bool:
+        """Whether a batch the table has recorded may lack its tombstone commit: only when this engine commits
+        the two at once and the tombstone table has not recorded the batch (no tombstone table: the batch may
+        have been the one to create it). Without tombstone changes the batch made no tombstone commit, so this
+        is also true then: the replay finds that by splitting the batch again."""
+        if not self.commits_alongside:
+            return False
+        tomb = self._state(self.tombstone_path)
+        return tomb is None or tomb.txn_version is None or tomb.txn_version < batch_id
 
     def _tombstone_state(self) -> "_TableState | None":
         """The tombstone table's state (None before its first tombstone), its contract checked once."""
@@ -570,6 +607,15 @@ class DeltaUpsertSink(abc.ABC):
             tomb_state = self._require_state(self.tombstone_path)
         if tomb_state.txn_version is None or tomb_state.txn_version < batch_id:
             self._merge_tombstones(changes, batch_id=batch_id)
+
+    def _tombstones_recorded(self, batch_id: int) -> ApplyResult:
+        """The result of a replay that found the batch in the table and ran only its tombstone MERGE (if the
+        batch had tombstone changes): nothing new in the table (``committed=False``), counted as a replay."""
+        metrics.REPLAYED_BATCHES.labels(table=self.spec.name).inc()
+        log.info("table %s: %s: tombstones recorded, the table's commit was there", self.spec.name,
+                 describe(batch_id))
+        return ApplyResult(committed=False, upserts=0, deletes=0, stale_ignored=0, resurrections_prevented=0,
+                           table_version=self._require_state(self.spec.path).version)
 
     @staticmethod
     def _result(counts: MergeCounts, *, upserts_sent: int, stale_deletes: int, resurrections_prevented: int,

@@ -21,7 +21,12 @@ put there by changelake/spark/session.py) on the Spark classpath and the session
 
 Exactly-once: every commit runs with ``spark.databricks.delta.write.txnAppId`` /
 ``txnVersion`` set, in a private child session (``spark.newSession()``) so that
-the session-wide settings never leak into other writes of the application.
+the session-wide settings never leak into other writes of the application: one for the sink
+table and one for its tombstone table, since ``apply_frame`` runs the two MERGEs at the same time
+(the tombstone MERGE in a thread of its own: Delta's planning, log replay and commit of one fill the
+driver's idle time in the other's Spark jobs). A crash can then leave the table's commit without
+the tombstones': the replay finds that and records them (``commits_alongside``, the table in
+:mod:`changelake.connectors.delta_sink`'s docstring).
 The recorded version is read back through delta-rs (a log-only read; see
 ``DeltaUpsertSink``), so ``TableSpec.storage_options`` must let delta-rs reach the
 table too (environment credentials work for both).
@@ -94,6 +99,31 @@ def described(spark: Any, table: str, phase: str) -> Iterator[None]:
         yield
     finally:
         context.setLocalProperty(JOB_DESCRIPTION, before)
+
+
+def beside(work: Callable[[], None]) -> Callable[[], None]:
+    """Start ``work`` in a thread of its own, with this thread's Spark local properties (its jobs belong to
+    the same streaming batch and carry its description); returns the function that waits for it to end and
+    raises its error, if any."""
+    from pyspark import InheritableThread
+
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            work()
+        except BaseException as exc:  # handed to the waiting thread, which raises it
+            failed.append(exc)
+
+    thread = InheritableThread(target=run, name="changelake-tombstone-merge", daemon=True)
+    thread.start()
+
+    def finish() -> None:
+        thread.join()
+        if failed:
+            raise failed[0]
+
+    return finish
 
 
 def expired_before(cutoff: datetime) -> str:
@@ -176,18 +206,23 @@ class DeltaSparkSink(FrameBatches, DeltaUpsertSink):
     """Upsert sink that commits through delta-spark's ``DeltaTable.merge``."""
 
     engine = "delta-spark"
+    commits_alongside = True
 
     def __init__(self, spec, *, pipeline_id: str, spark: Any, clock: Callable[[], datetime],
                  max_commit_retries: int, generation: int = 0) -> None:
         super().__init__(spec, pipeline_id=pipeline_id, clock=clock, max_commit_retries=max_commit_retries,
                          generation=generation)
-        self._session = spark.newSession()
-        self._txn_lock = threading.Lock()
+        self._session = spark.newSession()          # the sink table's commits and reads
+        self._tomb_session = spark.newSession()     # the tombstone table's: its MERGE runs beside the table's
+        self._txn_lock = threading.Lock()           # settings of self._session made for one step
+        self._tomb_lock = threading.Lock()
 
     def _apply_reduced_frame(self, reduced: Any, begun: _Begun, batch_id: int, *,
                              before_truncate: int) -> tuple[ApplyResult, MergeCounts]:
         """Split the reduced batch against the tombstone table (read as a DataFrame) and MERGE both,
-        on the executors; only the counts reach the driver (one one-row aggregation)."""
+        on the executors, at the same time (the tombstone MERGE in a thread of its own); only the counts
+        reach the driver (one one-row aggregation). Both MERGEs read the split cached, against the
+        tombstones before this batch, so neither reads what the other writes."""
         spec = self.spec
         tomb_state = self._tombstone_state()
         tombstones = None if tomb_state is None else self._tombstone_frame(tomb_state)
@@ -196,18 +231,34 @@ class DeltaSparkSink(FrameBatches, DeltaUpsertSink):
         try:
             with described(self._session, spec.name, "reduce and split (counts)"):
                 counted = frames.split_counts(split)
-            if counted.tombstone_changes:
-                with described(self._session, spec.name, "tombstone MERGE"):
+
+            def merge_tombstones() -> None:
+                with described(self._tomb_session, spec.name, "tombstone MERGE"):
                     self._merge_tombstones_once(split.tombstone_changes, tomb_state, begun.target_schema, batch_id)
-            source = split.table_changes
-            unavailable = {}
-            if spec.unavailable_value is not None:
-                schema = _arrow(source.schema)
-                unavailable = {c: sql_literal(placeholder_value(schema.field(c).type, spec.unavailable_value))
-                               for c in frames.text_columns(source)}
-            with described(self._session, spec.name, "table MERGE"):
-                counts = self._merge_table(source, batch_id=batch_id, unavailable=unavailable,
-                                           empty=counted.table_changes == 0, replace=begun.replace)
+
+            if begun.tombstones_only:
+                if counted.tombstone_changes:
+                    merge_tombstones()
+                return self._tombstones_recorded(batch_id), None
+            finish = beside(merge_tombstones) if counted.tombstone_changes else (lambda: None)
+            try:
+                source = split.table_changes
+                unavailable = {}
+                if spec.unavailable_value is not None:
+                    schema = _arrow(source.schema)
+                    unavailable = {c: sql_literal(placeholder_value(schema.field(c).type, spec.unavailable_value))
+                                   for c in frames.text_columns(source)}
+                with described(self._session, spec.name, "table MERGE"):
+                    counts = self._merge_table(source, batch_id=batch_id, unavailable=unavailable,
+                                               empty=counted.table_changes == 0, replace=begun.replace)
+            except BaseException:
+                try:
+                    finish()            # the table MERGE's error is raised; the tombstones' is only logged
+                except Exception:
+                    log.warning("table %s batch %d: the tombstone MERGE failed as well", spec.name, batch_id,
+                                exc_info=True)
+                raise
+            finish()
         finally:
             split.flagged.unpersist()
         return self._result(counts, upserts_sent=counted.table_changes - counted.table_deletes,
@@ -262,7 +313,17 @@ class DeltaSparkSink(FrameBatches, DeltaUpsertSink):
     def _delta(self, path: str):
         from delta.tables import DeltaTable
 
-        return DeltaTable.forPath(self._session, path)
+        return DeltaTable.forPath(self._session_of(path), path)
+
+    def _session_of(self, path: str) -> Any:
+        """The private session that writes ``path``: the tombstone table's own, or the sink table's. A
+        tombstone table written in the sink table's session while its MERGE has the txn settings set
+        would record the batch's txn (and the tombstone MERGE would then be skipped as a replay)."""
+        return self._tomb_session if path == self.tombstone_path else self._session
+
+    def _lock_of(self, session: Any) -> threading.Lock:
+        """The lock held while a step sets ``session``'s settings for itself."""
+        return self._tomb_lock if session is self._tomb_session else self._txn_lock
 
     @staticmethod
     def _arrow_schema(changes) -> pa.Schema:
@@ -275,10 +336,11 @@ class DeltaSparkSink(FrameBatches, DeltaUpsertSink):
         return self._session.createDataFrame(table, schema=schema)
 
     @contextmanager
-    def _txn(self, batch_id: int) -> Iterator[None]:
-        """Run the enclosed commit with this sink's Delta transaction id."""
-        with self._txn_lock:
-            conf = self._session.conf
+    def _txn(self, batch_id: int, path: str) -> Iterator[None]:
+        """Run the enclosed commit to ``path`` with this sink's Delta transaction id."""
+        session = self._session_of(path)
+        with self._lock_of(session):
+            conf = session.conf
             conf.set(TXN_APP_ID_CONF, self.app_id)
             conf.set(TXN_VERSION_CONF, str(batch_id))
             try:
@@ -306,7 +368,7 @@ class DeltaSparkSink(FrameBatches, DeltaUpsertSink):
         if refused:
             raise SinkCommitError(delta_spark_refusal(self.spec.name, refused))
         parts = self.spec.partition_by if partition_by is None else partition_by
-        builder = (DeltaTable.createIfNotExists(self._session)
+        builder = (DeltaTable.createIfNotExists(self._session_of(path or self.spec.path))
                    .location(path or self.spec.path)
                    .addColumns(from_arrow_schema(schema, prefer_timestamp_ntz=True)))
         if parts:
@@ -326,18 +388,18 @@ class DeltaSparkSink(FrameBatches, DeltaUpsertSink):
         target = path or self.spec.path
         struct = from_arrow_schema(schema, prefer_timestamp_ntz=True)
         parts = self._require_state(target).partition_columns
-        frame = self._session.read.format("delta").load(target)
+        frame = self._session_of(target).read.format("delta").load(target)
         (frame.select(*[col(backtick(f.name)).cast(f.dataType).alias(f.name) for f in struct.fields])
          .write.format("delta").mode("overwrite").option("overwriteSchema", "true").partitionBy(*parts)
          .save(target))
 
     def _read_tombstones(self) -> pa.Table:
         columns = [*self.spec.primary_key, SEQ]
-        return (self._session.read.format("delta").load(self.tombstone_path)
+        return (self._tomb_session.read.format("delta").load(self.tombstone_path)
                 .select(*[backtick(c) for c in columns]).toArrow())
 
     def _merge(self, path: str, changes: pa.Table, clauses: MergeClauses, batch_id: int) -> None:
-        with self._txn(batch_id):
+        with self._txn(batch_id, path):
             merge = (self._delta(path).alias("t")
                      .merge(self._frame(changes).alias("s"), clauses.on)
                      .whenMatchedUpdate(condition=clauses.update_when, set=dict(clauses.update_set))
@@ -407,15 +469,16 @@ class DeltaSparkSink(FrameBatches, DeltaUpsertSink):
         self._delta(self.spec.path).optimize().executeCompaction()
 
     def _vacuum(self, path: str, retention: timedelta) -> int:
-        conf = self._session.conf
+        session = self._session_of(path)
+        conf = session.conf
         # Delta lists the table's directories in as many tasks as parallelPartitionDiscovery.parallelism
         # (Spark's default: 10,000, one minute of empty tasks on 2 cores per table): one per task slot
         listing = "spark.sql.sources.parallelPartitionDiscovery.parallelism"
         given = conf.get(listing, None)
-        with self._txn_lock:        # a retention below delta's 7-day floor is the user's explicit choice
+        with self._lock_of(session):    # a retention below delta's 7-day floor is the user's explicit choice
             conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
             if given is None:
-                conf.set(listing, str(max(1, self._session.sparkContext.defaultParallelism)))
+                conf.set(listing, str(max(1, session.sparkContext.defaultParallelism)))
             try:
                 before = self._data_files(path)
                 self._delta(path).vacuum(retention.total_seconds() / 3600)
