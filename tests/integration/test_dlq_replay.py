@@ -41,6 +41,16 @@ HISTORY = [  # (key, value) at offsets 0..4 of partition 0
 ]
 
 
+def _history_topic(kafka, name: str) -> str:
+    """A new topic holding HISTORY in its partition 0."""
+    topic = kafka.topic(name)
+    p = Producer({"bootstrap.servers": kafka.bootstrap_servers, "log_level": 3})
+    for key, value in HISTORY:
+        p.produce(topic, key=key, value=value, partition=0)
+    p.flush(30)
+    return topic
+
+
 def _write_config(tmp_path, servers: str, topic: str, *, upsert: bool):
     raw = {"pipeline": {"id": f"dlq-{topic}", "checkpoint": str(tmp_path / "ckpt"), "trigger_interval": "1 second"},
            "kafka": {"bootstrap_servers": servers},
@@ -70,11 +80,7 @@ def _rows(config) -> dict[int, tuple[str, str]]:
 
 
 def test_list_show_and_replay_to_the_pipelines_own_topic_with_the_original_order(spark, kafka, tmp_path, capsys):
-    topic = kafka.topic("dlqreplay")
-    p = Producer({"bootstrap.servers": kafka.bootstrap_servers, "log_level": 3})
-    for key, value in HISTORY:
-        p.produce(topic, key=key, value=value, partition=0)
-    p.flush(30)
+    topic = _history_topic(kafka, "dlqreplay")
     config, path = _write_config(tmp_path, kafka.bootstrap_servers, topic, upsert=False)
     _run(spark, config)
     assert {k: v[0] for k, v in _rows(config).items()} == {1: "new"}
@@ -172,11 +178,7 @@ def _run_split(spark, config) -> None:
 
 def test_replay_with_mirrors_in_their_own_query_lands_once_in_the_mirror_and_in_the_views(spark, kafka, tmp_path,
                                                                                                capsys):
-    topic = kafka.topic("dlqown")
-    p = Producer({"bootstrap.servers": kafka.bootstrap_servers, "log_level": 3})
-    for key, value in HISTORY:
-        p.produce(topic, key=key, value=value, partition=0)
-    p.flush(30)
+    topic = _history_topic(kafka, "dlqown")
     config, path = _own_query_config(tmp_path, kafka.bootstrap_servers, topic, upsert=False)
     _run_split(spark, config)
     assert {k: v[0] for k, v in _rows(config).items()} == {1: "new"}
