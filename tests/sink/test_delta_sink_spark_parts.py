@@ -81,12 +81,19 @@ def test_the_null_safe_merge_condition_matches_a_null_region_with_a_null_region_
     assert [tuple(r) for r in pairs.collect()] == [(None, 1)]
 
 
-def test_transaction_settings_stay_in_the_private_session(spark, spark_sink):
-    with spark_sink._txn(7):
-        assert spark_sink._session.conf.get(TXN_APP_ID_CONF) == "changelake:p:parts"
-        assert spark_sink._session.conf.get(TXN_VERSION_CONF) == "7"
+def test_transaction_settings_stay_in_the_private_session_of_the_table_written(spark, spark_sink):
+    table, tombstones = spark_sink._session, spark_sink._tomb_session
+    with spark_sink._txn(7, spark_sink.spec.path):
+        assert table.conf.get(TXN_APP_ID_CONF) == "changelake:p:parts"
+        assert table.conf.get(TXN_VERSION_CONF) == "7"
         assert spark.conf.get(TXN_VERSION_CONF, None) is None
-    assert spark_sink._session.conf.get(TXN_VERSION_CONF, None) is None
+        # the tombstone MERGE, running beside the table's, must not commit with the table's txn
+        assert tombstones.conf.get(TXN_VERSION_CONF, None) is None
+    assert table.conf.get(TXN_VERSION_CONF, None) is None
+    with spark_sink._txn(8, spark_sink.tombstone_path):
+        assert tombstones.conf.get(TXN_VERSION_CONF) == "8"
+        assert table.conf.get(TXN_VERSION_CONF, None) is None
+    assert tombstones.conf.get(TXN_VERSION_CONF, None) is None
 
 
 def test_expiry_predicate_selects_tombstones_older_than_the_cutoff(spark_sink):
