@@ -4,7 +4,7 @@ Apache Kafka cluster (KRaft, replication factor 3, min.insync.replicas 2), while
 hit it; at the end every table is compared with the database's final state.
 
     .venv/bin/python bench/soak.py [--rate 500] [--minutes 30] [--fault-every 180] [--faults KINDS] [--seed 7]
-        [--store local|s3] [--draw bag|random]
+        [--store local|s3] [--draw bag|random] [--faults-each N] [--max-records N] [--drain SECONDS]
     .venv/bin/python bench/soak.py --quick      # smoke run: ~20 s of stream, one SIGKILL of changelake
     .venv/bin/python bench/soak.py --quick --store s3   # the same on S3, its first three commits refused
 
