@@ -525,11 +525,8 @@ class DeltaUpsertSink(abc.ABC):
         tombstones_only = False
         if check_position(recorded, generation=generation, batch_id=batch, what=f"table {spec.name}") == "replay":
             if not self._tombstones_behind(batch_id):
-                metrics.REPLAYED_BATCHES.labels(table=spec.name).inc()
-                log.info("table %s: %s already committed (a replay after a restart), not written again",
-                         spec.name, describe(batch_id))
-                return ApplyResult(committed=False, upserts=0, deletes=0, stale_ignored=0,
-                                   resurrections_prevented=0, table_version=state.version)
+                return self._replayed(batch_id, state.version,
+                                      "already committed (a replay after a restart), not written again")
             # the table's commit is there, its tombstone table's may not be (module docstring): the batch's
             # schema changes and truncate are in the table already, so the steps below change nothing
             tombstones_only = True
@@ -610,12 +607,17 @@ class DeltaUpsertSink(abc.ABC):
 
     def _tombstones_recorded(self, batch_id: int) -> ApplyResult:
         """The result of a replay that found the batch in the table and ran only its tombstone MERGE (if the
-        batch had tombstone changes): nothing new in the table (``committed=False``), counted as a replay."""
+        batch had tombstone changes)."""
+        return self._replayed(batch_id, self._require_state(self.spec.path).version,
+                              "tombstones recorded, the table's commit was there")
+
+    def _replayed(self, batch_id: int, table_version: int, what: str) -> ApplyResult:
+        """A replayed batch's result: nothing new in the table (``committed=False``), counted and logged
+        (``what`` the replay found or did)."""
         metrics.REPLAYED_BATCHES.labels(table=self.spec.name).inc()
-        log.info("table %s: %s: tombstones recorded, the table's commit was there", self.spec.name,
-                 describe(batch_id))
+        log.info("table %s: %s %s", self.spec.name, describe(batch_id), what)
         return ApplyResult(committed=False, upserts=0, deletes=0, stale_ignored=0, resurrections_prevented=0,
-                           table_version=self._require_state(self.spec.path).version)
+                           table_version=table_version)
 
     @staticmethod
     def _result(counts: MergeCounts, *, upserts_sent: int, stale_deletes: int, resurrections_prevented: int,
