@@ -65,6 +65,12 @@ def _check_optional_duration(value: Any) -> str | None:
     return None if value is None else _check_duration(value)
 
 
+#: the first batch after a start admits this share of max_records_per_batch by default, and at least FIRST_BATCH_FLOOR
+#: records (below about that many a batch's time is its fixed cost: a smaller one would not commit sooner)
+FIRST_BATCH_SHARE = 16
+FIRST_BATCH_FLOOR = 10_000
+
+
 class PipelineSettings(_Model):
     id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="stable pipeline id; part of the Delta transaction ids")
     checkpoint: str = Field(description="Spark checkpoint directory (one writer per checkpoint)")
@@ -73,6 +79,11 @@ class PipelineSettings(_Model):
     max_records_per_batch: int | None = Field(200_000, gt=0, description="Kafka records per micro-batch at most; "
                                               "it bounds the driver's memory per batch (operations.md, 'Scaling "
                                               "out'); null: no cap")
+    first_batch_records: int | None = Field(
+        None, gt=0, description="Kafka records the first micro-batch after a start reads at most; each next batch "
+        "twice as many, up to max_records_per_batch: a restart commits its first batch early instead of carrying "
+        "the whole backlog (operations.md, 'Restart to first commit'); default max_records_per_batch / 16, "
+        "at least 10000; set it to max_records_per_batch for no ramp")
     read_tasks: int = Field(2, gt=0, description="Spark tasks that read Kafka per micro-batch; about the executor cores")
     mirrors: Literal["own_query", "with_graph"] = Field(
         "with_graph", description="with views: with_graph runs the mirrors in the operator graph's query (they "
@@ -109,6 +120,15 @@ class PipelineSettings(_Model):
     _interval = field_validator("trigger_interval", "lease_ttl", mode="before")(_check_duration)
 
     _ttl = field_validator("state_ttl", "max_hold", mode="before")(_check_optional_duration)
+
+    def first_admission(self) -> int:
+        """The admission of the first batch after a start (``first_batch_records``, else a sixteenth of
+        ``max_records_per_batch`` and at least ``FIRST_BATCH_FLOOR``); only meaningful with a
+        ``max_records_per_batch``: at or above it there is no ramp."""
+        cap = self.max_records_per_batch or 0
+        if self.first_batch_records is not None:
+            return min(self.first_batch_records, cap) if cap else self.first_batch_records
+        return max(FIRST_BATCH_FLOOR, cap // FIRST_BATCH_SHARE)
 
 
 class KafkaSettings(_Model):

@@ -21,6 +21,7 @@ a credential written in the file       kafka.properties, storage.options, source
                                        source options changelake does not set itself
                                        (changelake/spark/spark_kafka_options.py)
 ``kafka.spark_options``                only with ``kafka.reader: spark-kafka``                 error
+``pipeline.first_batch_records``       not with ``kafka.reader: spark-kafka`` (no ramp there)  error
 =====================================  =====================================================  ========
 
 A graph table's ``partition_by`` is checked with the planner's schemas (:func:`changelake.service.views.graph_problems`).
@@ -338,6 +339,10 @@ def reader_problems(config: ChangelakeConfig) -> list[tuple[Loc, str]]:
     problems: list[tuple[Loc, str]] = [
         (("kafka", "properties", key), f"{key!r} cannot be given to Spark's Kafka source (kafka.reader: spark-kafka): "
          f"{why}") for key, why in property_problems(kafka.plain_properties())]
+    if config.pipeline.first_batch_records is not None:
+        problems.append((("pipeline", "first_batch_records"), "Spark's Kafka source (kafka.reader: spark-kafka) "
+                         "admits the same maxOffsetsPerTrigger to every batch, a first batch too; remove "
+                         "first_batch_records or use kafka.reader: python"))
     problems += [(("kafka", "spark_options", key), f"{key!r}: {why}")
                  for key, why in option_problems(kafka.plain_spark_options())]
     return problems

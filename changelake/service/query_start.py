@@ -62,6 +62,9 @@ def kafka_reader_options(config: ChangelakeConfig) -> dict[str, str]:
     opts["sequenceState"] = config.pipeline.checkpoint     # the partitions' epoch states (service.epochs)
     if config.pipeline.max_records_per_batch:
         opts["maxRecordsPerTrigger"] = str(config.pipeline.max_records_per_batch)
+        first = config.pipeline.first_admission()
+        if first < config.pipeline.max_records_per_batch:
+            opts["firstRecordsPerTrigger"] = str(first)
     for k, v in config.kafka.plain_properties().items():
         opts[f"kafka.{k}"] = v
     return opts

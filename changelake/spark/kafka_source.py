@@ -131,6 +131,9 @@ class KafkaOptions:
     skip_data_loss: str | None = None
     #: how long a broker fault is waited out before the query fails (``brokerWaitMs``)
     broker_wait_ms: int = _BROKER_WAIT_MS
+    #: the first batch this reader plans admits at most this many records, each next one twice as many, up to
+    #: ``max_records_per_trigger`` (``firstRecordsPerTrigger``; :meth:`KafkaStreamReader.latestOffset`)
+    first_records_per_trigger: int | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> "KafkaOptions":
@@ -155,6 +158,10 @@ class KafkaOptions:
         max_records = int(limit) if limit else None
         if max_records is not None and max_records <= 0:
             raise SourceError(f"maxRecordsPerTrigger must be a positive number, got {limit!r}")
+        first = opts.get("firstrecordspertrigger")
+        first_records = int(first) if first else None
+        if first_records is not None and first_records <= 0:
+            raise SourceError(f"firstRecordsPerTrigger must be a positive number, got {first!r}")
         props = {k[len("kafka."):]: v for k, v in opts.items()
                  if k.startswith("kafka.") and k != "kafka.bootstrap.servers"}
         return cls(
@@ -172,6 +179,7 @@ class KafkaOptions:
             snapshot_routes=tuple(int(r) for r in opts.get("snapshotroutes", "").split(",") if r.strip()),
             skip_data_loss=opts.get("skipdataloss") or None,
             broker_wait_ms=int(opts.get("brokerwaitms", str(_BROKER_WAIT_MS))),
+            first_records_per_trigger=first_records,
         )
 
     def skips_data_loss(self, topic: str) -> bool:
@@ -292,6 +300,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._admin_consumer: Any = None
         self._latest: Offsets | None = None
         self._available_now_target: Offsets | None = None
+        self._planned = 0       # batches this reader planned (the ramp after a start: latestOffset)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -435,9 +444,23 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             # Trigger.AvailableNow: Spark 4.2 asks Python sources for everything, but a
             # catch-up must still run in bounded batches, as Spark's own Kafka source does.
             max_rows = self.options.max_records_per_trigger
+        if max_rows and target is None:
+            max_rows = self._ramped(max_rows)
         if max_rows:
             end = _admit(start, end, max_rows, marks)
+        if end != start:
+            self._planned += 1
         return end
+
+    def _ramped(self, max_rows: int) -> int:
+        """The admission of the next batch after a start: ``first_records_per_trigger``, doubled with each batch
+        planned since, up to ``max_rows``. The first batch after a restart (its one-off costs: Python workers,
+        state stores, the JIT) then commits early instead of carrying the whole backlog; a catch-up reaches full
+        batches within a few (operations.md, "Restart to first commit")."""
+        first = self.options.first_records_per_trigger
+        if not first or first >= max_rows:
+            return max_rows
+        return min(max_rows, first << min(self._planned, 40))
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.options.max_records_per_trigger:

@@ -63,6 +63,48 @@ def test_stream_reads_in_bounded_batches_and_resumes_from_its_checkpoint(spark, 
     assert not {(p, o) for _, p, o in new} & {(p, o) for _, p, o in seen[:first_run]}
 
 
+
+def test_each_start_ramps_its_batches_up_to_the_cap_and_reads_every_record_once(spark, kafka, tmp_path):
+    """The ramp after a start (firstRecordsPerTrigger) in Spark's own calls: the reader counts the batches it
+    planned across them, and a restart from the checkpoint starts small again."""
+    import time
+
+    topic = kafka.topic("ramp")
+    producer = Producer({"bootstrap.servers": kafka.bootstrap_servers, "log_level": 3})
+
+    def produce(first, last):
+        for i in range(first, last):
+            producer.produce(topic, key=b"%d" % i, value=b"%d" % i)
+        producer.flush(30)
+
+    spark.dataSource.register(KafkaSource)
+    seen: dict[int, int] = {}
+    offsets: set[tuple[int, int]] = set()
+
+    def collect(df, batch_id):
+        rows = df.select("partition", "offset").collect()
+        seen[batch_id] = len(rows)
+        offsets.update((r.partition, r.offset) for r in rows)
+
+    def run_until(total):
+        q = (spark.readStream.format(SOURCE_NAME).option("bootstrap.servers", kafka.bootstrap_servers)
+             .option("topics", topic).option("maxRecordsPerTrigger", "400").option("firstRecordsPerTrigger", "50")
+             .load().writeStream.foreachBatch(collect).option("checkpointLocation", str(tmp_path / "ckpt")).start())
+        deadline = time.monotonic() + 180
+        while len(offsets) < total and time.monotonic() < deadline and q.exception() is None:
+            time.sleep(0.2)
+        q.stop()
+        assert q.exception() is None
+
+    produce(0, 1000)
+    run_until(1000)
+    assert [n for _, n in sorted(seen.items()) if n] == [50, 100, 200, 400, 250]
+    first_run = set(seen)
+    produce(1000, 1600)
+    run_until(1600)                     # the next start ramps again from the checkpoint's offsets
+    assert [n for b, n in sorted(seen.items()) if b not in first_run and n] == [50, 100, 200, 250]
+    assert len(offsets) == 1600 and sum(seen.values()) == 1600
+
 def test_debezium_topics_are_mirrored_into_delta_tables(spark, kafka, tmp_path):
     prefix = kafka.topic("mirror")
     db = write_history(kafka.bootstrap_servers, seed=11, changes=1_500, topic_prefix=prefix)

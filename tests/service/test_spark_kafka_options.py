@@ -118,6 +118,11 @@ def test_validate_names_each_setting_the_chosen_reader_cannot_take(tmp_path, cap
     path.write_text(YAML.replace("READER", "spark-kafka").replace(", enable.ssl.certificate.verification: false", "")
                     .replace(", minPartitions: 4", ""))
     assert main(["validate", "-c", str(path)]) == 0
+    capsys.readouterr()
+    path.write_text(path.read_text().replace("checkpoint: /tmp/ckpt", "checkpoint: /tmp/ckpt, first_batch_records: 100"))
+    assert main(["validate", "-c", str(path)]) == 2
+    assert "pipeline.first_batch_records: Spark's Kafka source (kafka.reader: spark-kafka) admits the same " \
+           "maxOffsetsPerTrigger to every batch" in capsys.readouterr().err
 
 
 def test_the_session_gets_a_sets_jars_after_those_given(monkeypatch, tmp_path):

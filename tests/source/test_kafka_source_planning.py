@@ -182,3 +182,89 @@ def test_replayed_records_take_their_original_position_and_other_pipelines_repla
     batch = _record_batch(KafkaRange("db.t.replay", 0, 0, 4), msgs, [0, 1, 2, 3], 0, replayed="p1")
     assert [(r["topic"], r["partition"], r["offset"], r["value"]) for r in batch.to_pylist()] == [
         ("db.t", 2, 17, b"v"), ("db.t.replay", 0, 2, b"by hand"), ("db.t", 2, 5, b"v")]
+
+
+def _ramp_reader(marks, **options):
+    from changelake.spark.kafka_source import KafkaStreamReader
+
+    reader = KafkaStreamReader(KafkaOptions.parse({"bootstrap.servers": "localhost:1", "topics": "t", **options}))
+    reader._partitions = lambda: sorted(marks)
+    reader._watermarks = lambda parts: marks
+    return reader
+
+
+def _batches(reader, start, limit, until):
+    """The sizes of the batches ``reader`` plans from ``start`` until it reaches ``until`` records in all."""
+    sizes, read = [], 0
+    while read < until:
+        end = reader.latestOffset(start, limit)
+        n = sum(end["t"][p] - start["t"][p] for p in end["t"])
+        if not n:
+            break
+        sizes.append(n)
+        read, start = read + n, end
+    return sizes
+
+
+def test_after_a_start_the_first_batches_ramp_up_to_the_cap_and_a_backlog_is_read_whole():
+    from pyspark.sql.streaming.datasource import ReadMaxRows
+
+    marks = {("t", 0): (0, 60_000), ("t", 1): (0, 60_000)}
+    reader = _ramp_reader(marks, maxRecordsPerTrigger="20000", firstRecordsPerTrigger="1250")
+    start = {"t": {"0": 0, "1": 0}}
+    # a restart's first batch commits early; each next one doubles until the cap; nothing is skipped
+    assert _batches(reader, start, ReadMaxRows(20_000), 120_000) == \
+        [1250, 2500, 5000, 10_000, *[20_000] * 5, 1250]
+    # a new reader (the next start of the pipeline) ramps again
+    again = _ramp_reader(marks, maxRecordsPerTrigger="20000", firstRecordsPerTrigger="1250")
+    assert _batches(again, {"t": {"0": 50_000, "1": 50_000}}, ReadMaxRows(20_000), 20_000)[:2] == [1250, 2500]
+
+
+def test_an_idle_trigger_does_not_use_up_the_ramp_and_without_a_first_size_every_batch_is_full():
+    from pyspark.sql.streaming.datasource import ReadMaxRows
+
+    marks = {("t", 0): (0, 100)}
+    reader = _ramp_reader(marks, maxRecordsPerTrigger="1000", firstRecordsPerTrigger="10")
+    start = {"t": {"0": 100}}
+    for _ in range(5):                      # nothing new: no batch planned, the ramp waits
+        assert reader.latestOffset(start, ReadMaxRows(1000)) == start
+    marks[("t", 0)] = (0, 5_000)
+    assert _batches(reader, start, ReadMaxRows(1000), 70) == [10, 20, 40]
+    plain = _ramp_reader({("t", 0): (0, 5_000)}, maxRecordsPerTrigger="1000")
+    assert _batches(plain, {"t": {"0": 0}}, ReadMaxRows(1000), 3_000) == [1000, 1000, 1000]
+
+
+def test_a_catch_up_with_available_now_reads_full_batches_from_the_start():
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    marks = {("t", 0): (0, 3_000)}
+    reader = _ramp_reader(marks, maxRecordsPerTrigger="1000", firstRecordsPerTrigger="10")
+    reader.prepareForTriggerAvailableNow()
+    assert _batches(reader, {"t": {"0": 0}}, ReadAllAvailable(), 3_000) == [1000, 1000, 1000]
+
+
+def test_the_first_batch_size_must_be_positive():
+    with pytest.raises(SourceError, match="firstRecordsPerTrigger must be a positive number"):
+        KafkaOptions.parse({"bootstrap.servers": "x:1", "topics": "a", "firstRecordsPerTrigger": "0"})
+
+
+def test_the_pipeline_ramps_from_a_sixteenth_of_its_batch_cap_and_at_least_10000_records_unless_told_otherwise():
+    import yaml
+
+    from changelake.service.config import parse_config
+    from changelake.service.query_start import kafka_reader_options
+
+    def options(**pipeline):
+        raw = {"pipeline": {"id": "p", "checkpoint": "/tmp/c", **pipeline}, "kafka": {"bootstrap_servers": "k:1"},
+               "sources": [{"name": "s", "table": "s", "topics": ["a"]}], "tables": [{"name": "s", "primary_key": ["id"]}]}
+        opts = kafka_reader_options(parse_config(yaml.safe_dump(raw)))
+        parsed = KafkaOptions.parse(opts)
+        return parsed.max_records_per_trigger, parsed.first_records_per_trigger
+
+    assert options() == (200_000, 12_500)
+    assert options(max_records_per_batch=80_000) == (80_000, 10_000)    # a batch below that is its fixed cost
+    assert options(max_records_per_batch=10_000) == (10_000, None)      # small batches: no ramp
+    assert options(max_records_per_batch=20_000, first_batch_records=500) == (20_000, 500)
+    assert options(max_records_per_batch=20_000, first_batch_records=20_000) == (20_000, None)   # no ramp
+    assert options(max_records_per_batch=20_000, first_batch_records=90_000) == (20_000, None)
+    assert options(max_records_per_batch=None) == (None, None)
