@@ -5,6 +5,7 @@ hit it; at the end every table is compared with the database's final state.
 
     .venv/bin/python bench/soak.py [--rate 500] [--minutes 30] [--fault-every 180] [--faults KINDS] [--seed 7]
         [--store local|s3] [--draw bag|random] [--faults-each N] [--max-records N] [--drain SECONDS]
+        [--world-nice N]
     .venv/bin/python bench/soak.py --quick      # smoke run: ~20 s of stream, one SIGKILL of changelake
     .venv/bin/python bench/soak.py --quick --store s3   # the same on S3, its first three commits refused
 
@@ -83,8 +84,9 @@ class Pipeline:
     """``changelake run`` in its own process group, its log appended to ``log``."""
 
     def __init__(self, config_path: Path, log: Path, port: int, tables: dict[str, str] | None = None,
-                 storage_options: dict[str, str] | None = None, proxy=None) -> None:
+                 storage_options: dict[str, str] | None = None, proxy=None, boost: int = 0) -> None:
         self.config_path, self.log, self.port = config_path, log, port
+        self.boost = boost                  # --world-nice: started this much less nice than this process
         self.tables = tables or {}          # table name -> path (the optimize fault's targets)
         self.storage_options = storage_options or None
         self.proxy = proxy                  # --store s3: the fault proxy in front of the object store
@@ -96,7 +98,8 @@ class Pipeline:
         with open(self.log, "a") as out:
             self.proc = subprocess.Popen([sys.executable, "-m", "changelake.service.cli", "--log-level", "INFO",
                                           "run", "-c", str(self.config_path)], env=env, stdout=out,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
+                                         stderr=subprocess.STDOUT, start_new_session=True,
+                                         preexec_fn=(lambda: os.nice(-self.boost)) if self.boost else None)
         self.starts += 1
 
     def kill(self) -> None:
@@ -184,10 +187,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workdir", type=Path, default=Path("soak-work"))
     ap.add_argument("--store", choices=("local", "s3"), default="local",
                     help="where the Delta tables are: a local directory, or an S3 API on this machine (moto)")
+    ap.add_argument("--world-nice", type=int, default=0, metavar="N",
+                    help="run the world (the Kafka nodes, the producer, the S3 server) N steps nicer than the "
+                         "pipeline, so that the pipeline has this machine's cores first, as on a node of its own; "
+                         "needs the right to lower a process's niceness (root, CAP_SYS_NICE). Default 0: all at "
+                         "one priority, the world taking its share of the pipeline's cores")
     ap.add_argument("--quick", action="store_true",
                     help="smoke run: 1,800 changes at 120 messages/s, one SIGKILL (with --store s3, the orders "
                          "table's first three commits refused)")
     args = ap.parse_args(argv)
+    if args.world_nice:
+        autogroup = Path("/proc/sys/kernel/sched_autogroup_enabled")
+        if autogroup.exists() and autogroup.read_text().strip() == "1":
+            ap.error("--world-nice: the kernel shares the CPU between sessions first (sched_autogroup_enabled is 1), "
+                     "so niceness has no effect between the pipeline (a session of its own) and the world; "
+                     "write 0 to /proc/sys/kernel/sched_autogroup_enabled for the run")
+        os.nice(args.world_nice)        # this process (the producer) and all it starts, but the pipeline
+        can = subprocess.run([sys.executable, "-c", f"import os; os.nice(-{args.world_nice})"], capture_output=True)
+        if can.returncode:
+            ap.error(f"--world-nice {args.world_nice}: this user may not start the pipeline at a lower niceness "
+                     f"than its own (needs root or CAP_SYS_NICE): {can.stderr.decode().strip().splitlines()[-1]}")
     kinds = [k.strip() for k in (args.faults or ",".join(KINDS)).split(",") if k.strip()]
     if set(kinds) - set(KINDS):
         ap.error(f"unknown fault kind(s): {sorted(set(kinds) - set(KINDS))}")
@@ -207,6 +226,9 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(work)
     work.mkdir(parents=True)
     print(f"machine: {machine()} (shared: other jobs may run; figures are this run's)", flush=True)
+    if args.world_nice:
+        print(f"the world (Kafka nodes, producer, S3 server) at niceness {os.nice(0)}, the pipeline at "
+              f"{os.nice(0) - args.world_nice}", flush=True)
 
     with _store(args.store, work) as (storage, proxy):
         return _with_store(args, kinds, rng, work, storage, proxy)
@@ -264,7 +286,7 @@ def _with_store(args: argparse.Namespace, kinds: list[str], rng: random.Random, 
         config = parse_config((work / "pipeline.yaml").read_text(), origin=str(work / "pipeline.yaml"))
         pipeline = Pipeline(work / "pipeline.yaml", work / "changelake.log", raw["metrics"]["port"],
                             {t.name: config.table_path(t.name) for t in config.tables},
-                            config.storage.plain_options(), proxy)
+                            config.storage.plain_options(), proxy, boost=args.world_nice)
         early = None
         if args.quick and proxy is not None:        # the orders table's first three commits refused, retried
             from tests.objstore.s3_server import Fault

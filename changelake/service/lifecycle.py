@@ -98,24 +98,30 @@ class Start:
     new_checkpoint: bool = False
     #: the checkpoint rebuilds the views from the lake (``service.rebuild``); None: it reads the topics
     rebuild: Any = None
+    #: what the Delta logs said: this pipeline's commit position in each table it wrote (``positions`` of
+    #: :func:`prepare`)
+    positions: Mapping[str, int] = field(default_factory=dict)
 
 
 def prepare(config: ChangelakeConfig, plan: PhysicalPlan | None, *, buckets: int | Mapping[str, int] = 32,
             default_buckets: int = 32, rebuild_views: bool = False, writes: Callable[[str], bool] | None = None,
-            app_suffix: str = "", check_only: bool = False) -> Start:
+            app_suffix: str = "", check_only: bool = False, positions: Mapping[str, int] | None = None) -> Start:
     """Check the checkpoint against the lake and the views (module docstring); record it when it is new.
     ``check_only``: refuse as the start would, but change nothing (no record written, no checkpoint moved):
     the runner asks it before the Spark session starts, so a refused start takes seconds, not a JVM's start.
     With ``rebuild_views``, changed views on an existing checkpoint start the next generation from the
     mirrored tables instead (``service.rebuild``). Raises :class:`RestartRefused` with what to do.
     ``writes``: the tables this checkpoint's query writes (default: every table of the lake); ``app_suffix``:
-    of its dead letters' app ids (a pipeline of two queries, ``service.split``)."""
+    of its dead letters' app ids (a pipeline of two queries, ``service.split``). ``positions``: what a
+    ``check_only`` call of this start found in the Delta logs (its :attr:`Start.positions`), not read again: the
+    pipeline's lease, held since before that call, keeps every other instance from moving them."""
     from changelake.service import rebuild as rebuilds
 
     checkpoint = config.pipeline.checkpoint
     recorded = read_lineage(checkpoint)
     existing = recorded is not None or _has_offsets(checkpoint)
-    positions = dict(_recorded_positions(config, writes=writes, app_suffix=app_suffix))
+    if positions is None:
+        positions = dict(_recorded_positions(config, writes=writes, app_suffix=app_suffix))
     views = table_fingerprints(plan) if plan is not None else {}
     state = state_fingerprint(plan, buckets, default_buckets) if plan is not None else None
     rebuild = None
@@ -161,7 +167,8 @@ def prepare(config: ChangelakeConfig, plan: PhysicalPlan | None, *, buckets: int
         _check_recomputable(config, plan, replaced, generation, positions, from_lake=rebuild is not None,
                             note=note)
     if check_only:
-        return Start(generation=generation, replaced=replaced, new_checkpoint=not existing, rebuild=rebuild)
+        return Start(generation=generation, replaced=replaced, new_checkpoint=not existing, rebuild=rebuild,
+                     positions=positions)
     if recorded is None or recorded.views != views or recorded.state != state:
         created = recorded.created if recorded is not None else datetime.now(timezone.utc).isoformat()
         write_lineage(checkpoint, Lineage(generation=generation, views=views, state=state, created=created,
@@ -169,7 +176,8 @@ def prepare(config: ChangelakeConfig, plan: PhysicalPlan | None, *, buckets: int
     if not existing and positions:
         log.info("new checkpoint %s on a lake this pipeline wrote before (up to %s): generation %d; its writes "
                  "come after the older checkpoints'", checkpoint, describe(max(positions.values())), generation)
-    return Start(generation=generation, replaced=replaced, new_checkpoint=not existing, rebuild=rebuild)
+    return Start(generation=generation, replaced=replaced, new_checkpoint=not existing, rebuild=rebuild,
+                 positions=positions)
 
 
 def _views_moved(recorded: Lineage, views: Mapping[str, str], state: str | None) -> bool:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from changelake.errors import ConfigError
@@ -72,10 +72,11 @@ def kafka_reader_options(config: ChangelakeConfig) -> dict[str, str]:
 
 def start_query(spark: Any, config: ChangelakeConfig, processor: BatchProcessor, *,
                 available_now: bool | None = None, rebuild_views: bool = False,
-                writes: Callable[[str], bool] | None = None) -> Any:
+                writes: Callable[[str], bool] | None = None, recorded: Mapping[str, int] | None = None) -> Any:
     """Start ``processor``'s streaming query (:mod:`changelake.spark.query`); returns Spark's StreamingQuery.
     ``rebuild_views``: changed views start from the mirrored tables (``changelake.service.rebuild``);
-    ``writes``: the tables the query writes, when the pipeline runs two (``service.split``)."""
+    ``writes``: the tables the query writes, when the pipeline runs two (``service.split``); ``recorded``: the
+    positions the start's check already read from the Delta logs (``service.runner.refuse_bad_start``)."""
     from changelake.spark.query import PipelineQuery, start
 
     from changelake.service.lifecycle import prepare
@@ -88,7 +89,7 @@ def start_query(spark: Any, config: ChangelakeConfig, processor: BatchProcessor,
                           "cannot be rebuilt that way yet; run without --rebuild-views with a new checkpoint (the "
                           "views recompute from the sources' starting offsets)")
     begun = prepare(config, processor.plan, buckets=processor.buckets, default_buckets=DEFAULT_BUCKETS,
-                    rebuild_views=rebuild_views, writes=writes, app_suffix=processor.query_name)
+                    rebuild_views=rebuild_views, writes=writes, app_suffix=processor.query_name, positions=recorded)
     processor.start_generation(begun.generation, sorted(begun.replaced))
     options = kafka_reader_options(config)
     if begun.rebuild is not None:

@@ -99,19 +99,22 @@ class PipelineRunner:
     def _run(self, lease: Lease, *, available_now: bool | None, rebuild_views: bool) -> RunResult:
         cfg = self.config
         parts = split(cfg, rebuild_views=rebuild_views)
-        refuse_bad_start(cfg, parts, rebuild_views=rebuild_views)       # in seconds: before the JVM starts
+        # in seconds: before the JVM starts; the lease is held, so what it read holds for the start
+        recorded = refuse_bad_start(cfg, parts, rebuild_views=rebuild_views)
         watch = None
         if self.serve_http:
             self.endpoint = HttpEndpoint(self.health, host=cfg.metrics.host, port=cfg.metrics.port).start()
             log.info("metrics and health on %s", self.endpoint.url("/"))
             watch = BrokerWatch.for_config(cfg).start()     # changelake_broker_* (service.broker_watch)
         try:
-            return self._run_query(lease, parts, available_now=available_now, rebuild_views=rebuild_views)
+            return self._run_query(lease, parts, available_now=available_now, rebuild_views=rebuild_views,
+                                   recorded=recorded)
         finally:
             if watch is not None:
                 watch.stop()
 
-    def _run_query(self, lease: Lease, parts: Any, *, available_now: bool | None, rebuild_views: bool) -> RunResult:
+    def _run_query(self, lease: Lease, parts: Any, *, available_now: bool | None, rebuild_views: bool,
+                   recorded: list[dict[str, int]] | None = None) -> RunResult:
         cfg = self.config
         conf = dict(cfg.pipeline.spark_conf)
         if log_format() == "json":      # Spark's log4j lines as JSON objects too (changelake.service.logs)
@@ -153,11 +156,12 @@ class PipelineRunner:
         started = time.monotonic()
         queries = []
         try:
-            for run_cfg, processor, writes in runs:
+            for i, (run_cfg, processor, writes) in enumerate(runs):
                 if parts is not None:
                     spark.sparkContext.setLocalProperty("spark.scheduler.pool", processor.query_name or "graph")
                 queries.append(start_query(spark, run_cfg, processor, available_now=available_now,
-                                           rebuild_views=rebuild_views, writes=writes))
+                                           rebuild_views=rebuild_views, writes=writes,
+                                           recorded=recorded[i] if recorded else None))
         except BaseException:
             for q in queries:
                 q.stop()
@@ -226,11 +230,13 @@ class PipelineRunner:
     serve_http_after_stop = False
 
 
-def refuse_bad_start(config: ChangelakeConfig, parts: Any, *, rebuild_views: bool = False) -> None:
+def refuse_bad_start(config: ChangelakeConfig, parts: Any, *, rebuild_views: bool = False) -> list[dict[str, int]]:
     """Raise the refusal :func:`~changelake.service.query_start.start_query` would raise for the checkpoint against
     the lake and the views (``service.lifecycle``; ``RestartRefused``, ``RebuildRefused``), without Spark: from
     the config, the checkpoint's files and the Delta logs (delta-rs). Nothing is written or moved; the start
-    itself checks again, after the session is built, and records the checkpoint. ``parts``: of ``split``."""
+    itself checks again, after the session is built, and records the checkpoint. ``parts``: of ``split``.
+    Returns what the Delta logs said (``Start.positions``) per query, in start order: the start takes them
+    instead of reading every table's log again (on an object store, a request or more per table and commit)."""
     from changelake.service.lifecycle import prepare
     from changelake.service.views import pipeline_from_config
     from changelake.spark.compile import DEFAULT_BUCKETS
@@ -241,11 +247,13 @@ def refuse_bad_start(config: ChangelakeConfig, parts: Any, *, rebuild_views: boo
         graph_tables = {t.name for t in parts.graph.tables}
         runs = [(parts.graph, True, "", lambda name: name in graph_tables),
                 (parts.mirrors, False, MIRRORS_APP, lambda name: name not in graph_tables)]
+    found = []
     for run_cfg, with_graph, query, writes in runs:
         graph = pipeline_from_config(run_cfg) if with_graph else None     # as BatchProcessor plans it
-        prepare(run_cfg, graph.plan() if graph is not None else None, buckets=BatchProcessor.DEFAULT_BUCKETS,
-                default_buckets=DEFAULT_BUCKETS, rebuild_views=rebuild_views, writes=writes, app_suffix=query,
-                check_only=True)
+        found.append(prepare(run_cfg, graph.plan() if graph is not None else None,
+                             buckets=BatchProcessor.DEFAULT_BUCKETS, default_buckets=DEFAULT_BUCKETS,
+                             rebuild_views=rebuild_views, writes=writes, app_suffix=query, check_only=True).positions)
+    return found
 
 
 def _await(queries: list[Any], stopping: Callable[[], bool], tick: Callable[[], None]) -> None:

@@ -139,3 +139,24 @@ def test_checking_a_start_only_changes_nothing(tmp_path):
     assert begun.generation == 1 and begun.new_checkpoint
     assert read_lineage(config.pipeline.checkpoint) is None
     assert start(config).generation == 1
+
+
+def test_the_start_takes_what_its_check_read_and_reads_no_delta_log_again(tmp_path, monkeypatch):
+    """``refuse_bad_start`` reads every table's log before the JVM starts; the start after it (the same lease
+    held throughout) decides the same from what that read found, without a second request per table."""
+    from changelake.service import lifecycle
+
+    config = config_with_views(tmp_path)
+    write(config, "orders", batch_id=7)
+    write(config, "products", batch_id=7)
+    reads = []
+    txn = lifecycle._txn
+    monkeypatch.setattr(lifecycle, "_txn", lambda path, app, options: reads.append(path) or txn(path, app, options))
+    graph = pipeline_from_config(config)
+    checked = prepare(config, graph.plan(), check_only=True)
+    read_by_check = len(reads)
+    assert read_by_check >= 2 and set(checked.positions) == {"orders", "products"}
+    begun = prepare(config, graph.plan(), positions=checked.positions)
+    assert len(reads) == read_by_check           # no Delta log read again
+    assert (begun.generation, begun.new_checkpoint, begun.positions) == (1, True, checked.positions)
+    assert read_lineage(config.pipeline.checkpoint).generation == 1
