@@ -60,6 +60,8 @@ class PipelineRunner:
         self.processor: BatchProcessor | None = None
         #: restart to first commit (``changelake.service.restart_clock``), set by :meth:`run`
         self.clock: RestartClock | None = None
+        self._session: Any = None       # the Spark session, or its start (_SessionStart) while it runs
+        self._terminal: Any = None      # the catch-up line (_CatchUpLine), set up before the JVM starts
         self.health = Health(max_silence_s=parse_duration(config.pipeline.trigger_interval)
                              * config.metrics.ready_after_intervals + 60,
                              stalled_after_s=parse_duration(config.metrics.stalled_after))
@@ -78,8 +80,13 @@ class PipelineRunner:
         if install_signal_handlers and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self.request_stop)
             signal.signal(signal.SIGINT, self.request_stop)
+        parts = split(cfg, rebuild_views=rebuild_views)
         topics = broker_topics(cfg)     # an unreachable broker: one line (SourceError) within seconds, before Spark
         clock.mark("preflight")
+        # The driver JVM starts now, beside the lease and the start check: they wait on the store, the JVM's start
+        # on the CPU. Whatever they refuse is refused at once, without waiting for it (the JVM ends with this
+        # process). docs/operations.md, "Restart to first commit".
+        self._session = self._spark if self._spark is not None else _SessionStart(self._session_settings(parts))
         for topic, source in skipped_side_topics(cfg, topics).items():
             metrics.TOPICS_SKIPPED.labels(topic, side_topic(topic) or "").set(1)
             log.info("source %s: topic_pattern matches %s, a Debezium %s topic: not read (no row changes; "
@@ -92,14 +99,27 @@ class PipelineRunner:
         clock.mark("lease")
         lease.start_renewing()
         try:
-            return self._run(lease, available_now=available_now, rebuild_views=rebuild_views)
+            return self._run(lease, parts, available_now=available_now, rebuild_views=rebuild_views)
         finally:
             lease.release()
 
-    def _run(self, lease: Lease, *, available_now: bool | None, rebuild_views: bool) -> RunResult:
+    def _session_settings(self, parts: Any) -> dict[str, Any]:
+        """:func:`build_session`'s arguments for this pipeline; sets up the catch-up line first (the JVM inherits
+        standard error when it starts)."""
         cfg = self.config
-        parts = split(cfg, rebuild_views=rebuild_views)
-        # in seconds: before the JVM starts; the lease is held, so what it read holds for the start
+        conf = dict(cfg.pipeline.spark_conf)
+        if log_format() == "json":      # Spark's log4j lines as JSON objects too (changelake.service.logs)
+            conf.setdefault("spark.log.structuredLogging.enabled", "true")
+        if parts is not None:       # the mirrors in a query of their own: FAIR pools, so neither waits for the other
+            conf.setdefault("spark.scheduler.mode", "FAIR")
+        self._terminal = _CatchUpLine.for_run(cfg)
+        return dict(app_name=f"changelake-{cfg.pipeline.id}", master=cfg.pipeline.master, conf=conf,
+                    engine=cfg.storage.engine, jar_sets=("spark-kafka",) if cfg.kafka.reader == "spark-kafka" else ())
+
+    def _run(self, lease: Lease, parts: Any, *, available_now: bool | None, rebuild_views: bool) -> RunResult:
+        cfg = self.config
+        # refused within seconds, whatever the JVM's start takes; the lease is held, so what it read holds for
+        # the start
         recorded = refuse_bad_start(cfg, parts, rebuild_views=rebuild_views)
         watch = None
         if self.serve_http:
@@ -116,15 +136,10 @@ class PipelineRunner:
     def _run_query(self, lease: Lease, parts: Any, *, available_now: bool | None, rebuild_views: bool,
                    recorded: list[dict[str, int]] | None = None) -> RunResult:
         cfg = self.config
-        conf = dict(cfg.pipeline.spark_conf)
-        if log_format() == "json":      # Spark's log4j lines as JSON objects too (changelake.service.logs)
-            conf.setdefault("spark.log.structuredLogging.enabled", "true")
-        if parts is not None:       # the mirrors in a query of their own: FAIR pools, so neither waits for the other
-            conf.setdefault("spark.scheduler.mode", "FAIR")
-        terminal = _CatchUpLine.for_run(cfg)     # before the JVM starts: its stderr goes around the progress line
-        spark = self._spark or build_session(app_name=f"changelake-{cfg.pipeline.id}", master=cfg.pipeline.master,
-                                            conf=conf, engine=cfg.storage.engine,
-                                            jar_sets=("spark-kafka",) if cfg.kafka.reader == "spark-kafka" else ())
+        if self._spark is not None:
+            spark, terminal = self._spark, _CatchUpLine.for_run(cfg)
+        else:
+            spark, terminal = self._session.result(), self._terminal
         clock = self.clock
         clock.mark("session")
         metrics.JVM.watch(*driver_jvm(spark), workers_under=fork_server.server_pid())
@@ -228,6 +243,29 @@ class PipelineRunner:
 
     #: keep the endpoint up after the query ends (the demo prints the URL and lets you scrape it)
     serve_http_after_stop = False
+
+
+class _SessionStart:
+    """:func:`build_session` in a thread of its own; :meth:`result` waits for it (and raises what it raised).
+    A daemon thread: a start refused meanwhile ends the process, and the JVM with it."""
+
+    def __init__(self, settings: dict[str, Any]) -> None:
+        self._spark: Any = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._build, args=(settings,), name="changelake-session", daemon=True)
+        self._thread.start()
+
+    def _build(self, settings: dict[str, Any]) -> None:
+        try:
+            self._spark = build_session(**settings)
+        except BaseException as exc:  # handed to the thread that waits for the session
+            self._error = exc
+
+    def result(self) -> Any:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._spark
 
 
 def refuse_bad_start(config: ChangelakeConfig, parts: Any, *, rebuild_views: bool = False) -> list[dict[str, int]]:
