@@ -5,7 +5,7 @@ hit it; at the end every table is compared with the database's final state.
 
     .venv/bin/python bench/soak.py [--rate 500] [--minutes 30] [--fault-every 180] [--faults KINDS] [--seed 7]
         [--store local|s3] [--draw bag|random] [--faults-each N] [--max-records N] [--drain SECONDS]
-        [--world-nice N]
+        [--world-nice N] [--spark-conf KEY=VALUE ...]
     .venv/bin/python bench/soak.py --quick      # smoke run: ~20 s of stream, one SIGKILL of changelake
     .venv/bin/python bench/soak.py --quick --store s3   # the same on S3, its first three commits refused
 
@@ -187,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workdir", type=Path, default=Path("soak-work"))
     ap.add_argument("--store", choices=("local", "s3"), default="local",
                     help="where the Delta tables are: a local directory, or an S3 API on this machine (moto)")
+    ap.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
+                    help="a Spark setting of the pipeline (pipeline.spark_conf), repeatable")
     ap.add_argument("--world-nice", type=int, default=0, metavar="N",
                     help="run the world (the Kafka nodes, the producer, the S3 server) N steps nicer than the "
                          "pipeline, so that the pipeline has this machine's cores first, as on a node of its own; "
@@ -280,6 +282,8 @@ def _with_store(args: argparse.Namespace, kinds: list[str], rng: random.Random, 
         raw = demo_config(bootstrap_servers=servers, workdir=work, metrics_port=_free_port(),
                           pipeline_id="soak", max_records_per_batch=args.max_records)
         raw["pipeline"]["trigger_interval"] = "2 seconds"
+        if args.spark_conf:
+            raw["pipeline"]["spark_conf"] = dict(kv.split("=", 1) for kv in args.spark_conf)
         if storage is not None:
             raw["storage"] = storage
         (work / "pipeline.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))

@@ -800,6 +800,12 @@ class DeltaUpsertSink(abc.ABC):
                                   "location and its credentials")
         return state
 
+    def adopt_logs(self, tables: Mapping[str, DeltaTable]) -> None:
+        """Take up delta-rs handles another reader loaded (the start's check, ``service.lifecycle``), by path:
+        the next read brings each up to date (``update_incremental``) instead of loading the whole log."""
+        for path, table in tables.items():
+            self._logs.setdefault(path, table)
+
     def _log(self, path: str) -> DeltaTable:
         """The cached delta-rs handle of ``path`` (call :meth:`_state` first)."""
         return self._logs[path]

@@ -101,6 +101,9 @@ class Start:
     #: what the Delta logs said: this pipeline's commit position in each table it wrote (``positions`` of
     #: :func:`prepare`)
     positions: Mapping[str, int] = field(default_factory=dict)
+    #: the delta-rs handles the check loaded, by table path: the sinks take them up (``BatchProcessor.logs_read``)
+    #: instead of loading each table's log again for their first commit
+    logs: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
 def prepare(config: ChangelakeConfig, plan: PhysicalPlan | None, *, buckets: int | Mapping[str, int] = 32,
@@ -120,8 +123,9 @@ def prepare(config: ChangelakeConfig, plan: PhysicalPlan | None, *, buckets: int
     checkpoint = config.pipeline.checkpoint
     recorded = read_lineage(checkpoint)
     existing = recorded is not None or _has_offsets(checkpoint)
+    logs: dict[str, Any] = {}
     if positions is None:
-        positions = dict(_recorded_positions(config, writes=writes, app_suffix=app_suffix))
+        positions = dict(_recorded_positions(config, writes=writes, app_suffix=app_suffix, keep=logs))
     views = table_fingerprints(plan) if plan is not None else {}
     state = state_fingerprint(plan, buckets, default_buckets) if plan is not None else None
     rebuild = None
@@ -168,7 +172,7 @@ def prepare(config: ChangelakeConfig, plan: PhysicalPlan | None, *, buckets: int
                             note=note)
     if check_only:
         return Start(generation=generation, replaced=replaced, new_checkpoint=not existing, rebuild=rebuild,
-                     positions=positions)
+                     positions=positions, logs=logs)
     if recorded is None or recorded.views != views or recorded.state != state:
         created = recorded.created if recorded is not None else datetime.now(timezone.utc).isoformat()
         write_lineage(checkpoint, Lineage(generation=generation, views=views, state=state, created=created,
@@ -177,7 +181,7 @@ def prepare(config: ChangelakeConfig, plan: PhysicalPlan | None, *, buckets: int
         log.info("new checkpoint %s on a lake this pipeline wrote before (up to %s): generation %d; its writes "
                  "come after the older checkpoints'", checkpoint, describe(max(positions.values())), generation)
     return Start(generation=generation, replaced=replaced, new_checkpoint=not existing, rebuild=rebuild,
-                 positions=positions)
+                 positions=positions, logs=logs)
 
 
 def _views_moved(recorded: Lineage, views: Mapping[str, str], state: str | None) -> bool:
@@ -264,9 +268,9 @@ def _label(what: str) -> str:
 
 
 def _recorded_positions(config: ChangelakeConfig, *, writes: Callable[[str], bool] | None = None,
-                        app_suffix: str = "") -> Iterator[tuple[str, int]]:
+                        app_suffix: str = "", keep: dict[str, Any] | None = None) -> Iterator[tuple[str, int]]:
     """(table name, or 'the dead-letter table ...', commit position) of every write this pipeline recorded
-    (of the tables ``writes`` accepts)."""
+    (of the tables ``writes`` accepts); ``keep``: gets the delta-rs handle of each table read, by path."""
     pid = config.pipeline.id
     options = config.storage.plain_options() or None
     seen: set[str] = set()
@@ -276,7 +280,7 @@ def _recorded_positions(config: ChangelakeConfig, *, writes: Callable[[str], boo
         if name in seen or writes is not None and not writes(name):
             continue
         seen.add(name)
-        position = _txn(path, f"changelake:{pid}:{name}", options)
+        position = _txn(path, f"changelake:{pid}:{name}", options, keep)
         if position is not None:
             yield name, position
     for what, path, app in ((f"the dead-letter table {config.dead_letter_path()}", config.dead_letter_path(),
@@ -303,11 +307,14 @@ def _tables_under(root: str, options: Mapping[str, str] | None = None) -> Iterat
                 yield info.base_name, (root.rstrip("/") + "/" + info.base_name if "://" in root else info.path)
 
 
-def _txn(path: str, app_id: str, options: Mapping[str, str] | None) -> int | None:
+def _txn(path: str, app_id: str, options: Mapping[str, str] | None, keep: dict[str, Any] | None = None) -> int | None:
     try:
         if not DeltaTable.is_deltatable(path, storage_options=options):
             return None
-        return DeltaTable(path, storage_options=options).transaction_version(app_id)
+        table = DeltaTable(path, storage_options=options)
+        if keep is not None:
+            keep[path] = table
+        return table.transaction_version(app_id)
     except OSError:
         return None
 

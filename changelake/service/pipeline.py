@@ -178,6 +178,9 @@ class BatchProcessor:
         self.keys = TableKeys(config)
         self._spark = spark
         self.sinks: dict[str, DeltaUpsertSink] = {}     # opened once the table's key is known
+        #: delta-rs handles of the tables' logs that the start's check loaded, by path: each sink takes up its own
+        #: when it opens (``DeltaUpsertSink.adopt_logs``), instead of loading the log again (set by the runner)
+        self.logs_read: dict[str, Any] = {}
         self._pool: ThreadPoolExecutor | None = None     # the concurrent Delta commits, started on first use
         self.dead_letters = DeadLetterPaths(config, query=query)
         #: the pipeline's lease (``changelake.service.lease``), checked before a batch writes; None: not run
@@ -278,6 +281,8 @@ class BatchProcessor:
                 from changelake.spark.delta_sink import open_sink as open_engine_sink
 
                 self.sinks[name] = open_engine_sink(spec, spark=self._spark, **opened)
+            self.sinks[name].adopt_logs({p: self.logs_read.pop(p) for p in (spec.path, spec.resolved_tombstone_path)
+                                         if p in self.logs_read})
         return self.sinks[name]
 
     def framed_tables(self) -> dict[str, tuple[str, ...]]:

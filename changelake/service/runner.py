@@ -134,7 +134,7 @@ class PipelineRunner:
                 watch.stop()
 
     def _run_query(self, lease: Lease, parts: Any, *, available_now: bool | None, rebuild_views: bool,
-                   recorded: list[dict[str, int]] | None = None) -> RunResult:
+                   recorded: list[Any] | None = None) -> RunResult:
         cfg = self.config
         if self._spark is not None:
             spark, terminal = self._spark, _CatchUpLine.for_run(cfg)
@@ -164,9 +164,11 @@ class PipelineRunner:
                                         lags=lags)
             spark.streams.addListener(listener)
             listeners.append(listener)
-        for _, processor, _ in runs:
+        for i, (_, processor, _) in enumerate(runs):
             processor.lease = lease
             processor.clock = clock
+            if recorded:
+                processor.logs_read = dict(recorded[i].logs)
         self.processor = runs[0][1]
         started = time.monotonic()
         queries = []
@@ -176,7 +178,7 @@ class PipelineRunner:
                     spark.sparkContext.setLocalProperty("spark.scheduler.pool", processor.query_name or "graph")
                 queries.append(start_query(spark, run_cfg, processor, available_now=available_now,
                                            rebuild_views=rebuild_views, writes=writes,
-                                           recorded=recorded[i] if recorded else None))
+                                           recorded=recorded[i].positions if recorded else None))
         except BaseException:
             for q in queries:
                 q.stop()
@@ -268,13 +270,14 @@ class _SessionStart:
         return self._spark
 
 
-def refuse_bad_start(config: ChangelakeConfig, parts: Any, *, rebuild_views: bool = False) -> list[dict[str, int]]:
+def refuse_bad_start(config: ChangelakeConfig, parts: Any, *, rebuild_views: bool = False) -> list[Any]:
     """Raise the refusal :func:`~changelake.service.query_start.start_query` would raise for the checkpoint against
     the lake and the views (``service.lifecycle``; ``RestartRefused``, ``RebuildRefused``), without Spark: from
     the config, the checkpoint's files and the Delta logs (delta-rs). Nothing is written or moved; the start
     itself checks again, after the session is built, and records the checkpoint. ``parts``: of ``split``.
-    Returns what the Delta logs said (``Start.positions``) per query, in start order: the start takes them
-    instead of reading every table's log again (on an object store, a request or more per table and commit)."""
+    Returns each query's ``Start`` (``service.lifecycle``), in start order: the start takes the positions it read
+    and its sinks the delta-rs handles it loaded, instead of reading every table's log again (on an object store,
+    a request or more per table and commit)."""
     from changelake.service.lifecycle import prepare
     from changelake.service.views import pipeline_from_config
     from changelake.spark.compile import DEFAULT_BUCKETS
@@ -290,7 +293,7 @@ def refuse_bad_start(config: ChangelakeConfig, parts: Any, *, rebuild_views: boo
         graph = pipeline_from_config(run_cfg) if with_graph else None     # as BatchProcessor plans it
         found.append(prepare(run_cfg, graph.plan() if graph is not None else None,
                              buckets=BatchProcessor.DEFAULT_BUCKETS, default_buckets=DEFAULT_BUCKETS,
-                             rebuild_views=rebuild_views, writes=writes, app_suffix=query, check_only=True).positions)
+                             rebuild_views=rebuild_views, writes=writes, app_suffix=query, check_only=True))
     return found
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 import yaml
+from deltalake import DeltaTable
 
 from changelake.connectors.delta_sink import TableSpec, open_sink
 from changelake.service.config import load_config
@@ -162,7 +163,8 @@ def test_the_start_takes_what_its_check_read_and_reads_no_delta_log_again(tmp_pa
     write(config, "products", batch_id=7)
     reads = []
     txn = lifecycle._txn
-    monkeypatch.setattr(lifecycle, "_txn", lambda path, app, options: reads.append(path) or txn(path, app, options))
+    monkeypatch.setattr(lifecycle, "_txn", lambda path, app, options, keep=None: reads.append(path) or
+                        txn(path, app, options, keep))
     graph = pipeline_from_config(config)
     checked = prepare(config, graph.plan(), check_only=True)
     read_by_check = len(reads)
@@ -171,3 +173,23 @@ def test_the_start_takes_what_its_check_read_and_reads_no_delta_log_again(tmp_pa
     assert len(reads) == read_by_check           # no Delta log read again
     assert (begun.generation, begun.new_checkpoint, begun.positions) == (1, True, checked.positions)
     assert read_lineage(config.pipeline.checkpoint).generation == 1
+
+
+def test_a_sink_takes_up_the_log_the_start_check_loaded_and_brings_it_up_to_date(tmp_path):
+    """The check's delta-rs handles (``Start.logs``) go to the sinks: the first commit of a restart reads only
+    the log entries written since, not the whole log again, and sees every one of them."""
+    config = config_with_views(tmp_path)
+    write(config, "orders", batch_id=3)
+    checked = prepare(config, pipeline_from_config(config).plan(), check_only=True)
+    path = config.table_path("orders")
+    handle = checked.logs[path]
+    write(config, "orders", batch_id=4)                     # a commit after the check loaded the log
+    sink = open_sink(TableSpec(name="orders", path=path, primary_key=("id",)), pipeline_id=config.pipeline.id)
+    sink.adopt_logs({path: handle})
+    state = sink._state(path)
+    assert sink._log(path) is handle                        # taken up, not loaded anew
+    assert (state.version, state.txn_version) == (handle.version(), 4)
+    assert state.version == DeltaTable(path).version()
+
+    sink.apply(pa.table({"id": [2], "_kind": pa.array([0], pa.int8()), "_seq": ["s2"]}), batch_id=5)
+    assert sorted(DeltaTable(path).to_pyarrow_table().column("id").to_pylist()) == [1, 2]
