@@ -83,10 +83,6 @@ class PipelineRunner:
         parts = split(cfg, rebuild_views=rebuild_views)
         topics = broker_topics(cfg)     # an unreachable broker: one line (SourceError) within seconds, before Spark
         clock.mark("preflight")
-        # The driver JVM starts now, beside the lease and the start check: they wait on the store, the JVM's start
-        # on the CPU. Whatever they refuse is refused at once, without waiting for it (the JVM ends with this
-        # process). docs/operations.md, "Restart to first commit".
-        self._session = self._spark if self._spark is not None else _SessionStart(self._session_settings(parts))
         for topic, source in skipped_side_topics(cfg, topics).items():
             metrics.TOPICS_SKIPPED.labels(topic, side_topic(topic) or "").set(1)
             log.info("source %s: topic_pattern matches %s, a Debezium %s topic: not read (no row changes; "
@@ -97,6 +93,10 @@ class PipelineRunner:
         lease = Lease.for_config(cfg)
         lease.acquire()     # a second instance of the pipeline stops here: LeaseHeld (changelake.service.lease)
         clock.mark("lease")
+        # The driver JVM starts now, beside the start check (the Delta logs read): it waits on the store, the JVM's
+        # start on the CPU. A start the check refuses is refused at once, without waiting for the JVM (which ends
+        # with this process). docs/operations.md, "Restart to first commit".
+        self._session = self._spark if self._spark is not None else _SessionStart(self._session_settings(parts))
         lease.start_renewing()
         try:
             return self._run(lease, parts, available_now=available_now, rebuild_views=rebuild_views)
