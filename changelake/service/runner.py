@@ -60,7 +60,6 @@ class PipelineRunner:
         self.processor: BatchProcessor | None = None
         #: restart to first commit (``changelake.service.restart_clock``), set by :meth:`run`
         self.clock: RestartClock | None = None
-        self._session: Any = None       # the Spark session, or its start (_SessionStart) while it runs
         self._terminal: Any = None      # the catch-up line (_CatchUpLine), set up before the JVM starts
         self.health = Health(max_silence_s=parse_duration(config.pipeline.trigger_interval)
                              * config.metrics.ready_after_intervals + 60,
@@ -93,10 +92,6 @@ class PipelineRunner:
         lease = Lease.for_config(cfg)
         lease.acquire()     # a second instance of the pipeline stops here: LeaseHeld (changelake.service.lease)
         clock.mark("lease")
-        # The driver JVM starts now, beside the start check (the Delta logs read): it waits on the store, the JVM's
-        # start on the CPU. A start the check refuses is refused at once, without waiting for the JVM (which ends
-        # with this process). docs/operations.md, "Restart to first commit".
-        self._session = self._spark if self._spark is not None else _SessionStart(self._session_settings(parts))
         lease.start_renewing()
         try:
             return self._run(lease, parts, available_now=available_now, rebuild_views=rebuild_views)
@@ -118,8 +113,8 @@ class PipelineRunner:
 
     def _run(self, lease: Lease, parts: Any, *, available_now: bool | None, rebuild_views: bool) -> RunResult:
         cfg = self.config
-        # refused within seconds, whatever the JVM's start takes; the lease is held, so what it read holds for
-        # the start
+        # in seconds: before the JVM starts (a JVM started beside it would outlive a refused start in the fork
+        # server it starts); the lease is held, so what it read holds for the start
         recorded = refuse_bad_start(cfg, parts, rebuild_views=rebuild_views)
         watch = None
         if self.serve_http:
@@ -136,10 +131,8 @@ class PipelineRunner:
     def _run_query(self, lease: Lease, parts: Any, *, available_now: bool | None, rebuild_views: bool,
                    recorded: list[Any] | None = None) -> RunResult:
         cfg = self.config
-        if self._spark is not None:
-            spark, terminal = self._spark, _CatchUpLine.for_run(cfg)
-        else:
-            spark, terminal = self._session.result(), self._terminal
+        settings = self._session_settings(parts)      # the catch-up line first: the JVM inherits standard error
+        spark, terminal = self._spark or build_session(**settings), self._terminal
         clock = self.clock
         clock.mark("session")
         metrics.JVM.watch(*driver_jvm(spark), workers_under=fork_server.server_pid())
@@ -245,29 +238,6 @@ class PipelineRunner:
 
     #: keep the endpoint up after the query ends (the demo prints the URL and lets you scrape it)
     serve_http_after_stop = False
-
-
-class _SessionStart:
-    """:func:`build_session` in a thread of its own; :meth:`result` waits for it (and raises what it raised).
-    A daemon thread: a start refused meanwhile ends the process, and the JVM with it."""
-
-    def __init__(self, settings: dict[str, Any]) -> None:
-        self._spark: Any = None
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._build, args=(settings,), name="changelake-session", daemon=True)
-        self._thread.start()
-
-    def _build(self, settings: dict[str, Any]) -> None:
-        try:
-            self._spark = build_session(**settings)
-        except BaseException as exc:  # handed to the thread that waits for the session
-            self._error = exc
-
-    def result(self) -> Any:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        return self._spark
 
 
 def refuse_bad_start(config: ChangelakeConfig, parts: Any, *, rebuild_views: bool = False) -> list[Any]:
