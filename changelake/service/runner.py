@@ -60,7 +60,6 @@ class PipelineRunner:
         self.processor: BatchProcessor | None = None
         #: restart to first commit (``changelake.service.restart_clock``), set by :meth:`run`
         self.clock: RestartClock | None = None
-        self._terminal: Any = None      # the catch-up line (_CatchUpLine), set up before the JVM starts
         self.health = Health(max_silence_s=parse_duration(config.pipeline.trigger_interval)
                              * config.metrics.ready_after_intervals + 60,
                              stalled_after_s=parse_duration(config.metrics.stalled_after))
@@ -79,7 +78,6 @@ class PipelineRunner:
         if install_signal_handlers and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self.request_stop)
             signal.signal(signal.SIGINT, self.request_stop)
-        parts = split(cfg, rebuild_views=rebuild_views)
         topics = broker_topics(cfg)     # an unreachable broker: one line (SourceError) within seconds, before Spark
         clock.mark("preflight")
         for topic, source in skipped_side_topics(cfg, topics).items():
@@ -94,25 +92,13 @@ class PipelineRunner:
         clock.mark("lease")
         lease.start_renewing()
         try:
-            return self._run(lease, parts, available_now=available_now, rebuild_views=rebuild_views)
+            return self._run(lease, available_now=available_now, rebuild_views=rebuild_views)
         finally:
             lease.release()
 
-    def _session_settings(self, parts: Any) -> dict[str, Any]:
-        """:func:`build_session`'s arguments for this pipeline; sets up the catch-up line first (the JVM inherits
-        standard error when it starts)."""
+    def _run(self, lease: Lease, *, available_now: bool | None, rebuild_views: bool) -> RunResult:
         cfg = self.config
-        conf = dict(cfg.pipeline.spark_conf)
-        if log_format() == "json":      # Spark's log4j lines as JSON objects too (changelake.service.logs)
-            conf.setdefault("spark.log.structuredLogging.enabled", "true")
-        if parts is not None:       # the mirrors in a query of their own: FAIR pools, so neither waits for the other
-            conf.setdefault("spark.scheduler.mode", "FAIR")
-        self._terminal = _CatchUpLine.for_run(cfg)
-        return dict(app_name=f"changelake-{cfg.pipeline.id}", master=cfg.pipeline.master, conf=conf,
-                    engine=cfg.storage.engine, jar_sets=("spark-kafka",) if cfg.kafka.reader == "spark-kafka" else ())
-
-    def _run(self, lease: Lease, parts: Any, *, available_now: bool | None, rebuild_views: bool) -> RunResult:
-        cfg = self.config
+        parts = split(cfg, rebuild_views=rebuild_views)
         # in seconds: before the JVM starts (a JVM started beside it would outlive a refused start in the fork
         # server it starts); the lease is held, so what it read holds for the start
         recorded = refuse_bad_start(cfg, parts, rebuild_views=rebuild_views)
@@ -131,8 +117,15 @@ class PipelineRunner:
     def _run_query(self, lease: Lease, parts: Any, *, available_now: bool | None, rebuild_views: bool,
                    recorded: list[Any] | None = None) -> RunResult:
         cfg = self.config
-        settings = self._session_settings(parts)      # the catch-up line first: the JVM inherits standard error
-        spark, terminal = self._spark or build_session(**settings), self._terminal
+        conf = dict(cfg.pipeline.spark_conf)
+        if log_format() == "json":      # Spark's log4j lines as JSON objects too (changelake.service.logs)
+            conf.setdefault("spark.log.structuredLogging.enabled", "true")
+        if parts is not None:       # the mirrors in a query of their own: FAIR pools, so neither waits for the other
+            conf.setdefault("spark.scheduler.mode", "FAIR")
+        terminal = _CatchUpLine.for_run(cfg)     # before the JVM starts: its stderr goes around the progress line
+        spark = self._spark or build_session(app_name=f"changelake-{cfg.pipeline.id}", master=cfg.pipeline.master,
+                                            conf=conf, engine=cfg.storage.engine,
+                                            jar_sets=("spark-kafka",) if cfg.kafka.reader == "spark-kafka" else ())
         clock = self.clock
         clock.mark("session")
         metrics.JVM.watch(*driver_jvm(spark), workers_under=fork_server.server_pid())
