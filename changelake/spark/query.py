@@ -35,6 +35,7 @@ from typing import Any, Callable, Mapping
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from changelake import metrics
 from changelake.changelog import KIND, SEQ
 from changelake.spark.batch_frames import CheckRows, FramedBatch, TableFrame, count_kinds, spark_schema
 from changelake.spark.chain import Chain, RoutedStage, SourceEnvelopes, run_chain, source_nodes
@@ -111,6 +112,7 @@ class PipelineQuery:
             self._process_framed(batch_df, batch_id, framed)
         if self.after_batch is not None:
             self.after_batch(batch_id)
+        release_arrow_memory()
 
     def _process(self, out: pa.Table, batch_id: int, frames: dict[str, TableFrame]) -> None:
         # the workers' reports: state sizes, figures and lookup statistics go to /metrics here; the late
@@ -240,3 +242,14 @@ def start(spark: Any, query: PipelineQuery, *, name: str, checkpoint: str, reade
     else:
         writer = writer.trigger(processingTime=f"{trigger_seconds} seconds")
     return writer.start()
+
+
+def release_arrow_memory() -> None:
+    """After a micro-batch: Arrow's memory pool gives the pages its freed buffers left back to the system.
+
+    The driver collects each batch as Arrow buffers of a different size; Arrow's pool (mimalloc in the
+    pyarrow wheels) kept the freed pages, and the driver's resident memory grew with every batch under a
+    steady stream (bench/soak.py, docs/benchmarks.md). The gauge shows what live buffers remain."""
+    pool = pa.default_memory_pool()
+    pool.release_unused()
+    metrics.ARROW_MEMORY.set(pool.bytes_allocated())
