@@ -740,8 +740,12 @@ class DeltaUpsertSink(abc.ABC):
         return deleted
 
     def _files(self, path: str) -> tuple[int, int]:
-        """(live files, their bytes) of the table at ``path`` from its log; (0, 0) before it exists."""
-        if self._state(path) is None:
+        """(live files, their bytes) of the table at ``path`` as this sink's handle of its log last saw it
+        (the batch's own commits included; loaded when there is none); (0, 0) before it exists. Not brought
+        up to date: the file-count metrics and the compaction check need no other writer's last commit, and
+        each read of a log on an object store lists it (two per table and batch, on S3 a third of a batch's
+        log reads)."""
+        if path not in self._logs and self._state(path) is None:
             return 0, 0
         adds = self._log(path).get_add_actions(flatten=True)
         if adds.num_rows == 0:
