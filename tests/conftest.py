@@ -93,7 +93,21 @@ def _spark_class_archive() -> str | None:
                            "--changes", str(ARCHIVE_CHANGES)], archive, timeout=600)
     except (RuntimeError, OSError, subprocess.SubprocessError):
         return None
+    _drop_stale_archives(archive)
     return str(archive)
+
+
+def _drop_stale_archives(kept, older_than_s: float = 86_400) -> None:
+    """Delete the test archives beside ``kept`` (a Path; ~170 MB each: one per checkout, Java and pyspark)
+    not used for a day, so that test runs from many clones do not fill the temporary directory."""
+    import time
+
+    for other in kept.parent.glob("changelake-tests-spark-*.jsa"):
+        try:
+            if other != kept and time.time() - other.stat().st_atime > older_than_s:
+                other.unlink()
+        except OSError:
+            pass
 
 #: seconds (setup + call + teardown) and tests per directory under tests/, and per file, for the summary below
 _DIRECTORY_SECONDS: dict[str, list] = {}

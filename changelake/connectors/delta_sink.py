@@ -71,12 +71,14 @@ from changelake.connectors.commits import check_position, describe
 from changelake.connectors.object_store import STORE_RETRY_S, StoreBrownout
 from changelake.connectors.delta_sink_kernel import (
     align_to_table,
+    apply_tombstone_changes,
     check_truncate_order,
     count_deletes,
     drop_before_truncate,
     fill_unavailable,
     placeholder_value,
     unavailable_columns,
+    without_views,
     kafka_partition_prefix,
     latest_per_key,
     split_against_tombstones,
@@ -352,6 +354,8 @@ class DeltaUpsertSink(abc.ABC):
         self._contract_checked = False
         self._tombstone_contract_checked = False
         self._logs: dict[str, DeltaTable] = {}
+        #: (tombstone table version, its key columns and _seq): :meth:`_tombstones`
+        self._tomb_copy: tuple[int, pa.Table] | None = None
         #: recorded with the batch's commit (delta-rs engine): the source position the table is consistent to
         #: (``changelake.consistency``), set by the pipeline before each batch
         self.commit_metadata: dict[str, str] = {}
@@ -497,12 +501,12 @@ class DeltaUpsertSink(abc.ABC):
         spec = self.spec
         now = self._clock()
         tomb_state = self._tombstone_state()
-        tombstones = (self._read_tombstones() if tomb_state is not None
-                      else pa.table({SEQ: pa.array([], pa.string())}))
+        tombstones = self._tombstones(tomb_state)
         split = split_against_tombstones(reduced, tombstones, primary_key=spec.primary_key, now=now)
 
         if split.tombstone_changes.num_rows:
             self._merge_tombstones_once(split.tombstone_changes, tomb_state, begun.target_schema, batch_id)
+            self._keep_tombstones(tomb_state, split.tombstone_changes)
         if begun.tombstones_only:
             return self._tombstones_recorded(batch_id), None
         source = split.table_changes
@@ -583,6 +587,38 @@ class DeltaUpsertSink(abc.ABC):
             return False
         tomb = self._state(self.tombstone_path)
         return tomb is None or tomb.txn_version is None or tomb.txn_version < batch_id
+
+    def _tombstones(self, tomb_state: "_TableState | None") -> pa.Table:
+        """Key columns and ``_seq`` of every tombstone at the tombstone table's version in ``tomb_state``: this
+        sink's copy when it was made for that version, else read from the table (and kept).
+
+        The tombstone table grows with every delete until ``tombstone_retention`` (7 days by default); read in
+        full for every batch, it made each batch slower than the one before under a steady stream of deletes.
+        The copy follows the sink's own tombstone MERGEs (:meth:`_keep_tombstones`); any other commit to the
+        table (expiry, compaction, another writer) moves its version, and the next batch reads it again."""
+        if tomb_state is None:
+            return pa.table({SEQ: pa.array([], pa.string())})
+        if self._tomb_copy is not None and self._tomb_copy[0] == tomb_state.version:
+            return self._tomb_copy[1]
+        tombstones = without_views(self._read_tombstones())
+        self._tomb_copy = (tomb_state.version, tombstones)
+        return tombstones
+
+    def _keep_tombstones(self, before: "_TableState | None", changes: pa.Table) -> None:
+        """After the tombstone MERGE of ``changes``: the copy of the tombstones moved to the table's new version
+        when that MERGE was the table's only commit since ``before`` (the version the copy is of); else dropped,
+        to be read again with the next batch (a replay whose MERGE was already there, an engine whose MERGE
+        this sink's log handle does not see, a commit of another writer in between)."""
+        copy, self._tomb_copy = self._tomb_copy, None
+        if before is None or copy is None or copy[0] != before.version:
+            return
+        after = self._log(self.tombstone_path).version()
+        if after != before.version + 1:
+            return
+        try:
+            self._tomb_copy = (after, apply_tombstone_changes(copy[1], changes, primary_key=self.spec.primary_key))
+        except (pa.ArrowException, ValueError, KeyError):     # read again with the next batch
+            log.debug("table %s: tombstones to be read again", self.spec.name, exc_info=True)
 
     def _tombstone_state(self) -> "_TableState | None":
         """The tombstone table's state (None before its first tombstone), its contract checked once."""
@@ -816,6 +852,7 @@ class DeltaUpsertSink(abc.ABC):
 
     def _forget_logs(self) -> None:
         self._logs.clear()
+        self._tomb_copy = None
 
     def _nullable_key_types(self, changes: pa.Table) -> dict[str, pa.DataType]:
         """The key columns that may hold NULL, with their types in ``changes``, for the MERGE's ``ON``."""

@@ -299,6 +299,35 @@ def _lookup_tombstone_seq(reduced: pa.Table, tombstones: pa.Table, primary_key: 
     return joined[_TOMB_SEQ].take(order).combine_chunks()
 
 
+def without_views(table: pa.Table) -> pa.Table:
+    """``table`` with its string and binary view columns (what DataFusion reads) as plain string and binary,
+    which every Arrow kernel takes."""
+    plain = {pa.string_view(): pa.string(), pa.binary_view(): pa.binary()}
+    if not any(f.type in plain for f in table.schema):
+        return table
+    return table.cast(pa.schema([f.with_type(plain.get(f.type, f.type)) for f in table.schema]))
+
+
+def apply_tombstone_changes(tombstones: pa.Table, changes: pa.Table, *, primary_key: Sequence[str]) -> pa.Table:
+    """``tombstones`` (key columns and ``_seq``) as the tombstone MERGE of ``changes`` leaves them
+    (``TombstoneSplit.tombstone_changes``, split against these same tombstones): a -D row records its key's
+    tombstone or moves it to the row's ``_seq``, any other row clears it. In the tombstones' own types."""
+    keys = list(primary_key)
+    columns = [*keys, SEQ]
+    tombstones = tombstones.select(columns)
+    if changes.num_rows == 0:
+        return tombstones
+    if tombstones.num_rows:
+        kept_keys, changed_keys, on = _null_safe_keys(
+            pa.table({k: _merge_equal(tombstones[k].cast(changes.schema.field(k).type)) for k in keys}),
+            pa.table({k: _merge_equal(changes[k]) for k in keys}), keys)
+        numbered = kept_keys.append_column(_ROW, pa.array(np.arange(tombstones.num_rows, dtype=np.int64)))
+        untouched = numbered.join(changed_keys, keys=on, join_type="left anti")
+        tombstones = tombstones.take(untouched[_ROW])
+    recorded = changes.filter(pc.equal(changes[KIND], pa.scalar(int(RowKind.DELETE), pa.int8()))).select(columns)
+    return pa.concat_tables([tombstones, recorded.cast(tombstones.schema)])
+
+
 def _null_safe_keys(a: pa.Table, b: pa.Table, key: Sequence[str]) -> tuple[pa.Table, pa.Table, list[str]]:
     """Key columns of ``a`` and ``b`` for an Arrow join in which NULL meets NULL (a plain join
     matches no NULL): a key column that has NULLs becomes whether the value is NULL, plus the

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 from datetime import timedelta
 
 import pyarrow as pa
@@ -91,6 +92,40 @@ def test_stale_delete_older_than_the_tombstone_is_ignored(make_sink):
     result = sink.apply(changes([("-D", 1, 4, None)]), batch_id=1)
     assert result.stale_ignored == 1
     assert tombstones(sink.tombstone_path) == {1: seq(6)}
+
+
+def test_tombstones_are_read_once_then_followed_through_the_sinks_own_commits(make_sink, engine, clock):
+    """The tombstone table grows with every delete until its retention. The sink reads it once and then
+    applies its own tombstone MERGEs to its copy; a commit of anything else (here the expiry) makes the
+    next batch read the table again. Out-of-order deletes, re-inserts and stale changes, batch after batch:
+    the copy always equals the table, and both tables stay as a sink that reads the tombstones for every
+    batch leaves its own."""
+    rng = random.Random(7)
+    sink, reference = make_sink(name="tc"), make_sink(name="ref")
+    reference._keep_tombstones = lambda *_: None         # reads the tombstone table after each of its MERGEs
+    reads = []
+    read = sink._read_tombstones
+    sink._read_tombstones = lambda: reads.append(1) or read()
+    current = 0
+    for batch_id in range(14):
+        rows = []
+        for _ in range(12):
+            key, at = rng.randrange(15), rng.randrange(1, 200)
+            kind = rng.choice(["+I", "+U", "-D", "-D"])
+            rows.append((kind, key, at, None if kind == "-D" else f"v{at}"))
+        if batch_id == 9:
+            clock.advance(timedelta(days=30))     # the expiry deletes every tombstone: another commit
+        sink.apply(changes(rows), batch_id=batch_id)
+        reference.apply(changes(rows), batch_id=batch_id)
+        on_disk = tombstones(sink.tombstone_path)
+        if sink._tomb_copy is not None and sink._tomb_copy[0] == DeltaTable(sink.tombstone_path).version():
+            current += 1
+            copy = sink._tomb_copy[1].to_pydict()
+            assert dict(zip(copy["id"], copy["_seq"])) == on_disk
+    assert tombstones(sink.tombstone_path) and live(sink.spec.path)
+    if engine == "delta-rs":     # its MERGE moves the sink's log handle: the copy follows
+        assert current == 12      # every batch but the first (no tombstone table yet) and the expiry's
+        assert len(reads) == 2    # at the first batch with tombstones, and after the expiry
 
 
 def test_replaying_a_committed_batch_is_a_no_op(make_sink):
