@@ -264,8 +264,8 @@ LAST_BATCH_TS = Gauge(
     "(0 until this process finishes one).", registry=REGISTRY)
 ARROW_MEMORY = Gauge(
     "changelake_driver_arrow_bytes", "Bytes Arrow's memory pool of the driver process holds for live buffers after "
-    "a micro-batch, once the pool has given its free pages back to the system (the batch's collected rows "
-    "and the tables being written).", registry=REGISTRY)
+    "a micro-batch, once the pool has given its free pages back to the system: what the pipeline keeps "
+    "(the sinks' copies of their tombstones), nothing of the batches.", registry=REGISTRY)
 PROCESS_START = Gauge(
     "changelake_process_start_time_seconds", "Unix time this process started (a new value after each restart).",
     registry=REGISTRY)
