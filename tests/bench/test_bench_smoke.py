@@ -64,7 +64,8 @@ SMOKE: dict[str, tuple[list[str], tuple[str, ...], list[str]]] = {
                 [r"store: s3://", r"changelake-kill: 1", r"s3-errors: 1",
                  r"s3-errors from the start: 3 of the orders table's commit PUT\(s\) refused",
                  r"restart to first commit \(s\)", r"changes lost \(must be 0\): 0",
-                 r"changes duplicated \(must be 0\): 0", r"soak run ok"]),
+                 r"changes duplicated \(must be 0\): 0", r"soak run ok",
+                 r"the run's data deleted \([\d.]+ GB; --keep-data keeps it\)"]),
     "restart.py": ([], ("spark", "kafka"), [r"cold start \(new checkpoint\): [\d.]+ s",
                                              r"\| \*\*median of the restarts\*\* \|( [\d.]+ \|){13}",
                                              r"changes lost \(must be 0\): 0", r"changes duplicated \(must be 0\): 0",
@@ -103,6 +104,8 @@ def test_quick_run(name: str, tmp_path: Path) -> None:
     assert done.returncode == 0, f"{name} --quick exited {done.returncode} after {seconds:.0f}s{tail}"
     missing = [p for p in expected if not re.search(p, done.stdout)]
     assert not missing, f"{name} --quick did not print {missing}{tail}"
+    if script == "soak.py":     # a passed run keeps its log and configuration, not its gigabytes of data
+        assert sorted(p.name for p in (tmp_path / "work").iterdir()) == ["changelake.log", "pipeline.yaml"]
 
 
 @pytest.mark.unit
