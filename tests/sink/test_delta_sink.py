@@ -118,6 +118,8 @@ def test_tombstones_are_read_once_then_followed_through_the_sinks_own_commits(ma
         sink.apply(changes(rows), batch_id=batch_id)
         reference.apply(changes(rows), batch_id=batch_id)
         on_disk = tombstones(sink.tombstone_path)
+        assert on_disk == tombstones(reference.tombstone_path)
+        assert live(sink.spec.path) == live(reference.spec.path)
         if sink._tomb_copy is not None and sink._tomb_copy[0] == DeltaTable(sink.tombstone_path).version():
             current += 1
             copy = sink._tomb_copy[1].to_pydict()
