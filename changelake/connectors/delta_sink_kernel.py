@@ -283,9 +283,7 @@ def _lookup_tombstone_seq(reduced: pa.Table, tombstones: pa.Table, primary_key: 
     if tombstones.num_rows == 0 or reduced.num_rows == 0:
         return pa.nulls(reduced.num_rows, pa.string())
     keys = list(primary_key)
-    batch_keys, tomb_keys, on = _null_safe_keys(
-        pa.table({k: _merge_equal(reduced[k]) for k in keys}),
-        pa.table({k: _merge_equal(tombstones[k].cast(reduced.schema.field(k).type)) for k in keys}), keys)
+    tomb_keys, batch_keys, on = _tombstone_and_batch_keys(tombstones, reduced, keys)
     left = batch_keys.append_column(_ROW, pa.array(np.arange(reduced.num_rows, dtype=np.int64)))
     right = tomb_keys.append_column(_TOMB_SEQ, tombstones[SEQ].cast(pa.string()))
     if right.num_rows > reduced.num_rows:
@@ -318,14 +316,20 @@ def apply_tombstone_changes(tombstones: pa.Table, changes: pa.Table, *, primary_
     if changes.num_rows == 0:
         return tombstones
     if tombstones.num_rows:
-        kept_keys, changed_keys, on = _null_safe_keys(
-            pa.table({k: _merge_equal(tombstones[k].cast(changes.schema.field(k).type)) for k in keys}),
-            pa.table({k: _merge_equal(changes[k]) for k in keys}), keys)
+        kept_keys, changed_keys, on = _tombstone_and_batch_keys(tombstones, changes, keys)
         numbered = kept_keys.append_column(_ROW, pa.array(np.arange(tombstones.num_rows, dtype=np.int64)))
         untouched = numbered.join(changed_keys, keys=on, join_type="left anti")
         tombstones = tombstones.take(untouched[_ROW])
     recorded = changes.filter(pc.equal(changes[KIND], pa.scalar(int(RowKind.DELETE), pa.int8()))).select(columns)
     return pa.concat_tables([tombstones, recorded.cast(tombstones.schema)])
+
+
+def _tombstone_and_batch_keys(tombstones: pa.Table, batch: pa.Table,
+                              keys: list[str]) -> tuple[pa.Table, pa.Table, list[str]]:
+    """The key columns of ``tombstones`` (in the batch's types) and of ``batch``, as the MERGE compares them
+    (:func:`_merge_equal`), ready for an Arrow join in which NULL meets NULL (:func:`_null_safe_keys`)."""
+    return _null_safe_keys(pa.table({k: _merge_equal(tombstones[k].cast(batch.schema.field(k).type)) for k in keys}),
+                           pa.table({k: _merge_equal(batch[k]) for k in keys}), keys)
 
 
 def _null_safe_keys(a: pa.Table, b: pa.Table, key: Sequence[str]) -> tuple[pa.Table, pa.Table, list[str]]:
