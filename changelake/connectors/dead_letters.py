@@ -60,7 +60,7 @@ class DeadLetterStore:
                 wait = brownout.delay(exc)
                 if wait is None:
                     raise
-                time.sleep(wait)
+                brownout.sleep(wait)
 
     def _append_once(self, letters: pa.Table, *, source: str | pa.Array, batch_id: int,
                      table: str | pa.Array | None) -> bool:

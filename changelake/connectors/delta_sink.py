@@ -415,7 +415,7 @@ class DeltaUpsertSink(abc.ABC):
                                 "(for up to %.0f s)", self.spec.name, batch_id, str(exc).splitlines()[0],
                                 wait, self._store_retry_s)
                     self._forget_logs()
-                    time.sleep(wait)
+                    brownout.sleep(wait)
                     continue
                 if self._is_conflict(exc) and attempt < self._max_commit_retries:
                     attempt += 1

@@ -152,3 +152,9 @@ class StoreBrownout:
             return None
         wait, self._next = self._next, min(self._next * 2, 30.0)
         return wait
+
+    @staticmethod
+    def sleep(seconds: float) -> None:
+        """Wait ``seconds`` (a :meth:`delay`) before the next try. Tests replace this rather than
+        :func:`time.sleep`, which every thread of the process shares (py4j's finalizer thread loops on it)."""
+        time.sleep(seconds)

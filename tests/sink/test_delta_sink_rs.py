@@ -11,6 +11,7 @@ import pytest
 from deltalake.exceptions import CommitFailedError
 
 from changelake.connectors.delta_sink import TableSpec, open_sink
+from changelake.connectors.object_store import StoreBrownout
 from changelake.errors import SinkCommitError
 from changelake import metrics
 
@@ -65,6 +66,10 @@ def test_conflicts_beyond_the_retry_limit_fail_the_batch(rs_sink):
     assert sink.committed_batch_id() is None
 
 
+def _never(seconds: float) -> None:
+    raise AssertionError(f"a wait of {seconds} s for an error that is not transient or has lasted too long")
+
+
 _SLOW_DOWN = ("Generic S3 error: Error performing PUT http://s3/lake/t/_delta_log/00000000000000000001.json in "
               "4.4s, after 10 retries, max_retries 10, retry_timeout 180s - <Error><Code>SlowDown</Code></Error>")
 
@@ -73,7 +78,7 @@ def test_a_store_failing_for_a_while_is_outlasted_and_the_lost_reply_writes_noth
     sink = rs_sink("brownout")
     sink.apply(changes([("+I", 1, 1, "a")]), batch_id=0)
     slept = []
-    monkeypatch.setattr("changelake.connectors.delta_sink.time.sleep", slept.append)
+    monkeypatch.setattr(StoreBrownout, "sleep", staticmethod(slept.append))     # this sink's waits, no other thread's
     real = sink._merge_table
     calls = []
 
@@ -97,7 +102,7 @@ def test_a_store_failing_for_a_while_is_outlasted_and_the_lost_reply_writes_noth
 
 
 def test_a_store_error_that_is_not_transient_or_lasts_too_long_fails_the_batch(rs_sink, monkeypatch):
-    monkeypatch.setattr("changelake.connectors.delta_sink.time.sleep", lambda s: None)
+    monkeypatch.setattr(StoreBrownout, "sleep", staticmethod(_never))
     sink = rs_sink("denied")
     _fail_first(sink, "_merge_table", [OSError("Generic S3 error: 403 Forbidden <Code>AccessDenied</Code>")])
     with pytest.raises(SinkCommitError, match="AccessDenied"):
@@ -154,7 +159,7 @@ def test_dead_letters_outlast_a_failing_store_too(tmp_path, monkeypatch):
     from changelake.changelog import DEAD_LETTER_SCHEMA
 
     slept = []
-    monkeypatch.setattr(dead_letters.time, "sleep", slept.append)
+    monkeypatch.setattr(StoreBrownout, "sleep", staticmethod(slept.append))
     store = dead_letters.DeadLetterStore(str(tmp_path / "dlq"), pipeline_id="p")
     real, calls = store._append_once, []
 
