@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from changelake.spark import jvm_archive
+from changelake.spark import jvm_archive, jvm_options
 
 
 @pytest.fixture
@@ -121,6 +121,7 @@ def test_jvm_archive_writes_an_archive_that_a_new_session_maps_in(tmp_path):
     # a local master's driver JVM runs the parallel collector (changelake/spark/jvm_options.py), the archive
     # (dumped by a JVM that ran it too) mapped in beside it
     assert "-XX:+UseParallelGC" in mapped["args"] and "PS Scavenge" in mapped["collectors"]
+    assert set(jvm_options.LOCAL_HEAP_SIZING) <= set(mapped["args"])      # its heap sizing, which the JVM took
     # and the first-tier JIT (the product's default on a local master; nothing here sets it)
     assert "-XX:TieredStopAtLevel=1" in mapped["args"]
     # a collector of the user's (here the way the tests give theirs) wins, and the JVM starts: no second one

@@ -21,9 +21,29 @@ def no_option_env(monkeypatch):
 
 @pytest.mark.parametrize("master", ["local", "local[2]", "local[*]", "local[4,3]"])
 def test_a_local_masters_driver_runs_the_parallel_collector_and_the_first_tier_jit(master):
-    assert jvm_options.collector(master) == "-XX:+UseParallelGC"
+    assert jvm_options.collector(master) == f"-XX:+UseParallelGC {SIZING}"
     assert jvm_options.jit(master) == "-XX:TieredStopAtLevel=1"
-    assert driver_java_options(master) == "-XX:+UseParallelGC -XX:TieredStopAtLevel=1"
+    assert driver_java_options(master) == f"-XX:+UseParallelGC {SIZING} -XX:TieredStopAtLevel=1"
+
+
+#: the heap sizing that goes with the local collector: a 20 % GC-time goal, the heap shrunk when 30 % is free
+SIZING = "-XX:GCTimeRatio=4 -XX:AdaptiveSizePolicyWeight=90 -XX:MinHeapFreeRatio=10 -XX:MaxHeapFreeRatio=30"
+
+
+@pytest.mark.parametrize("theirs, kept", [
+    ("-XX:GCTimeRatio=19", "-XX:AdaptiveSizePolicyWeight=90 -XX:MinHeapFreeRatio=10 -XX:MaxHeapFreeRatio=30"),
+    ("-XX:MaxHeapFreeRatio=70 -XX:MinHeapFreeRatio=40", "-XX:GCTimeRatio=4 -XX:AdaptiveSizePolicyWeight=90"),
+])
+def test_a_heap_sizing_option_of_the_users_wins_over_that_option_alone(monkeypatch, theirs, kept):
+    # the same flag twice would leave the JVM's choice to the order of the options: theirs is the only one
+    assert jvm_options.collector("local[2]", theirs) == f"-XX:+UseParallelGC {kept}"
+    monkeypatch.setenv("JDK_JAVA_OPTIONS", theirs)
+    assert jvm_options.collector("local[2]") == f"-XX:+UseParallelGC {kept}"
+
+
+def test_a_collector_of_the_users_comes_without_the_sizing():
+    # they chose the collector, so they tune it: none of changelake's sizing beside -XX:+UseG1GC
+    assert driver_java_options("local[2]", "-XX:+UseG1GC") == "-XX:TieredStopAtLevel=1"
 
 
 @pytest.mark.parametrize("master", ["local-cluster[2,1,1024]", "yarn", "k8s://https://kubernetes:443",
@@ -53,7 +73,7 @@ def test_a_collector_in_the_launchers_environment_wins(monkeypatch, variable):
 def test_a_jit_setting_of_the_users_wins(monkeypatch, theirs):
     # C2 back for a pipeline that runs long at full load: the user's tiers, and no second TieredStopAtLevel
     assert jvm_options.jit("local[2]", theirs) is None
-    assert driver_java_options("local[2]", theirs) == "-XX:+UseParallelGC"
+    assert driver_java_options("local[2]", theirs) == f"-XX:+UseParallelGC {SIZING}"
     monkeypatch.setenv("JAVA_TOOL_OPTIONS", theirs)
     assert jvm_options.jit("local[2]") is None
 
@@ -65,7 +85,7 @@ def test_options_that_only_tune_the_jit_do_not_choose_its_tiers():
 
 def test_options_that_only_tune_a_collector_do_not_choose_one():
     assert jvm_options.collector("local[2]", "-XX:MaxGCPauseMillis=100 -XX:ParallelGCThreads=2 -Xmx2g") \
-        == "-XX:+UseParallelGC"
+        == f"-XX:+UseParallelGC {SIZING}"
 
 
 def test_the_archive_and_the_collector_together(monkeypatch, tmp_path):
@@ -77,4 +97,4 @@ def test_the_archive_and_the_collector_together(monkeypatch, tmp_path):
     # the user's collector drops only the collector, their archive choice only the archive
     assert driver_java_options("local[2]", "-XX:+UseG1GC").split() == \
         jvm_archive.java_options().split() + ["-XX:TieredStopAtLevel=1"]
-    assert driver_java_options("local[2]", "-Xshare:off") == "-XX:+UseParallelGC -XX:TieredStopAtLevel=1"
+    assert driver_java_options("local[2]", "-Xshare:off") == f"-XX:+UseParallelGC {SIZING} -XX:TieredStopAtLevel=1"
