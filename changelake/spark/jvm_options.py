@@ -82,13 +82,12 @@ def collector(master: str, *options: str) -> str | None:
     chosen = _local_default(master, LOCAL_COLLECTOR, _COLLECTOR_OPTION, options)
     if chosen is None:
         return None
-    theirs = " ".join(given(*options))
-    return " ".join([chosen, *(o for o in LOCAL_HEAP_SIZING if _flag(o) not in theirs)])
+    return " ".join([chosen, *(o for o in LOCAL_HEAP_SIZING if not chooses(_same_flag(o), *options))])
 
 
-def _flag(option: str) -> str:
-    """``-XX:GCTimeRatio=4`` -> ``-XX:GCTimeRatio=``: what a user's setting of the same flag starts with."""
-    return option.split("=", 1)[0] + "="
+def _same_flag(option: str) -> re.Pattern:
+    """What a setting of ``option``'s flag looks like: ``-XX:GCTimeRatio=4`` -> any ``-XX:GCTimeRatio=N``."""
+    return re.compile(r"(?:^|\s)" + re.escape(option.split("=", 1)[0]) + "=")
 
 
 def jit(master: str, *options: str) -> str | None:
