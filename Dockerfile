@@ -100,6 +100,7 @@ ENV JAVA_HOME=/opt/java \
     CHANGELAKE_METRICS__PORT=${METRICS_PORT} \
     CHANGELAKE_JVM_ARCHIVE=/opt/changelake/spark-classes.jsa \
     CHANGELAKE_JVM_DEPS_HOME=/opt/changelake/jvm \
+    MALLOC_ARENA_MAX=2 \
     HOME=/home/changelake
 # The JRE directory name differs per architecture; give it one stable path.
 RUN ln -s "$(dirname "$(dirname "$(readlink -f "$(command -v java)")")")" /opt/java \

@@ -11,7 +11,9 @@ A setting comes from one of three places; the first that sets a key wins:
                     the driver JVM's options (:func:`driver_java_options`: the class archive; on a
                     local master the parallel collector), each unless the user's JVM options choose it;
                     on a local master, Spark's Python processes forked by a warm server
-                    (changelake/spark/fork_server.py; ``CHANGELAKE_FORK_SERVER=off`` turns it off)
+                    (changelake/spark/fork_server.py; ``CHANGELAKE_FORK_SERVER=off`` turns it off);
+                    the JVM and workers it starts get ``MALLOC_ARENA_MAX=2`` (:data:`MALLOC_ARENAS`)
+                    unless the environment sets it
 ==================  ==================================================================================
 
 A YAML setting that the launcher overrides is logged as a warning, so that nobody wonders why it
@@ -55,6 +57,13 @@ DEFAULTS: Mapping[str, str] = {
     # Python compiles again in every worker process (changelake/spark/worker_python.py)
     "spark.python.daemon.module": "changelake.spark.worker_python",
 }
+
+
+#: glibc's malloc arenas in the processes a session starts here (the driver JVM, the Python workers), unless the
+#: environment sets the variable: glibc gives a thread that finds the arenas busy one of its own, up to 8 per core,
+#: and the JVM's task, RocksDB and network threads filled them with memory it does not give back. Capped at 2, a
+#: soak's driver JVM held ~480 MB less at 5,000 events/s (docs/benchmarks.md, "glibc's malloc arenas").
+MALLOC_ARENAS = ("MALLOC_ARENA_MAX", "2")
 
 
 @dataclass(frozen=True)
@@ -243,6 +252,9 @@ def build_session(*, app_name: str = "changelake", master: str | None = None,
     # that imports pyspark from the installed package (changelake/spark/worker_python.py) where installed; the JVM's
     # own Python calls too (the lookup of Python data sources at the first query runs PYSPARK_DRIVER_PYTHON)
     script = worker_python.script_path()
+    if _starts_a_jvm():
+        # the driver JVM and the Python workers it starts inherit this process's environment
+        os.environ.setdefault(*MALLOC_ARENAS)
     os.environ.setdefault("PYSPARK_PYTHON", script or sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", script or sys.executable)
     if script and os.environ["PYSPARK_PYTHON"] == script and local_master(settings.master) and _starts_a_jvm():

@@ -244,6 +244,16 @@ def test_shellcheck_accepts_the_image_scripts() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_the_image_caps_glibc_malloc_arenas_as_a_session_started_here_does() -> None:
+    """Under spark-submit (the chart's SparkApplication) the driver JVM starts before changelake's code and
+    executors start in pods of their own: the image gives every process the arena cap that a session started by
+    ``changelake run`` gives its JVM and workers (changelake/spark/session.py)."""
+    from changelake.spark.session import MALLOC_ARENAS
+
+    env = dict(part.partition("=")[::2] for part in _last("runtime", "ENV").split())
+    assert env[MALLOC_ARENAS[0]] == MALLOC_ARENAS[1]
+
+
 def test_the_image_writes_the_jvm_class_archive_where_its_sessions_look_for_it() -> None:
     """The runtime stage writes Spark's class archive (changelake/spark/jvm_archive.py) after Spark's jars are in
     place (the JVM checks the archive against them) to the path ``CHANGELAKE_JVM_ARCHIVE`` names, readable by the

@@ -86,8 +86,10 @@ spark = build_session(app_name="archive-probe", master="local[1]", ui=False)
 management = spark._jvm.java.lang.management.ManagementFactory
 args = list(management.getRuntimeMXBean().getInputArguments())
 collectors = [bean.getName() for bean in management.getGarbageCollectorMXBeans()]
+arenas = spark.sparkContext.parallelize([0], 1).map(lambda _: os.environ.get("MALLOC_ARENA_MAX")).collect()
 print(json.dumps({"args": args, "collectors": collectors, "rows": spark.range(3).count(),
-                  "start_s": time.monotonic() - t}))
+                  "start_s": time.monotonic() - t, "jvm_arenas": spark._jvm.java.lang.System.getenv("MALLOC_ARENA_MAX"),
+                  "worker_arenas": arenas[0]}))
 """
 
 
@@ -104,8 +106,10 @@ def test_jvm_archive_writes_an_archive_that_a_new_session_maps_in(tmp_path):
     ``CHANGELAKE_JVM_ARCHIVE=off`` it does not."""
     archive = tmp_path / "cache" / "spark.jsa"
     # the tests' own archive (SPARK_SUBMIT_OPTS, tests/conftest.py) would take precedence over the product's
+    # (and MALLOC_ARENA_MAX, which this process's own session may have set)
     env = {k: v for k, v in os.environ.items()
-           if k not in (jvm_archive.DUMP_ENV, "PYSPARK_SUBMIT_ARGS", "SPARK_SUBMIT_OPTS", "JAVA_TOOL_OPTIONS")}
+           if k not in (jvm_archive.DUMP_ENV, "PYSPARK_SUBMIT_ARGS", "SPARK_SUBMIT_OPTS", "JAVA_TOOL_OPTIONS",
+                        "MALLOC_ARENA_MAX")}
     env[jvm_archive.ENV] = str(archive)
     cli = Path(sys.executable).with_name("changelake")
     command = [str(cli)] if cli.exists() else [sys.executable, "-m", "changelake.service.cli"]
@@ -124,10 +128,14 @@ def test_jvm_archive_writes_an_archive_that_a_new_session_maps_in(tmp_path):
     assert set(jvm_options.LOCAL_HEAP_SIZING) <= set(mapped["args"])      # its heap sizing, which the JVM took
     # and the first-tier JIT (the product's default on a local master; nothing here sets it)
     assert "-XX:TieredStopAtLevel=1" in mapped["args"]
-    # a collector of the user's (here the way the tests give theirs) wins, and the JVM starts: no second one
-    plain = _probe({**env, jvm_archive.ENV: "off", "SPARK_SUBMIT_OPTS": "-XX:+UseSerialGC"})
+    # the JVM and its Python workers run with glibc's malloc arenas capped (changelake/spark/session.py)
+    assert (mapped["jvm_arenas"], mapped["worker_arenas"]) == ("2", "2")
+    # a collector of the user's (here the way the tests give theirs) wins, and the JVM starts: no second one;
+    # so does the user's own arena count
+    plain = _probe({**env, jvm_archive.ENV: "off", "SPARK_SUBMIT_OPTS": "-XX:+UseSerialGC", "MALLOC_ARENA_MAX": "8"})
     assert not any(a.startswith("-XX:SharedArchiveFile") for a in plain["args"]) and plain["rows"] == 3
     assert "-XX:+UseParallelGC" not in plain["args"] and "MarkSweepCompact" in plain["collectors"]
+    assert (plain["jvm_arenas"], plain["worker_arenas"]) == ("8", "8")
 
 
 @pytest.mark.unit
