@@ -8,6 +8,10 @@ RUN_STAMP := $(VENV)/.installed-run-$(shell cat pyproject.toml | cksum | cut -d'
 #: everything `make test` needs on top: the test extra and jvm/pom.xml's jars (docs/operations.md, "JVM dependencies")
 STAMP     := $(VENV)/.installed-all-$(shell cat pyproject.toml jvm/pom.xml jvm/jvm.lock | cksum | cut -d' ' -f1)
 
+#: make test's pytest processes (pytest-xdist), each with its own Spark session and Kafka broker; a test
+#: file stays in one process. `make test TEST_WORKERS=` runs the suite in one process.
+TEST_WORKERS ?= -n 2 --dist loadfile
+
 .PHONY: demo test test-fast test-delta-spark bench install clean config-reference
 
 # --prefer-binary: a wheel rather than a newer sdist to build (pyspark itself only comes as an sdist)
@@ -36,7 +40,7 @@ demo: $(RUN_STAMP)
 ## Every test tier (unit, spark, kafka, integration), and every benchmark in bench/ in its --quick
 ## mode as a smoke run (tests/bench/test_bench_smoke.py; full-size benchmarks run from bench/).
 test: $(STAMP)
-	$(PY) -m pytest -p no:cacheprovider
+	$(PY) -m pytest -p no:cacheprovider $(TEST_WORKERS)
 
 ## Only the tests that need neither a JVM nor a broker.
 test-fast: $(STAMP)

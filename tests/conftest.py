@@ -1,6 +1,7 @@
 """Fixtures shared by every test tier.
 
-* ``spark``: one local Spark session per test process.
+* ``spark``: one local Spark session per test process (``make test`` runs two, pytest-xdist workers with a
+  test file kept in one: Makefile ``TEST_WORKERS``).
 * ``kafka``: an Apache Kafka broker, taken in this order: ``KAFKA_BOOTSTRAP_SERVERS``
   when set; a testcontainers Kafka when a Docker engine answers; otherwise a local single-node
   broker from the project's jars (changelake/connectors/kafka_broker.py, the ``kafka`` set of
@@ -67,6 +68,7 @@ def _spark_class_archive() -> str | None:
     Arrow, the state store): 1-2 s less CPU per pipeline start than an archive of a bare session's classes
     (the demo's graph 19 -> 17 s, a mirrors-only CLI run ~0.8 s less), for a demo run instead of a bare
     session, once, to write it."""
+    import fcntl
     import hashlib
     import shutil
     import subprocess
@@ -86,13 +88,16 @@ def _spark_class_archive() -> str | None:
     key = hashlib.sha256(f"{os.path.realpath(java)}|{pyspark.__file__}|{pyspark.__version__}|{TEST_JVM_OPTIONS}|"
                          f"demo-run {ARCHIVE_CHANGES}".encode()).hexdigest()[:16]
     archive = Path(tempfile.gettempdir()) / f"changelake-tests-spark-{key}.jsa"
-    if archive.exists():
-        return str(archive)
-    try:        # the child's JVM runs with SPARK_SUBMIT_OPTS = TEST_JVM_OPTIONS, plus the option that dumps
-        jvm_archive.write([sys.executable, "-m", "changelake.service.cli", "jvm-archive",
-                           "--changes", str(ARCHIVE_CHANGES)], archive, timeout=600)
-    except (RuntimeError, OSError, subprocess.SubprocessError):
-        return None
+    # make test's workers (pytest-xdist) collect at once: one writes the archive, the others wait for it
+    with open(f"{archive}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if archive.exists():
+            return str(archive)
+        try:        # the child's JVM runs with SPARK_SUBMIT_OPTS = TEST_JVM_OPTIONS, plus the option that dumps
+            jvm_archive.write([sys.executable, "-m", "changelake.service.cli", "jvm-archive",
+                               "--changes", str(ARCHIVE_CHANGES)], archive, timeout=600)
+        except (RuntimeError, OSError, subprocess.SubprocessError):
+            return None
     _drop_stale_archives(archive)
     return str(archive)
 
