@@ -1,15 +1,16 @@
 """Fixtures of the sink suite: one behavioural suite, parametrized over the engines present.
 
-A Spark session is created only when a test needs one (delta-spark detection, interop),
-once per test process, with the project's ``delta`` JVM set on its class path when it is installed
-(``python -m changelake.jvm_deps install delta``; changelake/spark/session.py, ``delta_settings``):
-then the suite runs on delta-spark too, else those tests skip saying so.
+A Spark session is created only when a test needs one (delta-spark detection, interop): the test
+process's one session (tests/conftest.py, ``spark``), with the project's ``delta`` JVM set on its class
+path when it is installed (``python -m changelake.jvm_deps install delta``; changelake/spark/session.py,
+``delta_settings``): then the suite runs on delta-spark too, else those tests skip saying so. (A session
+of the sink suite's own, started first in a test process, would have served every later test of that
+process without the settings they need.)
 """
 
 from __future__ import annotations
 
 import os
-import sys
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -17,7 +18,6 @@ import pytest
 from changelake.connectors.delta_sink import Maintenance, TableSpec
 from changelake.spark.delta_jars import missing as delta_jars_missing
 from changelake.spark.delta_sink import delta_spark_missing, open_sink
-from changelake.spark.session import delta_settings
 from tests.jars import unavailable
 
 #: delta-rs runs in-process (no JVM): the ``unit`` tier; delta-spark needs a Spark session.
@@ -29,31 +29,6 @@ ENGINES = (pytest.param("delta-rs", marks=pytest.mark.unit),
            pytest.param("delta-rs-frames", marks=pytest.mark.spark),
            pytest.param("delta-spark", marks=pytest.mark.spark),
            pytest.param("delta-spark-frames", marks=pytest.mark.spark))
-
-
-@pytest.fixture(scope="session")
-def spark():
-    """The test process's one Spark session: an active one is reused (e.g. started by the
-    suite-wide fixture), else a local[2] session is started here and stopped at the end."""
-    from pyspark.sql import SparkSession
-
-    active = SparkSession.getActiveSession()
-    if active is not None:
-        yield active
-        return
-    # Python workers run this interpreter, so that a session started here also serves tests
-    # that ship Python code to executors (they need the same packages).
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    builder = (SparkSession.builder.master("local[2]").appName("changelake-sink-tests")
-               .config("spark.sql.shuffle.partitions", "2")
-               .config("spark.ui.enabled", "false")
-               .config("spark.sql.session.timeZone", "UTC"))
-    for key, value in delta_settings("delta-spark", {}, {}, "local[2]").items():
-        builder = builder.config(key, value)
-    session = builder.getOrCreate()
-    yield session
-    session.stop()
 
 
 def engine_fixture(engines) -> object:
