@@ -62,7 +62,7 @@ DEFAULTS: Mapping[str, str] = {
 #: glibc's malloc arenas in the processes a session starts here (the driver JVM, the Python workers), unless the
 #: environment sets the variable: glibc gives a thread that finds the arenas busy one of its own, up to 8 per core,
 #: and the JVM's task, RocksDB and network threads filled them with memory it does not give back. Capped at 2, a
-#: soak's driver JVM held ~480 MB less at 5,000 events/s (docs/benchmarks.md, "glibc's malloc arenas").
+#: soak's driver JVM held ~470 MB less at 5,000 events/s (docs/benchmarks.md, "glibc's malloc arenas").
 MALLOC_ARENAS = ("MALLOC_ARENA_MAX", "2")
 
 
@@ -252,12 +252,13 @@ def build_session(*, app_name: str = "changelake", master: str | None = None,
     # that imports pyspark from the installed package (changelake/spark/worker_python.py) where installed; the JVM's
     # own Python calls too (the lookup of Python data sources at the first query runs PYSPARK_DRIVER_PYTHON)
     script = worker_python.script_path()
-    if _starts_a_jvm():
+    starts_jvm = _starts_a_jvm()
+    if starts_jvm:
         # the driver JVM and the Python workers it starts inherit this process's environment
         os.environ.setdefault(*MALLOC_ARENAS)
     os.environ.setdefault("PYSPARK_PYTHON", script or sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", script or sys.executable)
-    if script and os.environ["PYSPARK_PYTHON"] == script and local_master(settings.master) and _starts_a_jvm():
+    if script and os.environ["PYSPARK_PYTHON"] == script and local_master(settings.master) and starts_jvm:
         fork_server.start()     # Spark's Python processes as forks of a warm process (changelake/spark/fork_server.py)
     local = local_master(settings.master)
     if local:
@@ -279,7 +280,7 @@ def build_session(*, app_name: str = "changelake", master: str | None = None,
         for key in ("spark.driver.host", "spark.driver.bindAddress"):
             if key not in launcher:
                 chosen.setdefault(key, "127.0.0.1")
-    if _JAVA_OPTIONS not in launcher and _JAVA_OPTIONS not in chosen and _starts_a_jvm():
+    if _JAVA_OPTIONS not in launcher and _JAVA_OPTIONS not in chosen and starts_jvm:
         options = driver_java_options(settings.master, launcher.get("spark.driver.extraJavaOptions", ""),
                                       chosen.get("spark.driver.extraJavaOptions", ""))
         if options:

@@ -49,6 +49,11 @@ def _last(stage: str, word: str) -> str:
     return found[-1]
 
 
+def _runtime_env() -> dict[str, str]:
+    """The runtime stage's (last) ENV instruction, as name -> value."""
+    return dict(part.partition("=")[::2] for part in _last("runtime", "ENV").split())
+
+
 def test_stages() -> None:
     assert {"jvm", "jars", "builder", "runtime", "spark"} <= set(STAGES)
     assert list(STAGES)[-2:] == ["runtime", "spark"], "runtime must be followed only by the spark variant"
@@ -75,7 +80,7 @@ def test_the_image_installs_the_pinned_spark_sets_where_its_sessions_look() -> N
     assert f"cp jvm/jvm.lock {jvm_deps.IMAGE_HOME}/jvm.lock" in install
     copied = [args.split() for w, args in STAGES["jvm"] if w == "COPY"]
     assert ["jvm", "./jvm"] in copied and ["changelake", "./changelake"] in copied
-    env = dict(part.partition("=")[::2] for part in _last("runtime", "ENV").split())
+    env = _runtime_env()
     assert env["CHANGELAKE_JVM_DEPS_HOME"] == jvm_deps.IMAGE_HOME
     assert ["--from=jvm", jvm_deps.IMAGE_HOME, jvm_deps.IMAGE_HOME] in [a.split() for w, a in STAGES["runtime"]
                                                                        if w == "COPY"]
@@ -146,7 +151,7 @@ def test_spark_starts_its_python_processes_through_the_project_script() -> None:
     Spark's zip: changelake/spark/worker_python.py), a script the builder's ``pip install`` puts in the
     venv the runtime stage copies; so do the JVM's own Python calls (``PYSPARK_DRIVER_PYTHON``: the lookup of
     Python data sources), through the same script, which runs any other command line as the venv's Python."""
-    env = dict(part.partition("=")[::2] for part in _last("runtime", "ENV").split())
+    env = _runtime_env()
     workers = Path(env["PYSPARK_PYTHON"])
     assert workers.name in PYPROJECT["project"]["scripts"]
     assert workers.name == "changelake-worker-python"
@@ -250,7 +255,7 @@ def test_the_image_caps_glibc_malloc_arenas_as_a_session_started_here_does() -> 
     ``changelake run`` gives its JVM and workers (changelake/spark/session.py)."""
     from changelake.spark.session import MALLOC_ARENAS
 
-    env = dict(part.partition("=")[::2] for part in _last("runtime", "ENV").split())
+    env = _runtime_env()
     assert env[MALLOC_ARENAS[0]] == MALLOC_ARENAS[1]
 
 
@@ -258,7 +263,7 @@ def test_the_image_writes_the_jvm_class_archive_where_its_sessions_look_for_it()
     """The runtime stage writes Spark's class archive (changelake/spark/jvm_archive.py) after Spark's jars are in
     place (the JVM checks the archive against them) to the path ``CHANGELAKE_JVM_ARCHIVE`` names, readable by the
     non-root user; a build where it cannot be written goes on without it."""
-    env = dict(part.partition("=")[::2] for part in _last("runtime", "ENV").split())
+    env = _runtime_env()
     archive = env["CHANGELAKE_JVM_ARCHIVE"]
     steps = STAGES["runtime"]
     writes = [i for i, (w, args) in enumerate(steps) if w == "RUN" and "changelake jvm-archive" in args]
