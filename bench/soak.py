@@ -243,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 #: what a passed run leaves in its workdir without ``--keep-data``
-KEPT = ("changelake.log", "pipeline.yaml")
+KEPT = ("changelake.log", "pipeline.yaml", "s3-slow.tsv")
 
 
 def _drop_data(work: Path) -> None:
@@ -389,6 +389,8 @@ def _soak(args: argparse.Namespace, kinds: list[str], rng: random.Random, cluste
     restarts = [{"total": float(m.group(1)), **{p: float(x) for p, x in PHASE.findall(m.group(2))}}
                 for m in RESTART.finditer((work / "changelake.log").read_text())]
     report(faults, restarts, memory, result, stopped=code)
+    if pipeline.proxy is not None:
+        report_slow_s3(pipeline.proxy, started_wall=time.time() - (time.monotonic() - started), work=work)
     return 0 if all(lost == 0 and dup == 0 for lost, dup in result.values()) else 1
 
 
@@ -481,6 +483,26 @@ def report(faults: list[dict], restarts: list[dict[str, float]], memory: list[tu
               + ", ".join(f"{max(mb for _, mb in s):,.0f} ({s[-1][0] - s[0][0]:.0f} s)" for s in lives.values()))
     print(f"pipeline stopped with exit code {stopped}")
     print("soak run ok" if all(lost == 0 and dup == 0 for lost, dup in result.values()) else "soak run FAILED")
+
+
+def report_slow_s3(proxy, *, started_wall: float, work: Path) -> None:
+    """The S3 requests that took the fault proxy more than SLOW_S, by where the time went: a stall of the
+    sink's commits on the soak's store is then either the harness (the proxy reading, moto answering) or the
+    client. All of them, with their times from the soak's start, in s3-slow.tsv beside the log."""
+    from tests.objstore.s3_server import SLOW_S
+
+    slow = list(proxy.slow)
+    print(f"S3 requests slower than {SLOW_S:.0f} s in the proxy: {len(slow)} of {proxy.requests:,}", end="")
+    if slow:
+        worst = max(slow, key=lambda r: r.read_s + r.upstream_s + r.reply_s)
+        print(f"; time in reading the request {sum(r.read_s for r in slow):.0f} s, moto's answer "
+              f"{sum(r.upstream_s for r in slow):.0f} s, the reply {sum(r.reply_s for r in slow):.0f} s; the slowest "
+              f"{worst.method} {worst.path[:80]} {worst.read_s + worst.upstream_s + worst.reply_s:.1f} s "
+              f"at {worst.at - started_wall:.0f} s (all in {work / 's3-slow.tsv'})", end="")
+        (work / "s3-slow.tsv").write_text("at_s\tmethod\tpath\tread_s\tupstream_s\treply_s\n" + "".join(
+            f"{r.at - started_wall:.1f}\t{r.method}\t{r.path}\t{r.read_s:.2f}\t{r.upstream_s:.2f}\t{r.reply_s:.2f}\n"
+            for r in slow))
+    print(flush=True)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,13 @@ Per batch (see ``docs/sink.md``); v = the batch's commit position (checkpoint ge
         every compact_every, when the table has > compact_min_files live files: compact (OPTIMIZE)
         every vacuum_every: VACUUM the table and its tombstone table, keeping vacuum_retention
 
+When each of those last ran is recorded with every commit (``changelake.maintenance`` in the commit's
+metadata, delta-rs engine) and read back from the table's latest commits by a sink's first batch: a
+restarted pipeline keeps the schedule instead of running every step in its first batch, which had added
+seconds to the restart's first commit on an object store (docs/sink.md, "Maintenance"). A table whose
+recent commits carry no schedule (another writer's, an older changelake, the delta-spark engine): every
+step is due, as before.
+
 The tombstone commit comes first (an engine with ``commits_alongside`` makes both at once): what a
 crash leaves, and what the replay of the batch does (the split depends only on the batch and the
 tombstone table, never on the sink table, so a replay that finds the tombstone table unchanged splits
@@ -53,10 +60,11 @@ writes nothing twice (``connectors.commits``).
 from __future__ import annotations
 
 import abc
+import json
 import logging
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from types import MappingProxyType
@@ -351,6 +359,7 @@ class DeltaUpsertSink(abc.ABC):
         self._last_expiry: datetime | None = None
         self._last_compact: datetime | None = None
         self._last_vacuum: datetime | None = None
+        self._schedule_read = False     # the recorded maintenance schedule taken up (first batch)
         self._contract_checked = False
         self._tombstone_contract_checked = False
         self._logs: dict[str, DeltaTable] = {}
@@ -524,6 +533,10 @@ class DeltaUpsertSink(abc.ABC):
         committed), the table's creation or contract check and schema changes, the truncate."""
         spec = self.spec
         state = self._state(spec.path)
+        if not self._schedule_read:
+            self._schedule_read = True
+            if state is not None:
+                self._take_up_schedule()
         generation, batch = split_commit_position(batch_id)
         recorded = None if state is None else state.txn_version
         tombstones_only = False
@@ -798,6 +811,52 @@ class DeltaUpsertSink(abc.ABC):
             metrics.TABLE_FILES.labels(table=label).set(files)
             metrics.TABLE_BYTES.labels(table=label).set(size)
 
+    def _schedule_metadata(self) -> dict[str, str]:
+        """The commit metadata that records when each maintenance step last ran (module docstring)."""
+        known = {step: at.isoformat() for step, at in (("expiry", self._last_expiry), ("compact", self._last_compact),
+                                                        ("vacuum", self._last_vacuum)) if at is not None}
+        return {MAINTENANCE_KEY: json.dumps(known, sort_keys=True)} if known else {}
+
+    def _take_up_schedule(self) -> None:
+        """When each maintenance step last ran, from the newest of the table's last few commits that recorded it
+        (a steady writer's last batch, usually the newest); none found: every step is due (module docstring)."""
+        try:
+            recorded = next((info[MAINTENANCE_KEY] for info in self._recent_commit_infos(SCHEDULE_COMMITS)
+                             if isinstance(info.get(MAINTENANCE_KEY), str)), None)
+        except Exception:  # unknown: the steps are due, as without a record
+            log.debug("table %s: maintenance schedule not read", self.spec.name, exc_info=True)
+            return
+        if recorded is None:
+            return
+        try:
+            times = {step: datetime.fromisoformat(at) for step, at in json.loads(recorded).items()}
+        except (ValueError, TypeError, AttributeError):
+            log.warning("table %s: its commits record a maintenance schedule this version cannot read (%r); "
+                        "every step is due", self.spec.name, recorded)
+            return
+        now = self._clock()
+        self._last_expiry, self._last_compact, self._last_vacuum = (
+            None if times.get(step) is None or times[step] > now else times[step]
+            for step in ("expiry", "compact", "vacuum"))
+        log.debug("table %s: maintenance last ran %s", self.spec.name, recorded)
+
+    def _recent_commit_infos(self, count: int) -> Iterator[dict]:
+        """The ``commitInfo`` of the table's newest ``count`` commits, newest first, read from the log's
+        files (one GET each on an object store; delta-rs's ``history`` lists the log first)."""
+        from changelake.connectors.object_store import arrow_filesystem
+
+        latest = self._log(self.spec.path).version()
+        fs, root = arrow_filesystem(self.spec.path, dict(self.spec.storage_options) or None)
+        for version in range(latest, max(-1, latest - count), -1):
+            try:
+                with fs.open_input_stream(f"{root}/_delta_log/{version:020d}.json") as f:
+                    text = f.read().decode()
+            except FileNotFoundError:       # the log's older entries cleaned up
+                return
+            for line in text.splitlines():
+                if '"commitInfo"' in line and "commitInfo" in (action := json.loads(line)):
+                    yield action["commitInfo"]
+
     def _expiry_due(self, now: datetime) -> bool:
         return self._last_expiry is None or now - self._last_expiry >= self.spec.tombstone_expiry_interval
 
@@ -929,6 +988,12 @@ class DeltaUpsertSink(abc.ABC):
     @abc.abstractmethod
     def _is_conflict(self, exc: BaseException) -> bool:
         """True when ``exc`` is a concurrent-write conflict worth retrying."""
+
+
+#: the commit metadata key of the maintenance schedule (module docstring), and how many of a table's newest
+#: commits a first batch reads for it (one GET each on an object store)
+MAINTENANCE_KEY = "changelake.maintenance"
+SCHEDULE_COMMITS = 5
 
 
 def _due(last: datetime | None, every: timedelta, now: datetime) -> bool:

@@ -56,7 +56,7 @@ class DeltaRsSink(DeltaUpsertSink):
 
     def _commit(self, batch_id: int) -> CommitProperties:
         return CommitProperties(app_transactions=[Transaction(self.app_id, batch_id)],
-                                custom_metadata=dict(self.commit_metadata) or None)
+                                custom_metadata={**self.commit_metadata, **self._schedule_metadata()} or None)
 
     def _create_table(self, schema: pa.Schema, *, properties: Mapping[str, str], path: str | None = None,
                       partition_by: tuple[str, ...] | None = None) -> None:

@@ -41,6 +41,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -267,6 +268,12 @@ def _label(what: str) -> str:
     return what if what.startswith("the ") else f"table {what}"
 
 
+#: the Delta logs the start check reads at once: on an object store each read is a few round trips that
+#: wait on the network, not the CPU (delta-rs lets go of the GIL), so a pipeline of many tables starts
+#: in the time of its slowest log instead of the sum (docs/operations.md, "Restart to first commit")
+LOG_READERS = 8
+
+
 def _recorded_positions(config: ChangelakeConfig, *, writes: Callable[[str], bool] | None = None,
                         app_suffix: str = "", keep: dict[str, Any] | None = None) -> Iterator[tuple[str, int]]:
     """(table name, or 'the dead-letter table ...', commit position) of every write this pipeline recorded
@@ -274,19 +281,21 @@ def _recorded_positions(config: ChangelakeConfig, *, writes: Callable[[str], boo
     pid = config.pipeline.id
     options = config.storage.plain_options() or None
     seen: set[str] = set()
+    reads: list[tuple[str, str, str, dict[str, Any] | None]] = []      # (what, path, app id, keep)
     candidates = [(t.name, config.table_path(t.name)) for t in config.tables]
     candidates += [(name, path) for name, path in _tables_under(config.storage.root, options)]
     for name, path in candidates:
         if name in seen or writes is not None and not writes(name):
             continue
         seen.add(name)
-        position = _txn(path, f"changelake:{pid}:{name}", options, keep)
-        if position is not None:
-            yield name, position
-    for what, path, app in ((f"the dead-letter table {config.dead_letter_path()}", config.dead_letter_path(),
-                             "dead-letters"),
-                            (f"the dead-letter ledger {ledger_path(config)}", ledger_path(config), "dead-letter-topic")):
-        position = _txn(path, f"changelake:{pid}:{app}{app_suffix}", options)
+        reads.append((name, path, f"changelake:{pid}:{name}", keep))
+    reads += [(f"the dead-letter table {config.dead_letter_path()}", config.dead_letter_path(),
+               f"changelake:{pid}:dead-letters{app_suffix}", None),
+              (f"the dead-letter ledger {ledger_path(config)}", ledger_path(config),
+               f"changelake:{pid}:dead-letter-topic{app_suffix}", None)]
+    with ThreadPoolExecutor(max_workers=min(LOG_READERS, len(reads)), thread_name_prefix="start-check") as pool:
+        found = list(pool.map(lambda r: _txn(r[1], r[2], options, r[3]), reads))
+    for (what, _, _, _), position in zip(reads, found):
         if position is not None:
             yield what, position
 
@@ -300,11 +309,13 @@ def _tables_under(root: str, options: Mapping[str, str] | None = None) -> Iterat
         infos = fs.get_file_info(pafs.FileSelector(base, allow_not_found=True))
     except (OSError, ValueError):
         return
-    for info in infos:
-        if info.type == pafs.FileType.Directory and not info.base_name.startswith("_"):
-            log_dir = fs.get_file_info(f"{info.path}/_delta_log")
-            if log_dir.type == pafs.FileType.Directory:
-                yield info.base_name, (root.rstrip("/") + "/" + info.base_name if "://" in root else info.path)
+    dirs = [info for info in infos if info.type == pafs.FileType.Directory and not info.base_name.startswith("_")]
+    if not dirs:
+        return
+    logs = fs.get_file_info([f"{info.path}/_delta_log" for info in dirs])    # one call: the store's own threads
+    for info, log_dir in zip(dirs, logs):
+        if log_dir.type == pafs.FileType.Directory:
+            yield info.base_name, (root.rstrip("/") + "/" + info.base_name if "://" in root else info.path)
 
 
 def _txn(path: str, app_id: str, options: Mapping[str, str] | None, keep: dict[str, Any] | None = None) -> int | None:

@@ -9,7 +9,9 @@ and, while a fault is armed, answers the matching requests itself:
     "lose-reply"     500 InternalError                     the request was applied (the reply was lost)
 
 A fault matches a request by method and a substring of its path, for ``times`` requests or until ``until``
-(a monotonic time). Every request is counted, so a test can tell that the faults were met.
+(a monotonic time). Every request is counted, so a test can tell that the faults were met. A request that took
+longer than ``SLOW_S`` in the proxy is kept in ``slow`` with where its time went (reading the client's request,
+moto's answer, writing the reply), so a stall in a soak can be told apart: the test harness or the client.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 ACCESS_KEY, SECRET_KEY, REGION = "changelake-test", "changelake-test-secret", "us-east-1"
+SLOW_S = 2.0
 
 
 def free_port() -> int:
@@ -106,13 +109,31 @@ class Fault:
 
 
 class _QuietServer(ThreadingHTTPServer):
-    """The proxy's server: a client killed in the middle of a request (a SIGKILLed pipeline) is not an error."""
+    """The proxy's server: a client killed in the middle of a request (a SIGKILLed pipeline) is not an error.
+
+    Its listen backlog is 128, not socketserver's 5: delta-rs opens many connections at once (a MERGE reads
+    files in parallel, several tables commit at once), and the kernel dropped every connection beyond the
+    backlog that the accept loop had not yet taken; each one's client then waited for TCP's retransmission
+    of its SYN (1 s, then 3, 7, 15 s ...). Six Delta logs read by eight threads through the proxy took 32 s
+    with a backlog of 5, 3.5 s with 128 (moto directly: 3.0 s).
+    """
 
     daemon_threads = True
+    request_queue_size = 128
 
     def handle_error(self, request, client_address) -> None:
         if not isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
             super().handle_error(request, client_address)
+
+
+@dataclass(frozen=True)
+class SlowRequest:
+    at: float                      # time.time() when the proxy began reading it
+    method: str
+    path: str
+    read_s: float                  # the client's request, headers to body
+    upstream_s: float              # moto's answer
+    reply_s: float                 # the reply written back
 
 
 @dataclass
@@ -122,6 +143,7 @@ class FaultProxy:
     upstream_port: int
     faults: list[Fault] = field(default_factory=list)
     requests: int = 0
+    slow: list[SlowRequest] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         proxy = self
@@ -140,12 +162,23 @@ class FaultProxy:
                     self.close_connection = True
 
             def _proxy(self) -> None:
+                began, t0 = time.time(), time.monotonic()
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
                 fault = proxy._take(self.command, self.path)
                 if fault is not None and fault.kind == "refuse":
                     return self._reply(503, b"<Error><Code>SlowDown</Code><Message>injected</Message></Error>")
+                t1 = time.monotonic()
                 status, headers, data = proxy._forward(self.command, self.path, self.headers, body)
+                t2 = time.monotonic()
+                try:
+                    self._pass_on(fault, status, headers, data)
+                finally:
+                    t3 = time.monotonic()
+                    if t3 - t0 > SLOW_S:
+                        proxy._note_slow(SlowRequest(began, self.command, self.path, t1 - t0, t2 - t1, t3 - t2))
+
+            def _pass_on(self, fault, status, headers, data) -> None:
                 if fault is not None:      # lose-reply: applied upstream, the client hears an error
                     return self._reply(500, b"<Error><Code>InternalError</Code><Message>injected</Message></Error>")
                 self.send_response(status)
@@ -184,6 +217,10 @@ class FaultProxy:
                     f.met += 1
                     return f
         return None
+
+    def _note_slow(self, request: SlowRequest) -> None:
+        with self._lock:
+            self.slow.append(request)
 
     def _forward(self, method: str, path: str, headers, body: bytes):
         conn = http.client.HTTPConnection("127.0.0.1", self.upstream_port, timeout=60)

@@ -164,6 +164,32 @@ def test_the_start_takes_what_its_check_read_and_reads_no_delta_log_again(tmp_pa
     assert read_lineage(config.pipeline.checkpoint).generation == 1
 
 
+def test_the_start_check_reads_the_delta_logs_at_once(tmp_path, monkeypatch):
+    """On an object store a log read waits on round trips: the check reads every table's log at the same time
+    (up to ``LOG_READERS``), so a pipeline of many tables starts in the time of its slowest log, not the sum.
+    Every read waits here until all of them have begun: read one after the other, the first never returns."""
+    import threading
+
+    from changelake.service import lifecycle
+
+    config = config_with_views(tmp_path)
+    for table in ("orders", "products", "category_sales"):
+        write(config, table, batch_id=5)
+    txn = lifecycle._txn
+    tables = {t.name for t in config.tables} | {name for name, _ in lifecycle._tables_under(config.storage.root)}
+    expected = len(tables) + 2                              # and the two dead-letter logs
+    all_begun = threading.Barrier(min(expected, lifecycle.LOG_READERS), timeout=30)
+
+    def read_together(path, app, options, keep=None):
+        all_begun.wait()
+        return txn(path, app, options, keep)
+
+    monkeypatch.setattr(lifecycle, "_txn", read_together)
+    checked = prepare(config, pipeline_from_config(config).plan(), check_only=True)
+    assert set(checked.positions) == {"orders", "products", "category_sales"}
+    assert set(checked.logs) == {config.table_path(t) for t in ("orders", "products", "category_sales")}
+
+
 def test_a_sink_takes_up_the_log_the_start_check_loaded_and_brings_it_up_to_date(tmp_path):
     """The check's delta-rs handles (``Start.logs``) go to the sinks: the first commit of a restart reads only
     the log entries written since, not the whole log again, and sees every one of them."""

@@ -126,3 +126,53 @@ def test_table_properties_are_set_at_creation_and_on_an_existing_table(make_sink
     assert config["delta.logRetentionDuration"] == "interval 10 days"
     assert config["delta.enableChangeDataFeed"] == "true"
     assert live(sink.spec.path) == {1: ("b", "s0000000002")}
+
+
+def test_a_restarted_sink_keeps_the_maintenance_schedule_its_commits_recorded(tmp_path, clock, monkeypatch):
+    """A restart (a new sink on the same table) does not run every maintenance step in its first batch: the
+    table's commits record when each step last ran, and the new sink runs a step only once it is due from
+    then. A table whose latest commits record nothing (another writer's, an older changelake): due at once."""
+    from changelake.connectors import delta_sink
+    from changelake.connectors.delta_sink import TableSpec, open_sink
+
+    spec = TableSpec(name="sched", path=str(tmp_path / "sched"), primary_key=("id",),
+                     maintenance=Maintenance(compact_every=timedelta(minutes=15), compact_min_files=1,
+                                             vacuum_every=timedelta(days=1), vacuum_retention=timedelta(hours=1)),
+                     tombstone_expiry_interval=timedelta(hours=1))
+    ran: list[str] = []
+    for step, method in (("expiry", "expire_tombstones"), ("compact", "compact"), ("vacuum", "vacuum")):
+        real = getattr(delta_sink.DeltaUpsertSink, method)
+        monkeypatch.setattr(delta_sink.DeltaUpsertSink, method,
+                            lambda self, *a, _step=step, _real=real, **k: ran.append(_step) or _real(self, *a, **k))
+
+    def run(batches: range) -> list[str]:
+        ran.clear()
+        sink = open_sink(spec, pipeline_id="p", engine="delta-rs", clock=clock)     # a (re)started pipeline
+        for b in batches:
+            sink.apply(changes([("+I", 2 * b, 2 * b + 1, "a"), ("-D", 2 * b - 1, 2 * b + 1, None)]), batch_id=b)
+            clock.advance(timedelta(minutes=1))
+        return list(ran)
+
+    assert run(range(0, 3)) == ["expiry", "vacuum"]     # the first start: all due (compaction checked: 1 file)
+    assert run(range(3, 5)) == []                                   # restarted 3 minutes later: none due
+    clock.advance(timedelta(minutes=12))
+    assert run(range(5, 7)) == ["compact"]                          # 15 minutes since the compaction
+    clock.advance(timedelta(hours=1))
+    assert run(range(7, 8)) == ["expiry", "compact"]
+    clock.advance(timedelta(days=1))
+    assert run(range(8, 9)) == ["expiry", "compact", "vacuum"]
+
+    other = DeltaTable(spec.path)               # another writer's commits, the newest five: no record found
+    for _ in range(delta_sink.SCHEDULE_COMMITS):
+        other.optimize.compact()
+        other.update_incremental()
+        write_deltalake_nothing(spec.path)
+    assert run(range(9, 10)) == ["expiry", "compact", "vacuum"]
+
+
+def write_deltalake_nothing(path: str) -> None:
+    """A commit of another writer that adds nothing (an empty append)."""
+    from deltalake import write_deltalake
+
+    table = DeltaTable(path)
+    write_deltalake(path, table.schema().to_arrow().empty_table(), mode="append")
