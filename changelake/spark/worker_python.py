@@ -128,28 +128,35 @@ def run_forked(module_args: list[str]) -> int | None:
     path = os.environ.get(FORK_SERVER_ENV, "")
     if not path or path.lower() in ("off", "false", "0", "none"):
         return None
+    # a SIGTERM between the fork's start and the handlers below would stop this process and leave the fork
+    # running: the signals wait, blocked, until the handlers are in place (or until the caller runs the module)
+    passed_on = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, passed_on)
     try:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.connect(path)
-        request = json.dumps({"argv": module_args, "cwd": os.getcwd(), "env": dict(os.environ)}).encode()
-        socket.send_fds(sock, [b"F"], [0, 1, 2])
-        sock.sendall(struct.pack("!Q", len(request)) + request)
-        reply = sock.makefile("rb")
-        first = reply.readline()
-    except OSError:
-        return None
-    if not first.strip().isdigit():         # refused (another hash seed) or gone before forking
-        return None
-    pid = int(first)
-
-    def forward(signum: int, _frame: object) -> None:
         try:
-            os.kill(pid, signum)
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.connect(path)
+            request = json.dumps({"argv": module_args, "cwd": os.getcwd(), "env": dict(os.environ)}).encode()
+            socket.send_fds(sock, [b"F"], [0, 1, 2])
+            sock.sendall(struct.pack("!Q", len(request)) + request)
+            reply = sock.makefile("rb")
+            first = reply.readline()
         except OSError:
-            pass
+            return None
+        if not first.strip().isdigit():         # refused (another hash seed) or gone before forking
+            return None
+        pid = int(first)
 
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(signum, forward)
+        def forward(signum: int, _frame: object) -> None:
+            try:
+                os.kill(pid, signum)
+            except OSError:
+                pass
+
+        for signum in passed_on:
+            signal.signal(signum, forward)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     try:
         return int(reply.readline())
     except ValueError:                      # no exit code: the fork was killed

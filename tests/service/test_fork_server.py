@@ -103,6 +103,25 @@ def test_sigterm_to_the_started_process_reaches_the_fork(server, tmp_path):
     assert proc.wait(30) == 42
 
 
+def test_a_sigterm_before_the_client_passes_signals_on_still_reaches_the_fork(server, tmp_path):
+    """The window between the fork's start and the client's handlers (a SIGTERM there stopped the client and
+    left the fork running; it showed once as a failure of the test above under load): held open here by a
+    client whose handlers take a second to install, the signal still reaches the fork."""
+    (tmp_path / "sleeper.py").write_text(
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *_: sys.exit(42))\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n")
+    slow_handlers = ("import signal, time; real = signal.signal; "
+                     "signal.signal = lambda *a: (time.sleep(1), real(*a))[1]; ")
+    env = {**os.environ, fork_server.ENV: server}
+    proc = subprocess.Popen([sys.executable, "-c", slow_handlers + CLIENT, "sleeper"], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    proc.send_signal(signal.SIGTERM)        # within the client's first second of installing its handlers
+    assert proc.wait(30) == 42
+
+
 def test_a_module_the_server_imported_runs_as_main_without_a_warning(server, tmp_path):
     """pyspark's daemon, which the server imports before it serves, runs as ``__main__`` in the fork (it writes
     its port) without runpy's warning about a module found in ``sys.modules``; with stdin closed it stops."""
