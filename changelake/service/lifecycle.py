@@ -312,7 +312,7 @@ def _tables_under(root: str, options: Mapping[str, str] | None = None) -> Iterat
     dirs = [info for info in infos if info.type == pafs.FileType.Directory and not info.base_name.startswith("_")]
     if not dirs:
         return
-    logs = fs.get_file_info([f"{info.path}/_delta_log" for info in dirs])    # one call: the store's own threads
+    logs = fs.get_file_info([f"{info.path}/_delta_log" for info in dirs])    # one call for all of them
     for info, log_dir in zip(dirs, logs):
         if log_dir.type == pafs.FileType.Directory:
             yield info.base_name, (root.rstrip("/") + "/" + info.base_name if "://" in root else info.path)
