@@ -76,7 +76,8 @@ from deltalake.exceptions import TableNotFoundError
 
 from changelake.changelog import KIND, SEQ, SOURCE_TS, commit_position, split_commit_position
 from changelake.connectors.commits import check_position, describe
-from changelake.connectors.object_store import STORE_RETRY_S, StoreBrownout
+from changelake.connectors.delta_log import LogRead, TxnVersions, read_commit
+from changelake.connectors.object_store import STORE_RETRY_S, StoreBrownout, arrow_filesystem
 from changelake.connectors.delta_sink_kernel import (
     align_to_table,
     apply_tombstone_changes,
@@ -342,6 +343,8 @@ class DeltaUpsertSink(abc.ABC):
     #: the engine may commit a batch's tombstone MERGE and table MERGE at the same time (module docstring:
     #: a replay then checks the tombstone table as well)
     commits_alongside: ClassVar[bool] = False
+    #: the engine reads its tombstone copy as ``delta_sink_rs.read_tombstone_keys`` does (:meth:`adopt_logs`)
+    tombstones_read_by_delta_rs: ClassVar[bool] = False
 
     def __init__(self, spec: TableSpec, *, pipeline_id: str, clock: Callable[[], datetime],
                  max_commit_retries: int, generation: int = 0) -> None:
@@ -363,6 +366,7 @@ class DeltaUpsertSink(abc.ABC):
         self._contract_checked = False
         self._tombstone_contract_checked = False
         self._logs: dict[str, DeltaTable] = {}
+        self._txns = TxnVersions(self.app_id, spec.storage_options)
         #: (tombstone table version, its key columns and _seq): :meth:`_tombstones`
         self._tomb_copy: tuple[int, pa.Table] | None = None
         #: recorded with the batch's commit (delta-rs engine): the source position the table is consistent to
@@ -843,18 +847,14 @@ class DeltaUpsertSink(abc.ABC):
     def _recent_commit_infos(self, count: int) -> Iterator[dict]:
         """The ``commitInfo`` of the table's newest ``count`` commits, newest first, read from the log's
         files (one GET each on an object store; delta-rs's ``history`` lists the log first)."""
-        from changelake.connectors.object_store import arrow_filesystem
-
         latest = self._log(self.spec.path).version()
         fs, root = arrow_filesystem(self.spec.path, dict(self.spec.storage_options) or None)
         for version in range(latest, max(-1, latest - count), -1):
-            try:
-                with fs.open_input_stream(f"{root}/_delta_log/{version:020d}.json") as f:
-                    text = f.read().decode()
-            except FileNotFoundError:       # the log's older entries cleaned up
+            actions = read_commit(fs, root, version)
+            if actions is None:       # the log's older entries cleaned up
                 return
-            for line in text.splitlines():
-                if '"commitInfo"' in line and "commitInfo" in (action := json.loads(line)):
+            for action in actions:
+                if isinstance(action.get("commitInfo"), dict):
                     yield action["commitInfo"]
 
     def _expiry_due(self, now: datetime) -> bool:
@@ -888,7 +888,7 @@ class DeltaUpsertSink(abc.ABC):
             schema=pa.schema(table.schema().to_arrow()),
             properties=dict(meta.configuration),
             partition_columns=tuple(meta.partition_columns),
-            txn_version=table.transaction_version(self.app_id),
+            txn_version=self._txns.of(path, table),
             version=table.version(),
         )
 
@@ -899,11 +899,20 @@ class DeltaUpsertSink(abc.ABC):
                                   "location and its credentials")
         return state
 
-    def adopt_logs(self, tables: Mapping[str, DeltaTable]) -> None:
-        """Take up delta-rs handles another reader loaded (the start's check, ``service.lifecycle``), by path:
-        the next read brings each up to date (``update_incremental``) instead of loading the whole log."""
-        for path, table in tables.items():
-            self._logs.setdefault(path, table)
+    def adopt_logs(self, reads: Mapping[str, LogRead]) -> None:
+        """Take up what another reader loaded of this sink's tables' logs (the start's check and its tombstone
+        reads, ``service.lifecycle``), by path: the next read brings each handle up to date
+        (``update_incremental``, then only the newer commits: ``delta_log.TxnVersions``) instead of loading
+        the whole log again; a tombstone table's keys, read as this engine reads them, are the sink's copy."""
+        for path, read in reads.items():
+            if path in self._logs or read.app_id != self.app_id:
+                continue
+            self._logs[path] = read.table
+            version = read.table.version()
+            self._txns.seed(path, version, read.txn)
+            if path == self.tombstone_path and read.tombstones is not None and self.tombstones_read_by_delta_rs \
+                    and read.tombstones.column_names == [*self.spec.primary_key, SEQ]:
+                self._tomb_copy = (version, read.tombstones)
 
     def _log(self, path: str) -> DeltaTable:
         """The cached delta-rs handle of ``path`` (call :meth:`_state` first)."""
@@ -911,6 +920,7 @@ class DeltaUpsertSink(abc.ABC):
 
     def _forget_logs(self) -> None:
         self._logs.clear()
+        self._txns.forget()
         self._tomb_copy = None
 
     def _nullable_key_types(self, changes: pa.Table) -> dict[str, pa.DataType]:

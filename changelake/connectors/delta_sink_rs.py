@@ -18,6 +18,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError
 
 from changelake.changelog import KIND, SEQ
 from changelake.connectors.delta_sink import DeltaUpsertSink, MergeCounts
+from changelake.connectors.delta_sink_kernel import without_views
 from changelake.connectors.delta_sink_merge import (
     MergeClauses,
     datafusion_null_safe_equal,
@@ -49,10 +50,19 @@ def buffered_merge_is_exact(schema: pa.Schema, primary_key: tuple[str, ...]) -> 
                    for k in primary_key)
 
 
+def read_tombstone_keys(table: DeltaTable, primary_key: tuple[str, ...]) -> pa.Table:
+    """The key columns and ``_seq`` of every tombstone in ``table`` (a tombstone table) at its handle's
+    version, as the sink's copy holds them (``DeltaUpsertSink._tombstones``)."""
+    columns = ", ".join(quote(c) for c in (*primary_key, SEQ))
+    reader = QueryBuilder().register("tombstones", table).execute(f"SELECT {columns} FROM tombstones")
+    return without_views(pa.table(reader))
+
+
 class DeltaRsSink(DeltaUpsertSink):
     """Upsert sink that commits with delta-rs; the embedded default."""
 
     engine = "delta-rs"
+    tombstones_read_by_delta_rs = True
 
     def _commit(self, batch_id: int) -> CommitProperties:
         return CommitProperties(app_transactions=[Transaction(self.app_id, batch_id)],
@@ -84,10 +94,7 @@ class DeltaRsSink(DeltaUpsertSink):
                         partition_by=list(table.metadata().partition_columns) or None)
 
     def _read_tombstones(self) -> pa.Table:
-        table = self._log(self.tombstone_path)
-        columns = ", ".join(quote(c) for c in (*self.spec.primary_key, SEQ))
-        reader = QueryBuilder().register("tombstones", table).execute(f"SELECT {columns} FROM tombstones")
-        return pa.table(reader)
+        return read_tombstone_keys(self._log(self.tombstone_path), self.spec.primary_key)
 
     def _merge(self, table: DeltaTable, changes: pa.Table, clauses: MergeClauses, batch_id: int) -> dict:
         # streamed_exec=False: the (driver-sized) source is buffered, which lets delta-rs derive

@@ -41,7 +41,8 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -50,6 +51,8 @@ from deltalake import DeltaTable
 
 from changelake.changelog import split_commit_position
 from changelake.connectors.commits import RESTART_DOC, describe
+from changelake.connectors.delta_log import LogRead
+from changelake.connectors.delta_sink_schema import PROP_PRIMARY_KEY, PROP_TOMBSTONES
 from changelake.errors import ChangelakeError
 from changelake.plan.fingerprint import state_fingerprint, table_fingerprints
 from changelake.plan.physical import PhysicalPlan
@@ -102,8 +105,8 @@ class Start:
     #: what the Delta logs said: this pipeline's commit position in each table it wrote (``positions`` of
     #: :func:`prepare`)
     positions: Mapping[str, int] = field(default_factory=dict)
-    #: the delta-rs handles the check loaded, by table path: the sinks take them up (``BatchProcessor.logs_read``)
-    #: instead of loading each table's log again for their first commit
+    #: what the check read of each table's log (``delta_log.LogRead``), by path: the sinks take them up
+    #: (``BatchProcessor.logs_read``) instead of loading each table's log again for their first commit
     logs: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
@@ -277,7 +280,8 @@ LOG_READERS = 8
 def _recorded_positions(config: ChangelakeConfig, *, writes: Callable[[str], bool] | None = None,
                         app_suffix: str = "", keep: dict[str, Any] | None = None) -> Iterator[tuple[str, int]]:
     """(table name, or 'the dead-letter table ...', commit position) of every write this pipeline recorded
-    (of the tables ``writes`` accepts); ``keep``: gets the delta-rs handle of each table read, by path."""
+    (of the tables ``writes`` accepts); ``keep``: gets what was read of each table (``delta_log.LogRead``), by
+    path."""
     pid = config.pipeline.id
     options = config.storage.plain_options() or None
     seen: set[str] = set()
@@ -323,10 +327,60 @@ def _txn(path: str, app_id: str, options: Mapping[str, str] | None, keep: dict[s
         if not DeltaTable.is_deltatable(path, storage_options=options):
             return None
         table = DeltaTable(path, storage_options=options)
+        txn = table.transaction_version(app_id)
         if keep is not None:
-            keep[path] = table
-        return table.transaction_version(app_id)
+            keep[path] = LogRead(table, app_id, txn)
+        return txn
     except OSError:
+        return None
+
+
+def read_tombstone_tables(logs: Mapping[str, LogRead], options: Mapping[str, str] | None, *,
+                          keys: bool = True) -> dict[str, Future]:
+    """Start reading, in the background, the tombstone table of each table in ``logs`` (what the start's check
+    read): its log, the pipeline's transaction version in it and (``keys``: the sinks write with delta-rs) its
+    tombstones' keys, as the first batch would have read them after Spark's start (docs/operations.md,
+    "Restart to first commit").
+    Returns a future of a ``delta_log.LogRead`` (None: no such table, or not read) by tombstone table path;
+    the runner calls this before the Spark session starts, so the reads overlap its start."""
+    jobs: list[tuple[str, tuple[str, ...], str, Future]] = []
+    for read in logs.values():
+        try:
+            properties = read.table.metadata().configuration
+            tomb, key = properties.get(PROP_TOMBSTONES), json.loads(properties.get(PROP_PRIMARY_KEY) or "null")
+        except (OSError, ValueError):
+            continue
+        if tomb and isinstance(key, list) and tomb not in logs:
+            jobs.append((tomb, tuple(key), read.app_id, Future()))
+    if not jobs:
+        return {}
+    todo = iter(jobs)
+    lock = threading.Lock()
+
+    def work() -> None:
+        while True:
+            with lock:
+                job = next(todo, None)
+            if job is None:
+                return
+            path, key, app_id, future = job
+            future.set_result(_tombstone_read(path, key if keys else None, app_id, options))
+
+    for _ in range(min(LOG_READERS, len(jobs))):    # daemon threads: a read that hangs never holds up an exit
+        threading.Thread(target=work, name="tombstone-read", daemon=True).start()
+    return {path: future for path, _, _, future in jobs}
+
+
+def _tombstone_read(path: str, key: tuple[str, ...] | None, app_id: str,
+                    options: Mapping[str, str] | None) -> LogRead | None:
+    from changelake.connectors.delta_sink_rs import read_tombstone_keys
+
+    try:
+        table = DeltaTable(path, storage_options=dict(options) if options else None)
+        return LogRead(table, app_id, table.transaction_version(app_id),
+                       None if key is None else read_tombstone_keys(table, key))
+    except Exception:  # the first batch reads it itself, as without this read
+        log.debug("tombstone table %s not read ahead", path, exc_info=True)
         return None
 
 

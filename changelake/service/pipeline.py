@@ -46,7 +46,7 @@ import signal
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -57,6 +57,7 @@ import pyarrow.compute as pc
 from changelake import metrics
 from changelake.changelog import DEAD_LETTER_SCHEMA, KIND, SEQ, RowKind, commit_position
 from changelake.connectors.consistency import Cut, table_version
+from changelake.connectors.delta_log import LogRead
 from changelake.connectors.delta_sink import ApplyResult, DeltaUpsertSink, Maintenance, TableSpec, open_sink
 from changelake.connectors.delta_sink_kernel import check_truncate_order, latest_per_key
 from changelake.errors import ConfigError, DecodeError
@@ -178,9 +179,10 @@ class BatchProcessor:
         self.keys = TableKeys(config)
         self._spark = spark
         self.sinks: dict[str, DeltaUpsertSink] = {}     # opened once the table's key is known
-        #: delta-rs handles of the tables' logs that the start's check loaded, by path: each sink takes up its own
-        #: when it opens (``DeltaUpsertSink.adopt_logs``), instead of loading the log again (set by the runner)
-        self.logs_read: dict[str, Any] = {}
+        #: what the start read of the tables' logs, by path (``delta_log.LogRead``, or the future of a tombstone
+        #: table's read still running): each sink takes up its own when it opens (``DeltaUpsertSink.adopt_logs``)
+        #: instead of loading the logs again (set by the runner)
+        self.logs_read: dict[str, LogRead | Future] = {}
         self._pool: ThreadPoolExecutor | None = None     # the concurrent Delta commits, started on first use
         self.dead_letters = DeadLetterPaths(config, query=query)
         #: the pipeline's lease (``changelake.service.lease``), checked before a batch writes; None: not run
@@ -281,9 +283,20 @@ class BatchProcessor:
                 from changelake.spark.delta_sink import open_sink as open_engine_sink
 
                 self.sinks[name] = open_engine_sink(spec, spark=self._spark, **opened)
-            self.sinks[name].adopt_logs({p: self.logs_read.pop(p) for p in (spec.path, spec.resolved_tombstone_path)
-                                         if p in self.logs_read})
+            self.sinks[name].adopt_logs(self._logs_read_of(spec.path, spec.resolved_tombstone_path))
         return self.sinks[name]
+
+    def _logs_read_of(self, *paths: str) -> dict[str, LogRead]:
+        """What the start read of these tables' logs (:attr:`logs_read`), taken out: a read still running in the
+        background (a tombstone table's, ``lifecycle.read_tombstone_tables``) is waited for."""
+        out = {}
+        for path in paths:
+            read = self.logs_read.pop(path, None)
+            if isinstance(read, Future):
+                read = read.result()
+            if read is not None:
+                out[path] = read
+        return out
 
     def framed_tables(self) -> dict[str, tuple[str, ...]]:
         """The tables whose batches reach their sink as Spark DataFrames, reduced on the executors

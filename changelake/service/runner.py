@@ -102,6 +102,10 @@ class PipelineRunner:
         # in seconds: before the JVM starts (a JVM started beside it would outlive a refused start in the fork
         # server it starts); the lease is held, so what it read holds for the start
         recorded = refuse_bad_start(cfg, parts, rebuild_views=rebuild_views)
+        from changelake.service.lifecycle import read_tombstone_tables
+
+        tombstone_reads = [read_tombstone_tables(start.logs, cfg.storage.plain_options() or None,
+                                                 keys=_sinks_on_delta_rs(cfg)) for start in recorded]
         watch = None
         if self.serve_http:
             self.endpoint = HttpEndpoint(self.health, host=cfg.metrics.host, port=cfg.metrics.port).start()
@@ -109,13 +113,13 @@ class PipelineRunner:
             watch = BrokerWatch.for_config(cfg).start()     # changelake_broker_* (service.broker_watch)
         try:
             return self._run_query(lease, parts, available_now=available_now, rebuild_views=rebuild_views,
-                                   recorded=recorded)
+                                   recorded=recorded, tombstone_reads=tombstone_reads)
         finally:
             if watch is not None:
                 watch.stop()
 
     def _run_query(self, lease: Lease, parts: Any, *, available_now: bool | None, rebuild_views: bool,
-                   recorded: list[Any] | None = None) -> RunResult:
+                   recorded: list[Any] | None = None, tombstone_reads: list[dict] | None = None) -> RunResult:
         cfg = self.config
         conf = dict(cfg.pipeline.spark_conf)
         if log_format() == "json":      # Spark's log4j lines as JSON objects too (changelake.service.logs)
@@ -154,7 +158,7 @@ class PipelineRunner:
             processor.lease = lease
             processor.clock = clock
             if recorded:
-                processor.logs_read = dict(recorded[i].logs)
+                processor.logs_read = {**recorded[i].logs, **(tombstone_reads[i] if tombstone_reads else {})}
         self.processor = runs[0][1]
         started = time.monotonic()
         queries = []
@@ -231,6 +235,13 @@ class PipelineRunner:
 
     #: keep the endpoint up after the query ends (the demo prints the URL and lets you scrape it)
     serve_http_after_stop = False
+
+
+def _sinks_on_delta_rs(config: ChangelakeConfig) -> bool:
+    """The sinks will write with delta-rs (``storage.engine``; auto: on a local master, as the Spark wing's
+    ``open_sink`` picks it, a master the launcher sets counted as local)."""
+    engine = config.storage.engine
+    return engine == "delta-rs" or engine == "auto" and str(config.pipeline.master or "local").startswith("local")
 
 
 def refuse_bad_start(config: ChangelakeConfig, parts: Any, *, rebuild_views: bool = False) -> list[Any]:

@@ -144,6 +144,9 @@ class FaultProxy:
     faults: list[Fault] = field(default_factory=list)
     requests: int = 0
     slow: list[SlowRequest] = field(default_factory=list)
+    #: every request's (method, path) while True
+    record: bool = False
+    seen: list[tuple[str, str]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         proxy = self
@@ -212,6 +215,8 @@ class FaultProxy:
     def _take(self, method: str, path: str) -> Fault | None:
         with self._lock:
             self.requests += 1
+            if self.record:
+                self.seen.append((method, path))
             for f in self.faults:
                 if f.matches(method, path):
                     f.met += 1

@@ -10,7 +10,7 @@ from deltalake import DeltaTable
 
 from changelake.connectors.delta_sink import TableSpec, open_sink
 from changelake.service.config import load_config
-from changelake.service.lifecycle import RestartRefused, prepare, read_lineage
+from changelake.service.lifecycle import RestartRefused, prepare, read_lineage, read_tombstone_tables
 from changelake.service.views import pipeline_from_config
 
 from ..integration.helpers import pipeline_config
@@ -197,10 +197,10 @@ def test_a_sink_takes_up_the_log_the_start_check_loaded_and_brings_it_up_to_date
     write(config, "orders", batch_id=3)
     checked = prepare(config, pipeline_from_config(config).plan(), check_only=True)
     path = config.table_path("orders")
-    handle = checked.logs[path]
+    handle = checked.logs[path].table
     write(config, "orders", batch_id=4)                     # a commit after the check loaded the log
     sink = open_sink(TableSpec(name="orders", path=path, primary_key=("id",)), pipeline_id=config.pipeline.id)
-    sink.adopt_logs({path: handle})
+    sink.adopt_logs({path: checked.logs[path]})
     state = sink._state(path)
     assert sink._log(path) is handle                        # taken up, not loaded anew
     assert (state.version, state.txn_version) == (handle.version(), 4)
@@ -208,3 +208,29 @@ def test_a_sink_takes_up_the_log_the_start_check_loaded_and_brings_it_up_to_date
 
     sink.apply(pa.table({"id": [2], "_kind": pa.array([0], pa.int8()), "_seq": ["s2"]}), batch_id=5)
     assert sorted(DeltaTable(path).to_pyarrow_table().column("id").to_pylist()) == [1, 2]
+
+
+def test_the_tombstone_tables_read_while_spark_starts_are_the_first_batch_s_copy(tmp_path, monkeypatch):
+    """``read_tombstone_tables`` reads each table's tombstone table in the background (the runner starts it
+    before the Spark session): the restarted sink's first batch reads no tombstones itself, and a late
+    insert of a key deleted before the restart stays deleted."""
+    config = config_with_views(tmp_path)
+    path = config.table_path("orders")
+    spec = TableSpec(name="orders", path=path, primary_key=("id",))
+    sink = open_sink(spec, pipeline_id=config.pipeline.id)
+    rows = lambda ids, kinds, seqs: pa.table({"id": ids, "_kind": pa.array(kinds, pa.int8()), "_seq": seqs})
+    sink.apply(rows([1, 2, 3], [0, 0, 0], ["s1", "s1", "s1"]), batch_id=0)
+    sink.apply(rows([2], [3], ["s5"]), batch_id=1)                      # key 2 deleted at s5
+    checked = prepare(config, pipeline_from_config(config).plan(), check_only=True)
+    reads = read_tombstone_tables(checked.logs, None)
+    assert list(reads) == [sink.tombstone_path]
+    read = reads[sink.tombstone_path].result(timeout=60)
+    assert read.tombstones.to_pylist() == [{"id": 2, "_seq": "s5"}]
+
+    restarted = open_sink(spec, pipeline_id=config.pipeline.id)
+    restarted.adopt_logs({**checked.logs, **{p: f.result() for p, f in reads.items()}})
+    monkeypatch.setattr(type(restarted), "_read_tombstones",
+                        lambda self: pytest.fail("the first batch read the tombstones the start had read"))
+    restarted.apply(rows([2, 4], [0, 0], ["s3", "s3"]), batch_id=2)     # an older insert of 2 arrives late
+    ids = sorted(DeltaTable(path).to_pyarrow_table().column("id").to_pylist())
+    assert ids == [1, 3, 4]

@@ -37,19 +37,21 @@ def changes(rows: Iterable[tuple[str, int, int, Any]], *, extra: dict[str, pa.Ar
     return table
 
 
-def read_rows(path: str, *, columns: str = "*", order_by: str = "id") -> list[dict[str, Any]]:
-    table = DeltaTable(path)
+def read_rows(path: str, *, columns: str = "*", order_by: str = "id",
+              storage_options: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    table = DeltaTable(path, storage_options=storage_options)
     query = f"SELECT {columns} FROM t ORDER BY {order_by}"
     return pa.table(QueryBuilder().register("t", table).execute(query)).to_pylist()
 
 
-def live(path: str) -> dict[int, tuple[Any, str]]:
+def live(path: str, storage_options: dict[str, str] | None = None) -> dict[int, tuple[Any, str]]:
     """``{id: (v, _seq)}`` of the table's rows."""
-    return {r["id"]: (r["v"], r["_seq"]) for r in read_rows(path, columns='id, v, "_seq"')}
+    return {r["id"]: (r["v"], r["_seq"])
+            for r in read_rows(path, columns='id, v, "_seq"', storage_options=storage_options)}
 
 
-def tombstones(path: str) -> dict[int, str]:
+def tombstones(path: str, storage_options: dict[str, str] | None = None) -> dict[int, str]:
     """``{id: _seq}`` of a tombstone table (empty when it does not exist)."""
-    if not DeltaTable.is_deltatable(path):
+    if not DeltaTable.is_deltatable(path, storage_options=storage_options):
         return {}
-    return {r["id"]: r["_seq"] for r in read_rows(path, columns='id, "_seq"')}
+    return {r["id"]: r["_seq"] for r in read_rows(path, columns='id, "_seq"', storage_options=storage_options)}
