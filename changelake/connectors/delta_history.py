@@ -34,6 +34,7 @@ from changelake.connectors.delta_sink_merge import datafusion_null_safe_equal, k
 from changelake.connectors.delta_sink_merge import double_quote as quote
 from changelake.connectors.delta_sink_rs import DeltaRsSink
 from changelake.connectors.delta_sink_schema import (
+    CREATED_DEFAULTS,
     DELETED_AT_TYPE,
     PROP_HISTORY,
     PROP_SCHEMA_POSITION,
@@ -132,7 +133,7 @@ class DeltaRsHistorySink(DeltaRsSink):
                 raise SinkCommitError(f"cannot create history table {spec.path}: the batch has no column(s) "
                                       f"{missing} named by partition_by / track_history; fix the table's config")
             self._create_table(pa.schema([f.with_nullable(True) for f in fields] + list(INTERVAL_FIELDS)),
-                               properties={**spec.properties, **wanted,
+                               properties={**CREATED_DEFAULTS, **spec.properties, **wanted,
                                            **({PROP_SCHEMA_POSITION: schema_position} if schema_position else {}),
                                            **table_properties(spec.primary_key, self.tombstone_path)})
             self._require_state(spec.path)

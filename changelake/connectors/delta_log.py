@@ -2,10 +2,13 @@
 
 delta-rs's ``DeltaTable.transaction_version`` replays the log from its last checkpoint on every call: on an
 object store that is one GET per commit since the checkpoint (up to ``delta.checkpointInterval``, 100 by
-default), however recently the same handle answered. A sink asks for it several times per batch, for its
-table and its tombstone table, so each batch read up to a few hundred log files that had not changed
-(docs/benchmarks.md, "A batch's log reads"). :class:`TxnVersions` asks delta-rs once per table, then reads
+default), however recently the same handle answered, and after the handle's own load had read them. A sink
+asks for it several times per batch, for its table and its tombstone table, so each batch read up to a few
+hundred log files that had not changed, and a start's check each log twice (docs/benchmarks.md, "A batch's
+log reads"). :class:`TxnVersions` asks delta-rs at most once per table, then reads
 only the commits that came after the version it knows, one GET each: usually the sink's own last commit.
+For a table it knows nothing of, it reads the newest few commits first, newest first: the first transaction
+of the app id found there is the recorded one, without the replay.
 """
 
 from __future__ import annotations
@@ -28,6 +31,10 @@ log = logging.getLogger(__name__)
 #: the most commits :class:`TxnVersions` reads itself to follow a table; further behind (another writer's burst
 #: of commits), delta-rs's replay from the checkpoint reads no more than that
 FOLLOW_AT_MOST = 20
+#: the newest commits :class:`TxnVersions` reads for a table it knows nothing of: the sink's own last batch is
+#: usually the newest, or behind a maintenance commit or two; none of them holding the app id's transaction
+#: (a table written rarely, another writer's commits since), delta-rs replays the log
+LOOK_BACK = 4
 
 
 @dataclass(frozen=True)
@@ -56,7 +63,8 @@ def read_commit(fs: Any, root: str, version: int) -> list[dict] | None:
 
 class TxnVersions:
     """The transaction version of ``app_id`` in each table (by path), kept with the table version it holds at:
-    a later version reads only the commits after the one it knows (module docstring)."""
+    a later version reads only the commits after the one it knows; a table not known yet, its newest few
+    (module docstring)."""
 
     def __init__(self, app_id: str, storage_options: Mapping[str, str] | None = None) -> None:
         self.app_id = app_id
@@ -68,7 +76,7 @@ class TxnVersions:
         """The transaction version recorded in ``table`` (the handle of ``path``) at the handle's version."""
         version = table.version()
         known = self._known.get(path)
-        txn = self._followed(path, known, version) if known is not None else _UNKNOWN
+        txn = self._followed(path, known, version) if known is not None else self._newest(path, version)
         if txn is _UNKNOWN:
             txn = table.transaction_version(self.app_id)
         self._known[path] = (version, txn)
@@ -102,6 +110,23 @@ class TxnVersions:
             log.debug("%s: commits %d..%d not read; asking delta-rs", path, at + 1, version, exc_info=True)
             return _UNKNOWN
         return txn
+
+    def _newest(self, path: str, version: int) -> "int | None | object":
+        """The app id's transaction in the newest of the last :data:`LOOK_BACK` commits that holds one (the
+        newest such action is the recorded version): a writer that commits every batch finds it in one GET."""
+        try:
+            fs, root = self._filesystem(path)
+            for v in range(version, max(-1, version - LOOK_BACK), -1):
+                actions = read_commit(fs, root, v)
+                if actions is None:
+                    return _UNKNOWN
+                for action in actions:
+                    found = action.get("txn")
+                    if isinstance(found, dict) and found.get("appId") == self.app_id:
+                        return int(found["version"])
+        except Exception:  # any doubt: delta-rs reads it
+            log.debug("%s: newest commits not read; asking delta-rs", path, exc_info=True)
+        return _UNKNOWN
 
     def _filesystem(self, path: str) -> tuple[Any, str]:
         if path not in self._filesystems:

@@ -96,6 +96,7 @@ from changelake.connectors.delta_sink_kernel import (
 )
 from changelake.connectors.delta_sink_merge import sql_literal
 from changelake.connectors.delta_sink_schema import (
+    CREATED_DEFAULTS,
     PROP_SCHEMA_POSITION,
     PROP_TRUNCATED_BEFORE,
     SchemaPlan,
@@ -567,7 +568,7 @@ class DeltaUpsertSink(abc.ABC):
                                       f"the batch has no column(s) {missing}; fix partition_by or the pipeline")
             position = {PROP_SCHEMA_POSITION: schema_position} if schema_position is not None else {}
             self._create_table(pa.schema([f.with_nullable(True) for f in fields]),
-                               properties={**spec.properties, **position,
+                               properties={**CREATED_DEFAULTS, **spec.properties, **position,
                                            **table_properties(spec.primary_key, self.tombstone_path)})
             state = self._require_state(spec.path)
         elif not self._contract_checked:

@@ -68,6 +68,12 @@ PROP_TRACK_HISTORY = "changelake.trackHistory"
 #: the source position (``_seq``) of the schema the table last changed for (``schema_positions``)
 PROP_SCHEMA_POSITION = "changelake.schemaPosition"
 
+#: Delta properties of the tables the sink creates, where the table's ``properties`` name no other value: a
+#: checkpoint every 10 commits (Delta Spark's default; delta-rs's is 100). Each reader of the log loads the
+#: newest checkpoint and then every commit after it, one GET each on an object store: a restart's start check
+#: and the first batch of every table read up to 100 commits each before (docs/sink.md, "Exactly-once").
+CREATED_DEFAULTS = {"delta.checkpointInterval": "10"}
+
 #: Column of the tombstone table holding when the delete was committed.
 DELETED_AT = "_deleted_at"
 DELETED_AT_TYPE = pa.timestamp("us", tz="UTC")
@@ -111,8 +117,8 @@ def table_properties(primary_key: Sequence[str], tombstone_path: str) -> dict[st
 
 
 def tombstone_properties(primary_key: Sequence[str], table_path: str) -> dict[str, str]:
-    """Properties of a tombstone table: its key and the sink table it belongs to."""
-    return {PROP_PRIMARY_KEY: json.dumps(list(primary_key)), PROP_TOMBSTONES_OF: table_path}
+    """Properties of a tombstone table: its key and the sink table it belongs to (and :data:`CREATED_DEFAULTS`)."""
+    return {**CREATED_DEFAULTS, PROP_PRIMARY_KEY: json.dumps(list(primary_key)), PROP_TOMBSTONES_OF: table_path}
 
 
 def check_table_contract(*, path: str, properties: Mapping[str, str], partition_columns: Sequence[str],

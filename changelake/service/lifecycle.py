@@ -48,10 +48,11 @@ from datetime import datetime, timezone
 from typing import Any
 
 from deltalake import DeltaTable
+from deltalake.exceptions import TableNotFoundError
 
 from changelake.changelog import split_commit_position
 from changelake.connectors.commits import RESTART_DOC, describe
-from changelake.connectors.delta_log import LogRead
+from changelake.connectors.delta_log import LogRead, TxnVersions
 from changelake.connectors.delta_sink_schema import PROP_PRIMARY_KEY, PROP_TOMBSTONES
 from changelake.errors import ChangelakeError
 from changelake.plan.fingerprint import state_fingerprint, table_fingerprints
@@ -324,15 +325,13 @@ def _tables_under(root: str, options: Mapping[str, str] | None = None) -> Iterat
 
 def _txn(path: str, app_id: str, options: Mapping[str, str] | None, keep: dict[str, Any] | None = None) -> int | None:
     try:
-        if not DeltaTable.is_deltatable(path, storage_options=options):
-            return None
         table = DeltaTable(path, storage_options=options)
-        txn = table.transaction_version(app_id)
-        if keep is not None:
-            keep[path] = LogRead(table, app_id, txn)
-        return txn
-    except OSError:
+        txn = TxnVersions(app_id, options).of(path, table)
+    except (TableNotFoundError, OSError):
         return None
+    if keep is not None:
+        keep[path] = LogRead(table, app_id, txn)
+    return txn
 
 
 def read_tombstone_tables(logs: Mapping[str, LogRead], options: Mapping[str, str] | None, *,
@@ -377,7 +376,7 @@ def _tombstone_read(path: str, key: tuple[str, ...] | None, app_id: str,
 
     try:
         table = DeltaTable(path, storage_options=dict(options) if options else None)
-        return LogRead(table, app_id, table.transaction_version(app_id),
+        return LogRead(table, app_id, TxnVersions(app_id, options).of(path, table),
                        None if key is None else read_tombstone_keys(table, key))
     except Exception:  # the first batch reads it itself, as without this read
         log.debug("tombstone table %s not read ahead", path, exc_info=True)

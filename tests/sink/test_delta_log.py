@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
-from changelake.connectors.delta_log import FOLLOW_AT_MOST, TxnVersions
+from changelake.connectors.delta_log import FOLLOW_AT_MOST, LOOK_BACK, TxnVersions
 
 pytestmark = pytest.mark.unit
 
@@ -60,3 +60,19 @@ def test_what_it_cannot_follow_is_asked_of_delta_rs(tmp_path, monkeypatch):
     txns.seed(path, version, 7)
     monkeypatch.setattr(DeltaTable, "transaction_version", lambda self, app: 100)
     assert txns.of(path, table) == 100
+
+
+def test_a_table_not_known_yet_is_read_from_its_newest_commits(tmp_path, monkeypatch):
+    path = str(tmp_path / "t")
+    _commit(path, 1)
+    _commit(path, 2, app="changelake:other:orders")
+    for _ in range(LOOK_BACK - 2):
+        _commit(path)
+    table = DeltaTable(path)
+    replays = []
+    monkeypatch.setattr(DeltaTable, "transaction_version", lambda self, app: replays.append(app) or 1)
+    assert TxnVersions(APP).of(path, table) == 1
+    assert replays == []                # found within the newest LOOK_BACK commits: no replay
+    _commit(path)                       # now one commit too far back
+    assert TxnVersions(APP).of(path, DeltaTable(path)) == 1
+    assert replays == [APP]
