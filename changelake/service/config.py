@@ -259,7 +259,8 @@ class TableSettings(_Model):
     tombstone_retention: str = "7 days"
     maintenance: MaintenanceSpec = MaintenanceSpec()
     properties: dict[str, str] = Field(default_factory=dict, description="Delta table properties set on the "
-                                       "table, e.g. delta.enableChangeDataFeed: 'true'")
+                                       "table, e.g. delta.enableChangeDataFeed: 'true'; a table changelake "
+                                       "creates gets delta.checkpointInterval: '10' unless they name another")
     schema_change: SchemaChange | None = Field(None, description="this table's schema_change behaviour "
                                                "(default: that of the source it mirrors)")
 

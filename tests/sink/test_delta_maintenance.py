@@ -118,14 +118,21 @@ def test_table_properties_are_set_at_creation_and_on_an_existing_table(make_sink
     config = DeltaTable(sink.spec.path).metadata().configuration
     assert config["delta.logRetentionDuration"] == "interval 8 days"
     assert config["changelake.primaryKey"] == '["id"]'          # the sink's own stay
+    # a checkpoint every 10 commits, on the table and its tombstone table, unless the properties name another
+    assert config["delta.checkpointInterval"] == "10"
+    sink.apply(changes([("-D", 1, 2, None)]), batch_id=1)
+    assert DeltaTable(sink.tombstone_path).metadata().configuration["delta.checkpointInterval"] == "10"
+    own = make_sink("q", properties={"delta.checkpointInterval": "50"})
+    own.apply(changes([("+I", 1, 1, "a")]), batch_id=0)
+    assert DeltaTable(own.spec.path).metadata().configuration["delta.checkpointInterval"] == "50"
 
     reopened = make_sink("p", properties={"delta.logRetentionDuration": "interval 10 days",
                                           "delta.enableChangeDataFeed": "true"})
-    reopened.apply(changes([("+U", 1, 2, "b")]), batch_id=1)
+    reopened.apply(changes([("+I", 1, 3, "b")]), batch_id=2)
     config = DeltaTable(sink.spec.path).metadata().configuration
     assert config["delta.logRetentionDuration"] == "interval 10 days"
     assert config["delta.enableChangeDataFeed"] == "true"
-    assert live(sink.spec.path) == {1: ("b", "s0000000002")}
+    assert live(sink.spec.path) == {1: ("b", "s0000000003")}
 
 
 def test_a_restarted_sink_keeps_the_maintenance_schedule_its_commits_recorded(tmp_path, clock, monkeypatch):
