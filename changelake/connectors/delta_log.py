@@ -102,10 +102,7 @@ class TxnVersions:
                 actions = read_commit(fs, root, v)
                 if actions is None:
                     return _UNKNOWN
-                for action in actions:
-                    found = action.get("txn")
-                    if isinstance(found, dict) and found.get("appId") == self.app_id:
-                        txn = int(found["version"])
+                txn = self._txn_in(actions, txn)
         except Exception:  # any doubt: delta-rs reads it
             log.debug("%s: commits %d..%d not read; asking delta-rs", path, at + 1, version, exc_info=True)
             return _UNKNOWN
@@ -120,13 +117,21 @@ class TxnVersions:
                 actions = read_commit(fs, root, v)
                 if actions is None:
                     return _UNKNOWN
-                for action in actions:
-                    found = action.get("txn")
-                    if isinstance(found, dict) and found.get("appId") == self.app_id:
-                        return int(found["version"])
+                found = self._txn_in(actions, _UNKNOWN)
+                if found is not _UNKNOWN:
+                    return found
         except Exception:  # any doubt: delta-rs reads it
             log.debug("%s: newest commits not read; asking delta-rs", path, exc_info=True)
         return _UNKNOWN
+
+    def _txn_in(self, actions: list[dict], otherwise: "int | None | object") -> "int | None | object":
+        """The version of the app id's ``txn`` action among one commit's ``actions`` (a commit holds at most
+        one per app id), else ``otherwise``."""
+        for action in actions:
+            found = action.get("txn")
+            if isinstance(found, dict) and found.get("appId") == self.app_id:
+                return int(found["version"])
+        return otherwise
 
     def _filesystem(self, path: str) -> tuple[Any, str]:
         if path not in self._filesystems:
