@@ -43,7 +43,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -323,15 +323,21 @@ def _tables_under(root: str, options: Mapping[str, str] | None = None) -> Iterat
             yield info.base_name, (root.rstrip("/") + "/" + info.base_name if "://" in root else info.path)
 
 
+def _log_read(path: str, app_id: str, options: Mapping[str, str] | None) -> LogRead:
+    """The table's log loaded and the transaction version of ``app_id`` in it (``TableNotFoundError``: no
+    Delta table at ``path``)."""
+    table = DeltaTable(path, storage_options=dict(options) if options else None)
+    return LogRead(table, app_id, TxnVersions(app_id, options).of(path, table))
+
+
 def _txn(path: str, app_id: str, options: Mapping[str, str] | None, keep: dict[str, Any] | None = None) -> int | None:
     try:
-        table = DeltaTable(path, storage_options=options)
-        txn = TxnVersions(app_id, options).of(path, table)
+        read = _log_read(path, app_id, options)
     except (TableNotFoundError, OSError):
         return None
     if keep is not None:
-        keep[path] = LogRead(table, app_id, txn)
-    return txn
+        keep[path] = read
+    return read.txn
 
 
 def read_tombstone_tables(logs: Mapping[str, LogRead], options: Mapping[str, str] | None, *,
@@ -375,9 +381,8 @@ def _tombstone_read(path: str, key: tuple[str, ...] | None, app_id: str,
     from changelake.connectors.delta_sink_rs import read_tombstone_keys
 
     try:
-        table = DeltaTable(path, storage_options=dict(options) if options else None)
-        return LogRead(table, app_id, TxnVersions(app_id, options).of(path, table),
-                       None if key is None else read_tombstone_keys(table, key))
+        read = _log_read(path, app_id, options)
+        return read if key is None else replace(read, tombstones=read_tombstone_keys(read.table, key))
     except Exception:  # the first batch reads it itself, as without this read
         log.debug("tombstone table %s not read ahead", path, exc_info=True)
         return None

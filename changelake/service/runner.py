@@ -17,6 +17,7 @@ from changelake.service.catchup import CatchUpTracker, format_progress_line
 from changelake.service.config import ChangelakeConfig, parse_duration
 from changelake.service.http import Health, HttpEndpoint
 from changelake.service.lease import Lease, LeaseLost
+from changelake.service.lifecycle import read_tombstone_tables
 from changelake.service.logs import TerminalStderr, log_format
 from changelake.service.pipeline import BatchProcessor, BatchReport
 from changelake.service.query_start import start_query
@@ -102,8 +103,6 @@ class PipelineRunner:
         # in seconds: before the JVM starts (a JVM started beside it would outlive a refused start in the fork
         # server it starts); the lease is held, so what it read holds for the start
         recorded = refuse_bad_start(cfg, parts, rebuild_views=rebuild_views)
-        from changelake.service.lifecycle import read_tombstone_tables
-
         tombstone_reads = [read_tombstone_tables(start.logs, cfg.storage.plain_options() or None,
                                                  keys=_sinks_on_delta_rs(cfg)) for start in recorded]
         watch = None
