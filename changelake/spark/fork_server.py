@@ -64,7 +64,8 @@ def start() -> str | None:
     path = os.path.join(tempfile.mkdtemp(prefix="changelake-fork-"), "server.sock")
     env = {**os.environ, "PYTHONHASHSEED": os.environ.get("PYTHONHASHSEED", "0")}
     env.pop(ENV, None)
-    _server = subprocess.Popen([sys.executable, "-m", __name__, path], env=env, stdin=subprocess.DEVNULL)
+    _server = subprocess.Popen([sys.executable, "-m", __name__, path, str(os.getpid())], env=env,
+                               stdin=subprocess.DEVNULL)
     os.environ[ENV] = path
     return path
 
@@ -74,8 +75,12 @@ def server_pid() -> int | None:
     return _server.pid if _server is not None and _server.poll() is None else None
 
 
-def serve(path: str) -> None:
-    """Import :data:`PRELOAD`, listen on ``path`` and fork a process per request until the parent is gone."""
+def serve(path: str, parent: int | None = None) -> None:
+    """Import :data:`PRELOAD`, listen on ``path`` and fork a process per request until ``parent`` (the driver's
+    pid; default: this process's parent when it starts) is gone. A driver that dies while this server is still
+    importing (a refused start, a SIGKILL during Spark's start) ends it too: the parent is known before the
+    imports, not looked up after them, when this process would already belong to init."""
+    parent = os.getppid() if parent is None else parent
     worker_python._drop_redundant_zips()
     worker_python.preload(PRELOAD)
     worker_python.freeze()                   # the forks' collections leave the preloaded objects alone
@@ -88,7 +93,6 @@ def serve(path: str) -> None:
     listener.listen(64)
     os.rename(path + ".new", path)                          # answers from now on
     listener.settimeout(1.0)
-    parent = os.getppid()
     while os.getppid() == parent:
         try:
             conn, _ = listener.accept()
@@ -178,4 +182,4 @@ def _become(conn: socket.socket, fds: list[int], request: dict, base: list[str])
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1])
+    serve(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else None)

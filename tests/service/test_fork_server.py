@@ -131,3 +131,28 @@ def test_a_module_the_server_imported_runs_as_main_without_a_warning(server, tmp
                               stdin=subprocess.DEVNULL, capture_output=True, timeout=60)
         assert len(done.stdout) >= 4, (module, done.stderr.decode())
         assert b"RuntimeWarning" not in done.stderr, (module, done.stderr.decode())
+
+
+def test_a_driver_gone_while_the_server_still_imports_ends_the_server(tmp_path):
+    """A start refused (or a driver killed) while the server is still importing its preload must not leave the
+    server running: it would hold the terminal's pipes and serve nobody, for ever."""
+    driver = ("import os; from changelake.spark import fork_server; fork_server.start(); "
+              "print(fork_server.server_pid(), flush=True); os._exit(0)")      # gone before the imports are done
+    done = subprocess.run([sys.executable, "-c", driver], capture_output=True, text=True, timeout=60,
+                          env={k: v for k, v in os.environ.items() if k != fork_server.ENV})
+    pid = int(done.stdout.split()[0])
+    deadline = time.monotonic() + 60
+    while _running(pid):
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            pytest.fail("the fork server outlived the driver that started it")
+        time.sleep(0.2)
+
+
+def _running(pid: int) -> bool:
+    """Not ended: an ended process that init has not reaped yet (a zombie) counts as ended."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
