@@ -139,3 +139,27 @@ def test_sigterm_stops_between_batches_and_the_restart_continues(kafka, tmp_path
     assert any(r.get("logger", "").startswith("changelake.") for r in records)
     assert not [r for r in records if "Py4JException" in json.dumps(r) or r["level"] == "ERROR"], \
         [r for r in records if r["level"] == "ERROR"][:3]
+
+
+def test_ctrl_c_stops_between_batches_as_sigterm_does(kafka, tmp_path):
+    """Ctrl-C in the terminal (SIGINT) is the runner's graceful stop, not pyspark's handler, which cancels the
+    running jobs and raises KeyboardInterrupt wherever the driver is: the Spark session starts outside the main
+    thread, where pyspark installs no handler."""
+    import socket
+
+    prefix = kafka.topic("sigint")
+    write_history(kafka.bootstrap_servers, seed=43, changes=300, topic_prefix=prefix)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    config, path = pipeline_config(kafka.bootstrap_servers, tmp_path, topic_prefix=prefix, max_records=300,
+                                   overrides={"metrics": {"port": port, "host": "127.0.0.1"},
+                                              "pipeline": {"trigger_interval": "1 second"}})
+    env = {k: v for k, v in os.environ.items() if k != "CHANGELAKE_FAULT"}
+    cmd = [sys.executable, "-m", "changelake.service.cli", "--log-level", "INFO", "run", "-c", str(path)]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_ready(f"http://127.0.0.1:{port}/readyz", proc, timeout_s=300)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+    assert "(signal)" in out and "KeyboardInterrupt" not in err
