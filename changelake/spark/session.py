@@ -13,7 +13,9 @@ A setting comes from one of three places; the first that sets a key wins:
                     on a local master, Spark's Python processes forked by a warm server
                     (changelake/spark/fork_server.py; ``CHANGELAKE_FORK_SERVER=off`` turns it off);
                     the JVM and workers it starts get ``MALLOC_ARENA_MAX=2`` (:data:`MALLOC_ARENAS`)
-                    unless the environment sets it
+                    unless the environment sets it; and on a local master ``spark.local.dir`` and the
+                    JVM's temporary directory in a directory of this process, deleted by a later start
+                    once this process is gone (changelake/spark/scratch.py), unless the user chose them
 ==================  ==================================================================================
 
 A YAML setting that the launcher overrides is logged as a warning, so that nobody wonders why it
@@ -35,7 +37,7 @@ from typing import Any, Mapping, Sequence
 
 from pyspark.sql import SparkSession
 
-from changelake.spark import fork_server, jvm_archive, jvm_options, worker_python
+from changelake.spark import fork_server, jvm_archive, jvm_options, scratch, worker_python
 
 log = logging.getLogger(__name__)
 
@@ -280,9 +282,13 @@ def build_session(*, app_name: str = "changelake", master: str | None = None,
         for key in ("spark.driver.host", "spark.driver.bindAddress"):
             if key not in launcher:
                 chosen.setdefault(key, "127.0.0.1")
+    own_dir = None      # scratch files where a killed session's can be found and deleted (changelake/spark/scratch.py)
+    if local and starts_jvm and not os.environ.get("SPARK_LOCAL_DIRS") and "spark.local.dir" not in launcher:
+        own_dir = scratch.session_dir()
+        chosen.setdefault("spark.local.dir", str(own_dir))
     if _JAVA_OPTIONS not in launcher and _JAVA_OPTIONS not in chosen and starts_jvm:
         options = driver_java_options(settings.master, launcher.get("spark.driver.extraJavaOptions", ""),
-                                      chosen.get("spark.driver.extraJavaOptions", ""))
+                                      chosen.get("spark.driver.extraJavaOptions", ""), tmpdir=own_dir)
         if options:
             chosen[_JAVA_OPTIONS] = options
     chosen.update(jar_set_settings(jar_sets, launcher, chosen))      # before delta's: it keeps spark.jars chosen
@@ -298,12 +304,15 @@ def build_session(*, app_name: str = "changelake", master: str | None = None,
 _JAVA_OPTIONS = "spark.driver.defaultJavaOptions"
 
 
-def driver_java_options(master: str, *given: str) -> str | None:
+def driver_java_options(master: str, *given: str, tmpdir: Path | None = None) -> str | None:
     """The options of a driver JVM this process starts for ``master`` (``given``: the
     ``spark.driver.extraJavaOptions`` in effect): Spark's classes from the archive
-    (changelake/spark/jvm_archive.py) and, on a local master, the parallel collector and the first-tier JIT
-    (changelake/spark/jvm_options.py), each unless the user's options choose it; None: none of them."""
+    (changelake/spark/jvm_archive.py), on a local master the parallel collector and the first-tier JIT
+    (changelake/spark/jvm_options.py), and ``tmpdir`` as the JVM's temporary directory (the native libraries
+    it unpacks: changelake/spark/scratch.py), each unless the user's options choose it; None: none of them."""
     parts = [jvm_archive.java_options(*given), jvm_options.collector(master, *given), jvm_options.jit(master, *given)]
+    if tmpdir is not None and not any("-Djava.io.tmpdir=" in g for g in given):
+        parts.append(shlex.quote(f"-Djava.io.tmpdir={tmpdir}"))
     return " ".join(p for p in parts if p) or None
 
 

@@ -193,6 +193,8 @@ that every install, upgrade and template run checks them.
   value: {{ .Values.metrics.port | quote }}
 - name: SPARK_CONF_DIR
   value: {{ include "changelake.sparkConfDir" . }}
+- name: CHANGELAKE_SCRATCH_DIR      # a local session's spark.local.dir and JVM temp: a killed one's are deleted at the next start
+  value: /tmp/spark
 - name: POD_NAME
   valueFrom:
     fieldRef:
@@ -301,7 +303,6 @@ envFrom:
 {{- $_ := set $conf "spark.master" .Values.spark.master -}}
 {{- $_ := set $conf "spark.driver.memory" .Values.spark.driver.memory -}}
 {{- $_ := set $conf "spark.executor.pyspark.memory" .Values.spark.executor.pysparkMemory -}}
-{{- $_ := set $conf "spark.local.dir" "/tmp/spark" -}}
 {{- else -}}
 {{- $sa := .Values.sparkApplication -}}
 {{- $_ := set $conf "spark.driver.cores" ($sa.driver.cores | toString) -}}
