@@ -186,7 +186,7 @@ def test_a_killed_session_s_scratch_files_are_deleted_by_the_next_start(kafka, t
     cmd = [sys.executable, "-m", "changelake.service.cli", "--log-level", "INFO", "run", "-c", str(path)]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
-    killed = tmp_path / "scratch" / scratch.ROOT / f"{proc.pid}-{scratch.start_ticks(proc.pid)}"
+    killed = tmp_path / "scratch" / scratch.ROOT / scratch.own_name(proc.pid)
     _wait_ready(f"http://127.0.0.1:{port}/readyz", proc, timeout_s=300)
     assert any(p.name.startswith("blockmgr-") for p in killed.iterdir())
     os.killpg(proc.pid, signal.SIGKILL)

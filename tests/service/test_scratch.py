@@ -4,6 +4,7 @@ are gone (a killed JVM leaves its shuffle files, state store copies and unpacked
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 
@@ -20,23 +21,25 @@ def test_a_start_deletes_the_directories_of_gone_processes_and_keeps_the_live_on
     root = tmp_path / scratch.ROOT
     root.mkdir()
     me = os.getpid()
-    live = root / f"{me}-{scratch.start_ticks(me)}"
-    reused = root / f"{me}-{scratch.start_ticks(me) + 1}"       # this pid, but an earlier process's
-    gone = root / f"{gone_pid}-{123}"
+    host = socket.gethostname()
+    live = root / scratch.own_name()
+    reused = root / f"{host}-{me}-{scratch.start_ticks(me) + 1}"     # this pid, but an earlier process's
+    gone = root / f"{host}-{gone_pid}-{123}"
     foreign = root / "not-a-session"
-    for d in (live, reused, gone, foreign):
+    elsewhere = root / f"other-host-{gone_pid}-{123}"        # another container's on a shared volume: its pids
+    for d in (live, reused, gone, foreign, elsewhere):
         (d / "blockmgr-x").mkdir(parents=True)
         (d / "blockmgr-x" / "shuffle_0_0_0.data").write_bytes(b"x" * 1000)
     assert sorted(p.name for p in scratch.sweep(root)) == sorted([reused.name, gone.name])
-    assert live.exists() and foreign.exists() and not reused.exists() and not gone.exists()
+    assert live.exists() and foreign.exists() and elsewhere.exists() and not reused.exists() and not gone.exists()
 
 
 def test_the_session_dir_is_this_process_s_and_sweeps_first(tmp_path, monkeypatch):
     monkeypatch.setenv(scratch.ENV, str(tmp_path))
-    stale = tmp_path / scratch.ROOT / "999999999-1"
+    stale = tmp_path / scratch.ROOT / f"{socket.gethostname()}-999999999-1"
     stale.mkdir(parents=True)
     mine = scratch.session_dir()
-    assert mine == tmp_path / scratch.ROOT / f"{os.getpid()}-{scratch.start_ticks(os.getpid())}"
+    assert mine == tmp_path / scratch.ROOT / f"{socket.gethostname()}-{os.getpid()}-{scratch.start_ticks(os.getpid())}"
     assert mine.is_dir() and not stale.exists()
 
 

@@ -18,8 +18,7 @@ pytestmark = pytest.mark.spark
 def test_a_local_session_writes_its_scratch_files_in_its_process_s_directory(spark):
     if os.environ.get("SPARK_LOCAL_DIRS"):
         pytest.skip("SPARK_LOCAL_DIRS is set in this environment: the user's choice, which changelake leaves as it is")
-    mine = Path(os.environ.get(scratch.ENV) or tempfile.gettempdir()) / scratch.ROOT / \
-        f"{os.getpid()}-{scratch.start_ticks(os.getpid())}"
+    mine = Path(os.environ.get(scratch.ENV) or tempfile.gettempdir()) / scratch.ROOT / scratch.own_name()
     assert spark.conf.get("spark.local.dir") == str(mine)
     assert spark.sparkContext._jvm.System.getProperty("java.io.tmpdir") == str(mine)
     assert spark.range(1000).repartition(3).count() == 1000       # a shuffle: its block manager's files
