@@ -13,9 +13,10 @@ A setting comes from one of three places; the first that sets a key wins:
                     on a local master, Spark's Python processes forked by a warm server
                     (changelake/spark/fork_server.py; ``CHANGELAKE_FORK_SERVER=off`` turns it off);
                     the JVM and workers it starts get ``MALLOC_ARENA_MAX=2`` (:data:`MALLOC_ARENAS`)
-                    unless the environment sets it; and on a local master ``spark.local.dir`` and the
-                    JVM's temporary directory in a directory of this process, deleted by a later start
-                    once this process is gone (changelake/spark/scratch.py), unless the user chose them
+                    unless the environment sets it; and on a local master the JVM's local directories
+                    (``SPARK_LOCAL_DIRS``) and temporary directory in a directory of this process,
+                    deleted by a later start once this process is gone (changelake/spark/scratch.py),
+                    unless the user chose them
 ==================  ==================================================================================
 
 A YAML setting that the launcher overrides is logged as a warning, so that nobody wonders why it
@@ -282,10 +283,13 @@ def build_session(*, app_name: str = "changelake", master: str | None = None,
         for key in ("spark.driver.host", "spark.driver.bindAddress"):
             if key not in launcher:
                 chosen.setdefault(key, "127.0.0.1")
-    own_dir = None      # scratch files where a killed session's can be found and deleted (changelake/spark/scratch.py)
-    if local and starts_jvm and not os.environ.get("SPARK_LOCAL_DIRS") and "spark.local.dir" not in launcher:
+    # scratch files where a killed session's can be found and deleted (changelake/spark/scratch.py); given to the
+    # JVM as SPARK_LOCAL_DIRS, which a local driver reads before spark.local.dir (set as spark.local.dir, Spark warns
+    # at every start that a cluster manager's value would override it), in the JVM's environment only
+    own_dir = None
+    if (local and starts_jvm and "spark.local.dir" not in launcher and "spark.local.dir" not in chosen
+            and not os.environ.get("SPARK_LOCAL_DIRS")):
         own_dir = scratch.session_dir()
-        chosen.setdefault("spark.local.dir", str(own_dir))
     if _JAVA_OPTIONS not in launcher and _JAVA_OPTIONS not in chosen and starts_jvm:
         options = driver_java_options(settings.master, launcher.get("spark.driver.extraJavaOptions", ""),
                                       chosen.get("spark.driver.extraJavaOptions", ""), tmpdir=own_dir)
@@ -295,7 +299,14 @@ def build_session(*, app_name: str = "changelake", master: str | None = None,
     chosen.update(delta_settings(engine, launcher, chosen, settings.master))
     for key, value in chosen.items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    if own_dir is None:
+        spark = builder.getOrCreate()
+    else:
+        os.environ["SPARK_LOCAL_DIRS"] = str(own_dir)        # the JVM started here inherits it; nothing else does
+        try:
+            spark = builder.getOrCreate()
+        finally:
+            del os.environ["SPARK_LOCAL_DIRS"]
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 
