@@ -103,17 +103,24 @@ def _wait_ready(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
     raise AssertionError(f"{url} never became ready")
 
 
-def test_sigterm_stops_between_batches_and_the_restart_continues(kafka, tmp_path):
+def _served_pipeline(kafka, tmp_path, name: str, *, seed: int, changes: int):
+    """A history on ``name``'s topics and its pipeline, serving /metrics and /readyz on a free port:
+    (database, config, config path, port)."""
     import socket
 
-    prefix = kafka.topic("sigterm")
-    db = write_history(kafka.bootstrap_servers, seed=41, changes=800, topic_prefix=prefix)
+    prefix = kafka.topic(name)
+    db = write_history(kafka.bootstrap_servers, seed=seed, changes=changes, topic_prefix=prefix)
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     config, path = pipeline_config(kafka.bootstrap_servers, tmp_path, topic_prefix=prefix, max_records=300,
                                    overrides={"metrics": {"port": port, "host": "127.0.0.1"},
                                               "pipeline": {"trigger_interval": "1 second"}})
+    return db, config, path, port
+
+
+def test_sigterm_stops_between_batches_and_the_restart_continues(kafka, tmp_path):
+    db, config, path, port = _served_pipeline(kafka, tmp_path, "sigterm", seed=41, changes=800)
     env = {k: v for k, v in os.environ.items() if k != "CHANGELAKE_FAULT"}
     cmd = [sys.executable, "-m", "changelake.service.cli", "--log-level", "INFO", "run", "-c", str(path)]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -148,18 +155,9 @@ def test_a_killed_session_s_scratch_files_are_deleted_and_ctrl_c_stops_between_b
     (SIGINT): the runner's graceful stop, not pyspark's handler, which cancels the running jobs and raises
     KeyboardInterrupt wherever the driver is (the Spark session starts outside the main thread, where pyspark
     installs no handler)."""
-    import socket
-
     from changelake.spark import scratch
 
-    prefix = kafka.topic("scratch")
-    write_history(kafka.bootstrap_servers, seed=47, changes=300, topic_prefix=prefix)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    config, path = pipeline_config(kafka.bootstrap_servers, tmp_path, topic_prefix=prefix, max_records=300,
-                                   overrides={"metrics": {"port": port, "host": "127.0.0.1"},
-                                              "pipeline": {"trigger_interval": "1 second"}})
+    _, _, path, port = _served_pipeline(kafka, tmp_path, "scratch", seed=47, changes=300)
     env = {**{k: v for k, v in os.environ.items() if k not in ("CHANGELAKE_FAULT", "SPARK_LOCAL_DIRS")},
            scratch.ENV: str(tmp_path / "scratch")}
     cmd = [sys.executable, "-m", "changelake.service.cli", "--log-level", "INFO", "run", "-c", str(path)]
