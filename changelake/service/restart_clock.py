@@ -14,10 +14,8 @@ start      the process's start (the kernel's start time of this process) .. the 
 preflight  .. the broker listed its topics (the first connection to Kafka)
 lease      .. the pipeline's lease taken (``changelake.service.lease``; after a SIGKILL on this host at
            once, from another host once the old holder's ``lease_ttl`` has passed)
-check      .. the start check done (the checkpoint against the tables and views: the Delta logs read). The
-           driver JVM starts beside it, right after the lease
-session    .. a Spark session: what is left of the driver JVM's start (jars, the class-data archive mapped
-           in) once the check is done
+check      .. the start check done (the checkpoint against the tables and views: the Delta logs read)
+session    .. a Spark session (the driver JVM started, jars, the class-data archive mapped in)
 query      .. the query started (checkpoint and lineage checks, the sink tables' Delta logs, the plan)
 plan       .. Spark hands changelake its first batch (offsets planned and logged, the batch planned)
 read       .. the first batch's data on the driver (Python workers started, Kafka read, decode, the

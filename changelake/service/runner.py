@@ -62,6 +62,7 @@ class PipelineRunner:
         #: restart to first commit (``changelake.service.restart_clock``), set by :meth:`run`
         self.clock: RestartClock | None = None
         self._terminal: Any = None      # the catch-up line (_CatchUpLine), set up before the JVM starts
+        self._signals = False           # the runner installed its signal handlers
         self.health = Health(max_silence_s=parse_duration(config.pipeline.trigger_interval)
                              * config.metrics.ready_after_intervals + 60,
                              stalled_after_s=parse_duration(config.metrics.stalled_after))
@@ -93,16 +94,11 @@ class PipelineRunner:
         lease.acquire()     # a second instance of the pipeline stops here: LeaseHeld (changelake.service.lease)
         clock.mark("lease")
         lease.start_renewing()
-        session = None
+        self._signals = install_signal_handlers and threading.current_thread() is threading.main_thread()
         try:
             parts = split(cfg, rebuild_views=rebuild_views)
-            # The driver JVM starts now, beside the start check (the Delta logs read): the check waits on the
-            # store, the JVM's start on the CPU. docs/operations.md, "Restart to first commit".
-            session = self._spark if self._spark is not None else _SessionStart(self._session_settings(parts))
-            return self._run(lease, parts, session, available_now=available_now, rebuild_views=rebuild_views)
+            return self._run(lease, parts, available_now=available_now, rebuild_views=rebuild_views)
         finally:
-            if isinstance(session, _SessionStart):
-                session.discard()       # a refused start: the session it started is stopped, not left behind
             lease.release()
 
     def _session_settings(self, parts: Any) -> dict[str, Any]:
@@ -118,10 +114,9 @@ class PipelineRunner:
         return dict(app_name=f"changelake-{cfg.pipeline.id}", master=cfg.pipeline.master, conf=conf,
                     engine=cfg.storage.engine, jar_sets=("spark-kafka",) if cfg.kafka.reader == "spark-kafka" else ())
 
-    def _run(self, lease: Lease, parts: Any, session: Any, *, available_now: bool | None,
-             rebuild_views: bool) -> RunResult:
+    def _run(self, lease: Lease, parts: Any, *, available_now: bool | None, rebuild_views: bool) -> RunResult:
         cfg = self.config
-        # the lease is held, so what the check read holds for the start
+        # in seconds, before the JVM starts; the lease is held, so what it read holds for the start
         recorded = refuse_bad_start(cfg, parts, rebuild_views=rebuild_views)
         self.clock.mark("check")
         tombstone_reads = [read_tombstone_tables(start.logs, cfg.storage.plain_options() or None,
@@ -132,19 +127,24 @@ class PipelineRunner:
             log.info("metrics and health on %s", self.endpoint.url("/"))
             watch = BrokerWatch.for_config(cfg).start()     # changelake_broker_* (service.broker_watch)
         try:
-            return self._run_query(lease, parts, session, available_now=available_now, rebuild_views=rebuild_views,
+            return self._run_query(lease, parts, available_now=available_now, rebuild_views=rebuild_views,
                                    recorded=recorded, tombstone_reads=tombstone_reads)
         finally:
             if watch is not None:
                 watch.stop()
 
-    def _run_query(self, lease: Lease, parts: Any, session: Any, *, available_now: bool | None, rebuild_views: bool,
+    def _run_query(self, lease: Lease, parts: Any, *, available_now: bool | None, rebuild_views: bool,
                    recorded: list[Any] | None = None, tombstone_reads: list[dict] | None = None) -> RunResult:
         cfg = self.config
-        if isinstance(session, _SessionStart):
-            spark, terminal = session.take(), self._terminal
+        if self._spark is not None:
+            spark, terminal = self._spark, _CatchUpLine.for_run(cfg)
         else:
-            spark, terminal = session, _CatchUpLine.for_run(cfg)
+            spark = build_session(**self._session_settings(parts))
+            terminal = self._terminal
+            if self._signals:
+                # pyspark's SIGINT handler (cancel every job, raise KeyboardInterrupt wherever the driver is)
+                # replaced the runner's when the session started: Ctrl-C stops between batches, as SIGTERM does
+                signal.signal(signal.SIGINT, self.request_stop)
         clock = self.clock
         clock.mark("session")
         metrics.JVM.watch(*driver_jvm(spark), workers_under=fork_server.server_pid())
@@ -250,43 +250,6 @@ class PipelineRunner:
 
     #: keep the endpoint up after the query ends (the demo prints the URL and lets you scrape it)
     serve_http_after_stop = False
-
-
-class _SessionStart:
-    """:func:`build_session` in a thread of its own, started beside the start check. :meth:`take` waits for the
-    session (and raises what its start raised); :meth:`discard`, for a start that ends before taking it (a refused
-    start, an error), waits for the start and stops the session, so that neither the JVM nor its Python fork server
-    outlives the start in this process. A thread other than the main one: pyspark's SIGINT handler, which cancels
-    the jobs and raises, stays out and the runner's own (a graceful stop) stays in."""
-
-    def __init__(self, settings: dict[str, Any]) -> None:
-        self._spark: Any = None
-        self._error: BaseException | None = None
-        self._taken = False
-        self._thread = threading.Thread(target=self._build, args=(settings,), name="changelake-session", daemon=True)
-        self._thread.start()
-
-    def _build(self, settings: dict[str, Any]) -> None:
-        try:
-            self._spark = build_session(**settings)
-        except BaseException as exc:  # noqa: BLE001 - handed to the thread that takes the session
-            self._error = exc
-
-    def take(self) -> Any:
-        self._thread.join()
-        self._taken = True
-        if self._error is not None:
-            raise self._error
-        return self._spark
-
-    def discard(self) -> None:
-        if self._taken:
-            return
-        self._thread.join()
-        self._taken = True
-        if self._spark is not None:
-            self._spark.stop()
-        fork_server.stop()
 
 
 def _sinks_on_delta_rs(config: ChangelakeConfig) -> bool:

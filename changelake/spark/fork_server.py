@@ -70,23 +70,6 @@ def start() -> str | None:
     return path
 
 
-def stop() -> None:
-    """Stop the server this process started (if any) and unset ``CHANGELAKE_FORK_SERVER``: a session stopped for
-    good (a refused start) leaves no server behind in a process that goes on."""
-    global _server
-    if _server is None:
-        return
-    if _server.poll() is None:
-        _server.terminate()
-        try:
-            _server.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            _server.kill()
-            _server.wait()
-    _server = None
-    os.environ.pop(ENV, None)
-
-
 def server_pid() -> int | None:
     """The pid of the server this process started, while it runs."""
     return _server.pid if _server is not None and _server.poll() is None else None

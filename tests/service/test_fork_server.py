@@ -157,11 +157,3 @@ def _running(pid: int) -> bool:
     except FileNotFoundError:
         return False
 
-
-def test_stop_ends_the_server_and_unsets_its_variable(monkeypatch):
-    monkeypatch.delenv(fork_server.ENV, raising=False)
-    path = fork_server.start()
-    pid = fork_server.server_pid()
-    assert path and pid and os.environ[fork_server.ENV] == path
-    fork_server.stop()
-    assert fork_server.server_pid() is None and fork_server.ENV not in os.environ and not _running(pid)
