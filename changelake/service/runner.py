@@ -61,7 +61,6 @@ class PipelineRunner:
         self.processor: BatchProcessor | None = None
         #: restart to first commit (``changelake.service.restart_clock``), set by :meth:`run`
         self.clock: RestartClock | None = None
-        self._terminal: Any = None      # the catch-up line (_CatchUpLine), set up before the JVM starts
         self._signals = False           # the runner installed its signal handlers
         self.health = Health(max_silence_s=parse_duration(config.pipeline.trigger_interval)
                              * config.metrics.ready_after_intervals + 60,
@@ -96,26 +95,13 @@ class PipelineRunner:
         lease.start_renewing()
         self._signals = install_signal_handlers and threading.current_thread() is threading.main_thread()
         try:
-            parts = split(cfg, rebuild_views=rebuild_views)
-            return self._run(lease, parts, available_now=available_now, rebuild_views=rebuild_views)
+            return self._run(lease, available_now=available_now, rebuild_views=rebuild_views)
         finally:
             lease.release()
 
-    def _session_settings(self, parts: Any) -> dict[str, Any]:
-        """:func:`build_session`'s arguments for this pipeline; sets up the catch-up line first (the JVM inherits
-        standard error when it starts)."""
+    def _run(self, lease: Lease, *, available_now: bool | None, rebuild_views: bool) -> RunResult:
         cfg = self.config
-        conf = dict(cfg.pipeline.spark_conf)
-        if log_format() == "json":      # Spark's log4j lines as JSON objects too (changelake.service.logs)
-            conf.setdefault("spark.log.structuredLogging.enabled", "true")
-        if parts is not None:       # the mirrors in a query of their own: FAIR pools, so neither waits for the other
-            conf.setdefault("spark.scheduler.mode", "FAIR")
-        self._terminal = _CatchUpLine.for_run(cfg)
-        return dict(app_name=f"changelake-{cfg.pipeline.id}", master=cfg.pipeline.master, conf=conf,
-                    engine=cfg.storage.engine, jar_sets=("spark-kafka",) if cfg.kafka.reader == "spark-kafka" else ())
-
-    def _run(self, lease: Lease, parts: Any, *, available_now: bool | None, rebuild_views: bool) -> RunResult:
-        cfg = self.config
+        parts = split(cfg, rebuild_views=rebuild_views)
         # in seconds, before the JVM starts; the lease is held, so what it read holds for the start
         recorded = refuse_bad_start(cfg, parts, rebuild_views=rebuild_views)
         self.clock.mark("check")
@@ -136,11 +122,17 @@ class PipelineRunner:
     def _run_query(self, lease: Lease, parts: Any, *, available_now: bool | None, rebuild_views: bool,
                    recorded: list[Any] | None = None, tombstone_reads: list[dict] | None = None) -> RunResult:
         cfg = self.config
-        if self._spark is not None:
-            spark, terminal = self._spark, _CatchUpLine.for_run(cfg)
-        else:
-            spark = build_session(**self._session_settings(parts))
-            terminal = self._terminal
+        conf = dict(cfg.pipeline.spark_conf)
+        if log_format() == "json":      # Spark's log4j lines as JSON objects too (changelake.service.logs)
+            conf.setdefault("spark.log.structuredLogging.enabled", "true")
+        if parts is not None:       # the mirrors in a query of their own: FAIR pools, so neither waits for the other
+            conf.setdefault("spark.scheduler.mode", "FAIR")
+        terminal = _CatchUpLine.for_run(cfg)     # before the JVM starts: its stderr goes around the progress line
+        spark = self._spark
+        if spark is None:
+            spark = build_session(app_name=f"changelake-{cfg.pipeline.id}", master=cfg.pipeline.master, conf=conf,
+                                  engine=cfg.storage.engine,
+                                  jar_sets=("spark-kafka",) if cfg.kafka.reader == "spark-kafka" else ())
             if self._signals:
                 # pyspark's SIGINT handler (cancel every job, raise KeyboardInterrupt wherever the driver is)
                 # replaced the runner's when the session started: Ctrl-C stops between batches, as SIGTERM does
