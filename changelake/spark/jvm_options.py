@@ -30,6 +30,11 @@ nothing the user gave chooses the same thing (:func:`chooses`):
   against 125 and 112 s, (b) 249 and 262 s against 301 and 278 s (alternated pairs): the heavy part of a
   batch runs in Python, and the JVM's share is not hot enough for C2 to pay for its compiling. A user whose
   pipeline runs long at full load on a larger machine gives ``-XX:TieredStopAtLevel=4`` to get C2 back.
+  Not with ``storage.engine: delta-spark`` (:data:`JVM_ENGINES`): there the reduction, the tombstone split, both
+  MERGEs and the Parquet writes run in the JVM, and C2 pays: ``bench/mirror.py --engine delta-spark`` (1 M
+  events, batches of 250,000, quiet machine, two alternated pairs) took 115.5 and 115.5 s with both tiers
+  against 126.5 and 134.5 s with C1 only, its warm batches 15.4-22.4 s against 23.3-31.3 s
+  (docs/benchmarks.md, "delta-spark on a quiet machine").
 
 What the user gave: ``spark.driver.extraJavaOptions`` (the launcher's or the pipeline's) and the variables
 Spark's launcher and the JVM read options from, :data:`OPTION_VARIABLES`. A collector chosen there (any
@@ -55,6 +60,9 @@ LOCAL_HEAP_SIZING = ("-XX:GCTimeRatio=4", "-XX:AdaptiveSizePolicyWeight=90", "-X
 
 #: the JIT of a local master's driver JVM (module docstring)
 LOCAL_JIT = "-XX:TieredStopAtLevel=1"
+
+#: the ``storage.engine`` values whose batches do their heavy work in the JVM: both JIT tiers (module docstring)
+JVM_ENGINES = ("delta-spark",)
 
 _COLLECTOR_OPTION = re.compile(r"(?:^|\s)-XX:[+-]Use\w*GC(?=\s|$)")
 _JIT_OPTION = re.compile(r"(?:^|\s)-XX:(?:TieredStopAtLevel=\d+|[+-]TieredCompilation)(?=\s|$)")
@@ -90,9 +98,12 @@ def _same_flag(option: str) -> re.Pattern:
     return re.compile(r"(?:^|\s)" + re.escape(option.split("=", 1)[0]) + "=")
 
 
-def jit(master: str, *options: str) -> str | None:
-    """The JIT option for a new driver JVM of ``master``, or None: not a local master, or ``options``
-    (``spark.driver.extraJavaOptions``) or the environment choose the JIT's tiers themselves."""
+def jit(master: str, *options: str, engine: str = "auto") -> str | None:
+    """The JIT option for a new driver JVM of ``master``, or None: not a local master, an ``engine``
+    (``storage.engine``) of :data:`JVM_ENGINES`, or ``options`` (``spark.driver.extraJavaOptions``) or the
+    environment choose the JIT's tiers themselves."""
+    if engine in JVM_ENGINES:
+        return None
     return _local_default(master, LOCAL_JIT, _JIT_OPTION, options)
 
 

@@ -292,7 +292,7 @@ def build_session(*, app_name: str = "changelake", master: str | None = None,
         own_dir = scratch.session_dir()
     if _JAVA_OPTIONS not in launcher and _JAVA_OPTIONS not in chosen and starts_jvm:
         options = driver_java_options(settings.master, launcher.get("spark.driver.extraJavaOptions", ""),
-                                      chosen.get("spark.driver.extraJavaOptions", ""), tmpdir=own_dir)
+                                      chosen.get("spark.driver.extraJavaOptions", ""), tmpdir=own_dir, engine=engine)
         if options:
             chosen[_JAVA_OPTIONS] = options
     chosen.update(jar_set_settings(jar_sets, launcher, chosen))      # before delta's: it keeps spark.jars chosen
@@ -315,13 +315,15 @@ def build_session(*, app_name: str = "changelake", master: str | None = None,
 _JAVA_OPTIONS = "spark.driver.defaultJavaOptions"
 
 
-def driver_java_options(master: str, *given: str, tmpdir: Path | None = None) -> str | None:
+def driver_java_options(master: str, *given: str, tmpdir: Path | None = None, engine: str = "auto") -> str | None:
     """The options of a driver JVM this process starts for ``master`` (``given``: the
     ``spark.driver.extraJavaOptions`` in effect): Spark's classes from the archive
-    (changelake/spark/jvm_archive.py), on a local master the parallel collector and the first-tier JIT
-    (changelake/spark/jvm_options.py), and ``tmpdir`` as the JVM's temporary directory (the native libraries
-    it unpacks: changelake/spark/scratch.py), each unless the user's options choose it; None: none of them."""
-    parts = [jvm_archive.java_options(*given), jvm_options.collector(master, *given), jvm_options.jit(master, *given)]
+    (changelake/spark/jvm_archive.py), on a local master the parallel collector and the first-tier JIT (not with
+    ``engine`` delta-spark: changelake/spark/jvm_options.py), and ``tmpdir`` as the JVM's temporary directory (the
+    native libraries it unpacks: changelake/spark/scratch.py), each unless the user's options choose it; None:
+    none of them."""
+    parts = [jvm_archive.java_options(*given), jvm_options.collector(master, *given),
+             jvm_options.jit(master, *given, engine=engine)]
     if tmpdir is not None and not any("-Djava.io.tmpdir=" in g for g in given):
         parts.append(shlex.quote(f"-Djava.io.tmpdir={tmpdir}"))
     return " ".join(p for p in parts if p) or None

@@ -26,6 +26,14 @@ def test_a_local_masters_driver_runs_the_parallel_collector_and_the_first_tier_j
     assert driver_java_options(master) == f"-XX:+UseParallelGC {SIZING} -XX:TieredStopAtLevel=1"
 
 
+def test_with_the_delta_spark_engine_the_driver_keeps_both_jit_tiers():
+    # its MERGEs, window functions and Parquet writes run in the JVM, where C2 pays (jvm_options.JVM_ENGINES)
+    assert jvm_options.jit("local[2]", engine="delta-spark") is None
+    assert driver_java_options("local[2]", engine="delta-spark") == f"-XX:+UseParallelGC {SIZING}"
+    for engine in ("auto", "delta-rs"):       # auto writes with delta-rs on a local master
+        assert driver_java_options("local[2]", engine=engine) == f"-XX:+UseParallelGC {SIZING} -XX:TieredStopAtLevel=1"
+
+
 #: the heap sizing that goes with the local collector: a 20 % GC-time goal, the heap shrunk when 30 % is free
 SIZING = "-XX:GCTimeRatio=4 -XX:AdaptiveSizePolicyWeight=90 -XX:MinHeapFreeRatio=10 -XX:MaxHeapFreeRatio=30"
 
