@@ -77,7 +77,8 @@ class PipelineRunner:
         cfg = self.config
         self.clock = clock = RestartClock()
         clock.mark("start")
-        if install_signal_handlers and threading.current_thread() is threading.main_thread():
+        self._signals = install_signal_handlers and threading.current_thread() is threading.main_thread()
+        if self._signals:
             signal.signal(signal.SIGTERM, self.request_stop)
             signal.signal(signal.SIGINT, self.request_stop)
         topics = broker_topics(cfg)     # an unreachable broker: one line (SourceError) within seconds, before Spark
@@ -93,7 +94,6 @@ class PipelineRunner:
         lease.acquire()     # a second instance of the pipeline stops here: LeaseHeld (changelake.service.lease)
         clock.mark("lease")
         lease.start_renewing()
-        self._signals = install_signal_handlers and threading.current_thread() is threading.main_thread()
         try:
             return self._run(lease, available_now=available_now, rebuild_views=rebuild_views)
         finally:
