@@ -312,7 +312,7 @@ def _sequences(source: pa.StructArray, partitions: pa.Array, offsets: pa.Array) 
     pos = _field(source, "pos").cast(pa.int64())
     row = _field(source, "row").cast(pa.int64())
     lsn = _field(source, "lsn").cast(pa.int64())
-    suffix = pc.struct_field(pc.extract_regex(files, r"\.(?P<n>[0-9]+)$"), "n")
+    suffix = _file_index(files)
     if (pc.max(pc.utf8_length(suffix)).as_py() or 0) > _WIDTH:
         return None
     binlog = pc.and_kleene(pc.is_valid(suffix), pc.greater_equal(pos, 0))
@@ -326,13 +326,20 @@ def _sequences(source: pa.StructArray, partitions: pa.Array, offsets: pa.Array) 
     return pc.if_else(pc.fill_null(binlog, False), seq_binlog, pc.if_else(use_lsn, seq_lsn, seq_kafka))
 
 
+def _file_index(files: pa.Array) -> pa.Array:
+    """The digits after the last dot of each binlog file name (``mysql-bin.000042``: ``000042``), else null.
+    A chunk names a few files, so the pattern runs once per distinct name (~10x fewer calls)."""
+    names = pc.dictionary_encode(files)
+    return pc.struct_field(pc.extract_regex(names.dictionary, r"\.(?P<n>[0-9]+)$"), "n").take(names.indices)
+
+
 def _positions(source: pa.StructArray, records: pa.Table, idx: np.ndarray, ts: pa.Array) -> pa.Table:
     """The messages' log positions for the epoch rule, column-wise: the same as
     :func:`changelake.formats.debezium.log_position` (a differential test holds them equal)."""
     files = _field(source, "file").cast(pa.string())
     pos = _field(source, "pos").cast(pa.int64())
     lsn = _field(source, "lsn").cast(pa.int64())
-    suffix = pc.struct_field(pc.extract_regex(files, r"\.(?P<n>[0-9]+)$"), "n").cast(pa.int64())
+    suffix = _file_index(files).cast(pa.int64())
     binlog = pc.fill_null(pc.and_kleene(pc.is_valid(suffix), pc.greater_equal(pos, 0)), False)
     use_lsn = pc.and_(pc.invert(binlog), pc.fill_null(pc.greater_equal(lsn, 0), False))
     keep = pc.or_(binlog, use_lsn)

@@ -159,6 +159,12 @@ class Sequencer:
 
     def _walk_partition(self, key: tuple[str, int], state: PartitionEpoch, chunk: pa.Table,
                         fresh: np.ndarray) -> np.ndarray:
+        ordinals = _steady(state, chunk, fresh)
+        return ordinals if ordinals is not None else self._walk_rows(key, state, chunk, fresh)
+
+    def _walk_rows(self, key: tuple[str, int], state: PartitionEpoch, chunk: pa.Table,
+                   fresh: np.ndarray) -> np.ndarray:
+        """The epoch rule message by message (a chunk where an epoch may start, or one read again)."""
         markers = chunk["marker"].to_pylist()
         orders = chunk["order"].to_pylist()
         stamps = chunk["ts"].to_pylist()
@@ -193,6 +199,33 @@ class Sequencer:
 
     def end_states(self) -> dict[tuple[str, int], PartitionEpoch]:
         return dict(self.states)
+
+
+def _steady(state: PartitionEpoch, chunk: pa.Table, fresh: np.ndarray) -> np.ndarray | None:
+    """The ordinals of a chunk in which no epoch starts, found column-wise, with ``state`` advanced past it as
+    :meth:`Sequencer._walk_rows` would; None when an epoch may start in it (or part of it was read before),
+    which the message-by-message walk then decides. One server and positions that only go back when the
+    source time does too: the ordinary chunk, whose messages all keep the partition's ordinal."""
+    n = chunk.num_rows
+    if n == 0 or not fresh.all():
+        return None
+    markers = chunk["marker"].combine_chunks().drop_null()
+    servers = pc.unique(markers).to_pylist() if len(markers) else []
+    if len(servers) > 1 or (servers and state.marker is not None and servers[0] != state.marker):
+        return None
+    orders, stamps = chunk["order"].combine_chunks(), chunk["ts"].combine_chunks()
+    # what the state holds when each message is reached: the last non-null value before it, else the state's
+    before_o = pc.fill_null_forward(pa.concat_arrays([pa.array([state.order], pa.int64()), orders.slice(0, n - 1)]))
+    before_t = pc.fill_null_forward(pa.concat_arrays([pa.array([state.ts], pa.int64()), stamps.slice(0, n - 1)]))
+    if pc.any(pc.and_(pc.less(orders, before_o), pc.greater(stamps, before_t))).as_py():
+        return None         # a position went back while the source time went on (a null compares as no)
+    if servers:
+        state.marker = servers[0]
+    last_o = pc.fill_null_forward(pa.concat_arrays([before_o.slice(n - 1), orders.slice(n - 1)]))[1].as_py()
+    last_t = pc.fill_null_forward(pa.concat_arrays([before_t.slice(n - 1), stamps.slice(n - 1)]))[1].as_py()
+    state.order, state.ts = last_o, last_t
+    state.at = int(chunk["offset"][n - 1].as_py()) + 1
+    return np.full(n, state.ordinal, dtype=np.int64)
 
 
 def with_ordinals(table: pa.Table, walked: Mapping[tuple[str, int], tuple[np.ndarray, np.ndarray]], *,

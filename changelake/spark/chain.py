@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -453,20 +453,28 @@ class SourceEnvelopes:
         self.mirrored = frozenset(mirrored)
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        """The decode stage's payload batches -> envelopes."""
+        return self.route_chunks(list(zip(b.column(0).to_pylist(), b.column(1).to_pylist(), b.column(2).to_pylist()))
+                                 for b in batches)
+
+    def route_chunks(self, chunks: Iterable[Sequence[tuple[int, str, bytes | pa.Table]]]) -> Iterator[pa.RecordBatch]:
+        """The decode stage's payloads, chunk by chunk (``DecodeStage.chunks``: the graph routes' ``rows`` may be
+        Arrow tables, taken as they are) -> envelopes."""
         from changelake.spark.decode_stage import PARTS
 
         out = Envelopes(self.chain, -1)
         rows: dict[int, list[pa.Table]] = {}
         held = 0
-        for batch in batches:
-            for route, part, payload in zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(),
-                                             batch.column(2).to_pylist()):
+        for payloads in chunks:
+            for route, part, payload in payloads:
                 if part == "rows" and route in self.sources:
-                    table = from_ipc(payload)
+                    table = payload if isinstance(payload, pa.Table) else from_ipc(payload)
                     rows.setdefault(route, []).append(table)
                     held += table.num_rows
                     if route not in self.mirrored:
                         continue
+                    if isinstance(payload, pa.Table):
+                        payload = to_ipc(payload)
                 out.add(DRIVER, route, PARTS.index(part), payload)
             if held >= self.HOLD_ROWS:          # a long backlog: route what is held, bounding the task's memory
                 self._route(rows, out)
@@ -514,7 +522,8 @@ class RoutedStage:
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         # a Python data source's batches must match its DDL's Arrow schema exactly: nullable columns
-        for batch in self.envelopes(self.stage(batches)):
+        chunks = self.stage.chunks(batches, tables=frozenset(self.envelopes.sources))
+        for batch in self.envelopes.route_chunks(chunks):
             yield pa.RecordBatch.from_arrays(batch.columns, schema=_NULLABLE_ENVELOPE)
 
 

@@ -105,23 +105,32 @@ class DecodeStage:
 
     # --- executor side -----------------------------------------------------
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for payloads in self.chunks(batches):
+            yield payload_batch(payloads)
+
+    def chunks(self, batches: Iterator[pa.RecordBatch], *,
+               tables: frozenset[int] = frozenset()) -> Iterator[list[tuple[int, str, bytes | pa.Table]]]:
+        """The payloads of each chunk of records, as ``(_route, part, payload)`` triples; the ``rows`` of the
+        routes in ``tables`` stay Arrow tables (the chain's routing takes them in the same process:
+        ``changelake.spark.chain.RoutedStage``), every other payload is Arrow IPC."""
         pending: list[pa.RecordBatch] = []
         size = 0
         for batch in batches:
             pending.append(batch)
             size += batch.num_rows
             if size >= CHUNK_RECORDS:
-                yield self._process(pending)
+                yield self._process(pending, tables)
                 pending, size = [], 0
         if pending:
-            yield self._process(pending)
+            yield self._process(pending, tables)
         epochs = [(i, "epochs", to_ipc(states_table(q.end_states()))) for i, q in self._sequencers.items()
                   if q.states]
         epochs += [(i, "epochchg", to_ipc(changes_table(q.changes))) for i, q in self._sequencers.items() if q.changes]
         if epochs:
-            yield payload_batch(epochs)
+            yield epochs
 
-    def _process(self, batches: list[pa.RecordBatch]) -> pa.RecordBatch:
+    def _process(self, batches: list[pa.RecordBatch],
+                 tables: frozenset[int]) -> list[tuple[int, str, bytes | pa.Table]]:
         table = pa.Table.from_batches(batches).cast(ARROW_SCHEMA)
         records, expired = split_markers(table)
         out: list[tuple[int, str, bytes]] = [(-1, "stats", to_ipc(_stats(records, expired)))]
@@ -153,12 +162,12 @@ class DecodeStage:
                 if moves:
                     out.append((i, "moves", moves_payload(moves)))
             if rows.num_rows:
-                out.append((i, "rows", to_ipc(rows)))
+                out.append((i, "rows", rows if i in tables else to_ipc(rows)))
             if dead.num_rows:
                 out.append((i, "dl", to_ipc(dead)))
             if truncates.num_rows:
                 out.append((i, "trunc", to_ipc(truncates)))
-        return payload_batch(out)
+        return out
 
     def _boundaries(self, records: pa.Table) -> list[tuple[int, str, bytes]]:
         """The END events of transaction metadata records (route -1); a malformed one is a dead letter of

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import orjson
 import pyarrow as pa
 import pytest
@@ -11,7 +13,7 @@ from changelake.errors import DecodeError
 from changelake.formats.debezium_json import DebeziumJsonDecoder
 from changelake.formats.maxwell_json import MaxwellJsonDecoder
 from changelake.formats.sequence import (
-    PartitionEpoch, Sequencer, apply_sequence_by, resequenced, states_of, states_table)
+    POSITIONS_SCHEMA, PartitionEpoch, Sequencer, apply_sequence_by, resequenced, states_of, states_table)
 
 pytestmark = pytest.mark.unit
 
@@ -99,6 +101,57 @@ def test_epoch_state_carries_over_batches_and_a_replay_gets_the_same_tokens():
     twice = _decode(batch, Sequencer(states_of(states_table(first.end_states()))), first=2)
     assert once["_seq"].to_pylist() == twice["_seq"].to_pylist()
     assert once["_seq"][0].as_py().startswith("m00000000000000000001")
+
+
+class _RowByRow(Sequencer):
+    """The epoch rule applied message by message only: what the column-wise steady path must agree with."""
+
+    def _walk_partition(self, key, state, chunk, fresh):
+        return self._walk_rows(key, state, chunk, fresh)
+
+
+def _positions(rng: random.Random, first: int, n: int, *, failover: bool) -> pa.Table:
+    """``n`` messages of partitions 0 and 1 from offset ``first``: growing positions with gaps of nulls,
+    re-delivered blocks (position and time back), and with ``failover`` a position reset or a new server."""
+    rows, order, ts = [], 1000, 50_000
+    for i in range(n):
+        order += rng.randint(0, 300)
+        ts += rng.randint(0, 2)
+        kind = rng.random()
+        if kind < 0.03:
+            order, ts = order - rng.randint(1, 900), ts - rng.randint(0, 5)        # re-delivered: both go back
+        elif failover and kind < 0.05:
+            order = rng.randint(0, 500)                                            # RESET MASTER: time goes on
+        marker = None if rng.random() < 0.2 else f"server_id {7 + (failover and i > n // 2 and rng.random() < 0.5)}"
+        rows.append({"topic": "t", "partition": i % 2, "offset": first + i // 2, "marker": marker,
+                     "order": None if rng.random() < 0.1 else order, "ts": None if rng.random() < 0.1 else ts})
+    return pa.Table.from_pylist(rows, schema=POSITIONS_SCHEMA)
+
+
+@pytest.mark.parametrize("failover", [False, True])
+def test_the_column_wise_walk_gives_the_ordinals_and_states_of_the_walk_message_by_message(failover):
+    # the steady path takes the ordinary chunks whole; wherever an epoch may start, the rule goes message by
+    # message: over many chunks, with the state carried between them, both give the same everything
+    epochs_started = 0
+    for seed in range(40):
+        rng = random.Random(seed)
+        fast, slow = Sequencer(), _RowByRow()
+        start = PartitionEpoch(marker="server_id 7") if seed % 3 == 0 else None
+        if start is not None:
+            fast.states[("t", 0)], slow.states[("t", 0)] = PartitionEpoch(**start.to_json()), start
+        first = 0
+        for _ in range(4):
+            n = rng.choice([1, 2, 40, 400])
+            chunk = _positions(rng, first, n, failover=failover and rng.random() < 0.5)
+            first += (n + 1) // 2
+            got, want = fast.walk(chunk), slow.walk(chunk)
+            assert got.keys() == want.keys()
+            for k in want:
+                assert got[k][0].tolist() == want[k][0].tolist() and got[k][1].tolist() == want[k][1].tolist(), seed
+            assert fast.states == slow.states and fast.changes == slow.changes, seed
+        if failover:
+            epochs_started += bool(slow.changes)
+    assert not failover or epochs_started > 10      # the failover histories do start epochs
 
 
 def test_postgres_commit_lsn_orders_interleaved_transactions_without_an_epoch():
