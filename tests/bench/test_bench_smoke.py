@@ -23,7 +23,8 @@ BENCH = ROOT / "bench"
 #: entry point -> (arguments besides --quick, markers, what its output must show)
 SMOKE: dict[str, tuple[list[str], tuple[str, ...], list[str]]] = {
     "decode.py": ([], ("unit",), [r"debezium-json .* events/s per core", r"debezium-avro .* events/s per core",
-                                   r"canal-json .* rows/s per core"]),
+                                   r"canal-json .* rows/s per core",
+                                   r"read-task \(a\) .* events/s per core \([\d.]+ µs per event"]),
     "kafka_read.py": ([], ("kafka",), [r"read +[\d,]+ records +[\d,]+ records/s per core",
                                         r"read \+ decode +[\d,]+ records +[\d,]+ records/s per core",
                                         r"kafka read run ok"]),
