@@ -112,6 +112,8 @@ class PeakMemory:
         self.peak_mb = dict.fromkeys(self.PARTS, 0.0)
         self.pss_mb = dict.fromkeys(self.PARTS, 0.0)
         self.total_mb = self.total_pss_mb = 0.0
+        #: pids of the processes seen that Spark's Python fork server forked (changelake/spark/fork_server.py)
+        self.forked: set[int] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -130,7 +132,10 @@ class PeakMemory:
                 out.append((pid, self.PARTS[1]))
             elif "pyspark" in cmd or "python" in cmd:
                 out.append((pid, self.PARTS[2]))
-            stack.extend(_children(pid))
+            children = _children(pid)
+            if "changelake.spark.fork_server" in cmd:      # the server, or a fork of it (same command line)
+                self.forked.update(children)
+            stack.extend(children)
         return out
 
     def _run(self) -> None:

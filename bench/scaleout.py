@@ -53,8 +53,13 @@ def spark_submit(master: str, config: Path, engine: str = "auto") -> tuple[subpr
     started before the session builder could add them) with Delta's extension and catalog."""
     import pyspark
 
+    from changelake.spark import worker_python
+
     spark_home = os.path.dirname(pyspark.__file__)
-    env = dict(os.environ, SPARK_HOME=spark_home, PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1",
+    # Spark's Python processes run as in the image (Dockerfile: PYSPARK_PYTHON=changelake-worker-python, and on a
+    # local master forks of the driver's fork server)
+    env = dict(os.environ, SPARK_HOME=spark_home, PYSPARK_PYTHON=worker_python.script_path() or sys.executable,
+               SPARK_LOCAL_IP="127.0.0.1",
                PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     for var in ("SPARK_CONF_DIR", "PYSPARK_SUBMIT_ARGS", "SPARK_DRIVER_MEMORY", "CHANGELAKE_FAULT"):
         env.pop(var, None)
@@ -72,7 +77,7 @@ def spark_submit(master: str, config: Path, engine: str = "auto") -> tuple[subpr
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     with PeakMemory(root=proc.pid, interval=0.5) as mem:
         out, err = proc.communicate(timeout=1800)
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err), dict(mem.peak_mb)
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err), {**mem.peak_mb, "forked": len(mem.forked)}
 
 
 def write_config(servers: str, workdir: Path, prefix: str, batch: int, engine: str = "auto") -> Path:
@@ -168,6 +173,8 @@ def main() -> int:
         for op, rows, size in re.findall(r"state of (\S+): ([\d,]+) rows, ([\d,]+) bytes", log):
             rows, size = int(rows.replace(",", "")), int(size.replace(",", ""))
             print(f"{master}: state of {op}: {rows:,} rows, {size:,} bytes ({size / max(rows, 1):,.0f} bytes per row)")
+    for master in runs:
+        print(f"{master}: Spark's Python processes forked by the driver's fork server: {memory[master]['forked']}")
     for master, (config, log, wall) in runs.items():
         times = re.search(r"task time: (.*)", log)
         print(f"{master}: task time {times.group(1) if times else '?'}")

@@ -261,8 +261,9 @@ def build_session(*, app_name: str = "changelake", master: str | None = None,
         os.environ.setdefault(*MALLOC_ARENAS)
     os.environ.setdefault("PYSPARK_PYTHON", script or sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", script or sys.executable)
-    if script and os.environ["PYSPARK_PYTHON"] == script and local_master(settings.master) and starts_jvm:
-        fork_server.start()     # Spark's Python processes as forks of a warm process (changelake/spark/fork_server.py)
+    # Spark's Python processes as forks of a warm process (changelake/spark/fork_server.py), on a local master
+    served = (fork_server.start() if script and os.environ["PYSPARK_PYTHON"] == script and local_master(settings.master)
+              and (starts_jvm or _submitted()) else None)
     local = local_master(settings.master)
     if local:
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -295,6 +296,10 @@ def build_session(*, app_name: str = "changelake", master: str | None = None,
                                       chosen.get("spark.driver.extraJavaOptions", ""), tmpdir=own_dir, engine=engine)
         if options:
             chosen[_JAVA_OPTIONS] = options
+    if served and not starts_jvm:
+        # under spark-submit the driver JVM already runs without the server's variable in its environment; the
+        # Python processes it starts get the session's executor environment (pyspark passes it with every function)
+        chosen[f"spark.executorEnv.{fork_server.ENV}"] = served
     chosen.update(jar_set_settings(jar_sets, launcher, chosen))      # before delta's: it keeps spark.jars chosen
     chosen.update(delta_settings(engine, launcher, chosen, settings.master))
     for key, value in chosen.items():
@@ -339,6 +344,14 @@ def _starts_a_jvm() -> bool:
     from pyspark import SparkContext
 
     return not os.environ.get("PYSPARK_GATEWAY_PORT") and SparkContext._active_spark_context is None
+
+
+def _submitted() -> bool:
+    """True under spark-submit before the session's context exists (the driver JVM runs; ``getOrCreate`` makes the
+    context, with this process's settings)."""
+    from pyspark import SparkContext
+
+    return bool(os.environ.get("PYSPARK_GATEWAY_PORT")) and SparkContext._active_spark_context is None
 
 
 def master_cores(master: str) -> int | None:

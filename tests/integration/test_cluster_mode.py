@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from changelake.spark import worker_python
+
 pytestmark = [pytest.mark.integration, pytest.mark.kafka, pytest.mark.spark]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,3 +41,9 @@ def test_spark_submit_master_runs_the_pipeline_on_two_executors(tmp_path):
     tasks = re.search(r"executors of the cluster run: \{(.*)\}", done.stdout).group(1)
     assert len(re.findall(r"': (\d+)", tasks)) == 2 and "': 0" not in tasks, tasks
     assert "verification (both runs against the simulated database and each other): ok" in done.stdout
+    # under spark-submit (the driver JVM started first) Spark's Python processes are still forks of the warm server
+    # where the installed changelake-worker-python starts them, as in the image
+    if worker_python.script_path():
+        forked = re.search(r"local\[2\]: Spark's Python processes forked by the driver's fork server: (\d+)",
+                           done.stdout)
+        assert forked and int(forked.group(1)) >= 3, done.stdout[-3000:]
