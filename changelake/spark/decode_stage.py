@@ -133,7 +133,7 @@ class DecodeStage:
                  tables: frozenset[int]) -> list[tuple[int, str, bytes | pa.Table]]:
         table = pa.Table.from_batches(batches).cast(ARROW_SCHEMA)
         records, expired = split_markers(table)
-        out: list[tuple[int, str, bytes]] = [(-1, "stats", to_ipc(_stats(records, expired)))]
+        out: list[tuple[int, str, bytes | pa.Table]] = [(-1, "stats", to_ipc(_stats(records, expired)))]
         topics = records["topic"]
         present = pc.unique(topics).to_pylist()
         bounds = [t for t in present if t in self.boundary_topics]
