@@ -31,8 +31,8 @@ def _records(messages: list[inv.Message], first_offset: int = 0) -> pa.RecordBat
 
 def _run_batch(processor: BatchProcessor, messages: list[inv.Message], batch_id: int, first_offset: int = 0) -> None:
     processor.stage.begin({})
-    out = processor.stage._process([_records(messages, first_offset)])
-    processor.process_decoded(pa.Table.from_batches([out]), batch_id)
+    out = pa.Table.from_batches(list(processor.stage(iter([_records(messages, first_offset)]))))
+    processor.process_decoded(out, batch_id)
 
 
 def test_the_demo_tables_keep_the_declared_column_order(tmp_path: Path):

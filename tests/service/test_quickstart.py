@@ -41,7 +41,7 @@ def _demo_tables(root: Path) -> Path:
         schema=ARROW_SCHEMA)
     processor = BatchProcessor(config, graph=None)
     processor.stage.begin({})
-    processor.process_decoded(pa.Table.from_batches([processor.stage._process([records])]), 0)
+    processor.process_decoded(pa.Table.from_batches(list(processor.stage(iter([records])))), 0)
     write_deltalake(str(workdir / "lake" / "top_categories"), pa.table({
         "category": ["books", "toys", "garden"], "orders": pa.array([7, 5, 2], pa.int64()),
         "units": pa.array([21, 15, 4], pa.int64()), "rank": pa.array([1, 2, 3], pa.int64())}))
