@@ -214,16 +214,15 @@ def _steady(state: PartitionEpoch, chunk: pa.Table, fresh: np.ndarray) -> np.nda
     if len(servers) > 1 or (servers and state.marker is not None and servers[0] != state.marker):
         return None
     orders, stamps = chunk["order"].combine_chunks(), chunk["ts"].combine_chunks()
-    # what the state holds when each message is reached: the last non-null value before it, else the state's
-    before_o = pc.fill_null_forward(pa.concat_arrays([pa.array([state.order], pa.int64()), orders.slice(0, n - 1)]))
-    before_t = pc.fill_null_forward(pa.concat_arrays([pa.array([state.ts], pa.int64()), stamps.slice(0, n - 1)]))
-    if pc.any(pc.and_(pc.less(orders, before_o), pc.greater(stamps, before_t))).as_py():
+    # the state's value, then each message's, nulls carried forward: [i] is what the state holds when message i
+    # is reached, [n] what it holds after the chunk
+    held_o = pc.fill_null_forward(pa.concat_arrays([pa.array([state.order], pa.int64()), orders]))
+    held_t = pc.fill_null_forward(pa.concat_arrays([pa.array([state.ts], pa.int64()), stamps]))
+    if pc.any(pc.and_(pc.less(orders, held_o.slice(0, n)), pc.greater(stamps, held_t.slice(0, n)))).as_py():
         return None         # a position went back while the source time went on (a null compares as no)
     if servers:
         state.marker = servers[0]
-    last_o = pc.fill_null_forward(pa.concat_arrays([before_o.slice(n - 1), orders.slice(n - 1)]))[1].as_py()
-    last_t = pc.fill_null_forward(pa.concat_arrays([before_t.slice(n - 1), stamps.slice(n - 1)]))[1].as_py()
-    state.order, state.ts = last_o, last_t
+    state.order, state.ts = held_o[n].as_py(), held_t[n].as_py()
     state.at = int(chunk["offset"][n - 1].as_py()) + 1
     return np.full(n, state.ordinal, dtype=np.int64)
 

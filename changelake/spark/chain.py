@@ -452,11 +452,6 @@ class SourceEnvelopes:
         self.sources = {int(r): list(nodes) for r, nodes in sources.items()}
         self.mirrored = frozenset(mirrored)
 
-    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        """The decode stage's payload batches -> envelopes."""
-        return self.route_chunks(list(zip(b.column(0).to_pylist(), b.column(1).to_pylist(), b.column(2).to_pylist()))
-                                 for b in batches)
-
     def route_chunks(self, chunks: Iterable[Sequence[tuple[int, str, bytes | pa.Table]]]) -> Iterator[pa.RecordBatch]:
         """The decode stage's payloads, chunk by chunk (``DecodeStage.chunks``: the graph routes' ``rows`` may be
         Arrow tables, taken as they are) -> envelopes."""

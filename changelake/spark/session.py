@@ -263,7 +263,7 @@ def build_session(*, app_name: str = "changelake", master: str | None = None,
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", script or sys.executable)
     # Spark's Python processes as forks of a warm process (changelake/spark/fork_server.py), on a local master
     served = (fork_server.start() if script and os.environ["PYSPARK_PYTHON"] == script and local_master(settings.master)
-              and (starts_jvm or _submitted()) else None)
+              and _no_context() else None)
     local = local_master(settings.master)
     if local:
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -341,17 +341,15 @@ def local_master(master: str) -> bool:
 
 def _starts_a_jvm() -> bool:
     """True when ``getOrCreate`` will launch the driver JVM: not under spark-submit, no session running."""
+    return not os.environ.get("PYSPARK_GATEWAY_PORT") and _no_context()
+
+
+def _no_context() -> bool:
+    """True while no Spark context runs in this process: ``getOrCreate`` makes it with this process's settings
+    (under spark-submit as well, where the driver JVM already runs)."""
     from pyspark import SparkContext
 
-    return not os.environ.get("PYSPARK_GATEWAY_PORT") and SparkContext._active_spark_context is None
-
-
-def _submitted() -> bool:
-    """True under spark-submit before the session's context exists (the driver JVM runs; ``getOrCreate`` makes the
-    context, with this process's settings)."""
-    from pyspark import SparkContext
-
-    return bool(os.environ.get("PYSPARK_GATEWAY_PORT")) and SparkContext._active_spark_context is None
+    return SparkContext._active_spark_context is None
 
 
 def master_cores(master: str) -> int | None:
