@@ -14,10 +14,13 @@ TEST_WORKERS ?= -n 2 --dist loadfile
 
 .PHONY: demo test test-fast test-delta-spark bench install clean config-reference
 
-# --prefer-binary: a wheel rather than a newer sdist to build (pyspark itself only comes as an sdist)
+# --prefer-binary: a wheel rather than a newer sdist to build (pyspark itself only comes as an sdist).
+# compileall: an editable install is not compiled (pip compiles a wheel's modules); where PYTHONDONTWRITEBYTECODE
+# is set, every process, each of Spark's Python workers too, would compile changelake's modules from source again.
 $(RUN_STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --prefer-binary -e .
+	$(PY) -m compileall -q changelake >/dev/null
 	rm -f $(VENV)/.installed-run-*
 	touch $(RUN_STAMP)
 

@@ -27,8 +27,9 @@ nothing a worker needs, so every UDF worker imported pyspark's worker, pyarrow, 
 modules on its own (0.5-0.7 s of CPU each on this machine; a restart's first batch forks four or more).
 The UDF daemon here imports :data:`PRELOAD` first (:func:`preload`), once. pyspark's daemon forks before
 importing the worker module because pandas and pyarrow start threads at import (OpenBLAS's pool, jemalloc's
-background thread); both reset them in a forked child (their ``pthread_atfork`` handlers), and
-changelake's modules start none at import. A module that fails to import is left to the worker, which then
+background thread); both reset them in a forked child (their ``pthread_atfork`` handlers), as deltalake's
+jemalloc does its own, and changelake's modules start none at import. A library that starts threads a fork
+does not reset (polars' pool) stays out of :data:`PRELOAD`. A module that fails to import is left to the worker, which then
 reports the error as before.
 
 What was imported before a fork is then frozen (:func:`freeze`, ``gc.freeze()``): the collector leaves those objects
@@ -164,9 +165,22 @@ def run_forked(module_args: list[str]) -> int | None:
 
 
 #: what Spark's UDF workers import: pyspark's worker and Arrow serializers, pyarrow, pandas, and the changelake
-#: modules whose functions their tasks run (the Kafka source's reads, the decode stage, the stateful chain)
+#: modules whose functions their tasks run (the Kafka source's reads, the decode stage and its decoders, the
+#: stateful chain).
+#: ``changelake.service.pipeline`` too: the decode stage a task unpickles holds the pipeline's routes (its
+#: ``_Route``, with the config's ``SourceSpec``), so unpickling it imports the pipeline's module and all it
+#: imports (the config model, the SQL planner, the Delta sinks): ~0.5 s of CPU in every worker that had not
+#: (docs/benchmarks.md, "Spark's Python workers no longer import the pipeline's modules one by one"). And what
+#: ``transformWithStateInPandas``'s state client imports on its first call (its protobuf messages, and
+#: ``pyspark.testing.utils`` for a flag): another ~0.3 s in each stateful operator's worker
 PRELOAD = ("pyspark.worker", "pyspark.sql.pandas.serializers", "pyarrow", "pandas",
-           "changelake.spark.kafka_source", "changelake.spark.decode_stage", "changelake.spark.chain")
+           "changelake.spark.kafka_source", "changelake.spark.decode_stage", "changelake.spark.chain",
+           "changelake.service.pipeline",
+           # the JSON decoders (``make_decoder`` imports each on first use); not Debezium Avro's, whose bulk path
+           # imports polars, which starts its thread pool at import: a fork must not inherit that
+           *(f"changelake.formats.{m}" for m in ("debezium_json", "canal_json", "maxwell_json", "ogg_json")),
+           "pyspark.sql.streaming.stateful_processor_api_client",
+           "pyspark.sql.streaming.proto.StateMessage_pb2", "pyspark.testing.utils")
 
 
 def preload(modules: tuple[str, ...] = PRELOAD) -> list[str]:
