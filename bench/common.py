@@ -118,11 +118,13 @@ class PeakMemory:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _tree(self, me: int) -> list[tuple[int, str]]:
-        """(pid, part) of every process of the tree."""
-        out = [(me, self.PARTS[0])]
-        stack = _children(me)
+        """(pid, part) of every process of the tree. The root is the driver's Python process, unless it is a JVM:
+        spark-submit's (``bench/scaleout.py``), whose child running the application is then the driver."""
+        under_submit = "java" in _cmdline(me).split(" ", 1)[0]
+        out = [(me, self.PARTS[1] if under_submit else self.PARTS[0])]
+        stack = [(pid, me) for pid in _children(me)]
         while stack:
-            pid = stack.pop()
+            pid, parent = stack.pop()
             if pid in self.exclude:
                 continue
             cmd = _cmdline(pid)
@@ -130,12 +132,15 @@ class PeakMemory:
                 out.append((pid, self.PARTS[3]))      # a local-cluster's executor JVMs (children of the driver's)
             elif "java" in cmd.split(" ", 1)[0]:
                 out.append((pid, self.PARTS[1]))
+            elif under_submit and parent == me and " -m " not in f" {cmd} ":
+                out.append((pid, self.PARTS[0]))      # the application spark-submit's JVM started (Spark starts
+                #                                       its own Python processes as ``-m module``)
             elif "pyspark" in cmd or "python" in cmd:
                 out.append((pid, self.PARTS[2]))
             children = _children(pid)
             if "changelake.spark.fork_server" in cmd:      # the server, or a fork of it (same command line)
                 self.forked.update(children)
-            stack.extend(children)
+            stack.extend((child, pid) for child in children)
         return out
 
     def _run(self) -> None:
@@ -171,7 +176,19 @@ class PeakMemory:
 
 def machine() -> str:
     mem_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return f"{os.cpu_count()} cores, {mem_gb:.0f} GiB, {platform.system()} {platform.machine()}, Python {platform.python_version()}"
+    return (f"{os.cpu_count()} cores, {mem_gb:.0f} GiB, {platform.system()} {platform.machine()}, "
+            f"Python {platform.python_version()}, {jvm_archive_state()}")
+
+
+def jvm_archive_state() -> str:
+    """Whether Spark's JVM starts with changelake's class-data-sharing archive here (a start ~2-5 s faster on
+    2 cores; ``changelake jvm-archive`` writes it): figures taken with and without it do not compare."""
+    from changelake.spark import jvm_archive
+
+    path = jvm_archive.archive_path()
+    if path is None:
+        return f"JVM class archive off ({jvm_archive.ENV})"
+    return f"JVM class archive {'in use' if path.is_file() else 'absent (changelake jvm-archive writes it)'}"
 
 
 def dir_size(path: Path) -> tuple[int, int]:
