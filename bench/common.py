@@ -165,6 +165,12 @@ class PeakMemory:
             peaks[part] = max(peaks[part], value / 1024)
         setattr(self, total, max(getattr(self, total), sum(kb.values()) / 1024))
 
+    def restart(self) -> None:
+        """Start the peaks again (from the next sample): what one of several runs in the same processes reached."""
+        self.peak_mb = dict.fromkeys(self.PARTS, 0.0)
+        self.pss_mb = dict.fromkeys(self.PARTS, 0.0)
+        self.total_mb = self.total_pss_mb = 0.0
+
     def __enter__(self) -> "PeakMemory":
         self._thread.start()
         return self

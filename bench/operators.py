@@ -379,7 +379,9 @@ def run_changelake_spark(queries: list[str], *, bootstrap: str, work: Path, batc
         spark = build_session(app_name="bench-operators", master=first.master, conf=conf, ui=False)
         startup = time.perf_counter() - t
         print(f"changelake: Spark session started in {startup:.1f}s", flush=True)
+        peaks = {}
         for q in queries:
+            mem.restart()         # each query's own peak (the session's start counts for the first one)
             t = time.perf_counter()
             with BatchClock() as clock:
                 run = PipelineRunner(configs[q], serve_http=False, spark=spark).run(
@@ -397,12 +399,11 @@ def run_changelake_spark(queries: list[str], *, bootstrap: str, work: Path, batc
                             for i, p in enumerate(run.progress)]})
             print(f"changelake ({q}): {run.totals.records:,} records in {seconds:.1f}s after the session start",
                   flush=True)
+            peaks[q] = (mem.total_mb, mem.total_pss_mb, dict(mem.peak_mb), dict(mem.pss_mb))
         spark.stop()
     stages = spark_stages(work / "eventlog")
-    for timing in out.values():
-        timing.peak_mb, timing.peak_pss_mb = mem.total_mb, mem.total_pss_mb
-        timing.extra["peak_mb"] = dict(mem.peak_mb)
-        timing.extra["pss_mb"] = dict(mem.pss_mb)
+    for q, timing in out.items():
+        timing.peak_mb, timing.peak_pss_mb, timing.extra["peak_mb"], timing.extra["pss_mb"] = peaks[q]
         timing.extra["stages"] = stages.get(timing.extra["query_id"], [])
     return out
 
