@@ -73,6 +73,10 @@ def _children(pid: int) -> list[int]:
     return out
 
 
+def _is_jvm(cmdline: str) -> bool:
+    return "java" in cmdline.split(" ", 1)[0]
+
+
 def _cmdline(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
@@ -109,9 +113,7 @@ class PeakMemory:
         self.root = root
         self.exclude = frozenset(exclude)
         self.pss_every = pss_every
-        self.peak_mb = dict.fromkeys(self.PARTS, 0.0)
-        self.pss_mb = dict.fromkeys(self.PARTS, 0.0)
-        self.total_mb = self.total_pss_mb = 0.0
+        self.restart()
         #: pids of the processes seen that Spark's Python fork server forked (changelake/spark/fork_server.py)
         self.forked: set[int] = set()
         self._stop = threading.Event()
@@ -120,7 +122,7 @@ class PeakMemory:
     def _tree(self, me: int) -> list[tuple[int, str]]:
         """(pid, part) of every process of the tree. The root is the driver's Python process, unless it is a JVM:
         spark-submit's (``bench/scaleout.py``), whose child running the application is then the driver."""
-        under_submit = "java" in _cmdline(me).split(" ", 1)[0]
+        under_submit = _is_jvm(_cmdline(me))
         out = [(me, self.PARTS[1] if under_submit else self.PARTS[0])]
         stack = [(pid, me) for pid in _children(me)]
         while stack:
@@ -128,9 +130,9 @@ class PeakMemory:
             if pid in self.exclude:
                 continue
             cmd = _cmdline(pid)
-            if "java" in cmd.split(" ", 1)[0] and "CoarseGrainedExecutorBackend" in cmd:
+            if _is_jvm(cmd) and "CoarseGrainedExecutorBackend" in cmd:
                 out.append((pid, self.PARTS[3]))      # a local-cluster's executor JVMs (children of the driver's)
-            elif "java" in cmd.split(" ", 1)[0]:
+            elif _is_jvm(cmd):
                 out.append((pid, self.PARTS[1]))
             elif under_submit and parent == me and " -m " not in f" {cmd} ":
                 out.append((pid, self.PARTS[0]))      # the application spark-submit's JVM started (Spark starts

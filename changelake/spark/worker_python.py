@@ -29,8 +29,8 @@ The UDF daemon here imports :data:`PRELOAD` first (:func:`preload`), once. pyspa
 importing the worker module because pandas and pyarrow start threads at import (OpenBLAS's pool, jemalloc's
 background thread); both reset them in a forked child (their ``pthread_atfork`` handlers), as deltalake's
 jemalloc does its own, and changelake's modules start none at import. A library that starts threads a fork
-does not reset (polars' pool) stays out of :data:`PRELOAD`. A module that fails to import is left to the worker, which then
-reports the error as before.
+does not reset (polars' pool) stays out of :data:`PRELOAD`. A module that fails to import is left to the
+worker, which then reports the error as before.
 
 What was imported before a fork is then frozen (:func:`freeze`, ``gc.freeze()``): the collector leaves those objects
 alone for good. pyspark's daemon runs a full ``gc.collect()`` in a reused worker after every task; without the
