@@ -2,7 +2,8 @@
 
 Spark owns the offsets. Each micro-batch is a range ``{topic: {partition: [start, end)}}``
 planned on the driver and written to Spark's checkpoint before it runs; the
-reads run in executor Python workers, one Spark partition per Kafka partition,
+reads run in executor Python workers, the partitions' ranges packed into ``readTasks``
+Spark tasks, each reading its ranges together with one consumer (:func:`read_ranges`),
 and yield Arrow record batches. A restart resumes exactly at the end of the
 last committed batch, and a replayed batch reads exactly the same records, so
 with an idempotent sink every change lands once. No consumer group is joined
@@ -102,6 +103,8 @@ ARROW_SCHEMA = pa.schema([
 _CONSUME_BATCH = 10_000
 #: a range's consumer: bytes per partition per fetch (librdkafka's default); see :meth:`KafkaOptions.consumer_config`
 _RANGE_FETCH_BYTES = 1024 * 1024
+#: a read task's consumer of several partitions: what their prefetched records may take together
+_TASK_QUEUE_KBYTES = 64 * 1024
 _METADATA_TIMEOUT_S = 30.0
 #: how long the driver and the read tasks wait out a broker fault (no leader for a partition while its
 #: leader moves, every broker down) before the query fails: ``brokerWaitMs``
@@ -511,8 +514,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # --- executor side -----------------------------------------------------
     def read(self, partition: KafkaReadTask) -> Iterator[pa.RecordBatch]:
-        for rng in getattr(partition, "ranges", ()):
-            yield from read_range(self.options, rng)
+        return read_ranges(self.options, list(getattr(partition, "ranges", ())))
 
 
 @functools.lru_cache(maxsize=8)
@@ -591,64 +593,167 @@ def _admit(start: Offsets, end: Offsets, max_rows: int,
 
 
 def read_range(options: KafkaOptions, rng: KafkaRange) -> Iterator[pa.RecordBatch]:
-    """Read ``[rng.start, rng.end)`` of one partition as Arrow record batches.
+    """Read ``[rng.start, rng.end)`` of one partition as Arrow record batches (:func:`read_ranges` of one)."""
+    return read_ranges(options, [rng])
 
-    The messages of each ``consume`` call become one record batch, column by column (each accessor
-    mapped over the call's message list): no Python code runs per message beyond those C calls.
+
+def read_ranges(options: KafkaOptions, ranges: list[KafkaRange]) -> Iterator[pa.RecordBatch]:
+    """Read every range of ``ranges`` (at most one per partition) as Arrow record batches, with one consumer.
+
+    The consumer is assigned all the ranges' partitions at once, so they are fetched together: a read task
+    of a micro-batch that holds a few hundred records in each of 16 partitions paid a consumer (its
+    connection, threads and metadata) and a fetch round trip per range when they were read one after the
+    other (~15 ms of wall time and ~5 ms of CPU per range on 2 cores; docs/benchmarks.md). Each batch holds
+    the records of one partition from one ``consume`` call, in offset order; batches of different
+    partitions interleave. A partition is paused once its range is read. The messages of each call become
+    record batches column by column (each accessor mapped over the call's message list): no Python code
+    runs per message beyond those C calls.
     """
     import time
 
     from confluent_kafka import Consumer, TopicPartition
 
-    consumer = Consumer(options.consumer_config(records=rng.end - rng.start))
+    if len({(r.topic, r.partition) for r in ranges}) != len(ranges):
+        raise ValueError("read_ranges: at most one range per partition")
+    if not ranges:
+        return
+    conf = options.consumer_config(records=max(r.end - r.start for r in ranges))
+    if len(ranges) > 1 and "queued.max.messages.kbytes" not in options.consumer_properties:
+        # the prefetch of every assigned partition shares this bound (librdkafka keeps up to
+        # ``queued.min.messages`` records per partition queued below it)
+        conf["queued.max.messages.kbytes"] = _TASK_QUEUE_KBYTES
+    consumer = Consumer(conf)
     try:
-        tp = TopicPartition(rng.topic, rng.partition)
-        def watermarks() -> tuple[int, int]:
-            try:
-                return consumer.get_watermark_offsets(tp, timeout=_METADATA_TIMEOUT_S, cached=False)
-            except Exception:
-                try:        # the client's metadata may have lost the partition while the brokers were down
-                    consumer.list_topics(rng.topic, timeout=_METADATA_TIMEOUT_S)
-                except Exception:  # KafkaException: retried with the call
-                    pass
-                raise
-
-        low, _high = with_retries(f"the offsets of {rng.topic}[{rng.partition}]", watermarks,
-                                   wait_ms=options.broker_wait_ms)
-        start, expired = rng.start, 0
-        if low > start:
-            if not options.skips_data_loss(rng.topic):
-                raise DataLossError(rng.topic, rng.partition, start, low)
-            expired = min(low, rng.end) - start
-            log.warning("%s[%d]: offsets %d..%d expired from Kafka before they were read; "
-                        "%d changes were lost upstream (raise the topic's retention)",
-                        rng.topic, rng.partition, start, min(low, rng.end) - 1, expired)
-            start = low
-        if start >= rng.end:
-            yield _marker_batch(rng, expired)
+        # Each partition is read from its range's start at once; only where Kafka says that offset is gone
+        # (retention) or nothing comes for ``readTimeoutMs`` is the partition's low watermark asked for
+        # (a round trip per partition that every range paid before).
+        reading = {(r.topic, r.partition): [r, r.start, 0] for r in ranges if r.end > r.start}
+        if not reading:                                 # [range, position, expired offsets not yet told]
             return
-        consumer.assign([TopicPartition(rng.topic, rng.partition, start)])
-        pending_expired = expired
-        position = start
+        consumer.assign([TopicPartition(r.topic, r.partition, r.start) for r, _, _ in reading.values()])
         last_progress = time.monotonic()
-        while position < rng.end:
-            msgs = consumer.consume(min(_CONSUME_BATCH, rng.end - position), timeout=0.2)
+        while reading:
+            left = sum(r.end - position for r, position, _ in reading.values())
+            msgs = consumer.consume(min(_CONSUME_BATCH, left), timeout=0.2)
             if not msgs:
                 if (time.monotonic() - last_progress) * 1000 > options.read_timeout_ms:
-                    raise SourceError(
-                        f"{rng.topic}[{rng.partition}]: no data for offsets {position}..{rng.end - 1} after "
-                        f"{options.read_timeout_ms} ms; is the broker reachable from the executors?")
+                    _check_stalled(consumer, options, [(r, position) for r, position, _ in reading.values()])
+                    last_progress = time.monotonic()      # the brokers answered after a fault: wait again
                 continue
             last_progress = time.monotonic()
-            msgs, offsets, position = _records_in_range(msgs, rng, position)
-            if msgs:
-                yield _record_batch(rng, msgs, offsets, pending_expired,
-                                    replayed=(options.replay_pipeline or "") if options.is_replay(rng.topic) else None)
-                pending_expired = 0
-        if pending_expired:
-            yield _marker_batch(rng, pending_expired)
+            for key, part in _by_partition(msgs):
+                state = reading.get(key)
+                if state is None:
+                    if key is None:         # an error of no partition (the client's own): raised or logged
+                        _records_in_range(part, ranges[0], 0)
+                    continue                # a partition read to its end: what was fetched beyond it
+                rng, position, pending = state
+                part, gone = _until_gone(part)
+                part, offsets, position = _records_in_range(part, rng, position)
+                if part:
+                    yield _record_batch(rng, part, offsets, pending,
+                                        replayed=(options.replay_pipeline or "") if options.is_replay(rng.topic) else None)
+                    pending = 0
+                if gone and position < rng.end:     # Kafka deleted the offsets from ``position`` on (retention)
+                    position, expired = _readable_start(consumer, options, rng, position)
+                    pending += expired
+                    if position < rng.end:      # (a seek is refused in the partition's error state)
+                        consumer.incremental_unassign([TopicPartition(rng.topic, rng.partition)])
+                        consumer.incremental_assign([TopicPartition(rng.topic, rng.partition, position)])
+                if position >= rng.end:
+                    if pending:
+                        yield _marker_batch(rng, pending)
+                    del reading[key]
+                    consumer.pause([TopicPartition(rng.topic, rng.partition)])
+                else:
+                    state[1], state[2] = position, pending
     finally:
         consumer.close()
+
+
+def _until_gone(msgs: list[Any]) -> tuple[list[Any], bool]:
+    """One partition's messages up to the first saying that the offset asked for is not in Kafka's log, and
+    whether there was one."""
+    from confluent_kafka import KafkaError
+
+    for i, m in enumerate(msgs):
+        err = m.error()
+        if err is not None and err.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
+            return msgs[:i], True
+    return msgs, False
+
+
+def _check_stalled(consumer: Any, options: KafkaOptions, stalled: list[tuple[KafkaRange, int]]) -> None:
+    """Nothing came for ``readTimeoutMs`` from the partitions ``stalled`` (range, position): their offsets are
+    asked for (waiting out a broker fault as the driver does, up to ``brokerWaitMs``). If the brokers answer
+    and the records are there, the read gives up with an error; returns when they were not answering (the read
+    goes on)."""
+    from confluent_kafka import TopicPartition
+
+    for rng, position in stalled:
+        tp = TopicPartition(rng.topic, rng.partition)
+        answered_at_once = []
+
+        def watermarks() -> tuple[int, int]:
+            answered_at_once.append(True)
+            return consumer.get_watermark_offsets(tp, timeout=_METADATA_TIMEOUT_S, cached=False)
+
+        low, high = with_retries(f"the offsets of {rng.topic}[{rng.partition}]", watermarks,
+                                 wait_ms=options.broker_wait_ms)
+        if len(answered_at_once) > 1:
+            return                  # a broker fault, now over
+        if not low <= position < high:
+            raise SourceError(f"{rng.topic}[{rng.partition}]: offset {position} is not in the partition's log "
+                              f"(offsets {low}..{high - 1}); the log was truncated or deleted while it was read")
+    where = ", ".join(f"{r.topic}[{r.partition}] offsets {position}..{r.end - 1}" for r, position in stalled)
+    raise SourceError(f"no data for {where} after {options.read_timeout_ms} ms; is the broker reachable from the "
+                      "executors?")
+
+
+def _readable_start(consumer: Any, options: KafkaOptions, rng: KafkaRange, position: int) -> tuple[int, int]:
+    """Kafka refused to serve ``rng`` from ``position``: where it can be read from, and how many of its offsets
+    Kafka deleted before that (retention): a :class:`DataLossError` unless the topic's data loss is skipped."""
+    from confluent_kafka import TopicPartition
+
+    tp = TopicPartition(rng.topic, rng.partition)
+
+    def watermarks() -> tuple[int, int]:
+        try:
+            return consumer.get_watermark_offsets(tp, timeout=_METADATA_TIMEOUT_S, cached=False)
+        except Exception:
+            try:        # the client's metadata may have lost the partition while the brokers were down
+                consumer.list_topics(rng.topic, timeout=_METADATA_TIMEOUT_S)
+            except Exception:  # KafkaException: retried with the call
+                pass
+            raise
+
+    low, high = with_retries(f"the offsets of {rng.topic}[{rng.partition}]", watermarks,
+                              wait_ms=options.broker_wait_ms)
+    if low <= position:
+        raise SourceError(f"{rng.topic}[{rng.partition}]: offset {position} is not in the partition's log "
+                          f"(offsets {low}..{high - 1}); the log was truncated while it was read")
+    if not options.skips_data_loss(rng.topic):
+        raise DataLossError(rng.topic, rng.partition, position, low)
+    expired = min(low, rng.end) - position
+    log.warning("%s[%d]: offsets %d..%d expired from Kafka before they were read; "
+                "%d changes were lost upstream (raise the topic's retention)",
+                rng.topic, rng.partition, position, min(low, rng.end) - 1, expired)
+    return min(low, rng.end), expired
+
+
+def _by_partition(msgs: list[Any]) -> Iterator[tuple[tuple[str, int] | None, list[Any]]]:
+    """``msgs`` of one ``consume`` call by partition (``(topic, partition)``; None: an error of no partition),
+    each partition's in their order, the partitions in the order they first appear."""
+    from confluent_kafka import Message
+
+    keys = list(zip(map(Message.topic, msgs), map(Message.partition, msgs)))
+    if keys[0] == keys[-1] and keys.count(keys[0]) == len(keys):     # the common case: one partition
+        yield (keys[0] if keys[0][0] is not None else None), msgs
+        return
+    groups: dict[tuple[str, int] | None, list[Any]] = {}
+    for key, msg in zip(keys, msgs):
+        groups.setdefault(key if key[0] is not None else None, []).append(msg)
+    yield from groups.items()
 
 
 def _records_in_range(msgs: list[Any], rng: KafkaRange, position: int) -> tuple[list[Any], list[int], int]:

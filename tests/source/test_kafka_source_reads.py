@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 import time
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
@@ -16,8 +18,10 @@ from changelake.spark.kafka_source import (
     KafkaRange,
     KafkaStreamReader,
     read_range,
+    read_ranges,
     split_markers,
 )
+from changelake.errors import SourceError
 
 pytestmark = pytest.mark.kafka
 
@@ -37,7 +41,6 @@ def _produce(servers: str, topic: str, n: int, *, partition: int | None = None, 
 
 
 def _read(opts: KafkaOptions, rng: KafkaRange):
-    import pyarrow as pa
     batches = list(read_range(opts, rng))
     return split_markers(pa.Table.from_batches(batches, schema=ARROW_SCHEMA))
 
@@ -61,6 +64,37 @@ def test_planned_ranges_read_each_record_exactly_once(kafka):
     assert len(seen) == 500 and len(set(seen)) == 500
     total_first = sum(first[topic][p] - start[topic][p] for p in first[topic])
     assert total_first == 200
+
+
+def test_a_read_task_reads_all_its_ranges_at_once_each_record_exactly_once_in_partition_order(kafka):
+    """A read task's ranges (several topics and partitions, of very different sizes) are read by one consumer
+    together: every record of every range exactly once, nothing before a range's start or from its end on,
+    each partition's records in offset order; a partition that is done while others are still read is not
+    read further. A planned range that Kafka does not hold (past its log's end) stops with an error naming
+    the partition, instead of waiting forever."""
+    topics = [kafka.topic("many"), kafka.topic("many")]
+    kafka.create_topics({topics[0]: 3, topics[1]: 2})
+    sizes = {(topics[0], 0): 2_000, (topics[0], 1): 7, (topics[0], 2): 300, (topics[1], 0): 1, (topics[1], 1): 900}
+    for (topic, partition), n in sizes.items():
+        _produce(kafka.bootstrap_servers, topic, n, partition=partition)
+    opts = KafkaOptions.parse({"bootstrap.servers": kafka.bootstrap_servers, "topics": ",".join(topics)})
+    wanted = {(topics[0], 0): (5, 1_990), (topics[0], 1): (0, 7), (topics[0], 2): (100, 101),
+              (topics[1], 0): (0, 1), (topics[1], 1): (450, 900)}
+    ranges = [KafkaRange(t, p, s, e) for (t, p), (s, e) in wanted.items()]
+    batches = list(read_ranges(opts, ranges))
+    for batch in batches:                   # a batch holds one partition's records
+        assert len(set(zip(batch["topic"].to_pylist(), batch["partition"].to_pylist()))) == 1
+    records, expired = split_markers(pa.Table.from_batches(batches, schema=ARROW_SCHEMA))
+    assert not expired
+    read = {}
+    for t, p, o in zip(records["topic"].to_pylist(), records["partition"].to_pylist(), records["offset"].to_pylist()):
+        read.setdefault((t, p), []).append(o)
+    assert read == {k: list(range(s, e)) for k, (s, e) in wanted.items()}
+    assert records["value"].to_pylist() == [b"%d:" % o for o in records["offset"].to_pylist()]   # each its own
+    quick = KafkaOptions.parse({"bootstrap.servers": kafka.bootstrap_servers, "topics": topics[1],
+                                "readTimeoutMs": "1000"})
+    with pytest.raises(SourceError, match=rf"{topics[1]}\[1\]: offset 900 is not in the partition's log"):
+        list(read_ranges(quick, [KafkaRange(topics[1], 0, 0, 1), KafkaRange(topics[1], 1, 890, 905)]))
 
 
 def test_starting_offsets_latest_and_explicit(kafka):
@@ -141,6 +175,17 @@ def test_expired_offsets_stop_the_read_or_are_skipped_and_reported_when_configur
     # A range that expired completely still reports how much was lost.
     records, expired = _read(opts, KafkaRange(topic, 0, 0, low))
     assert records.num_rows == 0 and expired == {(topic, 0): low}
+    # read in one task with another partition: the expired one skips its gap, the other is read whole
+    other = kafka.topic("expire-other")
+    kafka.create_topics({other: 1})
+    _produce(kafka.bootstrap_servers, other, 50, partition=0)
+    both = KafkaOptions.parse({"bootstrap.servers": kafka.bootstrap_servers, "topics": f"{topic},{other}",
+                               "skipDataLoss": re.escape(topic)})
+    records, expired = split_markers(pa.Table.from_batches(
+        list(read_ranges(both, [KafkaRange(other, 0, 0, 50), KafkaRange(topic, 0, 0, high)])), schema=ARROW_SCHEMA))
+    assert expired == {(topic, 0): low}
+    assert records.filter(pc.equal(records["topic"], topic))["offset"].to_pylist() == list(range(low, high))
+    assert records.filter(pc.equal(records["topic"], other))["offset"].to_pylist() == list(range(50))
 
 
 def test_a_topic_pattern_picks_up_matching_topics(kafka):
