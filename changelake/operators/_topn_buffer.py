@@ -49,6 +49,7 @@ class SortOrder:
         self.columns = tuple(columns)
         self.indices = tuple(c.column for c in columns)
         self._null_flags = tuple(1 if c.nulls_last else -1 for c in columns)
+        self._ascending = tuple(c.ascending for c in columns)
 
     def of(self, row: tuple) -> tuple:
         return tuple(row[i] for i in self.indices)
@@ -66,36 +67,47 @@ class SortOrder:
         return 0
 
     def key(self, sort_key: tuple) -> tuple:
-        """A natively comparable key with the order of :meth:`compare` (for bisect and sorting)."""
-        out = []
-        for spec, flag, v in zip(self.columns, self._null_flags, sort_key):
+        """A natively comparable key with the order of :meth:`compare` (for bisect and sorting): three flat
+        items per column, ``(nulls, nan, value)``. A NULL is ``(±1, 0, 0)`` (+1 sorts it after every value,
+        -1 before), a NaN ``(0, ±1, 0)`` (above every number, or below in a DESC column), any other value
+        ``(0, 0, value)`` (negated, or reversed, for DESC). The third items meet only when the first two
+        tie, i.e. for two values of the column's own type. Flat, so that comparing two keys is one tuple
+        comparison without nested ones."""
+        out: list = []
+        for ascending, flag, v in zip(self._ascending, self._null_flags, sort_key):
             kind = type(v)
             if kind is int or (kind is float and v == v):       # the common case first (not bool, not NaN)
-                out.append((0, (0, v if spec.ascending else -v)))
+                out += (0, 0, v if ascending else -v)
             elif v is None:
-                out.append((flag, 0))
+                out += (flag, 0, 0)
             elif isinstance(v, (int, float)) and not isinstance(v, bool):   # NaN above every number
                 if isinstance(v, float) and math.isnan(v):
-                    out.append((0, (1 if spec.ascending else -1, 0)))
+                    out += (0, 1 if ascending else -1, 0)
                 else:
-                    out.append((0, (0, v if spec.ascending else -v)))
-            elif spec.ascending:
-                out.append((0, v))
+                    out += (0, 0, v if ascending else -v)
             else:
-                out.append((0, _Descending(v)))
+                out += (0, 0, v if ascending else _Descending(v))
         return tuple(out)
 
 
 class TopNBuffer:
-    """Operations on the ``[[sort_key, [items]], ...]`` list of one partition."""
+    """Operations on the ``[[sort_key, [items]], ...]`` list of one partition.
 
-    def __init__(self, order: SortOrder, entries: list | None = None) -> None:
+    ``native`` holds each entry's sort key in :meth:`SortOrder.key`'s natively comparable form, in the same
+    order, so that finding a sort key is a bisection over plain tuples. Building those forms cost more than
+    the rest of a retracting Top-N when each search made them anew for the ~11 entries it probed (~60 % of a
+    Top-3's CPU in issue 29's graph: docs/benchmarks.md); a kernel keeps a partition's list between the
+    rows it processes (:meth:`TopNBase._buffer`). Every change of the entries goes through this class, which
+    changes both lists alike; the snapshot holds the entries only.
+    """
+
+    def __init__(self, order: SortOrder, entries: list | None = None, native: list | None = None) -> None:
         self.order = order
         self.entries: list[list[Any]] = entries if entries is not None else []
+        self.native: list[tuple] = native if native is not None else [order.key(e[0]) for e in self.entries]
 
     def _find(self, sort_key: tuple) -> tuple[int, bool]:
-        key = self.order.key
-        i = bisect.bisect_left(self.entries, key(sort_key), key=lambda e: key(e[0]))
+        i = bisect.bisect_left(self.native, self.order.key(sort_key))
         found = i < len(self.entries) and self.order.compare(self.entries[i][0], sort_key) == 0
         return i, found
 
@@ -106,6 +118,7 @@ class TopNBuffer:
             self.entries[i][1].append(item)
             return len(self.entries[i][1])
         self.entries.insert(i, [sort_key, [item]])
+        self.native.insert(i, self.order.key(sort_key))
         return 1
 
     def get(self, sort_key: tuple) -> list | None:
@@ -118,13 +131,22 @@ class TopNBuffer:
             return False
         self.entries[i][1].remove(item)
         if not self.entries[i][1]:
-            del self.entries[i]
+            self._delete(i)
         return True
 
     def remove_key(self, sort_key: tuple) -> None:
         i, found = self._find(sort_key)
         if found:
-            del self.entries[i]
+            self._delete(i)
+
+    def _delete(self, index: int) -> None:
+        del self.entries[index]
+        del self.native[index]
+
+    def truncate(self, count: int) -> None:
+        """Keep the first ``count`` sort keys only."""
+        del self.entries[count:]
+        del self.native[count:]
 
     def drop_if_empty(self, index: int) -> None:
         """Drop the sort key at ``index`` (-1: none) when its last item was removed in place. The
@@ -132,7 +154,7 @@ class TopNBuffer:
         one check instead of a pass over the partition (which cost ~1 s per micro-batch of 4,000 updates
         over Top-3 partitions of 2,000 rows: docs/benchmarks.md, issue 29)."""
         if index >= 0 and not self.entries[index][1]:
-            del self.entries[index]
+            self._delete(index)
 
     def remove_last(self) -> Any:
         if not self.entries:
@@ -140,7 +162,7 @@ class TopNBuffer:
         items = self.entries[-1][1]
         item = items.pop()
         if not items:
-            self.entries.pop()
+            self._delete(len(self.entries) - 1)
         return item
 
     def last(self) -> tuple[tuple, Any] | None:

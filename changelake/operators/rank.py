@@ -57,7 +57,7 @@ class AppendOnlyTopN(TopNBase):
     def _one(self, kind: int, row: tuple, now: int) -> None:
         self._require_insert(kind, row)
         st = self._partition(row, now, lambda: {"buffer": []})
-        buf = TopNBuffer(self.order, st["buffer"])
+        buf = self._buffer(st)
         sk = self.order.of(row)
         if not self.in_buffer_range(sk, buf):
             return
@@ -70,7 +70,7 @@ class AppendOnlyTopN(TopNBase):
 
     def _with_row_number(self, sk: tuple, row: tuple, buf: TopNBuffer) -> None:
         consumed = self.emit_ranked_insert(sk, row, buf)
-        del buf.entries[consumed:]
+        buf.truncate(consumed)
 
     def _without_row_number(self, row: tuple, buf: TopNBuffer) -> None:
         if buf.size() > self.rank_end:

@@ -86,6 +86,8 @@ class TopNBase(Kernel):
         self.stale = StaleRetractions(self.OPERATOR, config.on_stale_retraction, self.figures)
         self._out: Changes | None = None
         self.rank_end = config.rank_end or 0
+        #: id of a partition's sorted list -> (that list, its sort keys' native forms): see :meth:`_buffer`
+        self._native: dict[int, tuple[list, list]] = {}
 
     def contract(self) -> cm.ChangelogContract:
         c = self.config
@@ -110,6 +112,24 @@ class TopNBase(Kernel):
                 st["rank_end"] = int(value)
             self.rank_end = st["rank_end"]
         return st
+
+    def _buffer(self, st: dict) -> TopNBuffer:
+        """The partition's sorted buffer, with the native sort keys this kernel kept for its list since it
+        last saw it (made anew for a list it has not seen: restored, new, or changed outside a buffer). The
+        kept pair holds the list itself, so no other list can take its id while it is kept."""
+        entries = st["buffer"]
+        kept = self._native.get(id(entries))
+        if kept is not None and kept[0] is entries and len(kept[1]) == len(entries):
+            return TopNBuffer(self.order, entries, kept[1])
+        if len(self._native) > 2 * len(self.state) + 64:        # lists of dropped or expired partitions
+            self._native.clear()
+        buf = TopNBuffer(self.order, entries)
+        self._native[id(entries)] = (entries, buf.native)
+        return buf
+
+    def expire(self, *, now: int) -> int:
+        self._native.clear()
+        return super().expire(now=now)
 
     def _save(self, row: tuple, st: dict, now: int) -> None:
         self.state.put(project(row, self.config.partition_keys), st, now)

@@ -26,7 +26,7 @@ class RetractableTopN(TopNBase):
 
     def _one(self, kind: int, row: tuple, now: int) -> None:
         st = self._partition(row, now, lambda: {"buffer": []})
-        buf = TopNBuffer(self.order, st["buffer"])
+        buf = self._buffer(st)
         sk = self.order.of(row)
         ranked = self.config.output_rank_number or self.config.has_offset
         if is_accumulate(kind):

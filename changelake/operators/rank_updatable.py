@@ -33,7 +33,7 @@ class UpdatableTopN(TopNBase):
                              "upserts. Use strategy 'retract' for a changelog with retractions")
         st = self._partition(row, now, lambda: {"rows": {}, "buffer": []})
         self._rows: dict = st["rows"]
-        buf = TopNBuffer(self.order, st["buffer"])
+        buf = self._buffer(st)
         if self.config.output_rank_number or self.config.has_offset:
             self._with_row_number(row, buf)
         else:
@@ -156,4 +156,4 @@ class UpdatableTopN(TopNBase):
         for _, keys in buf.entries[consumed:]:
             for k in keys:
                 self._rows.pop(k, None)
-        del buf.entries[consumed:]
+        buf.truncate(consumed)

@@ -398,3 +398,52 @@ def test_retractable_top_n_retractions_leave_no_empty_sort_key_and_the_right_top
             assert [shown[r] for r in sorted(shown)] == best
         else:
             assert set(shown) == set(best)
+
+
+@pytest.mark.unit
+def test_a_top_n_buffer_keeps_its_native_sort_keys_beside_its_entries_through_every_change() -> None:
+    """The natively comparable sort keys a kernel keeps for a partition between rows (``TopNBuffer.native``)
+    stay those of the entries, in their order, whatever changes the entries: puts (new and existing sort
+    keys, NULLs, NaN, DESC strings), removals of items and keys, the last item, truncation, an emptied key
+    dropped; each change made through a new buffer over the same two lists, as the kernels make them."""
+    import math
+    import random
+
+    from changelake.operators._topn_buffer import SortOrder, TopNBuffer
+
+    order = SortOrder((SortColumn(0, False), SortColumn(1, True, nulls_last=False), SortColumn(2, False)))
+    rnd = random.Random(11)
+    values = [None, float("nan"), -1.5, 0.0, 2.0, 7.25]
+    entries: list = []
+    native: list = []
+    live: list[tuple] = []
+    for step in range(3_000):
+        buf = TopNBuffer(order, entries, native)
+        op = rnd.random()
+        if op < 0.5 or not live:
+            row = (rnd.choice(values), rnd.choice([None, 1, 2, 3]), rnd.choice(["a", "b", "é", "zz"]), step)
+            buf.put(order.of(row), row)
+            live.append(row)
+        elif op < 0.8:
+            row = live.pop(rnd.randrange(len(live)))
+            assert buf.remove_item(order.of(row), row)
+        elif op < 0.9:
+            removed = buf.remove_last()
+            live.remove(removed)
+        elif op < 0.95:
+            keep = rnd.randrange(len(entries) + 1)
+            for _, rows in entries[keep:]:
+                for row in rows:
+                    live.remove(row)
+            buf.truncate(keep)
+        else:
+            i = rnd.randrange(len(entries))
+            for row in list(entries[i][1]):
+                entries[i][1].remove(row)
+                live.remove(row)
+            buf.drop_if_empty(i)
+        assert native == [order.key(sk) for sk, _ in entries]
+        assert all(order.compare(a[0], b[0]) < 0 for a, b in zip(entries, entries[1:]))
+        assert sorted(map(id, (r for _, rows in entries for r in rows))) == sorted(map(id, live))
+        assert all(rows for _, rows in entries)
+    assert any(isinstance(sk[0], float) and math.isnan(sk[0]) for sk, _ in entries)
