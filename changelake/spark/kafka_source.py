@@ -688,23 +688,12 @@ def _check_stalled(consumer: Any, options: KafkaOptions, stalled: list[tuple[Kaf
     asked for (waiting out a broker fault as the driver does, up to ``brokerWaitMs``). If the brokers answer
     and the records are there, the read gives up with an error; returns when they were not answering (the read
     goes on)."""
-    from confluent_kafka import TopicPartition
-
     for rng, position in stalled:
-        tp = TopicPartition(rng.topic, rng.partition)
-        answered_at_once = []
-
-        def watermarks() -> tuple[int, int]:
-            answered_at_once.append(True)
-            return consumer.get_watermark_offsets(tp, timeout=_METADATA_TIMEOUT_S, cached=False)
-
-        low, high = with_retries(f"the offsets of {rng.topic}[{rng.partition}]", watermarks,
-                                 wait_ms=options.broker_wait_ms)
-        if len(answered_at_once) > 1:
+        low, high, calls = _watermarks(consumer, options, rng)
+        if calls > 1:
             return                  # a broker fault, now over
         if not low <= position < high:
-            raise SourceError(f"{rng.topic}[{rng.partition}]: offset {position} is not in the partition's log "
-                              f"(offsets {low}..{high - 1}); the log was truncated or deleted while it was read")
+            raise _not_in_log(rng, position, low, high)
     where = ", ".join(f"{r.topic}[{r.partition}] offsets {position}..{r.end - 1}" for r, position in stalled)
     raise SourceError(f"no data for {where} after {options.read_timeout_ms} ms; is the broker reachable from the "
                       "executors?")
@@ -713,11 +702,29 @@ def _check_stalled(consumer: Any, options: KafkaOptions, stalled: list[tuple[Kaf
 def _readable_start(consumer: Any, options: KafkaOptions, rng: KafkaRange, position: int) -> tuple[int, int]:
     """Kafka refused to serve ``rng`` from ``position``: where it can be read from, and how many of its offsets
     Kafka deleted before that (retention): a :class:`DataLossError` unless the topic's data loss is skipped."""
+    low, high, _ = _watermarks(consumer, options, rng)
+    if low <= position:
+        raise _not_in_log(rng, position, low, high)
+    if not options.skips_data_loss(rng.topic):
+        raise DataLossError(rng.topic, rng.partition, position, low)
+    expired = min(low, rng.end) - position
+    log.warning("%s[%d]: offsets %d..%d expired from Kafka before they were read; "
+                "%d changes were lost upstream (raise the topic's retention)",
+                rng.topic, rng.partition, position, min(low, rng.end) - 1, expired)
+    return min(low, rng.end), expired
+
+
+def _watermarks(consumer: Any, options: KafkaOptions, rng: KafkaRange) -> tuple[int, int, int]:
+    """The partition's low and high watermarks, asked until the brokers answer (up to ``brokerWaitMs``), and
+    how many calls that took (1: they answered at once)."""
     from confluent_kafka import TopicPartition
 
     tp = TopicPartition(rng.topic, rng.partition)
+    calls = 0
 
-    def watermarks() -> tuple[int, int]:
+    def ask() -> tuple[int, int]:
+        nonlocal calls
+        calls += 1
         try:
             return consumer.get_watermark_offsets(tp, timeout=_METADATA_TIMEOUT_S, cached=False)
         except Exception:
@@ -727,18 +734,17 @@ def _readable_start(consumer: Any, options: KafkaOptions, rng: KafkaRange, posit
                 pass
             raise
 
-    low, high = with_retries(f"the offsets of {rng.topic}[{rng.partition}]", watermarks,
-                              wait_ms=options.broker_wait_ms)
-    if low <= position:
-        raise SourceError(f"{rng.topic}[{rng.partition}]: offset {position} is not in the partition's log "
-                          f"(offsets {low}..{high - 1}); the log was truncated while it was read")
-    if not options.skips_data_loss(rng.topic):
-        raise DataLossError(rng.topic, rng.partition, position, low)
-    expired = min(low, rng.end) - position
-    log.warning("%s[%d]: offsets %d..%d expired from Kafka before they were read; "
-                "%d changes were lost upstream (raise the topic's retention)",
-                rng.topic, rng.partition, position, min(low, rng.end) - 1, expired)
-    return min(low, rng.end), expired
+    low, high = with_retries(f"the offsets of {rng.topic}[{rng.partition}]", ask, wait_ms=options.broker_wait_ms)
+    return low, high, calls
+
+
+def _not_in_log(rng: KafkaRange, position: int, low: int, high: int) -> SourceError:
+    if position >= high:
+        why = "past the end of the partition's log: the log was truncated (an unclean leader election?)"
+    else:
+        why = "refused by the broker although the log holds it"
+    return SourceError(f"{rng.topic}[{rng.partition}]: offset {position} of the planned range {rng.start}..{rng.end - 1} "
+                       f"is {why} (the log holds offsets {low}..{high - 1})")
 
 
 def _by_partition(msgs: list[Any]) -> Iterator[tuple[tuple[str, int] | None, list[Any]]]:
