@@ -108,8 +108,11 @@ class PeakMemory:
     PARTS = ("driver (python)", "spark jvm", "python workers (sum)", "executor jvms (sum)")
 
     def __init__(self, interval: float = 0.25, *, root: int | None = None, exclude: Iterable[int] = (),
-                 pss_every: int = 4) -> None:
+                 pss_every: int = 4, pss: bool = True) -> None:
         self.interval = interval
+        #: whether PSS is read at all: a benchmark that reports RSS only leaves it off, since reading a JVM's
+        #: ``smaps_rollup`` every second took ~7 % of a core in bench/freshness.py (py-spy), on the cores measured
+        self.pss = pss
         self.root = root
         self.exclude = frozenset(exclude)
         self.pss_every = pss_every
@@ -154,7 +157,7 @@ class PeakMemory:
             if with_pss:
                 tree = self._tree(me)
             self._sample(tree, _rss_kb, self.peak_mb, "total_mb")
-            if with_pss:
+            if with_pss and self.pss:
                 self._sample(tree, _pss_kb, self.pss_mb, "total_pss_mb")
             n += 1
             time.sleep(self.interval)

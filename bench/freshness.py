@@ -728,7 +728,7 @@ def main(argv: list[str] | None = None) -> int:
              "--orders", str(args.orders), "--consistency", args.consistency, *(["--join"] if args.join else [])],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         # the pipeline's memory: this process, its Spark JVM and Python workers; not the broker, not the producer
-        mem = PeakMemory(exclude=(broker.pid, producer.pid)).__enter__()
+        mem = PeakMemory(exclude=(broker.pid, producer.pid), pss=False).__enter__()
         try:
             line = producer.stdout.readline()
             if not line.startswith("SNAPSHOT "):
