@@ -103,8 +103,10 @@ ARROW_SCHEMA = pa.schema([
 _CONSUME_BATCH = 10_000
 #: a range's consumer: bytes per partition per fetch (librdkafka's default); see :meth:`KafkaOptions.consumer_config`
 _RANGE_FETCH_BYTES = 1024 * 1024
-#: a read task's consumer of several partitions: what their prefetched records may take together
-_TASK_QUEUE_KBYTES = 64 * 1024
+#: a consumer of several ranges (:func:`read_ranges`): bytes per partition per fetch
+_TOGETHER_FETCH_BYTES = 64 * 1024
+_QUEUE_BACKOFF_MS = 10
+_MIN_QUEUED = 1_000
 _METADATA_TIMEOUT_S = 30.0
 #: how long the driver and the read tasks wait out a broker fault (no leader for a partition while its
 #: leader moves, every broker down) before the query fails: ``brokerWaitMs``
@@ -602,9 +604,9 @@ def read_ranges(options: KafkaOptions, ranges: list[KafkaRange]) -> Iterator[pa.
 
     The consumer is assigned all the ranges' partitions at once, so they are fetched together: a read task
     of a micro-batch that holds a few hundred records in each of 16 partitions paid a consumer (its
-    connection, threads and metadata) and a fetch round trip per range when they were read one after the
-    other (~15 ms of wall time and ~5 ms of CPU per range on 2 cores; docs/benchmarks.md). Each batch holds
-    the records of one partition from one ``consume`` call, in offset order; batches of different
+    connection, threads and metadata), a watermark request and a fetch round trip per range when each was
+    read alone (~15 ms of wall time and ~5 ms of CPU per range on 2 cores; docs/benchmarks.md). Each batch
+    holds the records of one partition from one ``consume`` call, in offset order; batches of different
     partitions interleave. A partition is paused once its range is read. The messages of each call become
     record batches column by column (each accessor mapped over the call's message list): no Python code
     runs per message beyond those C calls.
@@ -618,10 +620,17 @@ def read_ranges(options: KafkaOptions, ranges: list[KafkaRange]) -> Iterator[pa.
     if not ranges:
         return
     conf = options.consumer_config(records=max(r.end - r.start for r in ranges))
-    if len(ranges) > 1 and "queued.max.messages.kbytes" not in options.consumer_properties:
-        # the prefetch of every assigned partition shares this bound (librdkafka keeps up to
-        # ``queued.min.messages`` records per partition queued below it)
-        conf["queued.max.messages.kbytes"] = _TASK_QUEUE_KBYTES
+    if len(ranges) > 1 and "max.partition.fetch.bytes" not in options.consumer_properties:
+        # librdkafka fetches every assigned partition ahead, past the range's end: with 1 MB per partition (of
+        # zstd, ~10 MB decompressed) eight ranges of 6,000 records read together held +357 MB against +117 MB
+        # one by one; with 64 kB +86 MB, and eight ranges of 62,500 +172 MB against +148 MB, in 0.7-0.8x the
+        # time (bench-like JSON, real broker, in process). And a partition whose queue is full (librdkafka's
+        # ``queued.min.messages``) is fetched again after 10 ms, not the default second: with the smaller
+        # fetches, waiting a second made the eight 62,500-record ranges 1.4x slower than one by one.
+        # Each partition's queue is kept to the largest range (``queued.min.messages``, 100,000 by default).
+        conf["max.partition.fetch.bytes"] = _TOGETHER_FETCH_BYTES
+        conf.setdefault("fetch.queue.backoff.ms", _QUEUE_BACKOFF_MS)
+        conf.setdefault("queued.min.messages", max(_MIN_QUEUED, max(r.end - r.start for r in ranges)))
     consumer = Consumer(conf)
     try:
         # Each partition is read from its range's start at once; only where Kafka says that offset is gone
