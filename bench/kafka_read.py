@@ -1,4 +1,4 @@
-"""The Kafka source's read path in one process, per core: ``read_range`` alone and with the decode stage.
+"""The Kafka source's read path in one process, per core: ``read_ranges`` alone and with the decode stage.
 
     python bench/kafka_read.py [--events 1000000] [--keys 200000] [--repeat 3] [--profile 25]
     python bench/kafka_read.py --quick      # smoke run: 20,000 events, once
@@ -8,8 +8,8 @@ The events of ``bench/operators.py`` query (a) (Debezium JSON ``products``, the 
 producer settings: zstd, ``linger.ms`` 50, batches of up to 10,000 messages, 4 topics of 4 partitions) are
 produced to the broker (``--broker``; a child process, so its CPU is not counted here). Then, in this process:
 
-* **read**: every partition's whole range through :func:`changelake.spark.kafka_source.read_range`, one
-  after the other, as a read task does;
+* **read**: every partition's whole range through :func:`changelake.spark.kafka_source.read_ranges`, all
+  with one consumer, as a read task does;
 * **read + decode**: the same through the decode stage of query (a)'s pipeline
   (:class:`changelake.spark.decode_stage.DecodeStage`, built by the service's ``BatchProcessor``), as a
   Spark read task runs it.
@@ -90,32 +90,33 @@ def ranges(bootstrap: str):
 
 
 def read_only(opts, rngs) -> tuple[int, int]:
-    """(records, checksum of offsets): every range read whole."""
-    from changelake.spark.kafka_source import read_range
+    """(records, checksum of offsets): every range read whole, each partition's records gapless and in order."""
+    from changelake.spark.kafka_source import read_ranges
 
     n = 0
+    expect = {(r.topic, r.partition): r.start for r in rngs}
+    for batch in read_ranges(opts, rngs):
+        key = (batch.column("topic")[0].as_py(), batch.column("partition")[0].as_py())
+        offsets = batch.column("offset").to_numpy()
+        if len(offsets) and (offsets[0] != expect[key] or offsets[-1] != expect[key] + len(offsets) - 1):
+            raise SystemExit(f"{key[0]}[{key[1]}]: offsets {offsets[0]}..{offsets[-1]}, expected from {expect[key]}, "
+                             "gapless")
+        expect[key] += len(offsets)
+        n += len(offsets)
     for rng in rngs:
-        expect = rng.start
-        for batch in read_range(opts, rng):
-            offsets = batch.column("offset").to_numpy()
-            if len(offsets) and (offsets[0] != expect or offsets[-1] != expect + len(offsets) - 1):
-                raise SystemExit(f"{rng.topic}[{rng.partition}]: offsets {offsets[0]}..{offsets[-1]}, "
-                                 f"expected from {expect}, gapless")
-            expect += len(offsets)
-            n += len(offsets)
-        if expect != rng.end:
-            raise SystemExit(f"{rng.topic}[{rng.partition}]: read up to {expect}, the range ends at {rng.end}")
+        if expect[(rng.topic, rng.partition)] != rng.end:
+            raise SystemExit(f"{rng.topic}[{rng.partition}]: read up to {expect[(rng.topic, rng.partition)]}, the "
+                             f"range ends at {rng.end}")
     return n, 0
 
 
 def read_decode(opts, rngs, stage) -> tuple[int, int]:
     """(records read, changelog rows): every range through the decode stage, as a read task runs it."""
-    from changelake.spark.kafka_source import read_range
+    from changelake.spark.kafka_source import read_ranges
     from changelake.spark.payloads import from_ipc
 
     def batches():
-        for rng in rngs:
-            yield from read_range(opts, rng)
+        return read_ranges(opts, rngs)
 
     read = rows = 0
     for out in stage(batches()):
