@@ -105,6 +105,7 @@ _CONSUME_BATCH = 10_000
 _RANGE_FETCH_BYTES = 1024 * 1024
 #: a consumer of several ranges (:func:`read_ranges`): bytes per partition per fetch
 _TOGETHER_FETCH_BYTES = 64 * 1024
+#: ... and how soon it fetches again for a partition whose queue was full, and its least queue per partition
 _QUEUE_BACKOFF_MS = 10
 _MIN_QUEUED = 1_000
 _METADATA_TIMEOUT_S = 30.0
@@ -619,18 +620,19 @@ def read_ranges(options: KafkaOptions, ranges: list[KafkaRange]) -> Iterator[pa.
         raise ValueError("read_ranges: at most one range per partition")
     if not ranges:
         return
-    conf = options.consumer_config(records=max(r.end - r.start for r in ranges))
+    largest = max(r.end - r.start for r in ranges)
+    conf = options.consumer_config(records=largest)
     if len(ranges) > 1 and "max.partition.fetch.bytes" not in options.consumer_properties:
-        # librdkafka fetches every assigned partition ahead, past the range's end: with 1 MB per partition (of
-        # zstd, ~10 MB decompressed) eight ranges of 6,000 records read together held +357 MB against +117 MB
-        # one by one; with 64 kB +86 MB, and eight ranges of 62,500 +172 MB against +148 MB, in 0.7-0.8x the
-        # time (bench-like JSON, real broker, in process). And a partition whose queue is full (librdkafka's
-        # ``queued.min.messages``) is fetched again after 10 ms, not the default second: with the smaller
-        # fetches, waiting a second made the eight 62,500-record ranges 1.4x slower than one by one.
-        # Each partition's queue is kept to the largest range (``queued.min.messages``, 100,000 by default).
+        # librdkafka fetches every assigned partition ahead, past the range's end. So a consumer of several
+        # ranges fetches 64 kB per partition (not 1 MB of zstd, ~10 MB decompressed), queues at most the
+        # largest range per partition (``queued.min.messages``, 100,000 by default), and fetches a partition
+        # whose queue was full again after 10 ms (the default second made the smaller fetches 1.4x slower than
+        # reading one by one). Eight ranges of 6,000 records read together held +357 MB with 1 MB fetches
+        # against +117 MB one by one, +84 MB so; eight of 62,500 +172 MB against +148 MB, in 0.7-0.8x the time
+        # (bench-like JSON, real broker, in process).
         conf["max.partition.fetch.bytes"] = _TOGETHER_FETCH_BYTES
         conf.setdefault("fetch.queue.backoff.ms", _QUEUE_BACKOFF_MS)
-        conf.setdefault("queued.min.messages", max(_MIN_QUEUED, max(r.end - r.start for r in ranges)))
+        conf.setdefault("queued.min.messages", max(_MIN_QUEUED, largest))
     consumer = Consumer(conf)
     try:
         # Each partition is read from its range's start at once; only where Kafka says that offset is gone
@@ -653,8 +655,9 @@ def read_ranges(options: KafkaOptions, ranges: list[KafkaRange]) -> Iterator[pa.
             for key, part in _by_partition(msgs):
                 state = reading.get(key)
                 if state is None:
-                    if key is None:         # an error of no partition (the client's own): raised or logged
-                        _records_in_range(part, ranges[0], 0)
+                    if key is None:         # errors of no partition (the client's own): raised or logged
+                        for msg in part:
+                            _client_error(msg.error(), "the read task")
                     continue                # a partition read to its end: what was fetched beyond it
                 rng, position, pending = state
                 part, gone = _until_gone(part)
@@ -776,7 +779,9 @@ def _records_in_range(msgs: list[Any], rng: KafkaRange, position: int) -> tuple[
 
     End-of-partition events are dropped (everything up to the end of the log was read; offsets
     beyond are transaction markers or aborted records, so the position moves there); any other
-    error is raised. Offsets rise within a partition, so the records at or after ``rng.end`` are a tail.
+    error is raised or, when transient, logged (:func:`_client_error`; an offset Kafka no longer holds was cut
+    off before, by :func:`_until_gone`). Offsets rise within a partition, so the records at or after
+    ``rng.end`` are a tail.
     """
     from confluent_kafka import KafkaError, Message
 
@@ -788,14 +793,8 @@ def _records_in_range(msgs: list[Any], rng: KafkaRange, position: int) -> tuple[
                 kept.append(m)
             elif err.code() == KafkaError._PARTITION_EOF:
                 position = max(position, m.offset())
-            elif err.code() == KafkaError._AUTO_OFFSET_RESET or err.code() == KafkaError.OFFSET_OUT_OF_RANGE:
-                raise SourceError(f"data loss: {rng.topic}[{rng.partition}] offset {position} left the log while it "
-                                  f"was read (retention); {err}. Raise the topic's retention, or set on_data_loss: "
-                                  "skip on the source to skip such gaps")
-            elif transient(err):
-                log.info("%s[%d]: %s (the client retries)", rng.topic, rng.partition, err)
             else:
-                raise SourceError(f"{rng.topic}[{rng.partition}]: Kafka error while reading: {err}")
+                _client_error(err, f"{rng.topic}[{rng.partition}]")
         msgs = kept
     offsets = list(map(Message.offset, msgs))
     if offsets and offsets[-1] >= rng.end:
@@ -805,6 +804,14 @@ def _records_in_range(msgs: list[Any], rng: KafkaRange, position: int) -> tuple[
     elif offsets:
         position = max(position, offsets[-1] + 1)
     return msgs, offsets, position
+
+
+def _client_error(err: Any, where: str) -> None:
+    """A Kafka error a ``consume`` call returned for ``where``: logged when the client retries it, else raised."""
+    if transient(err):
+        log.info("%s: %s (the client retries)", where, err)
+        return
+    raise SourceError(f"{where}: Kafka error while reading: {err}")
 
 
 def _record_batch(rng: KafkaRange, msgs: list[Any], offsets: list[int], expired: int, *,
