@@ -13,7 +13,9 @@ Snapshot format (version 1)
 ---------------------------
 Arrow IPC stream bytes of one table with columns ``state`` (store name), ``key``
 and ``value`` (restricted pickle bytes, see :func:`encode_value`) and ``written_at``
-(int64 ms). The schema metadata carries the operator name and format version.
+(int64 ms). The schema metadata carries the operator name and format version. The
+stream's buffers are zstd-compressed (:data:`_SNAPSHOT_WRITE`); an uncompressed stream, as written
+before, reads the same.
 One row per entry, so a binding can split a snapshot into hash buckets by key. A
 :class:`TrackedKeyedState` (a join side's rows) keeps its entries' pickles between snapshots and
 pickles again only the entries changed since: the bytes are the same.

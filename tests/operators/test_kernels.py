@@ -181,6 +181,33 @@ def test_snapshot_of_another_operator_is_rejected():
         GroupAggregate.restore(config, dedup.snapshot())
 
 
+def test_a_snapshot_written_uncompressed_before_restores_and_continues_like_a_compressed_one(monkeypatch):
+    """Checkpoints written before snapshots were compressed hold uncompressed Arrow IPC: they restore
+    into the same state, and the snapshot taken after is the compressed one, smaller than before."""
+    import changelake.operators._state as state
+
+    config = StreamingJoinConfig(join_type="LEFT", left_key=(0,), right_key=(0,), left_arity=3, right_arity=3,
+                                 left_input=InputSpec("has_unique_key", (1,)),
+                                 right_input=InputSpec("join_key_contains_unique_key", (0,)))
+    join = StreamingJoin(config)
+    join.process(Changes.of([("+I", (k % 50, k, "order line " * 3 + str(k))) for k in range(400)]), side="left")
+    join.process(Changes.of([("+I", (k, f"product {k}", k * 1.5)) for k in range(0, 50, 2)]), side="right")
+    compressed = join.snapshot()
+    monkeypatch.setattr(state, "_SNAPSHOT_WRITE", pa.ipc.IpcWriteOptions())
+    plain = join.snapshot()
+    monkeypatch.undo()
+    assert pa.ipc.open_stream(pa.py_buffer(plain)).read_all() == pa.ipc.open_stream(pa.py_buffer(compressed)).read_all()
+    assert len(compressed) * 3 < len(plain)
+    later = Changes.of([("-D", (3, f"product {3}", 4.5)), ("+I", (3, "product 3 again", 9.0))])
+    outputs, snapshots = [], []
+    for data in (plain, compressed):
+        restored = StreamingJoin.restore(config, data)
+        outputs.append(restored.process(later, side="right").as_pairs())
+        snapshots.append(restored.snapshot())
+    assert outputs[0] == outputs[1] and outputs[0]
+    assert snapshots[0] == snapshots[1]
+
+
 def test_mini_batch_bundle_pending_at_snapshot_is_kept():
     config = DeduplicateConfig(keys=(0,), keep="last", mini_batch_size=3)
     first = Deduplicate(config)
