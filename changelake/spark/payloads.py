@@ -5,9 +5,13 @@ from __future__ import annotations
 import pyarrow as pa
 
 
+#: payload buffers zstd-compressed (trial)
+_WRITE = pa.ipc.IpcWriteOptions(compression="zstd")
+
+
 def to_ipc(table: pa.Table) -> bytes:
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
+    with pa.ipc.new_stream(sink, table.schema, options=_WRITE) as writer:
         writer.write_table(table)
     return sink.getvalue().to_pybytes()
 
