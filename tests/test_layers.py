@@ -1,6 +1,6 @@
 """The package's floors: leaves on the ground, no import that climbs, pyspark only in the Spark wing.
 
-    ground      changelog, errors, types, metrics, durations, key_changes, log_values, jvm_deps  (import
+    ground      changelog, errors, types, metrics, durations, key_changes, log_values, jvm_deps, ipc  (import
                 nothing of ours but the ground)
     formats     decoders
     connectors  the Delta sink (delta-rs), dead letters, lookup sources, the embedded and the local Kafka broker
@@ -26,7 +26,8 @@ import pytest
 pytestmark = pytest.mark.unit
 
 PACKAGE = Path(__file__).resolve().parents[1] / "changelake"
-GROUND = {"changelog", "errors", "types", "metrics", "durations", "key_changes", "log_values", "jvm_deps", "__init__",
+GROUND = {"changelog", "errors", "types", "metrics", "durations", "key_changes", "log_values", "jvm_deps", "ipc",
+          "__init__",
           "__version__"}
 MAY_IMPORT = {
     "ground": GROUND,

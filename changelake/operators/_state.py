@@ -13,9 +13,9 @@ Snapshot format (version 1)
 ---------------------------
 Arrow IPC stream bytes of one table with columns ``state`` (store name), ``key``
 and ``value`` (restricted pickle bytes, see :func:`encode_value`) and ``written_at``
-(int64 ms). The schema metadata carries the operator name and format version. The
-stream's buffers are zstd-compressed (:data:`_SNAPSHOT_WRITE`); an uncompressed stream, as written
-before, reads the same.
+(int64 ms). The schema metadata carries the operator name and format version. A
+snapshot of :data:`SNAPSHOT_COMPRESS_FROM` bytes or more has its buffers zstd-compressed; an
+uncompressed stream, as every snapshot was written before, reads the same.
 One row per entry, so a binding can split a snapshot into hash buckets by key. A
 :class:`TrackedKeyedState` (a join side's rows) keeps its entries' pickles between snapshots and
 pickles again only the entries changed since: the bytes are the same.
@@ -34,6 +34,7 @@ from typing import Any, Callable, Iterator, Literal
 import pyarrow as pa
 
 from changelake.errors import ConfigError, StateError
+from changelake.ipc import stream_bytes
 from changelake.metrics import Figures
 
 log = logging.getLogger(__name__)
@@ -227,12 +228,13 @@ _SNAPSHOT_SCHEMA = pa.schema([
 ])
 
 
-#: a snapshot's buffers are zstd-compressed (Arrow IPC's own buffer compression: any Arrow reader reads
-#: them, and snapshots written before, uncompressed, read as they were). A join bucket's pickled rows
-#: shrink ~4.7x (168 -> 36 KB for 1,250 rows), and every byte of a snapshot crosses from the Python
-#: worker to the JVM, into RocksDB and the checkpoint's changelog at each step of its bucket, and back
-#: at the next: docs/state-design.md, "Snapshots compressed".
-_SNAPSHOT_WRITE = pa.ipc.IpcWriteOptions(compression="zstd")
+#: a snapshot of this many bytes or more has its buffers zstd-compressed (Arrow IPC's own buffer
+#: compression: any Arrow reader reads them, and snapshots written before, uncompressed, read as they
+#: were). A join bucket's pickled rows shrink ~4.7x (168 -> 36 KB for 1,250 rows), and every byte of a
+#: snapshot crosses from the Python worker to the JVM, into RocksDB and the checkpoint's changelog at each
+#: step of its bucket, and back at the next; below ~25 KB the ~0.45 ms compressing and reading back cost
+#: more than the smaller state calls save: docs/state-design.md, "Snapshots compressed".
+SNAPSHOT_COMPRESS_FROM = 32 * 1024
 
 
 def snapshot_stores(operator: str, stores: list[KeyedState]) -> bytes:
@@ -252,10 +254,7 @@ def snapshot_stores(operator: str, stores: list[KeyedState]) -> bytes:
     schema = _SNAPSHOT_SCHEMA.with_metadata({"operator": operator, "format": SNAPSHOT_FORMAT_VERSION})
     table = pa.Table.from_arrays(
         [pa.array(names, pa.string()), keys, values, pa.array(written, pa.int64())], schema=schema)
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, schema, options=_SNAPSHOT_WRITE) as writer:
-        writer.write_table(table)
-    return sink.getvalue().to_pybytes()
+    return stream_bytes(table, SNAPSHOT_COMPRESS_FROM)
 
 
 def restore_stores(operator: str, data: bytes, stores: list[KeyedState]) -> None:

@@ -5,15 +5,16 @@ from __future__ import annotations
 import pyarrow as pa
 
 
-#: payload buffers zstd-compressed (trial)
-_WRITE = pa.ipc.IpcWriteOptions(compression="zstd")
+from changelake.ipc import stream_bytes
+
+#: a payload of this many bytes or more is compressed: ``bench/operators.py --queries b`` (payloads of
+#: ~8,000 changes) peaked 10 % lower in memory with compressed payloads, in the same time
+#: (docs/benchmarks.md, "Operator snapshots compressed"); a payload of a few rows would pay ~0.25 ms
+COMPRESS_FROM = 256 * 1024
 
 
 def to_ipc(table: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema, options=_WRITE) as writer:
-        writer.write_table(table)
-    return sink.getvalue().to_pybytes()
+    return stream_bytes(table, COMPRESS_FROM)
 
 
 def from_ipc(payload: bytes) -> pa.Table:

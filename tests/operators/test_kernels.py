@@ -190,10 +190,10 @@ def test_a_snapshot_written_uncompressed_before_restores_and_continues_like_a_co
                                  left_input=InputSpec("has_unique_key", (1,)),
                                  right_input=InputSpec("join_key_contains_unique_key", (0,)))
     join = StreamingJoin(config)
-    join.process(Changes.of([("+I", (k % 50, k, "order line " * 3 + str(k))) for k in range(400)]), side="left")
+    join.process(Changes.of([("+I", (k % 50, k, "order line " * 3 + str(k))) for k in range(1000)]), side="left")
     join.process(Changes.of([("+I", (k, f"product {k}", k * 1.5)) for k in range(0, 50, 2)]), side="right")
     compressed = join.snapshot()
-    monkeypatch.setattr(state, "_SNAPSHOT_WRITE", pa.ipc.IpcWriteOptions())
+    monkeypatch.setattr(state, "SNAPSHOT_COMPRESS_FROM", 1 << 40)
     plain = join.snapshot()
     monkeypatch.undo()
     assert pa.ipc.open_stream(pa.py_buffer(plain)).read_all() == pa.ipc.open_stream(pa.py_buffer(compressed)).read_all()
