@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-
 from changelake.ipc import stream_bytes
 
 #: a payload of this many bytes or more is compressed: ``bench/operators.py --queries b`` (payloads of

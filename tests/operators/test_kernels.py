@@ -198,7 +198,7 @@ def test_a_snapshot_written_uncompressed_before_restores_and_continues_like_a_co
     monkeypatch.undo()
     assert pa.ipc.open_stream(pa.py_buffer(plain)).read_all() == pa.ipc.open_stream(pa.py_buffer(compressed)).read_all()
     assert len(compressed) * 3 < len(plain)
-    later = Changes.of([("-D", (3, f"product {3}", 4.5)), ("+I", (3, "product 3 again", 9.0))])
+    later = Changes.of([("-D", (3, "product 3", 4.5)), ("+I", (3, "product 3 again", 9.0))])
     outputs, snapshots = [], []
     for data in (plain, compressed):
         restored = StreamingJoin.restore(config, data)
