@@ -101,6 +101,7 @@ ENV JAVA_HOME=/opt/java \
     CHANGELAKE_JVM_ARCHIVE=/opt/changelake/spark-classes.jsa \
     CHANGELAKE_JVM_DEPS_HOME=/opt/changelake/jvm \
     MALLOC_ARENA_MAX=2 \
+    ARROW_DEFAULT_MEMORY_POOL=system \
     HOME=/home/changelake
 # The JRE directory name differs per architecture; give it one stable path.
 RUN ln -s "$(dirname "$(dirname "$(readlink -f "$(command -v java)")")")" /opt/java \

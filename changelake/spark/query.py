@@ -248,8 +248,9 @@ def release_arrow_memory() -> None:
     """After a micro-batch: Arrow's memory pool gives the pages its freed buffers left back to the system.
 
     The driver collects each batch as Arrow buffers of a different size; Arrow's pool (mimalloc in the
-    pyarrow wheels) kept the freed pages, and the driver's resident memory grew with every batch under a
-    steady stream (bench/soak.py, docs/benchmarks.md). The gauge shows what live buffers remain."""
+    pyarrow wheels, glibc's allocator where the session chose it: changelake/spark/session.py ``ARROW_POOL``)
+    kept the freed pages, and the driver's resident memory grew with every batch under a steady stream
+    (bench/soak.py, docs/benchmarks.md). The gauge shows what live buffers remain."""
     pool = pa.default_memory_pool()
     pool.release_unused()
     metrics.ARROW_MEMORY.set(pool.bytes_allocated())

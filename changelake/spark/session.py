@@ -13,7 +13,8 @@ A setting comes from one of three places; the first that sets a key wins:
                     on a local master, Spark's Python processes forked by a warm server
                     (changelake/spark/fork_server.py; ``CHANGELAKE_FORK_SERVER=off`` turns it off);
                     the JVM and workers it starts get ``MALLOC_ARENA_MAX=2`` (:data:`MALLOC_ARENAS`)
-                    unless the environment sets it; and on a local master the JVM's local directories
+                    and the workers and the driver Arrow's buffers from glibc's allocator
+                    (:data:`ARROW_POOL`), each unless the environment sets it; and on a local master the JVM's local directories
                     (``SPARK_LOCAL_DIRS``) and temporary directory in a directory of this process,
                     deleted by a later start once this process is gone (changelake/spark/scratch.py),
                     unless the user chose them
@@ -36,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+import pyarrow as pa
 from pyspark.sql import SparkSession
 
 from changelake.spark import fork_server, jvm_archive, jvm_options, scratch, worker_python
@@ -67,6 +69,13 @@ DEFAULTS: Mapping[str, str] = {
 #: and the JVM's task, RocksDB and network threads filled them with memory it does not give back. Capped at 2, a
 #: soak's driver JVM held ~470 MB less at 5,000 events/s (docs/benchmarks.md, "glibc's malloc arenas").
 MALLOC_ARENAS = ("MALLOC_ARENA_MAX", "2")
+
+#: the allocator of Arrow's buffers in the processes a session starts here (the Python workers) and in the driver,
+#: unless the environment sets the variable: pyarrow's default, mimalloc, kept the pages of a read task's decoded
+#: chunks after the chunk was gone, so a read worker held 230-280 MB at its peak against 160-185 MB with glibc's
+#: allocator (capped arenas, above); ``bench/operators.py`` peak PSS (a) 1,358 against 1,542-1,554 MB, (b) 1,559-1,580
+#: against 1,726-1,728 MB, in the same time (docs/benchmarks.md, "Arrow's buffers from glibc's allocator")
+ARROW_POOL = ("ARROW_DEFAULT_MEMORY_POOL", "system")
 
 
 @dataclass(frozen=True)
@@ -259,6 +268,10 @@ def build_session(*, app_name: str = "changelake", master: str | None = None,
     if starts_jvm:
         # the driver JVM and the Python workers it starts inherit this process's environment
         os.environ.setdefault(*MALLOC_ARENAS)
+        if ARROW_POOL[0] not in os.environ:
+            os.environ[ARROW_POOL[0]] = ARROW_POOL[1]
+            # this process's pyarrow chose its pool when first used, before the variable was set
+            pa.set_memory_pool(pa.system_memory_pool())
     os.environ.setdefault("PYSPARK_PYTHON", script or sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", script or sys.executable)
     # Spark's Python processes as forks of a warm process (changelake/spark/fork_server.py), on a local master

@@ -249,14 +249,15 @@ def test_shellcheck_accepts_the_image_scripts() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_the_image_caps_glibc_malloc_arenas_as_a_session_started_here_does() -> None:
+def test_the_image_sets_the_allocators_a_session_started_here_sets() -> None:
     """Under spark-submit (the chart's SparkApplication) the driver JVM starts before changelake's code and
-    executors start in pods of their own: the image gives every process the arena cap that a session started by
-    ``changelake run`` gives its JVM and workers (changelake/spark/session.py)."""
-    from changelake.spark.session import MALLOC_ARENAS
+    executors start in pods of their own: the image gives every process the arena cap and Arrow's allocator that a
+    session started by ``changelake run`` gives its JVM and workers (changelake/spark/session.py)."""
+    from changelake.spark.session import ARROW_POOL, MALLOC_ARENAS
 
     env = _runtime_env()
     assert env[MALLOC_ARENAS[0]] == MALLOC_ARENAS[1]
+    assert env[ARROW_POOL[0]] == ARROW_POOL[1]
 
 
 def test_the_image_writes_the_jvm_class_archive_where_its_sessions_look_for_it() -> None:

@@ -87,9 +87,13 @@ management = spark._jvm.java.lang.management.ManagementFactory
 args = list(management.getRuntimeMXBean().getInputArguments())
 collectors = [bean.getName() for bean in management.getGarbageCollectorMXBeans()]
 arenas = spark.sparkContext.parallelize([0], 1).map(lambda _: os.environ.get("MALLOC_ARENA_MAX")).collect()
+pools = spark.sparkContext.parallelize([0], 1).map(
+    lambda _: __import__("pyarrow").default_memory_pool().backend_name).collect()
+import pyarrow
 print(json.dumps({"args": args, "collectors": collectors, "rows": spark.range(3).count(),
                   "start_s": time.monotonic() - t, "jvm_arenas": spark._jvm.java.lang.System.getenv("MALLOC_ARENA_MAX"),
-                  "worker_arenas": arenas[0]}))
+                  "worker_arenas": arenas[0], "worker_pool": pools[0],
+                  "driver_pool": pyarrow.default_memory_pool().backend_name}))
 """
 
 
@@ -109,7 +113,7 @@ def test_jvm_archive_writes_an_archive_that_a_new_session_maps_in(tmp_path):
     # (and MALLOC_ARENA_MAX, which this process's own session may have set)
     env = {k: v for k, v in os.environ.items()
            if k not in (jvm_archive.DUMP_ENV, "PYSPARK_SUBMIT_ARGS", "SPARK_SUBMIT_OPTS", "JAVA_TOOL_OPTIONS",
-                        "MALLOC_ARENA_MAX")}
+                        "MALLOC_ARENA_MAX", "ARROW_DEFAULT_MEMORY_POOL")}
     env[jvm_archive.ENV] = str(archive)
     cli = Path(sys.executable).with_name("changelake")
     command = [str(cli)] if cli.exists() else [sys.executable, "-m", "changelake.service.cli"]
@@ -130,12 +134,16 @@ def test_jvm_archive_writes_an_archive_that_a_new_session_maps_in(tmp_path):
     assert "-XX:TieredStopAtLevel=1" in mapped["args"]
     # the JVM and its Python workers run with glibc's malloc arenas capped (changelake/spark/session.py)
     assert (mapped["jvm_arenas"], mapped["worker_arenas"]) == ("2", "2")
+    # and Arrow's buffers, in the workers and the driver, come from glibc's allocator (not pyarrow's mimalloc)
+    assert (mapped["worker_pool"], mapped["driver_pool"]) == ("system", "system")
     # a collector of the user's (here the way the tests give theirs) wins, and the JVM starts: no second one;
-    # so does the user's own arena count
-    plain = _probe({**env, jvm_archive.ENV: "off", "SPARK_SUBMIT_OPTS": "-XX:+UseSerialGC", "MALLOC_ARENA_MAX": "8"})
+    # so do the user's own arena count and Arrow allocator
+    plain = _probe({**env, jvm_archive.ENV: "off", "SPARK_SUBMIT_OPTS": "-XX:+UseSerialGC", "MALLOC_ARENA_MAX": "8",
+                    "ARROW_DEFAULT_MEMORY_POOL": "jemalloc"})
     assert not any(a.startswith("-XX:SharedArchiveFile") for a in plain["args"]) and plain["rows"] == 3
     assert "-XX:+UseParallelGC" not in plain["args"] and "MarkSweepCompact" in plain["collectors"]
     assert (plain["jvm_arenas"], plain["worker_arenas"]) == ("8", "8")
+    assert (plain["worker_pool"], plain["driver_pool"]) == ("jemalloc", "jemalloc")
 
 
 @pytest.mark.unit
