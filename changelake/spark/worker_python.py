@@ -47,7 +47,6 @@ import signal
 import socket
 import struct
 import sys
-from importlib import metadata
 
 #: the fork server's socket path (or ``off``; ``changelake.spark.fork_server``), inherited by the JVM and the
 #: Python processes it starts
@@ -78,6 +77,10 @@ def redundant_zips(path: list[str]) -> list[str]:
 
 
 def _installed_version(distribution: str) -> str | None:
+    # imported here: ``importlib.metadata`` (email, zipfile, pathlib: ~45 ms and ~4 MB) would otherwise be loaded by
+    # every ``changelake-worker-python`` process, most of which only pass their request to the fork server
+    from importlib import metadata
+
     try:
         return metadata.version(distribution)
     except metadata.PackageNotFoundError:

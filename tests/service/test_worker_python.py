@@ -63,6 +63,18 @@ def test_starting_the_module_imports_no_pyspark_before_the_path_is_set():
     assert out.stdout.strip() == "[]"
 
 
+def test_a_process_the_fork_server_serves_loads_nothing_heavy_before_it_asks():
+    """Every Python process Spark starts is first a ``changelake-worker-python`` that passes its request to the fork
+    server and waits for the fork's exit code, for the fork's whole life (six of them through a query of
+    bench/operators.py). What it imports to get there is memory each one holds: no package metadata (email,
+    zipfile, pathlib: ~3.5 MB each), no pyarrow, pandas or pyspark."""
+    code = ("import sys; import changelake.spark.worker_python; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('pyspark', 'py4j', 'pyarrow', 'pandas', 'numpy', 'email', 'zipfile') or m == 'importlib.metadata'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
 def _script():
     script = worker_python.script_path()
     if script is None:
