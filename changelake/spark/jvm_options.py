@@ -21,6 +21,13 @@ nothing the user gave chooses the same thing (:func:`chooses`):
   JVM's peak 517 against 686-1,366 MB and 811-844 against 1,327-1,487 MB (docs/benchmarks.md, "The Spark
   JVM's heap sized to its live set"). Each option is left out where the user's options set that flag.
 
+  And the heap's start, :data:`LOCAL_INITIAL_HEAP_MB`, where it is below the JVM's own (a 64th of the memory:
+  378 MB on the 24-GiB machine of docs/benchmarks.md): the heap then grows from there as the batches need it
+  instead of starting with pages it never shrinks below (``bench/operators.py``: the JVM's peak PSS 421-422
+  against 497 MB for (a), 513-523 against 568-583 MB for (b), in the same time; docs/benchmarks.md, "Arrow's
+  buffers from glibc's allocator, and a smaller start of the JVM's heap"). Left out where the user's options
+  set ``-Xms``, ``-XX:InitialHeapSize`` or ``-XX:InitialRAMPercentage``.
+
 * on a local master as well, the JIT held at its first tier (C1), :data:`LOCAL_JIT`. The second tier (C2)
   compiles hot methods again, harder, in compiler threads that share the task threads' two cores at every
   start: the JVM's CPU to a restart's first commit went from 16.0 to 8.4 s with C1 only, and the median
@@ -58,6 +65,9 @@ LOCAL_COLLECTOR = "-XX:+UseParallelGC"
 LOCAL_HEAP_SIZING = ("-XX:GCTimeRatio=4", "-XX:AdaptiveSizePolicyWeight=90", "-XX:MinHeapFreeRatio=10",
                      "-XX:MaxHeapFreeRatio=30")
 
+#: the initial heap of a local master's driver JVM, where the JVM's own is larger (module docstring)
+LOCAL_INITIAL_HEAP_MB = 192
+
 #: the JIT of a local master's driver JVM (module docstring)
 LOCAL_JIT = "-XX:TieredStopAtLevel=1"
 
@@ -65,6 +75,7 @@ LOCAL_JIT = "-XX:TieredStopAtLevel=1"
 JVM_ENGINES = ("delta-spark",)
 
 _COLLECTOR_OPTION = re.compile(r"(?:^|\s)-XX:[+-]Use\w*GC(?=\s|$)")
+_INITIAL_HEAP_OPTION = re.compile(r"(?:^|\s)-(?:Xms|XX:InitialHeapSize=|XX:InitialRAMPercentage=)")
 _JIT_OPTION = re.compile(r"(?:^|\s)-XX:(?:TieredStopAtLevel=\d+|[+-]TieredCompilation)(?=\s|$)")
 
 
@@ -84,13 +95,35 @@ def runs_tasks(master: str) -> bool:
 
 
 def collector(master: str, *options: str) -> str | None:
-    """The collector options for a new driver JVM of ``master`` (:data:`LOCAL_COLLECTOR` and each of
-    :data:`LOCAL_HEAP_SIZING` the user's options do not set), or None: not a local master, or ``options``
+    """The collector options for a new driver JVM of ``master`` (:data:`LOCAL_COLLECTOR`, each of
+    :data:`LOCAL_HEAP_SIZING` the user's options do not set, and the initial heap of the module docstring), or None: not a local master, or ``options``
     (``spark.driver.extraJavaOptions``) or the environment choose a collector themselves."""
     chosen = _local_default(master, LOCAL_COLLECTOR, _COLLECTOR_OPTION, options)
     if chosen is None:
         return None
-    return " ".join([chosen, *(o for o in LOCAL_HEAP_SIZING if not chooses(_same_flag(o), *options))])
+    sizing = [o for o in LOCAL_HEAP_SIZING if not chooses(_same_flag(o), *options)]
+    if memory_bytes() // 64 > LOCAL_INITIAL_HEAP_MB * 2**20 and not chooses(_INITIAL_HEAP_OPTION, *options):
+        sizing.append(f"-XX:InitialHeapSize={LOCAL_INITIAL_HEAP_MB}m")
+    return " ".join([chosen, *sizing])
+
+
+#: where a container's memory limit is (cgroup v2, v1)
+CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+
+
+def memory_bytes(limits: tuple[str, ...] = CGROUP_LIMITS) -> int:
+    """The memory the JVM sizes its heap from: the machine's, or the container's limit where lower (``limits``),
+    as the JVM reads it."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for limit in limits:
+        try:
+            with open(limit) as f:
+                value = f.read().strip()
+        except OSError:
+            continue
+        if value.isdigit():
+            total = min(total, int(value))
+    return total
 
 
 def _same_flag(option: str) -> re.Pattern:

@@ -4,6 +4,8 @@ user's options winning."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from changelake.spark import jvm_archive, jvm_options
@@ -11,12 +13,16 @@ from changelake.spark.session import driver_java_options
 
 pytestmark = pytest.mark.unit
 
+#: the function itself (the fixture below gives every test the same machine)
+MEMORY_BYTES = jvm_options.memory_bytes
+
 
 @pytest.fixture(autouse=True)
 def no_option_env(monkeypatch):
     for name in (jvm_archive.ENV, jvm_archive.DUMP_ENV, *jvm_options.OPTION_VARIABLES):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv(jvm_archive.ENV, "off")
+    monkeypatch.setattr(jvm_options, "memory_bytes", lambda: 24 * 2**30)     # the machine of docs/benchmarks.md
 
 
 @pytest.mark.parametrize("master", ["local", "local[2]", "local[*]", "local[4,3]"])
@@ -35,18 +41,44 @@ def test_with_the_delta_spark_engine_the_driver_keeps_both_jit_tiers():
 
 
 #: the heap sizing that goes with the local collector: a 20 % GC-time goal, the heap shrunk when 30 % is free
-SIZING = "-XX:GCTimeRatio=4 -XX:AdaptiveSizePolicyWeight=90 -XX:MinHeapFreeRatio=10 -XX:MaxHeapFreeRatio=30"
+#: and the heap's start below the JVM's own (a 64th of 24 GiB)
+SIZING = ("-XX:GCTimeRatio=4 -XX:AdaptiveSizePolicyWeight=90 -XX:MinHeapFreeRatio=10 -XX:MaxHeapFreeRatio=30 "
+          "-XX:InitialHeapSize=192m")
 
 
 @pytest.mark.parametrize("theirs, kept", [
-    ("-XX:GCTimeRatio=19", "-XX:AdaptiveSizePolicyWeight=90 -XX:MinHeapFreeRatio=10 -XX:MaxHeapFreeRatio=30"),
-    ("-XX:MaxHeapFreeRatio=70 -XX:MinHeapFreeRatio=40", "-XX:GCTimeRatio=4 -XX:AdaptiveSizePolicyWeight=90"),
+    ("-XX:GCTimeRatio=19",
+     "-XX:AdaptiveSizePolicyWeight=90 -XX:MinHeapFreeRatio=10 -XX:MaxHeapFreeRatio=30 -XX:InitialHeapSize=192m"),
+    ("-XX:MaxHeapFreeRatio=70 -XX:MinHeapFreeRatio=40",
+     "-XX:GCTimeRatio=4 -XX:AdaptiveSizePolicyWeight=90 -XX:InitialHeapSize=192m"),
+    ("-Xms1g", "-XX:GCTimeRatio=4 -XX:AdaptiveSizePolicyWeight=90 -XX:MinHeapFreeRatio=10 -XX:MaxHeapFreeRatio=30"),
+    ("-XX:InitialRAMPercentage=5",
+     "-XX:GCTimeRatio=4 -XX:AdaptiveSizePolicyWeight=90 -XX:MinHeapFreeRatio=10 -XX:MaxHeapFreeRatio=30"),
 ])
 def test_a_heap_sizing_option_of_the_users_wins_over_that_option_alone(monkeypatch, theirs, kept):
     # the same flag twice would leave the JVM's choice to the order of the options: theirs is the only one
     assert jvm_options.collector("local[2]", theirs) == f"-XX:+UseParallelGC {kept}"
     monkeypatch.setenv("JDK_JAVA_OPTIONS", theirs)
     assert jvm_options.collector("local[2]") == f"-XX:+UseParallelGC {kept}"
+
+
+def test_the_heap_starts_smaller_only_where_the_jvms_own_start_is_larger(monkeypatch):
+    # a 64th of the memory (the JVM's default start, as it reads a container's limit): 12 GiB and less start at or
+    # below 192 MB anyway, and the option would only raise it
+    for gib, given in ((64, True), (16, True), (12, False), (4, False)):
+        monkeypatch.setattr(jvm_options, "memory_bytes", lambda: gib * 2**30)
+        assert ("-XX:InitialHeapSize=192m" in jvm_options.collector("local[2]")) is given, gib
+
+
+def test_the_memory_is_the_containers_limit_where_lower(tmp_path):
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    v2, v1 = tmp_path / "memory.max", tmp_path / "memory.limit_in_bytes"
+    v2.write_text("max\n")                                  # cgroup v2 without a limit
+    assert MEMORY_BYTES(limits=(str(v2), str(v1))) == physical
+    v2.write_text(f"{4 * 2**30}\n")                          # a pod's limit of 4 GiB
+    assert MEMORY_BYTES(limits=(str(v2), str(v1))) == min(physical, 4 * 2**30)
+    v1.write_text(f"{2**30}\n")                              # cgroup v1
+    assert MEMORY_BYTES(limits=(str(tmp_path / "absent"), str(v1))) == min(physical, 2**30)
 
 
 def test_a_collector_of_the_users_comes_without_the_sizing():
