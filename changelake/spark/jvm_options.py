@@ -96,8 +96,9 @@ def runs_tasks(master: str) -> bool:
 
 def collector(master: str, *options: str) -> str | None:
     """The collector options for a new driver JVM of ``master`` (:data:`LOCAL_COLLECTOR`, each of
-    :data:`LOCAL_HEAP_SIZING` the user's options do not set, and the initial heap of the module docstring), or None: not a local master, or ``options``
-    (``spark.driver.extraJavaOptions``) or the environment choose a collector themselves."""
+    :data:`LOCAL_HEAP_SIZING` the user's options do not set, and the initial heap of the module docstring), or
+    None: not a local master, or ``options`` (``spark.driver.extraJavaOptions``) or the environment choose a
+    collector themselves."""
     chosen = _local_default(master, LOCAL_COLLECTOR, _COLLECTOR_OPTION, options)
     if chosen is None:
         return None

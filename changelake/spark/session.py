@@ -14,8 +14,9 @@ A setting comes from one of three places; the first that sets a key wins:
                     (changelake/spark/fork_server.py; ``CHANGELAKE_FORK_SERVER=off`` turns it off);
                     the JVM and workers it starts get ``MALLOC_ARENA_MAX=2`` (:data:`MALLOC_ARENAS`)
                     and the workers and the driver Arrow's buffers from glibc's allocator
-                    (:data:`ARROW_POOL`), each unless the environment sets it; and on a local master the JVM's local directories
-                    (``SPARK_LOCAL_DIRS``) and temporary directory in a directory of this process,
+                    (:data:`ARROW_POOL`), each unless the environment sets it; and on a local master
+                    the JVM's local directories (``SPARK_LOCAL_DIRS``) and temporary directory in a
+                    directory of this process,
                     deleted by a later start once this process is gone (changelake/spark/scratch.py),
                     unless the user chose them
 ==================  ==================================================================================
@@ -74,7 +75,8 @@ MALLOC_ARENAS = ("MALLOC_ARENA_MAX", "2")
 #: unless the environment sets the variable: pyarrow's default, mimalloc, kept the pages of a read task's decoded
 #: chunks after the chunk was gone, so a read worker held 230-280 MB at its peak against 160-185 MB with glibc's
 #: allocator (capped arenas, above); ``bench/operators.py`` peak PSS (a) 1,358 against 1,542-1,554 MB, (b) 1,559-1,580
-#: against 1,726-1,728 MB, in the same time (docs/benchmarks.md, "Arrow's buffers from glibc's allocator")
+#: against 1,726-1,728 MB, in the same time (docs/benchmarks.md, "Arrow's buffers from glibc's allocator, and a smaller
+#: start of the JVM's heap")
 ARROW_POOL = ("ARROW_DEFAULT_MEMORY_POOL", "system")
 
 
