@@ -27,7 +27,10 @@ pytestmark = pytest.mark.kafka
 
 
 def _produce(servers: str, topic: str, n: int, *, partition: int | None = None, size: int = 0) -> None:
-    p = Producer({"bootstrap.servers": servers, "linger.ms": 5, "log_level": 3})
+    # idempotent: the tests compare each record's value with its offset, and a plain producer's retry (a request
+    # that timed out on a loaded machine, or met a leader not yet elected just after the topic's creation) may land
+    # a later batch first (CI: offset 5 held record 1557)
+    p = Producer({"bootstrap.servers": servers, "linger.ms": 5, "log_level": 3, "enable.idempotence": True})
     pad = b"x" * size
     for i in range(n):
         kwargs = {"partition": partition} if partition is not None else {}
@@ -115,7 +118,7 @@ def test_starting_offsets_by_timestamp_follow_the_brokers_offsets_for_times(kafk
     (librdkafka's mock cluster answers every timestamp lookup with -1, so this could not be tested there.)"""
     topic = kafka.topic("bytime", partitions=2)
     base = 1_793_491_200_000
-    p = Producer({"bootstrap.servers": kafka.bootstrap_servers, "log_level": 3})
+    p = Producer({"bootstrap.servers": kafka.bootstrap_servers, "log_level": 3, "enable.idempotence": True})
     for i in range(20):
         p.produce(topic, key=b"%d" % i, value=b"%d" % i, partition=i % 2, timestamp=base + i * 1_000)
     assert p.flush(30) == 0
