@@ -80,6 +80,7 @@ def test_a_failing_run_leaves_the_archive_as_it_was(no_archive_env, tmp_path):
 
 _PROBE = """
 import json, os, sys, time
+import pyarrow
 from changelake.spark.session import build_session
 t = time.monotonic()
 spark = build_session(app_name="archive-probe", master="local[1]", ui=False)
@@ -87,9 +88,7 @@ management = spark._jvm.java.lang.management.ManagementFactory
 args = list(management.getRuntimeMXBean().getInputArguments())
 collectors = [bean.getName() for bean in management.getGarbageCollectorMXBeans()]
 arenas = spark.sparkContext.parallelize([0], 1).map(lambda _: os.environ.get("MALLOC_ARENA_MAX")).collect()
-pools = spark.sparkContext.parallelize([0], 1).map(
-    lambda _: __import__("pyarrow").default_memory_pool().backend_name).collect()
-import pyarrow
+pools = spark.sparkContext.parallelize([0], 1).map(lambda _: pyarrow.default_memory_pool().backend_name).collect()
 print(json.dumps({"args": args, "collectors": collectors, "rows": spark.range(3).count(),
                   "start_s": time.monotonic() - t, "jvm_arenas": spark._jvm.java.lang.System.getenv("MALLOC_ARENA_MAX"),
                   "worker_arenas": arenas[0], "worker_pool": pools[0],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -54,25 +55,27 @@ def test_the_daemon_is_a_code_default_the_user_can_replace():
     assert mine.conf["spark.python.daemon.module"] == "pyspark.daemon"
 
 
+def _loaded_by_importing_the_module(*names: str) -> list[str]:
+    """The modules among ``names`` (a top-level package: all of it) that importing
+    ``changelake.spark.worker_python`` loads, in a new interpreter."""
+    code = ("import json, sys; import changelake.spark.worker_python; "
+            f"print(json.dumps(sorted(m for m in sys.modules if m in {names!r} or m.split('.')[0] in {names!r})))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
 def test_starting_the_module_imports_no_pyspark_before_the_path_is_set():
     """What ``python -m changelake.spark.worker_python`` and the console script import before they set
     the path: no pyspark, so the zips cannot have been read yet."""
-    code = ("import sys, runpy; import changelake.spark.worker_python as d; "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('pyspark', 'py4j')))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
+    assert _loaded_by_importing_the_module("pyspark", "py4j") == []
 
 
 def test_a_process_the_fork_server_serves_loads_nothing_heavy_before_it_asks():
     """Every Python process Spark starts is first a ``changelake-worker-python`` that passes its request to the fork
     server and waits for the fork's exit code, for the fork's whole life (six of them through a query of
     bench/operators.py). What it imports to get there is memory each one holds: no package metadata (email,
-    zipfile, pathlib: ~3.5 MB each), no pyarrow, pandas or pyspark."""
-    code = ("import sys; import changelake.spark.worker_python; "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in "
-            "('pyspark', 'py4j', 'pyarrow', 'pandas', 'numpy', 'email', 'zipfile') or m == 'importlib.metadata'))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
+    zipfile, pathlib: ~3.5 MB each), no pyarrow, pandas or numpy."""
+    assert _loaded_by_importing_the_module("importlib.metadata", "email", "zipfile", "pyarrow", "pandas", "numpy") == []
 
 
 def _script():
