@@ -90,7 +90,8 @@ class Changes:
         A computed value its column cannot hold (a SUM beyond BIGINT) raises :class:`ValueOverflowError`.
         """
         names = [f.name for f in schema]
-        columns = [_column([r[i] for r in self.rows], f) for i, f in enumerate(schema)]
+        values = list(zip(*self.rows)) if self.rows else [() for _ in schema]   # one transpose, in C
+        columns = [_column(list(v), f) for v, f in zip(values, schema)]
         columns.append(pa.array(self.kinds, type=pa.int8()))
         return pa.Table.from_arrays(columns, names=names + [KIND])
 

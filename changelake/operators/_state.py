@@ -31,6 +31,7 @@ import pickle
 import zoneinfo
 from typing import Any, Callable, Iterator, Literal
 
+import numpy as np
 import pyarrow as pa
 
 from changelake.errors import ConfigError, StateError
@@ -93,12 +94,16 @@ class KeyedState:
         for k, (v, w) in self._data.items():
             yield k, v, w
 
+    def written(self) -> list[int]:
+        """Every entry's time of the last write, in entry order."""
+        return [e[1] for e in self._data.values()]
+
     def values(self) -> Iterator[Any]:
         """Every entry's value, in entry order (expired ones included, as :meth:`entries`)."""
         return (e[0] for e in self._data.values())
 
-    def load(self, key: Any, value: Any, written_at: int, encoded: tuple[bytes, bytes] | None = None) -> None:
-        """Restore one entry; ``encoded``: its pickled key and value as the snapshot holds them."""
+    def load(self, key: Any, value: Any, written_at: int, encoded: int | None = None) -> None:
+        """Restore one entry; ``encoded``: its row in the snapshot (kept by :class:`TrackedKeyedState`)."""
         self._data[key] = [value, written_at]
 
     def encoded(self) -> tuple[pa.Array, pa.Array]:
@@ -109,54 +114,81 @@ class KeyedState:
 class TrackedKeyedState(KeyedState):
     """A :class:`KeyedState` whose snapshot pickles again only the entries changed since the last one.
 
-    It keeps each entry's pickled key and value from the last snapshot, or from the snapshot it was
-    restored from; ``put``, ``delete``, ``clear`` and expiry forget them, and an owner that changes a
-    value in place (a join side's rows of a join key) calls :meth:`touch`. The snapshot's bytes are
-    exactly those of a full one.
+    It keeps the key and value columns of the last snapshot, or of the snapshot it was restored from,
+    and each unchanged entry's position in them; ``put``, ``delete``, ``clear`` and expiry forget an
+    entry's position, and an owner that changes a value in place (a join side's rows of a join key) calls
+    :meth:`touch`. A snapshot takes the unchanged entries' pickles from those columns (one Arrow
+    ``take``, no Python object per entry) and pickles the others; its bytes are exactly those of a full one.
     """
 
-    __slots__ = ("_encoded",)
+    __slots__ = ("_pos", "_columns")
 
     def __init__(self, name: str, ttl_ms: int = 0) -> None:
         super().__init__(name, ttl_ms)
-        self._encoded: dict[Any, tuple[bytes, bytes]] = {}
+        #: key -> position of its unchanged pickles in ``_columns`` (keys, values)
+        self._pos: dict[Any, int] = {}
+        self._columns: tuple[pa.Array, pa.Array] | None = None
 
     def touch(self, key: Any) -> None:
-        """``key``'s value was changed in place."""
-        self._encoded.pop(key, None)
+        """``key``'s value was changed in place, or its entry was put or deleted through :meth:`rows`."""
+        self._pos.pop(key, None)
+
+    def rows(self) -> dict[Any, list]:
+        """The store's own dict, key -> ``[value, written_at]``, for an owner's loop that reads and changes
+        it directly; every key it puts, changes or deletes must then be :meth:`touch` ed."""
+        return self._data
 
     def put(self, key: Any, value: Any, now: int) -> None:
         self._data[key] = [value, now]
-        self._encoded.pop(key, None)
+        self._pos.pop(key, None)
 
     def delete(self, key: Any) -> None:         # also what an expired entry's get and expire call
         self._data.pop(key, None)
-        self._encoded.pop(key, None)
+        self._pos.pop(key, None)
 
     def clear(self) -> None:
         self._data.clear()
-        self._encoded.clear()
+        self._pos.clear()
+        self._columns = None
 
-    def load(self, key: Any, value: Any, written_at: int, encoded: tuple[bytes, bytes] | None = None) -> None:
-        """Restore one entry; its pickles from the snapshot (``encoded``) are kept, so that the next
-        snapshot pickles only the entries changed after the restore."""
+    def adopt(self, keys: pa.Array, values: pa.Array) -> None:
+        """The pickled key and value columns of the snapshot being restored: :meth:`load` gives each
+        entry's position in them."""
+        self._columns = (keys, values)
+
+    def load(self, key: Any, value: Any, written_at: int, encoded: int | None = None) -> None:
+        """Restore one entry; ``encoded``: its position in the columns given to :meth:`adopt`, so that the
+        next snapshot pickles only the entries changed after the restore."""
         self._data[key] = [value, written_at]
         if encoded is None:
-            self._encoded.pop(key, None)
+            self._pos.pop(key, None)
         else:
-            self._encoded[key] = encoded
+            self._pos[key] = encoded
 
     def encoded(self) -> tuple[pa.Array, pa.Array]:
         """Every entry's pickled key and value, in entry order (the changed ones pickled now)."""
-        enc = self._encoded
-        missing = [k for k in self._data if k not in enc]
+        pos, data = self._pos, self._data
+        order = [pos.get(k, -1) for k in data]
+        base = self._columns
+        if base is not None and len(pos) == len(data) and order == list(range(len(base[0]))):
+            return base                                     # nothing changed since
+        missing = [k for k, p in zip(data, order) if p < 0]
+        parts_k, parts_v = ([base[0]], [base[1]]) if base is not None else ([], [])
         if missing:
-            keys = _pickle_column(missing).to_pylist()
-            values = _pickle_column([self._data[k][0] for k in missing]).to_pylist()
-            enc.update(zip(missing, zip(keys, values)))
-        pairs = [enc[k] for k in self._data]
-        return (pa.array([p[0] for p in pairs], pa.large_binary()),
-                pa.array([p[1] for p in pairs], pa.large_binary()))
+            parts_k.append(_pickle_column(missing))
+            parts_v.append(_pickle_column([data[k][0] for k in missing]))
+        if not parts_k:
+            keys = values = _pickle_column([])
+        else:
+            idx = np.fromiter(order, np.int64, len(order))
+            if missing:                                     # the new pickles come after the kept ones
+                idx[idx < 0] = (len(base[0]) if base is not None else 0) + np.arange(len(missing), dtype=np.int64)
+            take = pa.array(idx, pa.int64())
+            keys = pa.concat_arrays(parts_k).take(take) if len(parts_k) > 1 else parts_k[0].take(take)
+            values = pa.concat_arrays(parts_v).take(take) if len(parts_v) > 1 else parts_v[0].take(take)
+        self._columns = (keys, values)
+        self._pos = dict(zip(data, range(len(data))))
+        return keys, values
 
 
 # ---- value codec -------------------------------------------------------------------------------
@@ -245,7 +277,7 @@ def snapshot_stores(operator: str, stores: list[KeyedState]) -> bytes:
         if not len(store):
             continue
         names.extend([store.name] * len(store))
-        written.extend(w for _, _, w in store.entries())
+        written.extend(store.written())
         k, v = store.encoded()
         key_parts.append(k)
         value_parts.append(v)
@@ -270,21 +302,25 @@ def restore_stores(operator: str, data: bytes, stores: list[KeyedState]) -> None
     by_name = {s.name: s for s in stores}
     names = table.column("state").to_pylist()
     written = table.column("written_at").to_pylist()
-    keys, values = _pickles(table.column("key")), _pickles(table.column("value"))
-    # a tracked store keeps each entry's pickles: its next snapshot pickles only what changed
-    pickles = (zip(table.column("key").to_pylist(), table.column("value").to_pylist())
-               if any(isinstance(s, TrackedKeyedState) for s in stores) else None)
-    for name, w in zip(names, written):
+    key_column, value_column = table.column("key").combine_chunks(), table.column("value").combine_chunks()
+    keys, values = _pickles(key_column), _pickles(value_column)
+    # a tracked store keeps the snapshot's columns and each entry's position in them: its next snapshot
+    # pickles only what changed
+    tracked = False
+    for store in stores:
+        if isinstance(store, TrackedKeyedState):
+            store.adopt(key_column, value_column)
+            tracked = True
+    for i, (name, w) in enumerate(zip(names, written)):
         store = by_name.get(name)
         if store is None:
             raise StateError(f"snapshot holds unknown state {name!r} for {operator}; "
                              f"known states: {sorted(by_name)} (a renamed state needs a migration)")
-        store.load(keys.load(), values.load(), w, next(pickles) if pickles is not None else None)
+        store.load(keys.load(), values.load(), w, i if tracked else None)
 
 
-def _pickles(column: pa.ChunkedArray) -> pickle.Unpickler:
+def _pickles(arr: pa.Array) -> pickle.Unpickler:
     """One restricted unpickler over a whole binary column (pickles are self-delimiting)."""
-    arr = column.combine_chunks()
     if len(arr) == 0:
         return _RestrictedUnpickler(io.BytesIO(b""))
     offsets = memoryview(arr.buffers()[1]).cast("q")  # large_binary: int64 offsets

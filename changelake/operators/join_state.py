@@ -22,7 +22,7 @@ TTL is per entry (a MapState entry in Flink): an entry written (added or its
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Callable, Literal
 
 from changelake.errors import ConfigError
 from changelake.operators._rows import project
@@ -49,6 +49,14 @@ class InputSpec:
             raise ConfigError("join input: give unique_key exactly when the layout is not 'no_unique_key'")
 
 
+def _no_entry_key(row: tuple) -> tuple:
+    return ()
+
+
+def _whole_row(row: tuple) -> tuple:
+    return row
+
+
 class JoinRecordView:
     """One side's rows, by join key, in the layout of its :class:`InputSpec`."""
 
@@ -57,6 +65,23 @@ class JoinRecordView:
         self.ttl_ms = ttl_ms
         #: value: {entry key: [row, count, assoc, written_at]}, changed in place: every change touches the key
         self.store = TrackedKeyedState(name)
+
+    @property
+    def unique_rows(self) -> bool:
+        """One row per unique key (count 1 each, no association counts read), no TTL."""
+        return self.spec.layout != "no_unique_key" and self.ttl_ms <= 0
+
+    def entry_key_of(self) -> Callable[[tuple], Any]:
+        """The function :meth:`_entry_key` is for this layout."""
+        if self.spec.layout == "join_key_contains_unique_key":
+            return _no_entry_key
+        if self.spec.layout == "has_unique_key":
+            unique = self.spec.unique_key
+            if len(unique) == 1:
+                i = unique[0]
+                return lambda row: (row[i],)
+            return lambda row: tuple([row[i] for i in unique])
+        return _whole_row
 
     def _entry_key(self, row: tuple):
         if self.spec.layout == "join_key_contains_unique_key":

@@ -323,6 +323,9 @@ class StreamingJoin(_JoinBase):
         looked up once."""
         mine, other = (self.left, self.right) if is_left else (self.right, self.left)
         key = self.config.left_key if is_left else self.config.right_key
+        if mine.unique_rows and other.unique_rows:
+            self._inner_unique(records, mine, other, key, is_left, now, out)
+            return
         null_filter = self._null_filter
         matches_of: dict[tuple, list[tuple]] = {}
         kinds, rows = out.kinds, out.rows
@@ -337,6 +340,50 @@ class StreamingJoin(_JoinBase):
                 mine.add(jk, row, now, 0)
             elif not suppress and not mine.retract(jk, row, now):
                 self._stale(kind, row, is_left, jk)
+            if matches:
+                kinds.extend([kind] * len(matches))
+                rows.extend([row + o for o in matches] if is_left else [o + row for o in matches])
+
+    def _inner_unique(self, records, mine: JoinRecordView, other: JoinRecordView, key: tuple[int, ...],
+                      is_left: bool, now: int, out: Changes) -> None:
+        """:meth:`_inner_records` where both sides keep one row per unique key without a TTL (every table
+        with a primary key): the same records, output and state, with the state's dicts read directly."""
+        null_filter = self._null_filter
+        filters_nulls = any(null_filter)
+        mine_rows, other_rows = mine.store.rows(), other.store.rows()
+        touch = mine.store.touch
+        entry_key = mine.entry_key_of()
+        stale = self._stale
+        matches_of: dict[tuple, list[tuple]] = {}
+        kinds, rows = out.kinds, out.rows
+        single = key[0] if len(key) == 1 else None
+        for kind, row, suppress in records:
+            jk = (row[single],) if single is not None else tuple([row[i] for i in key])
+            matches = matches_of.get(jk)
+            if matches is None:
+                if filters_nulls and None in jk and any(v is None and f for v, f in zip(jk, null_filter)):
+                    matches = []
+                else:
+                    found = other_rows.get(jk)
+                    matches = [e[0] for e in found[0].values()] if found is not None else []
+                matches_of[jk] = matches
+            ek = entry_key(row)
+            if kind == INSERT or kind == UPDATE_AFTER:
+                held = mine_rows.get(jk)
+                if held is None:
+                    mine_rows[jk] = [{ek: [row, 1, 0, now]}, now]
+                else:
+                    held[0][ek] = [row, 1, 0, now]
+                touch(jk)
+            elif not suppress:
+                held = mine_rows.get(jk)
+                entries = held[0] if held is not None else None
+                if not entries or entries.pop(ek, None) is None:
+                    stale(kind, row, is_left, jk)
+                else:
+                    if not entries:
+                        del mine_rows[jk]
+                    touch(jk)
             if matches:
                 kinds.extend([kind] * len(matches))
                 rows.extend([row + o for o in matches] if is_left else [o + row for o in matches])
