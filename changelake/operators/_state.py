@@ -17,8 +17,9 @@ and ``value`` (restricted pickle bytes, see :func:`encode_value`) and ``written_
 snapshot of :data:`SNAPSHOT_COMPRESS_FROM` bytes or more has its buffers zstd-compressed; an
 uncompressed stream, as every snapshot was written before, reads the same.
 One row per entry, so a binding can split a snapshot into hash buckets by key. A
-:class:`TrackedKeyedState` (a join side's rows) keeps its entries' pickles between snapshots and
-pickles again only the entries changed since: the bytes are the same.
+:class:`TrackedKeyedState` (a join side's rows) keeps the key and value columns of its last snapshot
+(or of the one it was restored from) and pickles again only the entries changed since, taking the
+others from those columns: the bytes are the same.
 """
 
 from __future__ import annotations
