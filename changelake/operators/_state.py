@@ -103,8 +103,8 @@ class KeyedState:
         """Every entry's value, in entry order (expired ones included, as :meth:`entries`)."""
         return (e[0] for e in self._data.values())
 
-    def load(self, key: Any, value: Any, written_at: int, encoded: int | None = None) -> None:
-        """Restore one entry; ``encoded``: its row in the snapshot (kept by :class:`TrackedKeyedState`)."""
+    def load(self, key: Any, value: Any, written_at: int, position: int | None = None) -> None:
+        """Restore one entry; ``position``: its row in the snapshot (kept by :class:`TrackedKeyedState`)."""
         self._data[key] = [value, written_at]
 
     def encoded(self) -> tuple[pa.Array, pa.Array]:
@@ -157,14 +157,14 @@ class TrackedKeyedState(KeyedState):
         entry's position in them."""
         self._columns = (keys, values)
 
-    def load(self, key: Any, value: Any, written_at: int, encoded: int | None = None) -> None:
-        """Restore one entry; ``encoded``: its position in the columns given to :meth:`adopt`, so that the
+    def load(self, key: Any, value: Any, written_at: int, position: int | None = None) -> None:
+        """Restore one entry; ``position``: its row in the columns given to :meth:`adopt`, so that the
         next snapshot pickles only the entries changed after the restore."""
         self._data[key] = [value, written_at]
-        if encoded is None:
+        if position is None:
             self._pos.pop(key, None)
         else:
-            self._pos[key] = encoded
+            self._pos[key] = position
 
     def encoded(self) -> tuple[pa.Array, pa.Array]:
         """Every entry's pickled key and value, in entry order (the changed ones pickled now)."""

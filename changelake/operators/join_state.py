@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
 from changelake.errors import ConfigError
-from changelake.operators._rows import project
 from changelake.operators._state import TrackedKeyedState
 
 Layout = Literal["join_key_contains_unique_key", "has_unique_key", "no_unique_key"]
@@ -57,6 +56,20 @@ def _whole_row(row: tuple) -> tuple:
     return row
 
 
+def _entry_key_function(spec: InputSpec) -> Callable[[tuple], Any]:
+    """A row's key among its join key's entries, in ``spec``'s layout: none (one row per join key), the
+    unique key's values, or the whole row."""
+    if spec.layout == "join_key_contains_unique_key":
+        return _no_entry_key
+    if spec.layout == "has_unique_key":
+        unique = spec.unique_key
+        if len(unique) == 1:
+            i = unique[0]
+            return lambda row: (row[i],)
+        return lambda row: tuple([row[i] for i in unique])
+    return _whole_row
+
+
 class JoinRecordView:
     """One side's rows, by join key, in the layout of its :class:`InputSpec`."""
 
@@ -65,30 +78,13 @@ class JoinRecordView:
         self.ttl_ms = ttl_ms
         #: value: {entry key: [row, count, assoc, written_at]}, changed in place: every change touches the key
         self.store = TrackedKeyedState(name)
+        #: a row's key among its join key's entries
+        self.entry_key = _entry_key_function(spec)
 
     @property
     def unique_rows(self) -> bool:
         """One row per unique key (count 1 each, no association counts read), no TTL."""
         return self.spec.layout != "no_unique_key" and self.ttl_ms <= 0
-
-    def entry_key_of(self) -> Callable[[tuple], Any]:
-        """The function :meth:`_entry_key` is for this layout."""
-        if self.spec.layout == "join_key_contains_unique_key":
-            return _no_entry_key
-        if self.spec.layout == "has_unique_key":
-            unique = self.spec.unique_key
-            if len(unique) == 1:
-                i = unique[0]
-                return lambda row: (row[i],)
-            return lambda row: tuple([row[i] for i in unique])
-        return _whole_row
-
-    def _entry_key(self, row: tuple):
-        if self.spec.layout == "join_key_contains_unique_key":
-            return ()
-        if self.spec.layout == "has_unique_key":
-            return project(row, self.spec.unique_key)
-        return row
 
     def _entries(self, jk: tuple, now: int) -> dict | None:
         entries = self.store.get(jk, now)
@@ -119,7 +115,7 @@ class JoinRecordView:
             self.store.put(jk, entries, now)
         else:
             self.store.touch(jk)
-        ek = self._entry_key(row)
+        ek = self.entry_key(row)
         entry = entries.get(ek)
         if entry is not None and self.spec.layout == "no_unique_key":
             entry[_COUNT] += 1
@@ -133,7 +129,7 @@ class JoinRecordView:
         entries = self._entries(jk, now)
         if not entries:
             return False
-        ek = self._entry_key(row)
+        ek = self.entry_key(row)
         entry = entries.get(ek)
         if entry is None:
             return False
@@ -149,7 +145,7 @@ class JoinRecordView:
 
     def update_assoc(self, jk: tuple, row: tuple, assoc: int, now: int) -> None:
         entries = self._entries(jk, now)
-        entry = entries.get(self._entry_key(row)) if entries else None
+        entry = entries.get(self.entry_key(row)) if entries else None
         if entry is not None:
             self.store.touch(jk)
             entry[_ASSOC] = assoc

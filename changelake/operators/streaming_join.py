@@ -349,10 +349,9 @@ class StreamingJoin(_JoinBase):
         """:meth:`_inner_records` where both sides keep one row per unique key without a TTL (every table
         with a primary key): the same records, output and state, with the state's dicts read directly."""
         null_filter = self._null_filter
-        filters_nulls = any(null_filter)
         mine_rows, other_rows = mine.store.rows(), other.store.rows()
         touch = mine.store.touch
-        entry_key = mine.entry_key_of()
+        entry_key = mine.entry_key
         stale = self._stale
         matches_of: dict[tuple, list[tuple]] = {}
         kinds, rows = out.kinds, out.rows
@@ -361,7 +360,7 @@ class StreamingJoin(_JoinBase):
             jk = (row[single],) if single is not None else tuple([row[i] for i in key])
             matches = matches_of.get(jk)
             if matches is None:
-                if filters_nulls and None in jk and any(v is None and f for v, f in zip(jk, null_filter)):
+                if None in jk and any(v is None and f for v, f in zip(jk, null_filter)):
                     matches = []
                 else:
                     found = other_rows.get(jk)
