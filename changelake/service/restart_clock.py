@@ -39,15 +39,23 @@ PHASES = ("start", "preflight", "lease", "check", "session", "query", "plan", "r
 
 
 def process_start_time() -> float:
-    """Unix time this process started, from /proc (Linux); else when changelake's metrics were imported."""
+    """Unix time this process started, from /proc (Linux); else when changelake's metrics were imported.
+
+    The age comes from two clocks that count from the boot (the process's start ticks and
+    ``/proc/uptime``) and is subtracted from now: ``btime`` in ``/proc/stat`` is not used, because it
+    moves when the wall clock is stepped or a virtual machine is paused. The result is never later
+    than the import of changelake's metrics, which this process certainly did after it started.
+    """
+    imported = metrics.PROCESS_START._value.get()
     try:
         with open(f"/proc/{os.getpid()}/stat") as f:
             ticks = int(f.read().rsplit(")", 1)[1].split()[19])
-        with open("/proc/stat") as f:
-            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
-        return boot + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
-        return metrics.PROCESS_START._value.get()
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return imported
+    age = max(0.0, uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    return min(time.time() - age, imported)
 
 
 class RestartClock:
