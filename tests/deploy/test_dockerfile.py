@@ -95,9 +95,10 @@ def test_pyspark_pin_satisfies_delta_spark() -> None:
     try:
         installed = md.version("delta-spark")
     except md.PackageNotFoundError:
-        pytest.skip("delta-spark is not installed here, so its pyspark requirement cannot be read")
+        pytest.fail("delta-spark is not installed (a dependency in pyproject.toml): run `make install`")
     if installed != _pins()["delta-spark"]:
-        pytest.skip(f"installed delta-spark {installed} differs from the pin {_pins()['delta-spark']}")
+        pytest.fail(f"installed delta-spark {installed} differs from the pin {_pins()['delta-spark']}: "
+                    "the image and the venv would run different versions; run `make install`")
     reqs = [Requirement(r) for r in md.requires("delta-spark") or []]
     pyspark = next(r for r in reqs if r.name == "pyspark")
     assert Version(_pins()["pyspark"]) in pyspark.specifier
@@ -109,9 +110,10 @@ def _installed_pyspark_jars() -> list[str]:
 
     spec = importlib.util.find_spec("pyspark")
     if spec is None or spec.origin is None:
-        pytest.skip("pyspark is not installed here, so its bundled jars cannot be compared")
+        pytest.fail("pyspark is not installed (a dependency in pyproject.toml): run `make install`")
     if md.version("pyspark") != _pins()["pyspark"]:
-        pytest.skip(f"installed pyspark {md.version('pyspark')} differs from the pin {_pins()['pyspark']}")
+        pytest.fail(f"installed pyspark {md.version('pyspark')} differs from the pin {_pins()['pyspark']}: "
+                    "the image and the venv would run different versions; run `make install`")
     return [p.name for p in (Path(spec.origin).parent / "jars").glob("*.jar")]
 
 
