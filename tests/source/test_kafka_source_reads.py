@@ -156,11 +156,15 @@ def test_expired_offsets_stop_the_read_or_are_skipped_and_reported_when_configur
     kafka.create_topics({topic: 1}, retention_bytes=str(1 << 20), segment_bytes=str(1 << 20))
     _produce(kafka.bootstrap_servers, topic, 3_000, partition=0, size=1_000)     # ~3 MB: 3 segments
     c = Consumer({"bootstrap.servers": kafka.bootstrap_servers, "group.id": "probe", "log_level": 3})
+    # retention deletes one segment per check: wait until the low watermark has stood still for 3 s
     deadline = time.monotonic() + 60
-    low, high = 0, 0
-    while low == 0 and time.monotonic() < deadline:
+    low, high, since = 0, 0, time.monotonic()
+    while time.monotonic() < deadline and (low == 0 or time.monotonic() - since < 3):
         time.sleep(0.5)
-        low, high = c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10, cached=False)
+        seen = c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10, cached=False)
+        if seen[0] != low:
+            since = time.monotonic()
+        low, high = seen
     c.close()
     assert low > 0, "the broker did not expire anything within 60 s; the test premise failed"
     strict = KafkaOptions.parse({"bootstrap.servers": kafka.bootstrap_servers, "topics": topic})
