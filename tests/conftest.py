@@ -235,12 +235,13 @@ def spark():
 @pytest.fixture(scope="session")
 def postgres():
     """A PostgreSQL server of this test session (tests/postgres_server.py), started from the OS
-    package's binaries; tests skip, saying what is missing, where there are none."""
+    package's binaries; tests skip, saying what is missing, where there are none (under ``.ci/run``
+    they fail: ``tests/jars.py``)."""
     from tests.postgres_server import PostgresServer, missing
 
-    why = missing()
-    if why:
-        pytest.skip(why)
+    from tests.jars import unavailable
+
+    unavailable(missing())
     server = PostgresServer.start()
     try:
         yield server

@@ -1,4 +1,4 @@
-"""A test that needs a JVM jar set skips, naming the install, where the set is absent, and fails instead
+"""A test that needs a JVM jar set (or a database server, or a test package) skips, naming the install, where the set is absent, and fails instead
 when ``CHANGELAKE_JVM_DEPS_REQUIRED=1`` (set by ``.ci/run``): there every set is installed, so a missing
 one is a broken install, not a machine without Maven."""
 
@@ -20,7 +20,7 @@ def unavailable(why: str | None) -> None:
     if not why:
         return
     if required():
-        pytest.fail(f"{why} ({jvm_deps.REQUIRED_ENV}=1: every JVM set must be installed)")
+        pytest.fail(f"{why} ({jvm_deps.REQUIRED_ENV}=1: every JVM set, database server and test package must be installed)")
     pytest.skip(why)
 
 

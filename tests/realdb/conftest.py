@@ -5,7 +5,8 @@ each with its log kept under pytest's temporary directory (``<basetemp>/realdb-l
 
 The JVM artifacts are the project's pinned sets (changelake/jvm_deps.py): ``connect`` (the worker),
 ``debezium-postgres`` and ``debezium-mariadb`` (its plugin folders). A test skips, naming the set or
-the Debian package that is missing, when one cannot be had.
+the Debian package that is missing, when one cannot be had; under ``.ci/run`` it fails instead
+(``tests/jars.py``).
 """
 
 from __future__ import annotations
@@ -13,12 +14,9 @@ from __future__ import annotations
 import pytest
 
 from changelake import jvm_deps
+from tests.jars import unavailable
 from tests.realdb.processes import ConnectWorker, MariaDbServer
 
-
-def _skip_if(why: str | None) -> None:
-    if why:
-        pytest.skip(why)
 
 
 @pytest.fixture(scope="session")
@@ -36,7 +34,7 @@ def kafka_bootstrap(kafka) -> str:
 def connect_worker(kafka_bootstrap, realdb_logs):
     """A Kafka Connect standalone worker writing to ``kafka_bootstrap``, with every Debezium plugin set
     that is installed on its ``plugin.path`` (a test needing one asks for its fixture below first)."""
-    _skip_if(ConnectWorker.missing())
+    unavailable(ConnectWorker.missing())
     plugins = [name for name in jvm_deps.PLUGINS if jvm_deps.missing(name) is None]
     worker = ConnectWorker.start(kafka_bootstrap, realdb_logs, plugins=plugins)
     try:
@@ -48,13 +46,13 @@ def connect_worker(kafka_bootstrap, realdb_logs):
 @pytest.fixture(scope="session")
 def debezium_postgres() -> None:
     """Skips, naming the set and how to install it, unless Debezium's PostgreSQL connector is installed."""
-    _skip_if(jvm_deps.missing("debezium-postgres"))
+    unavailable(jvm_deps.missing("debezium-postgres"))
 
 
 @pytest.fixture(scope="session")
 def debezium_mariadb() -> None:
     """Skips, naming the set and how to install it, unless Debezium's MariaDB connector is installed."""
-    _skip_if(jvm_deps.missing("debezium-mariadb"))
+    unavailable(jvm_deps.missing("debezium-mariadb"))
 
 
 @pytest.fixture(scope="session")
@@ -63,7 +61,7 @@ def pg_logical(realdb_logs):
     database (and replication slots) in it."""
     from tests.postgres_server import PostgresServer, missing
 
-    _skip_if(missing())
+    unavailable(missing())
     server = PostgresServer.start(settings={"wal_level": "logical", "max_replication_slots": "8",
                                             "max_wal_senders": "8"}, log_dir=realdb_logs)
     try:
@@ -75,11 +73,11 @@ def pg_logical(realdb_logs):
 @pytest.fixture(scope="module")
 def mariadb(realdb_logs):
     """A MariaDB server with a ROW binlog and full row images."""
-    _skip_if(MariaDbServer.missing())
+    unavailable(MariaDbServer.missing())
     try:
         import pymysql  # noqa: F401
     except ImportError:
-        pytest.skip("PyMySQL is not installed: pip install the project's test extras")
+        unavailable("PyMySQL is not installed: pip install the project's test extras")
     server = MariaDbServer.start(realdb_logs)
     try:
         yield server
