@@ -11,7 +11,6 @@ an operator's output rows are new rows.
 from __future__ import annotations
 
 import decimal
-from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Sequence
 
 import pyarrow as pa
@@ -33,30 +32,79 @@ def is_accumulate(kind: int) -> bool:
     return kind == INSERT or kind == UPDATE_AFTER
 
 
-@dataclass
 class Changes:
-    """A changelog batch: ``kinds`` (RowKind codes) aligned with ``rows`` (tuples)."""
+    """A changelog batch: ``kinds`` (RowKind codes) aligned with ``rows`` (tuples).
 
-    kinds: list[int] = field(default_factory=list)
-    rows: list[tuple] = field(default_factory=list)
+    A kernel that computes whole columns (the columnar inner join) appends them as an Arrow changelog
+    table (:meth:`add_arrow`): they stay columnar into :meth:`to_arrow`, and become row tuples only when
+    ``kinds``/``rows`` are read (in order with the tuples emitted around them).
+    """
 
-    def __post_init__(self) -> None:
-        if len(self.kinds) != len(self.rows):
-            raise ValueError(f"kinds ({len(self.kinds)}) and rows ({len(self.rows)}) differ in length")
+    __slots__ = ("_kinds", "_rows", "_tables")
+
+    def __init__(self, kinds: list[int] | None = None, rows: list[tuple] | None = None) -> None:
+        self._kinds = [] if kinds is None else kinds
+        self._rows = [] if rows is None else rows
+        #: (number of tuple rows before it, changelog table: user columns + ``_kind``)
+        self._tables: list[tuple[int, pa.Table]] = []
+        if len(self._kinds) != len(self._rows):
+            raise ValueError(f"kinds ({len(self._kinds)}) and rows ({len(self._rows)}) differ in length")
+
+    @property
+    def kinds(self) -> list[int]:
+        self._settle()
+        return self._kinds
+
+    @property
+    def rows(self) -> list[tuple]:
+        self._settle()
+        return self._rows
+
+    def _settle(self) -> None:
+        """The Arrow parts as row tuples, in their places."""
+        if not self._tables:
+            return
+        kinds, rows, done = [], [], 0
+        for at, table in self._tables:
+            kinds.extend(self._kinds[done:at])
+            rows.extend(self._rows[done:at])
+            part = Changes.from_arrow(table)
+            kinds.extend(part._kinds)
+            rows.extend(part._rows)
+            done = at
+        kinds.extend(self._kinds[done:])
+        rows.extend(self._rows[done:])
+        self._kinds, self._rows, self._tables = kinds, rows, []
 
     def __len__(self) -> int:
-        return len(self.rows)
+        return len(self._rows) + sum(t.num_rows for _, t in self._tables)
 
     def __iter__(self) -> Iterator[tuple[int, tuple]]:
         return zip(self.kinds, self.rows)
 
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Changes):
+            return NotImplemented
+        return self.kinds == other.kinds and self.rows == other.rows
+
+    def __repr__(self) -> str:
+        return f"Changes(kinds={self.kinds!r}, rows={self.rows!r})"
+
     def emit(self, kind: int, row: Sequence) -> None:
-        self.kinds.append(kind)
-        self.rows.append(tuple(row))
+        self._kinds.append(kind)
+        self._rows.append(tuple(row))
+
+    def add_arrow(self, table: pa.Table) -> None:
+        """Append a changelog table (user columns in the output's order, then ``_kind``); its column names
+        do not matter, :meth:`to_arrow` names them."""
+        if table.num_rows:
+            self._tables.append((len(self._rows), table))
 
     def extend(self, other: "Changes") -> None:
-        self.kinds.extend(other.kinds)
-        self.rows.extend(other.rows)
+        at = len(self._rows)
+        self._tables.extend((at + n, t) for n, t in other._tables)
+        self._kinds.extend(other._kinds)
+        self._rows.extend(other._rows)
 
     def slice(self, start: int, stop: int) -> "Changes":
         return Changes(self.kinds[start:stop], self.rows[start:stop])
@@ -89,11 +137,33 @@ class Changes:
 
         A computed value its column cannot hold (a SUM beyond BIGINT) raises :class:`ValueOverflowError`.
         """
-        names = [f.name for f in schema]
-        values = list(zip(*self.rows)) if self.rows else [() for _ in schema]   # one transpose, in C
-        columns = [_column(list(v), f) for v, f in zip(values, schema)]
-        columns.append(pa.array(self.kinds, type=pa.int8()))
-        return pa.Table.from_arrays(columns, names=names + [KIND])
+        if not self._tables:
+            return _tuples_to_arrow(self._kinds, self._rows, schema)
+        parts, done = [], 0
+        full = pa.schema([*schema, pa.field(KIND, pa.int8())])
+        for at, table in self._tables + [(len(self._rows), None)]:
+            if at > done:
+                parts.append(_tuples_to_arrow(self._kinds[done:at], self._rows[done:at], schema))
+            if table is not None:
+                parts.append(_named(table, full))
+            done = at
+        return pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+
+
+def _tuples_to_arrow(kinds: list[int], rows: list[tuple], schema: pa.Schema) -> pa.Table:
+    names = [f.name for f in schema]
+    values = list(zip(*rows)) if rows else [() for _ in schema]   # one transpose, in C
+    columns = [_column(list(v), f) for v, f in zip(values, schema)]
+    columns.append(pa.array(kinds, type=pa.int8()))
+    return pa.Table.from_arrays(columns, names=names + [KIND])
+
+
+def _named(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """A changelog table computed in columns, with ``schema``'s names and types (and chunk layout)."""
+    if table.num_columns != len(schema):
+        raise ValueError(f"a columnar part has {table.num_columns} columns, the output {len(schema)}")
+    columns = [c if c.type == f.type else c.cast(f.type) for c, f in zip(table.columns, schema)]
+    return pa.Table.from_arrays(columns, schema=schema)
 
 
 def _column(values: list, f: pa.Field) -> pa.Array:

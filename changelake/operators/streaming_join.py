@@ -40,10 +40,11 @@ from typing import Literal
 
 import pyarrow as pa
 
-from changelake.changelog import RowKind
-from changelake.errors import ConfigError
+from changelake.changelog import KIND, RowKind
+from changelake.errors import ConfigError, StateError
 from changelake.log_values import shown_row
 from changelake.operators import _join_bundle as columnar
+from changelake.operators import _join_columnar
 from changelake.operators import changelog_mode as cm
 from changelake.operators._base import Kernel, MiniBatchBuffer
 from changelake.operators._rows import (
@@ -87,6 +88,11 @@ class StreamingJoinConfig:
     right_state_ttl_ms: int = 0
     mini_batch_size: int | None = None
     on_stale_retraction: StaleRetractionPolicy = "warn"
+    #: the inputs' user columns (the planner gives them): with them an inner equi-join of two keyed inputs
+    #: keeps its state in Arrow columns (``_join_columnar``). Not in the repr: the plan's fingerprints
+    #: (``plan.fingerprint``) stay those of the plans before
+    left_schema: pa.Schema | None = field(default=None, repr=False)
+    right_schema: pa.Schema | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.join_type not in JOIN_TYPES:
@@ -188,6 +194,10 @@ class StreamingJoin(_JoinBase):
         self._fold_columns = {side: columnar.key_columns(key + (spec.unique_key or ()))
                               for side, key, spec in (("left", config.left_key, config.left_input),
                                                       ("right", config.right_key, config.right_input))}
+        #: both sides' rows in Arrow columns (``_join_columnar``) while this join is one it computes and
+        #: nothing has needed the dict state (``left``/``right``, empty meanwhile); None: the dict state
+        self._fits = self._columnar and _join_columnar.fits(config)
+        self._cols = _join_columnar.ColumnarSides(config) if self._fits else None
 
     def contract(self) -> cm.ChangelogContract:
         jt = self.config.join_type
@@ -248,11 +258,14 @@ class StreamingJoin(_JoinBase):
         if side not in ("left", "right"):
             raise ValueError(f"side must be 'left' or 'right', got {side!r}")
         if not self._columnar or len(self.mini_batch):      # rows restored into the row buffer: row by row
+            self._leave_columns()
             return super().process(batch, side=side, now=now)
         segment = columnar.segment_of(side, batch, self._fold_columns[side])
         if segment is None:                                  # a key the fold cannot compare exactly
+            self._leave_columns()
             self._rows_to_buffer()
             return super().process(batch, side=side, now=now)
+        self._back_to_columns()
         out = Changes()
         size, start = self.mini_batch.size, 0
         while start < len(segment):
@@ -266,14 +279,107 @@ class StreamingJoin(_JoinBase):
 
     def flush(self, *, now: int = 0) -> Changes:
         if not self._segments:
-            return super().flush(now=now)
+            if len(self.mini_batch or ()):
+                self._leave_columns()
+            out = super().flush(now=now)
+            self._back_to_columns()
+            return out
         out = Changes()
         self._fire(now, out)
         return out
 
     def _all_stores(self):
+        self._leave_columns()
         self._rows_to_buffer()
         return super()._all_stores()
+
+    # -- the state in Arrow columns (_join_columnar) ----------------------------------------------------
+    @property
+    def state_rows(self) -> int:
+        return super().state_rows + (len(self._cols) if self._cols is not None else 0)
+
+    def snapshot(self) -> bytes:
+        if self._cols is not None and not self._segments and not len(self.mini_batch):
+            return self._cols.snapshot(self.OPERATOR)
+        return super().snapshot()
+
+    @classmethod
+    def restore(cls, config: StreamingJoinConfig, data: bytes) -> StreamingJoin:
+        """Either snapshot format: the dict state's (``"1"``) or the columns' (``_join_columnar.FORMAT``);
+        the kernel goes on in the state form its config calls for."""
+        table = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
+        meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
+        if meta.get("format") != _join_columnar.FORMAT:
+            op = super().restore(config, data)
+            if op._fits and not len(op.mini_batch):
+                op._enter_columns()
+            return op
+        if meta.get("operator") != cls.OPERATOR:
+            raise StateError(f"snapshot belongs to operator {meta.get('operator')!r}, not {cls.OPERATOR!r}; "
+                             "restore it into the operator that wrote it")
+        op = cls(config)
+        cols = _join_columnar.ColumnarSides.restore(config, table)
+        if op._cols is not None:
+            op._cols = cols
+        else:
+            op._cols = cols
+            op._leave_columns()
+        return op
+
+    def _enter_columns(self) -> None:
+        """Move the dict state (both sides, in their order) into columns."""
+        cols = _join_columnar.ColumnarSides(self.config)
+        for side, view in (("left", self.left), ("right", self.right)):
+            cols.load_rows(side, [e[0] for entries in view.store.values() for e in entries.values()])
+            view.store.clear()
+        self._cols = cols
+
+    def _back_to_columns(self) -> None:
+        """Into columns again once the rows held row by row are through (none pending)."""
+        if self._cols is None and self._fits and not self._segments and not len(self.mini_batch):
+            self._enter_columns()
+
+    def _leave_columns(self) -> None:
+        """Move the columns' rows into the dict state (in their order): the kernel goes on there."""
+        cols, self._cols = self._cols, None
+        if cols is None:
+            return
+        for side, view, key in (("left", self.left, self.config.left_key), ("right", self.right, self.config.right_key)):
+            for row in cols.rows_in_order(side):
+                view.add(project(row, key), row, 0)
+
+    def _columns_side(self, segments: list, is_left: bool, out: Changes) -> bool:
+        """One side of a bundle in columns; False (nothing done) when its rows do not fit them."""
+        side = "left" if is_left else "right"
+        c, cols = self.config, self._cols
+        spec, key = (c.left_input, c.left_key) if is_left else (c.right_input, c.right_key)
+        try:
+            segment = columnar.concat(segments)
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            return False
+        if segment is None:
+            return True
+        if segment.table is not None:
+            table = cols.conform(side, segment.table.drop_columns([KIND]))
+        else:
+            try:
+                table = cols.conform(side, Changes(segment.kinds.tolist(), segment.rows).to_arrow(
+                    cols.schemas[side]).drop_columns([KIND]))
+            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError, ValueError):
+                table = None
+        if table is None:
+            return False
+        columns = self._fold_columns[side]
+        join = [columns.index(k) for k in key]
+        join_ids = columnar.key_ids(segment.keys, join)
+        unique_ids = (join_ids if spec.layout == "join_key_contains_unique_key"
+                      else columnar.key_ids(segment.keys, join + [columns.index(k) for k in spec.unique_key]))
+        positions, paired = columnar.fold_unique(segment.kinds, unique_ids, join_ids)
+        joined = cols.run(side, segment.kinds[positions], table.take(pa.array(positions)), paired,
+                          lambda kind, row, jk: self._stale(kind, row, is_left, jk))
+        if joined is not None:
+            out.add_arrow(joined)
+        return True
 
     def _rows_to_buffer(self) -> None:
         """Move the pending segments into the row buffer (in order): the rows continue row by row."""
@@ -292,6 +398,10 @@ class StreamingJoin(_JoinBase):
 
     def _run_side(self, segments: list, is_left: bool, now: int, out: Changes) -> None:
         """One side of a bundle: fold, then the surviving records in order."""
+        if self._cols is not None:
+            if self._columns_side(segments, is_left, out):
+                return
+            self._leave_columns()
         c = self.config
         spec, key = (c.left_input, c.left_key) if is_left else (c.right_input, c.right_key)
         records = None

@@ -415,7 +415,8 @@ class _Builder:
             left_arity=len(left.schema), right_arity=len(right.schema), left_input=lspec, right_input=rspec,
             condition=condition, mini_batch_size=None if semi else self.mini_batch,  # no mini-batch semi/anti kernel
             left_state_ttl_ms=state["state_ttl_ms"],
-            right_state_ttl_ms=state["state_ttl_ms"], on_stale_retraction=state["on_stale_retraction"])
+            right_state_ttl_ms=state["state_ttl_ms"], on_stale_retraction=state["on_stale_retraction"],
+            left_schema=left.schema, right_schema=right.schema)
         on = " AND ".join(f"{a} = {b}" for a, b in pairs)
         return self._put(_Draft(
             node.name, "join", (left.id, right.id), schema, key, lambda gub: config,

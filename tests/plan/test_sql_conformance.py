@@ -59,7 +59,10 @@ def test_the_equivalent_sql_plans_the_operator_and_emits_the_expected_changes(pa
     assert len(joins) == 1
     want = config_from_case(case)
     planned = dataclasses.replace(joins[0].config, **{f: getattr(want, f) for f in HARNESS_FIELDS})
-    assert planned == want
+    # the planner also hands the join its inputs' columns (an inner join of keyed inputs keeps its state in
+    # Arrow columns with them); Flink's harness has none, and the cases run with them
+    assert dataclasses.replace(planned, left_schema=None, right_schema=None) == want
+    assert planned.left_schema.names == [n for n, _ in case["schema"]["left"]]
     run_case(case, JoinDriver(StreamingSemiAntiJoin if want.join_type in ("SEMI", "ANTI") else StreamingJoin, planned))
 
 
