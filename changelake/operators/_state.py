@@ -16,7 +16,9 @@ and ``value`` (restricted pickle bytes, see :func:`encode_value`) and ``written_
 (int64 ms). The schema metadata carries the operator name and format version. A
 snapshot of :data:`SNAPSHOT_COMPRESS_FROM` bytes or more has its buffers zstd-compressed; an
 uncompressed stream, as every snapshot was written before, reads the same.
-One row per entry, so a binding can split a snapshot into hash buckets by key. A
+One row per entry, so a binding can split a snapshot into hash buckets by key. (The inner join of two
+keyed inputs writes its own format, ``2-columnar``, when its state is held in Arrow columns:
+``_join_columnar``; it reads this one too.) A
 :class:`TrackedKeyedState` (a join side's rows) keeps the key and value columns of its last snapshot
 (or of the one it was restored from) and pickles again only the entries changed since, taking the
 others from those columns: the bytes are the same.
