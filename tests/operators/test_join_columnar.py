@@ -97,6 +97,13 @@ def _full_snapshot(kernel) -> bytes:
     return snapshot_stores(kernel.OPERATOR, plain)
 
 
+def _output(kernel, what: str, side, as_arrow, records, now: int) -> list:
+    """A ``batch`` or ``finish`` step's output, as ``(kind, row)`` pairs."""
+    if what == "batch":
+        return kernel.process(_batch(records, as_arrow), side=side, now=now).as_pairs()
+    return kernel.finish(now=now).as_pairs()
+
+
 STEP = st.one_of(
     st.tuples(st.just("batch"), st.sampled_from(["left", "right"]), st.booleans(),
               st.lists(st.tuples(KINDS, ROW), max_size=12)),
@@ -116,10 +123,8 @@ def test_columnar_join_equals_row_by_row(join_type, left, right, size, filter_nu
     for now, (what, side, as_arrow, records) in enumerate(steps):
         outs = []
         for i, kernel in enumerate(kernels):
-            if what == "batch":
-                outs.append(kernel.process(_batch(records, as_arrow), side=side, now=now).as_pairs())
-            elif what == "finish":
-                outs.append(kernel.finish(now=now).as_pairs())
+            if what in ("batch", "finish"):
+                outs.append(_output(kernel, what, side, as_arrow, records, now))
             elif what == "snapshot":      # and go on with the kernel: the kept pickles of its entries
                 assert kernel.snapshot() == _full_snapshot(kernel)
             else:
@@ -255,10 +260,8 @@ def test_the_join_state_in_columns_equals_the_dicts(sides, filter_nulls, size, s
     for now, (what, side, as_arrow, records) in enumerate(steps):
         outs = []
         for i, kernel in enumerate(kernels):
-            if what == "batch":
-                outs.append(kernel.process(_batch(records, as_arrow), side=side, now=now).as_pairs())
-            elif what == "finish":
-                outs.append(kernel.finish(now=now).as_pairs())
+            if what in ("batch", "finish"):
+                outs.append(_output(kernel, what, side, as_arrow, records, now))
             elif what == "snapshot":
                 kernel.snapshot()
             elif what == "upgrade" and i == 0:                  # from the dict state's snapshot (format 1)
